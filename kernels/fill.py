@@ -1,0 +1,37 @@
+"""The seeds' multi-stream example, ``a[i] = v``: four streams each allocate an array, fill it
+with their own value, copy it back and free it, all queued before one synchronize."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from ._script import THREADS_PER_BLOCK, blocks_for, parse_args, report
+
+
+@cuda.jit
+def fill_kernel(a, v):
+    """``a[i] = v`` for a 1-D device array ``a``."""
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = v
+
+
+def main(argv=None, n_streams: int = 4) -> int:
+    args = parse_args(__doc__, argv)
+    ok = True
+    for _ in range(args.iterations):
+        streams = [cuda.stream() for _ in range(n_streams)]
+        outputs = [cuda.pinned_array(args.n, dtype=np.float32) for _ in streams]
+        for k, (stream, out) in enumerate(zip(streams, outputs)):
+            d = cuda.device_array(args.n, dtype=np.float32, stream=stream)
+            fill_kernel[blocks_for(args.n), THREADS_PER_BLOCK, stream](d, np.float32(k + 1))
+            d.copy_to_host(out, stream=stream)
+            del d  # freed while the copy may still be running: must be safe
+        cuda.synchronize()
+        ok &= all(bool((out == k + 1).all()) for k, out in enumerate(outputs))
+    return report("fill", ok, f"{n_streams} streams x {args.n} elements x {args.iterations}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""The seeds' stream-ordered allocation kernel, ``a[i] = sqrt(float(i))``, as a script: each
+round allocates a float32 array, fills it on the device, copies it back, checks and frees it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from ._script import THREADS_PER_BLOCK, blocks_for, parse_args, report
+
+
+@cuda.jit
+def sqrt_kernel(a):
+    """``a[i] = sqrt(i)`` for a 1-D float32/float64 device array ``a``."""
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = math.sqrt(float(i))
+
+
+def main(argv=None) -> int:
+    args = parse_args(__doc__, argv)
+    expected = np.sqrt(np.arange(args.n, dtype=np.float64)).astype(np.float32)
+    ok = True
+    for _ in range(args.iterations):
+        d = cuda.device_array(args.n, dtype=np.float32)
+        sqrt_kernel[blocks_for(args.n), THREADS_PER_BLOCK](d)
+        ok &= bool(np.allclose(d.copy_to_host(), expected, rtol=1e-6))
+        del d
+    return report("sqrt", ok, f"{args.n} elements x {args.iterations}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

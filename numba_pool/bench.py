@@ -1,0 +1,189 @@
+"""``numba-pool bench``: the seeds' experiment, per memory manager, each in its own process.
+
+Numba binds the memory manager when it creates a context, so every manager runs in a fresh
+subprocess (``python -m numba_pool.bench MANAGER``) that prints one JSON line of medians.  The
+parent renders the table: medians, ratios to Numba's default manager and overhead above the
+no-op floor (:mod:`numba_pool.noop`).
+
+Measured, after checking the kernel's output:
+
+* seed loop: 100 x (``cuda.device_array(2**20, float32)``, sqrt kernel, drop the array) on the
+  default stream, bracketed by ``cuda.synchronize()``; milliseconds per 100 iterations.
+* allocate + free: ``cuda.device_array`` of 256 B, 64 KiB, 4 MiB and 64 MiB (float32) and
+  dropping it, in a loop ended by one ``cuda.synchronize()``; microseconds per pair.
+
+Each figure is the median of :data:`REPEATS` timed repeats after a warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+SEED_ELEMENTS = 1 << 20
+SEED_ITERATIONS = 100
+SIZES = [256, 64 << 10, 4 << 20, 64 << 20]
+REPEATS = 15
+PAIRS_PER_REPEAT = 1000
+
+
+@dataclass(frozen=True)
+class Manager:
+    """A memory manager to benchmark: a label and the environment that selects it."""
+
+    label: str
+    env: dict
+
+
+DEFAULT = Manager("default", {"NUMBA_CUDA_MEMORY_MANAGER": "default"})
+NUMBA_POOL = Manager("numba_pool", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "0"})
+ARENA = Manager("numba_pool arena", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "1"})
+FLOOR = Manager("no-op floor", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop"})
+RMM = Manager("rmm (pool)", {"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba", "NUMBA_POOL_BENCH_RMM": "1"})
+MANAGERS = [DEFAULT, NUMBA_POOL, ARENA, FLOOR]
+
+
+def size_label(nbytes: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+# -- the worker: runs inside the subprocess ---------------------------------------------------
+
+def _median_time(body, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        body()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_worker() -> dict:
+    """Check, then time, under whatever manager the environment selected. Returns medians:
+    ``seed_loop_ms`` and ``alloc_free_us`` keyed by the size in bytes as a string (JSON)."""
+    import numpy as np
+    from numba import cuda
+
+    if os.environ.get("NUMBA_POOL_BENCH_RMM"):
+        import rmm
+        rmm.reinitialize(pool_allocator=True)
+    from numba_pool.kernels import fill_kernel, sqrt_kernel
+
+    threads = 256
+    blocks = (SEED_ELEMENTS + threads - 1) // threads
+    expected = np.sqrt(np.arange(SEED_ELEMENTS, dtype=np.float64)).astype(np.float32)
+
+    # Check: the kernel computes the right thing in memory from this manager.
+    d = cuda.device_array(SEED_ELEMENTS, dtype=np.float32)
+    sqrt_kernel[blocks, threads](d)
+    if not np.allclose(d.copy_to_host(), expected, rtol=1e-6):
+        raise SystemExit("bench: sqrt kernel output is wrong: refusing to time")
+    del d
+    for nbytes in SIZES:
+        n = nbytes // 4
+        a = cuda.device_array(n, dtype=np.float32)
+        fill_kernel[(n + threads - 1) // threads, threads](a, np.float32(nbytes))
+        if not (a.copy_to_host() == np.float32(nbytes)).all():
+            raise SystemExit(f"bench: fill kernel output is wrong at {nbytes} bytes: refusing to time")
+        del a
+
+    def seed_loop():
+        cuda.synchronize()
+        for _ in range(SEED_ITERATIONS):
+            arr = cuda.device_array(SEED_ELEMENTS, dtype=np.float32)
+            sqrt_kernel[blocks, threads](arr)
+            del arr
+        cuda.synchronize()
+
+    seed_loop()  # warm-up
+    result = {"seed_loop_ms": _median_time(seed_loop, REPEATS) * 1e3, "alloc_free_us": {}}
+
+    for nbytes in SIZES:
+        n = nbytes // 4
+        device_array = cuda.device_array
+        float32 = np.float32
+
+        def pairs():
+            for _ in range(PAIRS_PER_REPEAT):
+                arr = device_array(n, dtype=float32)
+                del arr
+            cuda.synchronize()
+
+        pairs()  # warm-up: the pool reserves, Numba caches
+        result["alloc_free_us"][str(nbytes)] = _median_time(pairs, REPEATS) / PAIRS_PER_REPEAT * 1e6
+    manager = cuda.current_context().memory_manager
+    result["manager"] = type(manager).__module__
+    if hasattr(manager, "_pool_handle"):
+        result["driver_pair_us"] = _driver_pair_us(manager._pool_handle)
+    return result
+
+
+def _driver_pair_us(pool) -> float:
+    """What a ``cuMemAllocFromPoolAsync`` + ``cuMemFreeAsync`` pair of 256 B costs from Python
+    alone (legacy default stream): the part of numba_pool's cost no Python code can remove."""
+    from cuda.bindings import driver as cu
+
+    stream = cu.CUstream(cu.CU_STREAM_LEGACY)
+    alloc, free = cu.cuMemAllocFromPoolAsync, cu.cuMemFreeAsync
+
+    def pairs():
+        for _ in range(PAIRS_PER_REPEAT):
+            free(alloc(256, pool, stream)[1], stream)
+        cu.cuCtxSynchronize()
+
+    pairs()
+    return _median_time(pairs, REPEATS) / PAIRS_PER_REPEAT * 1e6
+
+
+# -- the parent -------------------------------------------------------------------------------
+
+def measure(manager: Manager) -> dict:
+    """Run the worker for ``manager`` in a fresh Python process.
+
+    :raises RuntimeError: when the worker fails, with its standard error.
+    """
+    env = {**os.environ, **manager.env, "PYTHONUNBUFFERED": "1"}
+    # Start in the folder holding the numba_pool we are, so that the worker imports the same
+    # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "numba_pool.bench"], env=env, cwd=here,
+                          capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"benchmark of {manager.label} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def render(results: dict[str, dict]) -> str:
+    """The bench table: one row per manager, medians with ratio to default and the overhead
+    above the no-op floor."""
+    from tabulate import tabulate
+
+    default = results.get(DEFAULT.label)
+    floor = results.get(FLOOR.label)
+    headers = ["manager", f"seed loop ({SEED_ITERATIONS} it.) ms", "x faster than default"]
+    headers += [f"{size_label(s)} alloc+free us (+floor)" for s in SIZES]
+    rows = []
+    for label, r in results.items():
+        row = [label, f"{r['seed_loop_ms']:.3f}"]
+        row.append(f"{default['seed_loop_ms'] / r['seed_loop_ms']:.2f}" if default else "-")
+        for s in SIZES:
+            us = r["alloc_free_us"][str(s)]
+            cell = f"{us:.2f}"
+            if floor:
+                cell += f" (+{us - floor['alloc_free_us'][str(s)]:.2f})"
+            row.append(cell)
+        rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_worker()))

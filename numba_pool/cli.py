@@ -1,0 +1,121 @@
+"""The ``numba-pool`` command line (also ``python -m numba_pool``).
+
+Exit status 2, with one line on standard error and no traceback, for bad configuration, bad
+input files, and machines without a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import click
+
+from . import config as _config
+
+
+class Failure(click.ClickException):
+    """A user-facing error: printed as ``Error: ...``, exit status 2."""
+
+    exit_code = 2
+
+
+def _load_config() -> _config.PoolConfig:
+    try:
+        return _config.load()
+    except _config.ConfigError as err:
+        raise Failure(str(err)) from None
+
+
+def _require_gpu() -> None:
+    from numba import cuda
+
+    if not cuda.is_available():
+        raise Failure("no CUDA GPU is available here (numba.cuda.is_available() is False): "
+                      "numba-pool needs one for this command")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="numba-pool")
+def main() -> None:
+    """numba-pool: Numba's CUDA allocations served by a stream-ordered memory pool."""
+
+
+@main.command()
+def info() -> None:
+    """Device, driver, versions, the configuration in effect and the pool's attributes."""
+    config = _load_config()
+    _require_gpu()
+    import humanfriendly
+    import numba
+    import numba_cuda
+    from cuda import bindings
+    from numba import cuda
+    from tabulate import tabulate
+
+    import numba_pool
+
+    numba_pool.install()
+    context = cuda.current_context()
+    device = context.device
+    driver_version = _driver_version()
+    usage = context.memory_manager._pool.usage()
+    rows = [
+        ("device", f"{device.id}: {device.name.decode() if isinstance(device.name, bytes) else device.name}"),
+        ("compute capability", ".".join(map(str, device.compute_capability))),
+        ("driver (CUDA version)", f"{driver_version // 1000}.{driver_version % 1000 // 10}"),
+        ("numba", numba.__version__), ("numba-cuda", numba_cuda.__version__),
+        ("cuda-bindings", bindings.__version__), ("numba-pool", numba_pool.__version__),
+    ]
+    rows += [(f"config: {k}", v) for k, v in config.describe().items()]
+    fmt = lambda n: f"{humanfriendly.format_size(n, binary=True)} ({n} bytes)"  # noqa: E731
+    rows += [("pool reserved", fmt(usage.reserved)), ("pool reserved high", fmt(usage.reserved_high)),
+             ("pool used", fmt(usage.used)), ("pool used high", fmt(usage.used_high))]
+    click.echo(tabulate(rows, tablefmt="plain"))
+
+
+def _driver_version() -> int:
+    """The CUDA version the driver supports, e.g. 13000 for 13.0 (``cuDriverGetVersion``)."""
+    from cuda.bindings import driver
+
+    err, version = driver.cuDriverGetVersion()
+    if err:
+        raise Failure(f"cuDriverGetVersion failed with {err.name}")
+    return version
+
+
+@main.command()
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
+              help="Also write the raw medians to this JSON file.")
+@click.option("--with-rmm", is_flag=True, help="Add a row for rmm.allocators.numba on an RMM pool (needs rmm).")
+@click.option("--no-arena", is_flag=True, help="Leave out the arena row.")
+def bench(json_path: str | None, with_rmm: bool, no_arena: bool) -> None:
+    """The seeds' experiment: Numba's default manager vs numba_pool vs the no-op floor."""
+    _load_config()
+    _require_gpu()
+    from numba import cuda
+
+    from . import bench as b
+
+    managers = [m for m in b.MANAGERS if not (no_arena and m is b.ARENA)]
+    if with_rmm:
+        managers.append(b.RMM)
+    results = {}
+    for manager in managers:
+        click.echo(f"measuring {manager.label} ...", err=True)
+        try:
+            results[manager.label] = b.measure(manager)
+        except RuntimeError as err:
+            raise Failure(str(err)) from None
+    name = cuda.get_current_device().name
+    name = name.decode() if isinstance(name, bytes) else name
+    today = datetime.date.today().isoformat()
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": name, "date": today, "results": results}, f, indent=1)
+    click.echo(f"device: {name}; date: {today}; medians of {b.REPEATS} repeats")
+    click.echo(b.render(results))
+
+
+if __name__ == "__main__":
+    main()

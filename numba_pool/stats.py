@@ -1,0 +1,115 @@
+"""Allocation statistics: usage events from the EMM manager plus the mempool's own attributes.
+
+Byte counts are the sizes Numba requested; the pool's *reserved* and *used* bytes come from
+``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT/HIGH`` and ``CU_MEMPOOL_ATTR_USED_MEM_CURRENT/HIGH`` and
+include the driver's rounding.
+
+Why events and not counters: the allocator's hot path must not take a lock (it costs as much
+as the rest of our bookkeeping, and a finalizer run by the garbage collector inside a locked
+section would deadlock on it).  Each allocate or free appends one int to a deque, which is
+atomic; :meth:`UsageTracker.drain` replays them in order, so current values and peaks are exact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+#: Replay once this many events are pending, to bound the deque's memory.
+DRAIN_AT = 1 << 16
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """A snapshot of one device's numba_pool memory manager (bytes and counts).
+
+    ``bytes_in_use``/``blocks_in_use``: arrays allocated and not yet freed, with their peaks
+    since start or :func:`numba_pool.reset_peak`.  ``total_allocations``/``total_frees``: since
+    start.  ``pool_*``: the mempool's attributes.  ``oom_retries``: allocations that hit
+    ``CUDA_ERROR_OUT_OF_MEMORY`` once and were retried after synchronizing and trimming;
+    ``oom_errors``: those that failed again and raised.  ``arena_*``: the sub-allocating arena
+    (zero when it is off): slab bytes reserved from the mempool, bytes in live blocks, free
+    blocks and the largest of them.
+    """
+
+    bytes_in_use: int
+    peak_bytes_in_use: int
+    blocks_in_use: int
+    peak_blocks_in_use: int
+    total_allocations: int
+    total_frees: int
+    pool_reserved_bytes: int
+    pool_reserved_high: int
+    pool_used_bytes: int
+    pool_used_high: int
+    oom_retries: int
+    oom_errors: int
+    arena_reserved_bytes: int = 0
+    arena_in_use_bytes: int = 0
+    arena_free_blocks: int = 0
+    arena_largest_free_block: int = 0
+
+
+def free_event(nbytes: int) -> int:
+    """The event recording a free of ``nbytes``: ``~nbytes`` (negative, also for 0 bytes)."""
+    return ~nbytes
+
+
+class UsageTracker:
+    """Bytes and blocks in use with their peaks, from allocate (``nbytes``) and free
+    (:func:`free_event`) events appended to :attr:`events` by any thread."""
+
+    def __init__(self):
+        self.events: deque[int] = deque()
+        self.bytes_in_use = 0
+        self.peak_bytes_in_use = 0
+        self.blocks_in_use = 0
+        self.peak_blocks_in_use = 0
+        self.total_allocations = 0
+        self.total_frees = 0
+        self.oom_retries = 0
+        self.oom_errors = 0
+        self._replay_lock = threading.Lock()
+
+    def drain(self, wait: bool = True) -> None:
+        """Replay pending events.  With ``wait=False`` (the hot path's periodic call) return at
+        once if another thread is replaying, instead of blocking."""
+        if not self._replay_lock.acquire(blocking=wait):
+            return
+        try:
+            events = self.events
+            in_use, peak, blocks, peak_blocks = self.bytes_in_use, self.peak_bytes_in_use, self.blocks_in_use, self.peak_blocks_in_use
+            allocations = frees = 0
+            while events:
+                event = events.popleft()
+                if event >= 0:
+                    in_use += event
+                    blocks += 1
+                    allocations += 1
+                    if in_use > peak:
+                        peak = in_use
+                    if blocks > peak_blocks:
+                        peak_blocks = blocks
+                else:
+                    in_use += event + 1  # event == ~nbytes == -nbytes - 1
+                    blocks -= 1
+                    frees += 1
+            self.bytes_in_use, self.peak_bytes_in_use, self.blocks_in_use, self.peak_blocks_in_use = in_use, peak, blocks, peak_blocks
+            self.total_allocations += allocations
+            self.total_frees += frees
+        finally:
+            self._replay_lock.release()
+
+    def count_oom(self, failed: bool) -> None:
+        """Count an out-of-memory retry (``failed=False``) or a final failure (slow path)."""
+        with self._replay_lock:
+            if failed:
+                self.oom_errors += 1
+            else:
+                self.oom_retries += 1
+
+    def reset_peak(self) -> None:
+        self.drain()
+        self.peak_bytes_in_use = self.bytes_in_use
+        self.peak_blocks_in_use = self.blocks_in_use

@@ -1,0 +1,104 @@
+"""The allocation stream: which CUDA stream an allocation (and its free) is ordered on.
+
+Numba's EMM interface passes no stream to ``memalloc``, so numba_pool keeps a thread-local
+*allocation stream*.  Outside :func:`using_stream` it is the legacy default stream
+(``CU_STREAM_LEGACY``): every operation on it waits for all earlier work on blocking streams and
+all later work on blocking streams waits for it, so an allocation or free issued there is
+ordered around the work of Numba's own streams (``cuda.stream()`` creates blocking streams).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+from cuda.bindings import driver as cu
+
+
+class StreamRef:
+    """A CUDA stream handle plus the object that owns it.
+
+    The owner (a Numba ``Stream``, a CuPy or PyTorch stream...) is kept alive for as long as an
+    allocation ordered on the stream lives, so that the stream still exists when the
+    stream-ordered free is enqueued on it.
+    """
+
+    __slots__ = ("handle", "owner")
+
+    def __init__(self, handle: cu.CUstream, owner: Any = None):
+        self.handle = handle
+        self.owner = owner
+
+    def __int__(self) -> int:
+        return int(self.handle)
+
+    def __repr__(self) -> str:
+        return f"StreamRef({int(self.handle):#x})"
+
+
+#: The legacy default stream, the allocation stream outside any ``using_stream`` scope.
+LEGACY = StreamRef(cu.CUstream(cu.CU_STREAM_LEGACY))
+
+
+def as_stream_ref(stream: Any) -> StreamRef:
+    """Normalize a stream to a :class:`StreamRef`.
+
+    Accepts a Numba stream (``cuda.stream()``, ``cuda.external_stream(ptr)``,
+    ``cuda.default_stream()``...), a ``CUstream``, an int handle, or any object implementing the
+    CUDA stream protocol (``__cuda_stream__``), such as CuPy and PyTorch streams.
+
+    :raises TypeError: for anything else, naming its type.
+    """
+    if isinstance(stream, StreamRef):
+        return stream
+    if isinstance(stream, cu.CUstream):
+        return StreamRef(stream, stream)
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return StreamRef(cu.CUstream(stream), None)
+    handle = getattr(stream, "handle", None)
+    if isinstance(handle, cu.CUstream):  # numba.cuda.cudadrv.driver.Stream
+        return StreamRef(handle, stream)
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is not None:
+        info = protocol() if callable(protocol) else protocol
+        return StreamRef(cu.CUstream(int(info[1])), stream)
+    raise TypeError(
+        f"numba_pool: {type(stream).__name__} is not a CUDA stream: expected a Numba stream, a "
+        "CUstream, an int handle or an object with __cuda_stream__")
+
+
+class _ThreadState(threading.local):
+    # Class attribute: the value a thread sees before it enters any using_stream scope.
+    stream: StreamRef = LEGACY
+
+
+_state = _ThreadState()
+
+
+def current_stream() -> StreamRef:
+    """The calling thread's allocation stream."""
+    return _state.stream
+
+
+@contextlib.contextmanager
+def using_stream(stream: Any) -> Iterator[StreamRef]:
+    """Order the allocations made by this thread inside the block on ``stream``.
+
+    Arrays allocated inside are allocated with ``cuMemAllocFromPoolAsync`` on ``stream`` and freed
+    with ``cuMemFreeAsync`` on the same stream whenever they are dropped, also after the block
+    has exited.  Work on ``stream`` may use them at once; work on any other stream must be
+    ordered after ``stream`` by the caller (an event, a synchronize) or the array's memory
+    registered with :func:`numba_pool.record_stream`.  Scopes nest; the innermost wins.  The
+    setting is per host thread.
+
+    :param stream: see :func:`as_stream_ref`.
+    :raises TypeError: when ``stream`` is not a stream.
+    """
+    ref = as_stream_ref(stream)
+    previous = _state.stream
+    _state.stream = ref
+    try:
+        yield ref
+    finally:
+        _state.stream = previous
