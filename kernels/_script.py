@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import deque
 
 THREADS_PER_BLOCK = 256
 
@@ -13,11 +14,36 @@ def blocks_for(n: int) -> int:
     return (n + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
 
 
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of element counts") from None
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: element counts must be positive")
+    return sizes
+
+
 def parse_args(description: str, argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--n", type=int, default=1 << 20, help="elements per array (default 2^20)")
+    parser.add_argument("--n", type=_sizes, default=[1 << 20],
+                        help="elements per array, or a comma-separated list cycled through the rounds (default 2^20)")
     parser.add_argument("--iterations", type=int, default=10, help="allocate/launch/free rounds")
+    parser.add_argument("--keep", type=int, default=0,
+                        help="keep the last K arrays alive (a pipeline's window) instead of freeing each at once")
     return parser.parse_args(argv)
+
+
+class Window:
+    """Keeps the last ``keep`` arrays alive (none when ``keep`` is 0), like a pipeline holding
+    its recent results."""
+
+    def __init__(self, keep: int):
+        self.items = deque(maxlen=keep) if keep > 0 else None
+
+    def add(self, item) -> None:
+        if self.items is not None:
+            self.items.append(item)
 
 
 def report(name: str, ok: bool, detail: str) -> int:

@@ -20,17 +20,18 @@ def fill_kernel(a, v):
 def main(argv=None, n_streams: int = 4) -> int:
     args = parse_args(__doc__, argv)
     ok = True
-    for _ in range(args.iterations):
+    for i in range(args.iterations):
+        n = args.n[i % len(args.n)]
         streams = [cuda.stream() for _ in range(n_streams)]
-        outputs = [cuda.pinned_array(args.n, dtype=np.float32) for _ in streams]
+        outputs = [cuda.pinned_array(n, dtype=np.float32) for _ in streams]
         for k, (stream, out) in enumerate(zip(streams, outputs)):
-            d = cuda.device_array(args.n, dtype=np.float32, stream=stream)
-            fill_kernel[blocks_for(args.n), THREADS_PER_BLOCK, stream](d, np.float32(k + 1))
+            d = cuda.device_array(n, dtype=np.float32, stream=stream)
+            fill_kernel[blocks_for(n), THREADS_PER_BLOCK, stream](d, np.float32(k + 1))
             d.copy_to_host(out, stream=stream)
             del d  # freed while the copy may still be running: must be safe
         cuda.synchronize()
         ok &= all(bool((out == k + 1).all()) for k, out in enumerate(outputs))
-    return report("fill", ok, f"{n_streams} streams x {args.n} elements x {args.iterations}")
+    return report("fill", ok, f"{n_streams} streams x {','.join(map(str, args.n))} elements x {args.iterations}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""The seeds' increment kernel, ``a[i] = a[i] + 1.0``, as a script: copy an array in, increment
-it ``--iterations`` times in fresh device arrays, copy back and check."""
+"""The seeds' increment kernel, ``a[i] = a[i] + 1.0``, as a script: each round copies a random
+array in, increments it, copies it back and checks it; ``--keep K`` keeps the last K device
+arrays alive, like a pipeline holding its recent results."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda
 
-from ._script import THREADS_PER_BLOCK, blocks_for, parse_args, report
+from ._script import THREADS_PER_BLOCK, Window, blocks_for, parse_args, report
 
 
 @cuda.jit
@@ -19,14 +20,19 @@ def increment_kernel(a):
 
 def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
-    host = np.random.default_rng(0).random(args.n, dtype=np.float32)
-    expected = host.copy()
-    for _ in range(args.iterations):
+    rng = np.random.default_rng(0)
+    window = Window(args.keep)
+    ok = True
+    for i in range(args.iterations):
+        n = args.n[i % len(args.n)]
+        host = rng.random(n, dtype=np.float32)
         d = cuda.to_device(host)  # a new device array each round: exercises allocate and free
-        increment_kernel[blocks_for(args.n), THREADS_PER_BLOCK](d)
-        host = d.copy_to_host()
-        expected += np.float32(1.0)
-    return report("increment", bool(np.array_equal(host, expected)), f"{args.n} elements x {args.iterations}")
+        increment_kernel[blocks_for(n), THREADS_PER_BLOCK](d)
+        ok &= bool(np.array_equal(d.copy_to_host(), host + np.float32(1.0)))
+        window.add(d)
+        del d
+    sizes = ",".join(map(str, args.n))
+    return report("increment", ok, f"{sizes} elements x {args.iterations}, keeping {args.keep}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ._script import THREADS_PER_BLOCK, blocks_for, parse_args, report
+from ._script import THREADS_PER_BLOCK, Window, blocks_for, parse_args, report
 
 
 @cuda.jit
@@ -21,14 +21,17 @@ def sqrt_kernel(a):
 
 def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
-    expected = np.sqrt(np.arange(args.n, dtype=np.float64)).astype(np.float32)
     ok = True
-    for _ in range(args.iterations):
-        d = cuda.device_array(args.n, dtype=np.float32)
-        sqrt_kernel[blocks_for(args.n), THREADS_PER_BLOCK](d)
+    window = Window(args.keep)
+    for i in range(args.iterations):
+        n = args.n[i % len(args.n)]
+        expected = np.sqrt(np.arange(n, dtype=np.float64)).astype(np.float32)
+        d = cuda.device_array(n, dtype=np.float32)
+        sqrt_kernel[blocks_for(n), THREADS_PER_BLOCK](d)
         ok &= bool(np.allclose(d.copy_to_host(), expected, rtol=1e-6))
+        window.add(d)
         del d
-    return report("sqrt", ok, f"{args.n} elements x {args.iterations}")
+    return report("sqrt", ok, f"{','.join(map(str, args.n))} elements x {args.iterations}")
 
 
 if __name__ == "__main__":

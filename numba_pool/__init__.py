@@ -10,12 +10,13 @@ from typing import Any
 from . import config as _config
 from .config import ConfigError, PoolConfig
 from .manager import NumbaPoolManager
+from .scratch import scratch
 from .stats import PoolStatistics
 from .streams import using_stream
 
 __all__ = [
     "ConfigError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "install", "record_stream",
-    "reset_peak", "stats", "trim", "using_stream",
+    "reset_peak", "scratch", "stats", "trim", "using_stream",
 ]
 __version__ = "0.1.0"
 

@@ -24,6 +24,11 @@ How the mempool path keeps it:
 4. Inside ``defer_cleanup`` the frees are held back and issued, in the same way, when the
    outermost block exits.
 
+With the arena on, requests up to ``arena_max_block`` bytes are served from slabs by
+:mod:`numba_pool.arena`, which keeps the same rule with its own means (stated at its top);
+larger requests take the path above.  A :func:`numba_pool.scratch` block is one mempool
+allocation, freed by that path once its scope has exited and its last array is gone.
+
 The subtle lifetime issue: an array may outlive :meth:`NumbaPoolManager.reset` (or its
 context).  Its finalizer must then neither raise nor free a block that a later allocation owns
 at the same address.  Each allocation's finalizer holds the *ledger* (``address -> size``) of
@@ -40,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+import weakref
 from collections import deque
 from functools import partial
 
@@ -49,7 +55,9 @@ from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
 from numba.cuda.cudadrv.driver import CudaAPIError, MemoryInfo
 
 from . import config as _config
-from .mempool import MemPool, check, device_memory_info
+from .alloclog import AllocationLog
+from .arena import Arena
+from .mempool import MemPool, SlabSource, check, device_memory_info
 from .stats import DRAIN_AT, PoolStatistics, UsageTracker
 from .streams import LEGACY, StreamRef, _state, as_stream_ref
 
@@ -89,7 +97,11 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self._recorded: dict[int, list[StreamRef]] = {}
         self._defer_lock = threading.Lock()
         self._defer_depth = 0
-        self._deferred: deque = deque()
+        self._deferred: deque = deque()  # zero-argument callables that issue a held-back free
+        self._arena: Arena | None = None
+        self._arena_max_block = 0
+        self._arena_streams: dict[int, StreamRef] = {LEGACY.key: LEGACY}
+        self._log: AllocationLog | None = None
 
     # -- EMM interface --------------------------------------------------------------------
 
@@ -116,8 +128,25 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             pool = MemPool(self.context.device.id, config, total)
             pool.reserve(config.initial_size)
             self.config = config
+            if config.arena:
+                threshold = None if config.release_threshold == _config.KEEP_ALL else config.release_threshold
+                self._arena = Arena(SlabSource(pool, self._arena_streams), slab_size=config.arena_slab_size,
+                                    max_block=config.arena_max_block, fenced_stream=LEGACY.key,
+                                    release_threshold=threshold)
+                self._arena_max_block = config.arena_max_block
+            self._choose_allocator(config)
             self._pool_handle = pool.handle
             self._pool = pool
+
+    def _choose_allocator(self, config: _config.PoolConfig) -> None:
+        # Decided once, by binding an instance attribute that shadows the class's memalloc, so
+        # that neither the arena test nor the logging test costs anything when they are off.
+        allocate = self._memalloc_arena if config.arena else self._memalloc_pool
+        if config.log:
+            if self._log is None:
+                self._log = AllocationLog(config.log)
+            allocate = partial(_memalloc_logged, self, allocate, self._log)
+        self.memalloc = allocate
 
     def memalloc(self, size: int) -> MemoryPointer:
         """Allocate ``size`` bytes of device memory, stream-ordered on the thread's allocation
@@ -129,7 +158,13 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             pool's reserved and used bytes and the device's free and total); any other driver
             error as returned.
         """
+        return self._memalloc_pool(size)
+
+    def _memalloc_pool(self, size: int) -> MemoryPointer:
+        # The mempool path: every allocation with the arena off, large ones with it on.
         stream = _state.stream
+        if stream.scratch is not None:
+            return stream.scratch.allocate(self, size)
         err, ptr = _alloc_async(size, self._pool_handle, stream.handle)
         if err:
             ptr = self._allocate_slow(size, stream, err)
@@ -141,6 +176,28 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         if len(events) > DRAIN_AT:  # bound the events' memory when nobody reads statistics
             self._usage.drain(wait=False)
         return MemoryPointer(self.context, ptr, size, finalizer=partial(_release, self, ledger, key, ptr, stream))
+
+    def _memalloc_arena(self, size: int) -> MemoryPointer:
+        # The arena path: blocks of up to arena_max_block bytes carved out of slabs.
+        if size > self._arena_max_block:
+            return self._memalloc_pool(size)
+        stream = _state.stream
+        if stream.scratch is not None:
+            return stream.scratch.allocate(self, size)
+        key = stream.key
+        if stream is not LEGACY and key not in self._arena_streams:
+            self._arena_streams[key] = stream  # kept: the arena may order work on it later
+        arena = self._arena
+        try:
+            address = arena.allocate(size, key)
+        except CudaAPIError as err:
+            address = self._arena_after_error(size, key, err)
+        events = self._events
+        events.append(size)
+        if len(events) > DRAIN_AT:
+            self._usage.drain(wait=False)
+        return MemoryPointer(self.context, cu.CUdeviceptr(address), size,
+                             finalizer=partial(_release_block, self, arena, address, key, size, stream))
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)`` bytes that allocations through this manager can still get.
@@ -155,6 +212,9 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         free, total = device_memory_info()
         usage = self._pool.usage()
         free += usage.reserved - usage.used
+        if self._arena is not None:
+            arena = self._arena.statistics()
+            free += arena.reserved - arena.in_use
         cap = self._pool.max_size
         if cap:
             total = cap
@@ -195,15 +255,22 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                     break
                 self._note(~size)
                 addresses.append(address)
-            while self._deferred:  # already counted as freed when deferred
-                addresses.append(self._deferred.popleft()[0])
+            arena, self._arena = self._arena, None
+            if arena is not None:  # its live blocks are abandoned: their finalizers see `dropped`
+                addresses += [start for start, _ in arena.drop_all()]
+            self._usage.forget_in_use()  # arena and scratch blocks still alive count as freed
             self._recorded = {}
             _ignore_gone(cu.cuCtxSynchronize())
+            while self._deferred:  # held-back frees (already counted as freed): issue them now
+                with contextlib.suppress(CudaAPIError):
+                    self._deferred.popleft()()
             for address in addresses:
                 _ignore_gone(_free_async(cu.CUdeviceptr(address), LEGACY.handle))
             _ignore_gone(cu.cuCtxSynchronize())
             with contextlib.suppress(CudaAPIError):
                 pool.destroy()
+            if self._log is not None:
+                self._log.flush()
 
     @contextlib.contextmanager
     def defer_cleanup(self):
@@ -238,6 +305,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         ref = as_stream_ref(stream)
         address = _data_address(array)
         key = _containing_block(self._ledger, address)
+        if key is None and self._arena is not None:
+            key = self._arena.containing_block(address)
         if key is None:
             raise ValueError(
                 f"numba_pool.record_stream: address {address:#x} is not in a live allocation of "
@@ -256,7 +325,14 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             total_allocations=u.total_allocations, total_frees=u.total_frees,
             pool_reserved_bytes=pool.reserved, pool_reserved_high=pool.reserved_high,
             pool_used_bytes=pool.used, pool_used_high=pool.used_high,
-            oom_retries=u.oom_retries, oom_errors=u.oom_errors)
+            oom_retries=u.oom_retries, oom_errors=u.oom_errors, **self._arena_fields())
+
+    def _arena_fields(self) -> dict:
+        if self._arena is None:
+            return {}
+        a = self._arena.statistics()
+        return {"arena_reserved_bytes": a.reserved, "arena_in_use_bytes": a.in_use,
+                "arena_free_blocks": a.free_blocks, "arena_largest_free_block": a.largest_free_block}
 
     def reset_peak(self) -> None:
         """Reset the peaks (ours and the pool's high watermarks) to the current values."""
@@ -269,22 +345,29 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         reserved but unused pool memory down to ``keep_bytes`` (``cuMemPoolTrimTo``)."""
         self.initialize()
         check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        self._release_cached_slabs()
         self._pool.trim(keep_bytes)
+
+    def _release_cached_slabs(self) -> None:
+        # Only right after a device synchronize: consolidate() merges all streams' free blocks.
+        if self._arena is not None:
+            self._arena.consolidate()
+            self._arena.trim()
 
     # -- internals ------------------------------------------------------------------------
 
-    def _defer(self, key: int, ptr, stream: StreamRef) -> None:
-        self._deferred.append((key, ptr, stream))
+    def _defer(self, issue_free) -> None:
+        self._deferred.append(issue_free)
         if not self._defer_depth:  # the block exited while we were appending: flush ourselves
             self._flush_deferred()
 
     def _flush_deferred(self) -> None:
         while True:
             try:
-                key, ptr, stream = self._deferred.popleft()
+                issue_free = self._deferred.popleft()
             except IndexError:
                 return
-            self._enqueue_free(key, ptr, stream)
+            issue_free()
 
     def _enqueue_free(self, key: int, ptr, stream: StreamRef) -> None:
         if self._recorded:
@@ -307,9 +390,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         if err != _OOM:
             raise CudaAPIError(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) failed with {err.name}")
         self._usage.count_oom(failed=False)
-        self.deallocations.clear()
-        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-        self._pool.trim(0)
+        self._make_room()
         err, ptr = _alloc_async(size, self._pool_handle, stream.handle)
         if not err:
             return ptr
@@ -318,14 +399,40 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             raise CudaAPIError(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) failed with {err.name}")
         raise CudaAPIError(err, self._oom_message(size))
 
+    def _make_room(self) -> None:
+        """Before retrying an allocation that ran out of memory: let every pending
+        stream-ordered free complete, give empty arena slabs back, release unused pool memory."""
+        self.deallocations.clear()
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        self._release_cached_slabs()
+        self._pool.trim(0)
+
+    def _arena_after_error(self, size: int, key: int, err: CudaAPIError) -> int:
+        """The arena's slow path: its upstream could not get a slab."""
+        if err.code != _OOM:
+            raise err
+        self._usage.count_oom(failed=False)
+        self._make_room()
+        try:
+            return self._arena.allocate(size, key)
+        except CudaAPIError as again:
+            self._usage.count_oom(failed=True)
+            if again.code != _OOM:
+                raise
+            raise CudaAPIError(again.code, self._oom_message(size)) from None
+
     def _oom_message(self, size: int) -> str:
         usage = self._pool.usage()
         free, total = device_memory_info()
         pool = "private mempool" if self._pool.is_private else "device default mempool"
         cap = f" (capped at {_fmt(self._pool.max_size)})" if self._pool.max_size else ""
+        arena = ""
+        if self._arena is not None:
+            a = self._arena.statistics()
+            arena = f", arena slabs {_fmt(a.reserved)} of which {_fmt(a.in_use)} in blocks"
         return (f"numba_pool: out of memory allocating {_fmt(size)} on device {self._pool.device_id} "
                 f"after synchronizing, trimming and retrying once: {pool}{cap} reserves {_fmt(usage.reserved)}, "
-                f"of which {_fmt(usage.used)} used; device has {_fmt(free)} free of {_fmt(total)}")
+                f"of which {_fmt(usage.used)} used{arena}; device has {_fmt(free)} free of {_fmt(total)}")
 
 
 def _release(manager: NumbaPoolManager, ledger: dict, key: int, ptr, stream: StreamRef) -> None:
@@ -336,7 +443,7 @@ def _release(manager: NumbaPoolManager, ledger: dict, key: int, ptr, stream: Str
         return
     manager._note(~size)  # stats.free_event(size), inlined
     if manager._defer_depth:
-        manager._defer(key, ptr, stream)
+        manager._defer(partial(manager._enqueue_free, key, ptr, stream))
         return
     if manager._recorded:
         manager._enqueue_free(key, ptr, stream)
@@ -344,6 +451,38 @@ def _release(manager: NumbaPoolManager, ledger: dict, key: int, ptr, stream: Str
     err, = _free_async(ptr, stream.handle)
     if err and err not in _GONE:
         warnings.warn(f"numba_pool: cuMemFreeAsync({key:#x}) failed with {err.name}", RuntimeWarning)
+
+
+def _release_block(manager: NumbaPoolManager, arena: Arena, address: int, key: int, size: int,
+                   stream: StreamRef) -> None:
+    """The finalizer of an arena block: queue it for the arena (no lock, no driver call unless
+    record_stream asked for events)."""
+    if arena.dropped:  # reset() already released it
+        return
+    manager._note(~size)
+    if manager._recorded:
+        recorded = manager._recorded.pop(address, None)
+        if recorded:
+            _wait_for_streams(recorded, stream)
+    if manager._defer_depth:
+        manager._defer(partial(arena.release, address, key))
+        return
+    arena.release(address, key)
+
+
+def _memalloc_logged(manager: NumbaPoolManager, allocate, log: AllocationLog, size: int) -> MemoryPointer:
+    """``memalloc`` when ``NUMBA_POOL_LOG`` is set: log the allocation (or its failure) and,
+    through a second finalizer, its free."""
+    stream = _state.stream
+    try:
+        mem = allocate(size)
+    except CudaAPIError:
+        log.failure(size, stream.key)
+        raise
+    address = int(mem.device_pointer)
+    log.allocate(address, size, stream.key)
+    weakref.finalize(mem, log.free, address, size, stream.key)
+    return mem
 
 
 def _ignore_gone(result) -> None:

@@ -136,3 +136,42 @@ def pointer_mempool(pointer: int) -> int:
     (``CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE``)."""
     attr = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
     return int(check(cu.cuPointerGetAttribute(attr, pointer), "cuPointerGetAttribute(MEMPOOL_HANDLE)"))
+
+
+class SlabSource:
+    """The arena's upstream on the GPU (:class:`numba_pool.arena.Upstream`): slabs from the
+    mempool, stream-ordered; fences and orderings with events.
+
+    Arena stream keys are ``int(CUstream)``; :meth:`register` maps a key to its
+    :class:`~numba_pool.streams.StreamRef`, which is kept alive for as long as the arena may
+    order work on it.
+    """
+
+    def __init__(self, pool: MemPool, streams: dict):
+        self.pool = pool
+        self.streams = streams  # key -> StreamRef
+        flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._event = check(cu.cuEventCreate(flags), "cuEventCreate")
+
+    def allocate_slab(self, nbytes: int, stream: int) -> int:
+        ptr = check(cu.cuMemAllocFromPoolAsync(nbytes, self.pool.handle, self.streams[stream].handle),
+                    f"cuMemAllocFromPoolAsync({nbytes}) for an arena slab")
+        return int(ptr)
+
+    def free_slab(self, address: int, nbytes: int, stream: int) -> None:
+        check(cu.cuMemFreeAsync(cu.CUdeviceptr(address), self.streams[stream].handle), "cuMemFreeAsync (arena slab)")
+
+    def fence(self, stream: int) -> None:
+        # One operation on the legacy default stream: it runs after all earlier work of every
+        # blocking stream and before all later work (CUDA Runtime API, "stream synchronization
+        # behavior", legacy default stream).
+        check(cu.cuEventRecord(self._event, self.streams[stream].handle), "cuEventRecord (arena fence)")
+
+    def order(self, earlier: int, later: int) -> None:
+        # cuStreamWaitEvent waits for the event's state at the time of the call, so one event
+        # object serves every ordering.
+        check(cu.cuEventRecord(self._event, self.streams[earlier].handle), "cuEventRecord (arena ordering)")
+        check(cu.cuStreamWaitEvent(self.streams[later].handle, self._event, 0), "cuStreamWaitEvent (arena ordering)")
+
+    def close(self) -> None:
+        cu.cuEventDestroy(self._event)

@@ -109,6 +109,13 @@ class UsageTracker:
             else:
                 self.oom_retries += 1
 
+    def forget_in_use(self) -> None:
+        """Count everything still in use as freed (a reset released it)."""
+        self.drain()
+        with self._replay_lock:
+            self.total_frees += self.blocks_in_use
+            self.bytes_in_use = self.blocks_in_use = 0
+
     def reset_peak(self) -> None:
         self.drain()
         self.peak_bytes_in_use = self.bytes_in_use

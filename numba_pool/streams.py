@@ -24,14 +24,16 @@ class StreamRef:
     stream-ordered free is enqueued on it.
     """
 
-    __slots__ = ("handle", "owner")
+    __slots__ = ("handle", "owner", "key", "scratch")
 
-    def __init__(self, handle: cu.CUstream, owner: Any = None):
+    def __init__(self, handle: cu.CUstream, owner: Any = None, scratch: Any = None):
         self.handle = handle
         self.owner = owner
+        self.key = int(handle)  # the stream's identity in the arena and the allocation log
+        self.scratch = scratch  # the numba_pool.scratch block this thread bump-allocates from
 
     def __int__(self) -> int:
-        return int(self.handle)
+        return self.key
 
     def __repr__(self) -> str:
         return f"StreamRef({int(self.handle):#x})"

@@ -37,6 +37,22 @@ def manager():
     return cuda.current_context().memory_manager
 
 
+@pytest.fixture
+def eager_fences():
+    """In arena mode, fence after every legacy-stream free: a freed block is then reusable by
+    the very next allocation, the case where the stream rule matters most.  (By default the
+    arena fences lazily, so immediate reuse of the same block is rare.)"""
+    arena = manager()._arena
+    if arena is None:
+        yield
+        return
+    limit, arena.quarantine_limit = arena.quarantine_limit, -1
+    try:
+        yield
+    finally:
+        arena.quarantine_limit = limit
+
+
 def settle():
     """Drop garbage from earlier tests and let every stream-ordered free complete."""
     gc.collect()
@@ -97,7 +113,7 @@ def test_freed_block_is_reused_without_growing_the_pool(nbytes):
     del a
     reserved = numba_pool.stats().pool_reserved_bytes
     addresses = set()
-    for _ in range(50):
+    for _ in range(300):  # past the arena's quarantine limit (256 blocks), so it fences and reuses
         b = cuda.device_array(nbytes, dtype=np.uint8)
         addresses.add(b.device_ctypes_pointer.value)
         del b
@@ -106,9 +122,9 @@ def test_freed_block_is_reused_without_growing_the_pool(nbytes):
 
 
 @pytest.mark.parametrize("nbytes", CROSS_STREAM_SIZES)
-def test_cross_stream_reuse_on_numba_streams_is_safe(nbytes):
+def test_cross_stream_reuse_on_numba_streams_is_safe(nbytes, eager_fences):
     """The reader on s1 never sees the fill on s2 of the block it was reading, and the block is
-    really reused: the legacy-stream free waits for s1."""
+    really reused: the legacy-stream free (mempool) or fence (arena) waits for s1."""
     s1, s2 = cuda.stream(), cuda.stream()
     reused, corrupted = cross_stream_experiment(nbytes, s1, s2)
     print(f"\n{nbytes} bytes, Numba streams: reused {reused}/20, corrupted elements {corrupted}")
@@ -117,7 +133,7 @@ def test_cross_stream_reuse_on_numba_streams_is_safe(nbytes):
 
 
 @pytest.mark.parametrize("nbytes", CROSS_STREAM_SIZES)
-def test_check_detects_corruption_when_nothing_orders_the_reader(nbytes):
+def test_check_detects_corruption_when_nothing_orders_the_reader(nbytes, eager_fences):
     """Control: a reader on a non-blocking stream that nobody waits for does see the fill of
     its reused block.  Proves the check above would catch a broken rule."""
     with non_blocking_stream() as s1, non_blocking_stream() as s2:
@@ -127,7 +143,7 @@ def test_check_detects_corruption_when_nothing_orders_the_reader(nbytes):
 
 
 @pytest.mark.parametrize("nbytes", CROSS_STREAM_SIZES)
-def test_record_stream_orders_reuse_after_the_reader(nbytes):
+def test_record_stream_orders_reuse_after_the_reader(nbytes, eager_fences):
     with non_blocking_stream() as s1, non_blocking_stream() as s2:
         reused, corrupted = cross_stream_experiment(nbytes, s1, s2, fill_in_scope=True, record=True)
     print(f"\n{nbytes} bytes, record_stream: reused {reused}/20, corrupted elements {corrupted}")
@@ -135,7 +151,7 @@ def test_record_stream_orders_reuse_after_the_reader(nbytes):
 
 
 @pytest.mark.parametrize("nbytes", CROSS_STREAM_SIZES)
-def test_using_stream_reuses_at_once_on_the_same_stream(nbytes):
+def test_using_stream_reuses_at_once_on_the_same_stream(nbytes, eager_fences):
     with non_blocking_stream() as s:
         reused, corrupted = cross_stream_experiment(nbytes, s, s, fill_in_scope=True, read_in_scope=True)
     print(f"\n{nbytes} bytes, one non-blocking stream: reused {reused}/20, corrupted elements {corrupted}")
@@ -184,8 +200,9 @@ def test_out_of_memory_names_the_numbers_and_the_pool_keeps_working():
     assert numba_pool.stats().bytes_in_use == before.bytes_in_use
 
 
-def test_max_size_caps_the_pool_and_it_recovers():
-    facts = run_json("""
+@pytest.mark.parametrize("arena, nbytes", [("0", 16 << 20), ("1", 512 << 10)])
+def test_max_size_caps_the_pool_and_it_recovers(arena, nbytes):
+    facts = run_json(f"""
 import json, numpy as np
 from numba import cuda
 from numba.cuda.cudadrv.driver import CudaAPIError
@@ -193,20 +210,22 @@ import numba_pool
 numba_pool.install(max_size="64 MiB")
 arrays, message = [], None
 try:
-    for _ in range(10):
-        arrays.append(cuda.device_array(16 << 20, dtype=np.uint8))
+    for _ in range(1000):
+        arrays.append(cuda.device_array({nbytes}, dtype=np.uint8))
 except CudaAPIError as e:
     message = str(e)
-held = len(arrays)
+held = len(arrays) * {nbytes}
 arrays.clear()
-cuda.synchronize()
+numba_pool.trim()
 after = numba_pool.stats()
 again = cuda.device_array(32 << 20, dtype=np.uint8)
-print(json.dumps({"held": held, "message": message, "used_after": after.pool_used_bytes,
-                  "in_use_after": after.bytes_in_use, "again": again.size}))
-""")
-    assert 1 <= facts["held"] <= 4
-    assert "capped at 64 MiB" in facts["message"]
+print(json.dumps({{"held": held, "message": message, "used_after": after.pool_used_bytes,
+                  "in_use_after": after.bytes_in_use, "again": again.size, "retries": after.oom_retries}}))
+""", env={"NUMBA_POOL_ARENA": arena})
+    assert 16 << 20 <= facts["held"] <= 64 << 20
+    assert "capped at 64 MiB" in facts["message"] and facts["retries"] >= 1
+    if arena == "1":
+        assert "arena slabs" in facts["message"]
     assert facts["used_after"] == 0 and facts["in_use_after"] == 0 and facts["again"] == 32 << 20
 
 

@@ -1,0 +1,71 @@
+"""The allocation log: every allocate and free in RMM's logging format (CSV).
+
+Header ``Thread,Time,Action,Pointer,Size,Stream``; actions ``allocate``, ``free`` and
+``allocate failure``; pointer and stream in hex; time ``HH:MM:SS.ffffff`` (RMM's
+``logging_resource_adaptor`` pattern ``%t,%H:%M:%S.%f``).  Rows are buffered and written when
+the buffer fills, at :meth:`AllocationLog.flush` (called by ``reset``) and at exit.  With
+logging off nothing of this module runs: the manager only wraps its allocator when a log is
+configured.
+"""
+
+from __future__ import annotations
+
+import atexit
+import csv
+import datetime
+import threading
+from collections import deque
+
+HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
+ACTIONS = ("allocate", "free", "allocate failure")
+#: Rows buffered before they are written.
+FLUSH_EVERY = 4096
+
+
+class AllocationLog:
+    """Appends rows to a CSV file in RMM's logging format.
+
+    :param path: the file; truncated and given the header at once.
+    :raises OSError: when the file cannot be written.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._file = open(path, "w", newline="")
+        self._writer = csv.writer(self._file, lineterminator="\n")
+        self._writer.writerow(HEADER)
+        self._file.flush()
+        self._rows: deque = deque()
+        self._lock = threading.Lock()
+        atexit.register(self.flush)
+
+    def _add(self, action: str, pointer: int, size: int, stream: int) -> None:
+        now = datetime.datetime.now().strftime("%H:%M:%S.%f")
+        self._rows.append((threading.get_ident(), now, action, f"{pointer:#x}", size, f"{stream:#x}"))
+        if len(self._rows) >= FLUSH_EVERY:
+            self.flush(wait=False)
+
+    def allocate(self, pointer: int, size: int, stream: int) -> None:
+        """Log an allocation of ``size`` bytes at ``pointer`` on stream handle ``stream``."""
+        self._add("allocate", pointer, size, stream)
+
+    def free(self, pointer: int, size: int, stream: int) -> None:
+        self._add("free", pointer, size, stream)
+
+    def failure(self, size: int, stream: int) -> None:
+        self._add("allocate failure", 0, size, stream)
+
+    def flush(self, wait: bool = True) -> None:
+        """Write the buffered rows.  ``wait=False`` returns at once if another thread (or a
+        finalizer run inside this one) is writing."""
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
+            if self._file.closed:
+                return
+            rows = self._rows
+            while rows:
+                self._writer.writerow(rows.popleft())
+            self._file.flush()
+        finally:
+            self._lock.release()
