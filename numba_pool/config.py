@@ -23,8 +23,11 @@ import humanfriendly
 #: mempool that never gives memory back on synchronization serves each allocation from cache.
 KEEP_ALL = 2**64 - 1
 
-#: Default largest block served by the arena (bytes); see the README's arena section.
-DEFAULT_ARENA_MAX_BLOCK = 1 << 20
+#: Default largest block served by the arena (bytes).  Measured (README, arena section): on the
+#: shipped logs, blocks of 200 KB in the arena raise peak reserved / peak requested to 1.16,
+#: while at 64 KiB both replay within 1.01; and the arena's gain over the mempool path matters
+#: most for the small, frequent arrays that dominate Numba workloads.
+DEFAULT_ARENA_MAX_BLOCK = 64 << 10
 #: Default slab the arena takes from the mempool (bytes); see the README's arena section.
 DEFAULT_ARENA_SLAB_SIZE = 4 << 20
 

@@ -99,6 +99,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self._defer_depth = 0
         self._deferred: deque = deque()  # zero-argument callables that issue a held-back free
         self._arena: Arena | None = None
+        self._slab_source: SlabSource | None = None
         self._arena_max_block = 0
         self._arena_streams: dict[int, StreamRef] = {LEGACY.key: LEGACY}
         self._log: AllocationLog | None = None
@@ -130,7 +131,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             self.config = config
             if config.arena:
                 threshold = None if config.release_threshold == _config.KEEP_ALL else config.release_threshold
-                self._arena = Arena(SlabSource(pool, self._arena_streams), slab_size=config.arena_slab_size,
+                self._slab_source = SlabSource(pool, self._arena_streams, LEGACY.key)
+                self._arena = Arena(self._slab_source, slab_size=config.arena_slab_size,
                                     max_block=config.arena_max_block, fenced_stream=LEGACY.key,
                                     release_threshold=threshold)
                 self._arena_max_block = config.arena_max_block
@@ -182,22 +184,38 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         if size > self._arena_max_block:
             return self._memalloc_pool(size)
         stream = _state.stream
+        arena = self._arena
+        if stream is LEGACY:  # no scope, no scratch: try the ready cache first (no lock)
+            ready = arena.ready.get((size + 255) & -256 or 256)
+            address = None
+            if ready:
+                try:
+                    address = ready.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+            if address is None:
+                address = self._arena_allocate(size, stream)
+            self._note(size)
+            return MemoryPointer(self.context, cu.CUdeviceptr(address), size,
+                                 finalizer=partial(_release_legacy_block, self, arena, address, size))
         if stream.scratch is not None:
             return stream.scratch.allocate(self, size)
         key = stream.key
-        if stream is not LEGACY and key not in self._arena_streams:
+        if key not in self._arena_streams:
             self._arena_streams[key] = stream  # kept: the arena may order work on it later
-        arena = self._arena
-        try:
-            address = arena.allocate(size, key)
-        except CudaAPIError as err:
-            address = self._arena_after_error(size, key, err)
-        events = self._events
-        events.append(size)
-        if len(events) > DRAIN_AT:
-            self._usage.drain(wait=False)
+        address = self._arena_allocate(size, stream)
+        self._note(size)
         return MemoryPointer(self.context, cu.CUdeviceptr(address), size,
                              finalizer=partial(_release_block, self, arena, address, key, size, stream))
+
+    def _arena_allocate(self, size: int, stream: StreamRef) -> int:
+        events = self._events
+        if len(events) > DRAIN_AT:
+            self._usage.drain(wait=False)
+        try:
+            return self._arena.allocate(size, stream.key)
+        except CudaAPIError as err:
+            return self._arena_after_error(size, stream.key, err)
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)`` bytes that allocations through this manager can still get.
@@ -258,6 +276,9 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             arena, self._arena = self._arena, None
             if arena is not None:  # its live blocks are abandoned: their finalizers see `dropped`
                 addresses += [start for start, _ in arena.drop_all()]
+                self._slab_source.close()
+                self._slab_source = None
+                self._arena_streams = {LEGACY.key: LEGACY}
             self._usage.forget_in_use()  # arena and scratch blocks still alive count as freed
             self._recorded = {}
             _ignore_gone(cu.cuCtxSynchronize())
@@ -453,21 +474,42 @@ def _release(manager: NumbaPoolManager, ledger: dict, key: int, ptr, stream: Str
         warnings.warn(f"numba_pool: cuMemFreeAsync({key:#x}) failed with {err.name}", RuntimeWarning)
 
 
-def _release_block(manager: NumbaPoolManager, arena: Arena, address: int, key: int, size: int,
-                   stream: StreamRef) -> None:
-    """The finalizer of an arena block: queue it for the arena (no lock, no driver call unless
-    record_stream asked for events)."""
+def _release_legacy_block(manager: NumbaPoolManager, arena: Arena, address: int, size: int) -> None:
+    """The finalizer of an arena block allocated on the legacy default stream.  The common case
+    (nothing recorded or deferred) takes no lock and makes no driver call: the block goes to the
+    arena's quarantine."""
     if arena.dropped:  # reset() already released it
         return
     manager._note(~size)
-    if manager._recorded:
-        recorded = manager._recorded.pop(address, None)
-        if recorded:
-            _wait_for_streams(recorded, stream)
+    if manager._recorded or manager._defer_depth:
+        _release_block_slowly(manager, arena, address, arena.fenced_stream, LEGACY)
+        return
+    rounded = arena.live.pop(address, None)  # arena.free_fenced(), inlined
+    if rounded is not None:
+        arena.quarantine.append((address, rounded))
+
+
+def _release_block(manager: NumbaPoolManager, arena: Arena, address: int, key, size: int,
+                   stream: StreamRef) -> None:
+    """The finalizer of an arena block allocated inside ``using_stream`` or ``scratch``."""
+    if arena.dropped:
+        return
+    manager._note(~size)
+    _release_block_slowly(manager, arena, address, key, stream)
+
+
+def _release_block_slowly(manager: NumbaPoolManager, arena: Arena, address: int, key, stream: StreamRef) -> None:
+    recorded = manager._recorded.pop(address, None) if manager._recorded else None
+    if recorded:
+        _wait_for_streams(recorded, stream)
+    if key != arena.fenced_stream:
+        # Mark, while the stream surely exists, the point after which its domain's blocks are
+        # free; another stream that takes them over later waits for this event, not the stream.
+        manager._slab_source.record_free(stream)
     if manager._defer_depth:
         manager._defer(partial(arena.release, address, key))
-        return
-    arena.release(address, key)
+    else:
+        arena.release(address, key)
 
 
 def _memalloc_logged(manager: NumbaPoolManager, allocate, log: AllocationLog, size: int) -> MemoryPointer:
@@ -477,11 +519,11 @@ def _memalloc_logged(manager: NumbaPoolManager, allocate, log: AllocationLog, si
     try:
         mem = allocate(size)
     except CudaAPIError:
-        log.failure(size, stream.key)
+        log.failure(size, stream.value)
         raise
     address = int(mem.device_pointer)
-    log.allocate(address, size, stream.key)
-    weakref.finalize(mem, log.free, address, size, stream.key)
+    log.allocate(address, size, stream.value)
+    weakref.finalize(mem, log.free, address, size, stream.value)
     return mem
 
 

@@ -142,36 +142,72 @@ class SlabSource:
     """The arena's upstream on the GPU (:class:`numba_pool.arena.Upstream`): slabs from the
     mempool, stream-ordered; fences and orderings with events.
 
-    Arena stream keys are ``int(CUstream)``; :meth:`register` maps a key to its
-    :class:`~numba_pool.streams.StreamRef`, which is kept alive for as long as the arena may
-    order work on it.
+    Arena stream keys are :attr:`StreamRef.key`; ``streams`` maps each key in use to its
+    :class:`~numba_pool.streams.StreamRef`, which keeps the stream's owner alive.  Each
+    non-legacy domain has an event, recorded on its stream whenever one of its blocks is freed
+    or a slab is taken on it: another stream taking its blocks waits for that event and never
+    touches the stream itself, which its owner may have destroyed by then.
     """
 
-    def __init__(self, pool: MemPool, streams: dict):
+    def __init__(self, pool: MemPool, streams: dict, legacy_key):
         self.pool = pool
         self.streams = streams  # key -> StreamRef
-        flags = cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._event = check(cu.cuEventCreate(flags), "cuEventCreate")
+        self.legacy_key = legacy_key
+        self.events: dict = {}  # key -> CUevent of a non-legacy domain
+        self._fence_event = self._new_event()
 
-    def allocate_slab(self, nbytes: int, stream: int) -> int:
-        ptr = check(cu.cuMemAllocFromPoolAsync(nbytes, self.pool.handle, self.streams[stream].handle),
+    @staticmethod
+    def _new_event():
+        return check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def record_free(self, stream) -> None:
+        """Record the domain's event on ``stream`` (a StreamRef) now; called at each free."""
+        key = stream.key
+        self.streams[key] = stream
+        event = self.events.get(key)
+        if event is None:
+            event = self.events[key] = self._new_event()
+        check(cu.cuEventRecord(event, stream.handle), "cuEventRecord (arena free)")
+
+    def allocate_slab(self, nbytes: int, stream) -> int:
+        ref = self.streams[stream]
+        ptr = check(cu.cuMemAllocFromPoolAsync(nbytes, self.pool.handle, ref.handle),
                     f"cuMemAllocFromPoolAsync({nbytes}) for an arena slab")
+        if stream != self.legacy_key:
+            self.record_free(ref)  # the slab's blocks are usable after this point on the stream
         return int(ptr)
 
-    def free_slab(self, address: int, nbytes: int, stream: int) -> None:
-        check(cu.cuMemFreeAsync(cu.CUdeviceptr(address), self.streams[stream].handle), "cuMemFreeAsync (arena slab)")
+    def free_slab(self, address: int, nbytes: int, stream) -> None:
+        legacy = self.streams[self.legacy_key].handle
+        if stream != self.legacy_key:
+            check(cu.cuStreamWaitEvent(legacy, self.events[stream], 0), "cuStreamWaitEvent (arena slab)")
+        check(cu.cuMemFreeAsync(cu.CUdeviceptr(address), legacy), "cuMemFreeAsync (arena slab)")
 
-    def fence(self, stream: int) -> None:
+    def fence(self, stream) -> None:
         # One operation on the legacy default stream: it runs after all earlier work of every
         # blocking stream and before all later work (CUDA Runtime API, "stream synchronization
         # behavior", legacy default stream).
-        check(cu.cuEventRecord(self._event, self.streams[stream].handle), "cuEventRecord (arena fence)")
+        check(cu.cuEventRecord(self._fence_event, self.streams[self.legacy_key].handle), "cuEventRecord (arena fence)")
 
-    def order(self, earlier: int, later: int) -> None:
-        # cuStreamWaitEvent waits for the event's state at the time of the call, so one event
-        # object serves every ordering.
-        check(cu.cuEventRecord(self._event, self.streams[earlier].handle), "cuEventRecord (arena ordering)")
-        check(cu.cuStreamWaitEvent(self.streams[later].handle, self._event, 0), "cuStreamWaitEvent (arena ordering)")
+    def order(self, earlier, later) -> None:
+        # cuStreamWaitEvent waits for the event's state at the time of the call, so re-recording
+        # an event afterwards does not change what `later` waits for.
+        if earlier == self.legacy_key:
+            self.fence(earlier)
+            event = self._fence_event
+        else:
+            event = self.events[earlier]
+        check(cu.cuStreamWaitEvent(self.streams[later].handle, event, 0), "cuStreamWaitEvent (arena ordering)")
+
+    def forget(self, stream) -> None:
+        if stream == self.legacy_key:
+            return
+        self.streams.pop(stream, None)
+        event = self.events.pop(stream, None)
+        if event is not None:
+            cu.cuEventDestroy(event)  # the driver keeps it until pending waits are done
 
     def close(self) -> None:
-        cu.cuEventDestroy(self._event)
+        for event in [self._fence_event, *self.events.values()]:
+            cu.cuEventDestroy(event)
+        self.events.clear()

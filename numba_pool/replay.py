@@ -150,6 +150,9 @@ class AddressSpace:
     def order(self, earlier, later) -> None:
         pass
 
+    def forget(self, stream) -> None:
+        pass
+
 
 @dataclass
 class ReplayReport:

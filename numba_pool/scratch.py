@@ -69,7 +69,7 @@ class ScratchBlock:
 @contextlib.contextmanager
 def _without_scratch() -> Iterator[None]:
     current = _state.stream
-    _state.stream = StreamRef(current.handle, current.owner)
+    _state.stream = StreamRef(current.handle, current.owner, key=current.key)
     try:
         yield
     finally:
@@ -94,7 +94,7 @@ def scratch(nbytes: int) -> Iterator[ScratchBlock]:
     current = _state.stream
     with _without_scratch():
         block = ScratchBlock(manager.memalloc(nbytes), current)
-    _state.stream = StreamRef(current.handle, current.owner, scratch=block)
+    _state.stream = StreamRef(current.handle, current.owner, scratch=block, key=current.key)
     try:
         yield block
     finally:

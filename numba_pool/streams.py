@@ -24,19 +24,23 @@ class StreamRef:
     stream-ordered free is enqueued on it.
     """
 
-    __slots__ = ("handle", "owner", "key", "scratch")
+    __slots__ = ("handle", "owner", "value", "key", "scratch")
 
-    def __init__(self, handle: cu.CUstream, owner: Any = None, scratch: Any = None):
+    def __init__(self, handle: cu.CUstream, owner: Any = None, scratch: Any = None, key: Any = None):
         self.handle = handle
         self.owner = owner
-        self.key = int(handle)  # the stream's identity in the arena and the allocation log
+        self.value = int(handle)  # the handle as an int (the allocation log's Stream column)
+        # The stream's identity for the arena: the owning object (or this ref), not the handle's
+        # value, which the driver may give to a new stream once this one is destroyed.  Used as
+        # a dict key it also keeps that object alive while the arena holds blocks of the stream.
+        self.key = key if key is not None else (owner if owner is not None else self)
         self.scratch = scratch  # the numba_pool.scratch block this thread bump-allocates from
 
     def __int__(self) -> int:
-        return self.key
+        return self.value
 
     def __repr__(self) -> str:
-        return f"StreamRef({int(self.handle):#x})"
+        return f"StreamRef({self.value:#x})"
 
 
 #: The legacy default stream, the allocation stream outside any ``using_stream`` scope.

@@ -16,6 +16,7 @@ class HostUpstream:
         self.fences = 0
         self.orders: list[tuple] = []
         self.freed: list[tuple] = []
+        self.forgotten: list = []
         self.limit_bytes = limit_bytes
 
     def allocate_slab(self, nbytes, stream):
@@ -37,6 +38,9 @@ class HostUpstream:
 
     def order(self, earlier, later):
         self.orders.append((earlier, later))
+
+    def forget(self, stream):
+        self.forgotten.append(stream)
 
 
 def fill(address: int, nbytes: int, byte: int) -> None:

@@ -73,11 +73,13 @@ def test_legacy_frees_wait_in_quarantine_until_a_fence():
 
 
 def test_quarantine_limit_triggers_a_fence():
-    arena, up = make()
-    blocks = [arena.allocate(256, LEGACY) for _ in range(100)]
+    arena, up = make(slab_size=1 << 20)
+    blocks = [arena.allocate(256, LEGACY) for _ in range(300)]
     for b in blocks:
-        arena.free(b, LEGACY)
-    assert up.fences >= 1 and arena.statistics().quarantined <= arena.quarantine_limit
+        arena.release(b, LEGACY)  # the finalizers' lock-free path
+    assert up.fences == 0 and arena.statistics().quarantined == 300 * 256
+    arena.allocate(256, LEGACY)
+    assert up.fences == 1 and arena.statistics().quarantined == 0
 
 
 def test_other_stream_takes_blocks_only_after_ordering():
@@ -202,7 +204,7 @@ class ArenaMachine(RuleBasedStateMachine):
         self.arena.check_invariants()
         s = self.arena.statistics()
         assert s.in_use == sum(size for size, _, _ in self.live.values())
-        assert s.in_use + s.free == s.reserved == sum(self.upstream.sizes.values())
+        assert s.in_use + s.cached + s.free == s.reserved == sum(self.upstream.sizes.values())
         for address, (size, _, _) in self.live.items():
             assert any(a <= address and address + size <= a + n for a, n in self.upstream.sizes.items())
 
