@@ -43,8 +43,9 @@ stay in :attr:`Arena.live`), so the invariants below hold; :meth:`flush_cache` (
 ``consolidate``, ``trim`` and ``drop_all``) gives them back for coalescing.
 
 Threads: :meth:`Arena.release` (the finalizers' path) takes no lock: on the fenced stream it
-pops the block from :attr:`Arena.live` and appends it to the quarantine, on another stream it
-queues it for coalescing at the next operation; each step is one atomic operation.
+appends the block to the quarantine list of its size (the block stays in :attr:`Arena.live`
+until a fence), on another stream it queues it for coalescing at the next operation; each step
+is one atomic operation.
 Everything else runs under one lock.  A finalizer run by the garbage collector inside the
 locked section therefore cannot deadlock.
 """
@@ -67,7 +68,7 @@ FIRST_SLAB = 64 << 10
 GROWTH = 32
 #: A new slab holds at least this many blocks of the request that needs it, so that a
 #: workload of one block size does not fence (or take a slab) at every allocation.
-BLOCKS_PER_SLAB = 16
+BLOCKS_PER_SLAB = 64
 #: Ready blocks kept per size in the cache in front of the arena.
 CACHE_BLOCKS = 64
 #: An allocation on the fenced stream that misses the cache fences once this many blocks are
@@ -226,10 +227,12 @@ class Arena:
         self._released = self.release_queue
         self._slabs: dict[int, int] = {}  # start -> size
         self._domains: dict[Hashable, _Domain] = {}
-        #: Live blocks, start -> rounded size.  With :attr:`quarantine`, the lock-free free path
-        #: of the fenced stream (:meth:`free_fenced`): dict pop and deque append are atomic.
+        #: Blocks not in the free structures, start -> rounded size: held by their owners, by the
+        #: cache, or waiting in quarantine.
         self.live: dict[int, int] = {}
-        self.quarantine: deque = deque()  # (start, size) freed on the fenced stream, not yet fenced
+        #: Blocks freed on the fenced stream and not yet fenced, size -> starts.  Appending is
+        #: the lock-free free path (:meth:`free_fenced`); a fence moves whole lists at once.
+        self.quarantine: dict[int, list[int]] = {}
         #: (stream, size) -> starts of ready blocks, held as live (see the module docstring).
         self.cache: dict[tuple, list[int]] = {}
         #: The fenced stream's part of the cache, size -> ready starts (the same lists).
@@ -261,7 +264,7 @@ class Arena:
         with self._lock:
             if self._released:
                 self._apply_releases()
-            quarantined = len(self.quarantine)
+            quarantined = self._quarantined_blocks()
             if quarantined and (quarantined > self.quarantine_limit
                                 or (quarantined >= REFILL_AT and stream == self.fenced_stream)):
                 self._fence()
@@ -311,9 +314,16 @@ class Arena:
         """Free a block used on the fenced stream: it waits in quarantine for the next fence.
         Lock-free (two atomic operations); an unknown address is ignored (a block abandoned by
         :meth:`drop_all`)."""
-        size = self.live.pop(address, None)
+        size = self.live.get(address)
         if size is not None:
-            self.quarantine.append((address, size))
+            self._quarantine_list(size).append(address)
+
+    def _quarantine_list(self, size: int) -> list[int]:
+        waiting = self.quarantine.get(size)
+        return waiting if waiting is not None else self.quarantine.setdefault(size, [])
+
+    def _quarantined_blocks(self) -> int:
+        return sum(map(len, list(self.quarantine.values())))
 
     def free(self, address: int, stream: Hashable) -> None:
         """Free a block now.
@@ -348,14 +358,15 @@ class Arena:
         with self._lock:
             if self._released:
                 self._apply_releases()
-            quarantine = list(self.quarantine)
+            quarantine = [(size, len(waiting)) for size, waiting in list(self.quarantine.items()) if waiting]
+            quarantined = sum(size * n for size, n in quarantine)
             cached = sum(size * len(ready) for (_, size), ready in list(self.cache.items()))
-            in_use = sum(list(self.live.values())) - cached
-            free_blocks = sum(d.count() for d in self._domains.values()) + len(quarantine)
-            largest = max([d.largest() for d in self._domains.values()] + [s for _, s in quarantine] + [0])
+            in_use = sum(list(self.live.values())) - cached - quarantined
+            free_blocks = sum(d.count() for d in self._domains.values()) + sum(n for _, n in quarantine)
+            largest = max([d.largest() for d in self._domains.values()] + [s for s, _ in quarantine] + [0])
             return ArenaStatistics(
                 reserved=self._reserved, in_use=in_use, free=self._reserved - in_use - cached, cached=cached,
-                free_blocks=free_blocks, largest_free_block=largest, quarantined=sum(s for _, s in quarantine),
+                free_blocks=free_blocks, largest_free_block=largest, quarantined=quarantined,
                 slabs=len(self._slabs), fences=self.fences, orderings=self.orderings)
 
     def flush_cache(self) -> None:
@@ -443,7 +454,7 @@ class Arena:
         return domain.best_fit(size)
 
     def _take_slowly(self, stream: Hashable, size: int) -> tuple[int, int]:
-        if stream == self.fenced_stream and self.quarantine:
+        if stream == self.fenced_stream and self._quarantined_blocks():
             self._fence()
             ready = self.cache.get((stream, size))
             if ready:
@@ -474,7 +485,7 @@ class Arena:
             if key != stream and domain.largest() >= size:
                 return key
         if stream != self.fenced_stream and (
-                any(s >= size for _, s in list(self.quarantine))
+                any(s >= size and waiting for s, waiting in list(self.quarantine.items()))
                 or any(s >= size and ready for (_, s), ready in self.cache.items())):
             return self.fenced_stream
         return None
@@ -507,14 +518,18 @@ class Arena:
                 self._insert(self._domain(stream), stream, address, size)
 
     def _free(self, address: int, stream: Hashable, strict: bool) -> None:
-        size = self.live.pop(address, None)
+        size = self.live.get(address)
+        if size is not None and strict and (address in self.quarantine.get(size, ())
+                                            or address in self.ready.get(size, ())):
+            size = None  # already freed: waiting in quarantine or in the cache
         if size is None:
             if strict:
                 raise ArenaError(f"free of {address:#x}, which is not a live block of this arena (double free?)")
             return  # a finalizer of a block dropped by drop_all()
         if stream == self.fenced_stream:
-            self.quarantine.append((address, size))
+            self._quarantine_list(size).append(address)
         else:
+            del self.live[address]
             self._insert(self._domain(stream), stream, address, size)
 
     def _fence(self) -> None:
@@ -523,21 +538,25 @@ class Arena:
         self._move_quarantine()
 
     def _move_quarantine(self) -> None:
-        quarantine, blocks = self.quarantine, []
-        while quarantine:  # popleft, not a copy: finalizers may append meanwhile
-            blocks.append(quarantine.popleft())
-        if not blocks:
-            return
-        fenced, live, cache, limit = self.fenced_stream, self.live, self.cache, self.cache_limit
+        fenced, live, limit = self.fenced_stream, self.live, self.cache_limit
         rest = []
-        for start, size in blocks:  # fenced now: ready blocks fill the cache first
-            ready = cache.get((fenced, size))
+        for size, waiting in list(self.quarantine.items()):
+            count = len(waiting)
+            if not count:
+                continue
+            # Take the first `count` entries in two C-level steps; a finalizer appending
+            # meanwhile adds after them and stays for the next fence.
+            blocks = waiting[:count]
+            del waiting[:count]
+            ready = self.ready.get(size)
             if ready is None:
-                ready = cache[(fenced, size)] = self.ready[size] = []
-            if len(ready) < limit:
-                live[start] = size
-                ready.append(start)
-            else:
+                ready = self.cache[(fenced, size)] = self.ready[size] = []
+            room = limit - len(ready)
+            if room > 0:  # fenced now: ready blocks fill the cache first (they stay in live)
+                ready.extend(blocks[:room])
+                blocks = blocks[room:]
+            for start in blocks:
+                del live[start]
                 rest.append((start, size))
         if not rest:
             return
@@ -612,8 +631,7 @@ class Arena:
         with self._lock:
             if self._released:
                 self._apply_releases()
-            pieces = [(s, n, "live", None) for s, n in self.live.items()]
-            pieces += [(s, n, "quarantine", None) for s, n in self.quarantine]
+            pieces = [(s, n, "live", None) for s, n in self.live.items()]  # cached and quarantined too
             for key, domain in self._domains.items():
                 assert len(domain.by_start) == len(domain.by_end) == sum(len(b) for b in domain.bins.values())
                 assert domain.sizes == sorted(domain.bins), "size bins out of order"

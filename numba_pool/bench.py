@@ -12,7 +12,9 @@ Measured, after checking the kernel's output:
 * allocate + free: ``cuda.device_array`` of 256 B, 64 KiB, 4 MiB and 64 MiB (float32) and
   dropping it, in a loop ended by one ``cuda.synchronize()``; microseconds per pair.
 
-Each figure is the median of :data:`REPEATS` timed repeats after a warm-up.
+Each figure is the median of :data:`REPEATS` timed repeats after a warm-up, within one
+process; the managers run in interleaved rounds (default, numba_pool, ..., default, ...) and the
+table shows the median over rounds, so that a slow spell of the machine hits every row alike.
 """
 
 from __future__ import annotations
@@ -160,6 +162,18 @@ def measure(manager: Manager) -> dict:
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"benchmark of {manager.label} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-3000:]}")
     return json.loads(lines[-1])
+
+
+def median_over_rounds(rounds: list[dict]) -> dict:
+    """Combine one manager's results from several rounds: the median of each figure."""
+    merged = {"seed_loop_ms": statistics.median(r["seed_loop_ms"] for r in rounds),
+              "alloc_free_us": {k: statistics.median(r["alloc_free_us"][k] for r in rounds)
+                                for k in rounds[0]["alloc_free_us"]},
+              "manager": rounds[0]["manager"], "rounds": len(rounds)}
+    pairs = [r["driver_pair_us"] for r in rounds if "driver_pair_us" in r]
+    if pairs:
+        merged["driver_pair_us"] = statistics.median(pairs)
+    return merged
 
 
 def render(results: dict[str, dict]) -> str:

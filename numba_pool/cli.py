@@ -89,7 +89,9 @@ def _driver_version() -> int:
               help="Also write the raw medians to this JSON file.")
 @click.option("--with-rmm", is_flag=True, help="Add a row for rmm.allocators.numba on an RMM pool (needs rmm).")
 @click.option("--no-arena", is_flag=True, help="Leave out the arena row.")
-def bench(json_path: str | None, with_rmm: bool, no_arena: bool) -> None:
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Interleaved rounds of all managers; the table shows medians over rounds.")
+def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int) -> None:
     """The seeds' experiment: Numba's default manager vs numba_pool vs the no-op floor."""
     _load_config()
     _require_gpu()
@@ -100,24 +102,31 @@ def bench(json_path: str | None, with_rmm: bool, no_arena: bool) -> None:
     managers = [m for m in b.MANAGERS if not (no_arena and m is b.ARENA)]
     if with_rmm:
         managers.append(b.RMM)
-    results = {}
-    for manager in managers:
-        click.echo(f"measuring {manager.label} ...", err=True)
-        try:
-            results[manager.label] = b.measure(manager)
-        except RuntimeError as err:
-            if manager is b.RMM:  # an optional comparison: report it and go on
-                click.echo(f"skipping the RMM row: {err}", err=True)
-                continue
-            raise Failure(str(err)) from None
+    per_round: dict[str, list] = {m.label: [] for m in managers}
+    for round_ in range(rounds):
+        for manager in list(managers):
+            click.echo(f"round {round_ + 1}/{rounds}: measuring {manager.label} ...", err=True)
+            try:
+                per_round[manager.label].append(b.measure(manager))
+            except RuntimeError as err:
+                if manager is b.RMM:  # an optional comparison: report it and go on
+                    click.echo(f"skipping the RMM row: {err}", err=True)
+                    managers.remove(manager)
+                    del per_round[manager.label]
+                    continue
+                raise Failure(str(err)) from None
+    results = {label: b.median_over_rounds(r) for label, r in per_round.items()}
     name = cuda.get_current_device().name
     name = name.decode() if isinstance(name, bytes) else name
     today = datetime.date.today().isoformat()
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"device": name, "date": today, "results": results}, f, indent=1)
-    click.echo(f"device: {name}; date: {today}; medians of {b.REPEATS} repeats")
+    click.echo(f"device: {name}; date: {today}; medians of {b.REPEATS} repeats, median over {rounds} rounds")
     click.echo(b.render(results))
+    pair = results.get(b.NUMBA_POOL.label, {}).get("driver_pair_us")
+    if pair is not None:
+        click.echo(f"a cuMemAllocFromPoolAsync + cuMemFreeAsync pair alone, from Python: {pair:.2f} us")
 
 
 def _size_option(name: str, default: int, help_text: str):

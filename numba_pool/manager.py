@@ -59,7 +59,7 @@ from .alloclog import AllocationLog
 from .arena import Arena
 from .mempool import MemPool, SlabSource, check, device_memory_info
 from .stats import DRAIN_AT, PoolStatistics, UsageTracker
-from .streams import LEGACY, StreamRef, _state, as_stream_ref
+from .streams import LEGACY, StreamRef, _state, as_stream_ref, scopes_entered
 
 _OOM = cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
 # Errors a late free meets when the context or driver is already gone (interpreter exit,
@@ -164,7 +164,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
 
     def _memalloc_pool(self, size: int) -> MemoryPointer:
         # The mempool path: every allocation with the arena off, large ones with it on.
-        stream = _state.stream
+        stream = _state.stream if scopes_entered else LEGACY
         if stream.scratch is not None:
             return stream.scratch.allocate(self, size)
         err, ptr = _alloc_async(size, self._pool_handle, stream.handle)
@@ -183,7 +183,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         # The arena path: blocks of up to arena_max_block bytes carved out of slabs.
         if size > self._arena_max_block:
             return self._memalloc_pool(size)
-        stream = _state.stream
+        stream = _state.stream if scopes_entered else LEGACY
         arena = self._arena
         if stream is LEGACY:  # no scope, no scratch: try the ready cache first (no lock)
             ready = arena.ready.get((size + 255) & -256 or 256)
@@ -484,9 +484,11 @@ def _release_legacy_block(manager: NumbaPoolManager, arena: Arena, address: int,
     if manager._recorded or manager._defer_depth:
         _release_block_slowly(manager, arena, address, arena.fenced_stream, LEGACY)
         return
-    rounded = arena.live.pop(address, None)  # arena.free_fenced(), inlined
-    if rounded is not None:
-        arena.quarantine.append((address, rounded))
+    rounded = (size + 255) & -256 or 256  # arena.free_fenced(), inlined: the block's size is
+    waiting = arena.quarantine.get(rounded)  # the request rounded like Arena.allocate does
+    if waiting is None:
+        waiting = arena.quarantine.setdefault(rounded, [])
+    waiting.append(address)
 
 
 def _release_block(manager: NumbaPoolManager, arena: Arena, address: int, key, size: int,

@@ -20,7 +20,7 @@ from numba.cuda import MemoryPointer
 from cuda.bindings import driver as cu
 
 from .arena import round_up
-from .streams import StreamRef, _state
+from .streams import StreamRef, _state, enter_scope
 
 
 class ScratchBlock:
@@ -68,8 +68,7 @@ class ScratchBlock:
 
 @contextlib.contextmanager
 def _without_scratch() -> Iterator[None]:
-    current = _state.stream
-    _state.stream = StreamRef(current.handle, current.owner, key=current.key)
+    current = enter_scope(StreamRef(_state.stream.handle, _state.stream.owner, key=_state.stream.key))
     try:
         yield
     finally:
@@ -94,7 +93,7 @@ def scratch(nbytes: int) -> Iterator[ScratchBlock]:
     current = _state.stream
     with _without_scratch():
         block = ScratchBlock(manager.memalloc(nbytes), current)
-    _state.stream = StreamRef(current.handle, current.owner, scratch=block, key=current.key)
+    enter_scope(StreamRef(current.handle, current.owner, scratch=block, key=current.key))
     try:
         yield block
     finally:

@@ -80,6 +80,18 @@ class _ThreadState(threading.local):
 
 
 _state = _ThreadState()
+#: Empty until some thread enters a using_stream or scratch scope: while it is, every thread's
+#: allocation stream is LEGACY and the allocator skips the thread-local lookup.
+scopes_entered: list = []
+
+
+def enter_scope(ref: StreamRef) -> StreamRef:
+    """Make ``ref`` the calling thread's allocation stream; returns the previous one."""
+    if not scopes_entered:
+        scopes_entered.append(True)
+    previous = _state.stream
+    _state.stream = ref
+    return previous
 
 
 def current_stream() -> StreamRef:
@@ -102,8 +114,7 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
     :raises TypeError: when ``stream`` is not a stream.
     """
     ref = as_stream_ref(stream)
-    previous = _state.stream
-    _state.stream = ref
+    previous = enter_scope(ref)
     try:
         yield ref
     finally:
