@@ -93,7 +93,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self._usage = UsageTracker()
         self._events = self._usage.events  # appended to on every allocate and free
         self._note = self._events.append
-        self._ledger: dict[int, int] = {}
+        self._ledger: dict = {}  # CUdeviceptr -> size of the live mempool allocations
         self._recorded: dict[int, list[StreamRef]] = {}
         self._defer_lock = threading.Lock()
         self._defer_depth = 0
@@ -103,6 +103,13 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self._arena_max_block = 0
         self._arena_streams: dict[int, StreamRef] = {LEGACY.key: LEGACY}
         self._log: AllocationLog | None = None
+
+    @property
+    def device_id(self) -> int:
+        """The context's device ordinal.  A context that Numba attached to a primary context
+        made by another library holds a raw ``CUdevice`` instead of a Numba ``Device``."""
+        device = self.context.device
+        return device.id if hasattr(device, "id") else int(device)
 
     # -- EMM interface --------------------------------------------------------------------
 
@@ -126,7 +133,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                 return
             config = _config_in_effect()
             _, total = device_memory_info()
-            pool = MemPool(self.context.device.id, config, total)
+            pool = MemPool(self.device_id, config, total)
             pool.reserve(config.initial_size)
             self.config = config
             if config.arena:
@@ -170,14 +177,13 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         err, ptr = _alloc_async(size, self._pool_handle, stream.handle)
         if err:
             ptr = self._allocate_slow(size, stream, err)
-        key = int(ptr)
         ledger = self._ledger
-        ledger[key] = size
+        ledger[ptr] = size  # keyed by the CUdeviceptr object: identity hash, no int() needed
         events = self._events
         events.append(size)
         if len(events) > DRAIN_AT:  # bound the events' memory when nobody reads statistics
             self._usage.drain(wait=False)
-        return MemoryPointer(self.context, ptr, size, finalizer=partial(_release, self, ledger, key, ptr, stream))
+        return MemoryPointer(self.context, ptr, size, finalizer=partial(_release, self, ledger, ptr, stream))
 
     def _memalloc_arena(self, size: int) -> MemoryPointer:
         # The arena path: blocks of up to arena_max_block bytes carved out of slabs.
@@ -265,17 +271,17 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             self._pool = None
             self._pool_handle = None
             ledger, self._ledger = self._ledger, {}
-            addresses = []
+            pointers = []
             while ledger:  # popitem, not a copy: a finalizer racing with us pops each key at most once
                 try:
-                    address, size = ledger.popitem()
+                    ptr, size = ledger.popitem()
                 except KeyError:
                     break
                 self._note(~size)
-                addresses.append(address)
+                pointers.append(ptr)
             arena, self._arena = self._arena, None
             if arena is not None:  # its live blocks are abandoned: their finalizers see `dropped`
-                addresses += [start for start, _ in arena.drop_all()]
+                pointers += [cu.CUdeviceptr(start) for start, _ in arena.drop_all()]
                 self._slab_source.close()
                 self._slab_source = None
                 self._arena_streams = {LEGACY.key: LEGACY}
@@ -285,8 +291,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             while self._deferred:  # held-back frees (already counted as freed): issue them now
                 with contextlib.suppress(CudaAPIError):
                     self._deferred.popleft()()
-            for address in addresses:
-                _ignore_gone(_free_async(cu.CUdeviceptr(address), LEGACY.handle))
+            for ptr in pointers:
+                _ignore_gone(_free_async(ptr, LEGACY.handle))
             _ignore_gone(cu.cuCtxSynchronize())
             with contextlib.suppress(CudaAPIError):
                 pool.destroy()
@@ -331,7 +337,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         if key is None:
             raise ValueError(
                 f"numba_pool.record_stream: address {address:#x} is not in a live allocation of "
-                f"numba_pool on device {self.context.device.id}")
+                f"numba_pool on device {self.device_id}")
         self._recorded.setdefault(key, []).append(ref)
 
     def statistics(self) -> PoolStatistics:
@@ -390,14 +396,14 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                 return
             issue_free()
 
-    def _enqueue_free(self, key: int, ptr, stream: StreamRef) -> None:
+    def _enqueue_free(self, ptr, stream: StreamRef) -> None:
         if self._recorded:
-            recorded = self._recorded.pop(key, None)
+            recorded = self._recorded.pop(int(ptr), None)
             if recorded:
                 _wait_for_streams(recorded, stream)
         err, = _free_async(ptr, stream.handle)
         if err and err not in _GONE:
-            warnings.warn(f"numba_pool: cuMemFreeAsync({key:#x}) failed with {err.name}", RuntimeWarning)
+            warnings.warn(f"numba_pool: cuMemFreeAsync({int(ptr):#x}) failed with {err.name}", RuntimeWarning)
 
     def _allocate_slow(self, size: int, stream: StreamRef, err):
         """The slow path of :meth:`memalloc`: create the pool if a ``reset`` dropped it; on out
@@ -456,22 +462,22 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                 f"of which {_fmt(usage.used)} used{arena}; device has {_fmt(free)} free of {_fmt(total)}")
 
 
-def _release(manager: NumbaPoolManager, ledger: dict, key: int, ptr, stream: StreamRef) -> None:
-    """The finalizer of every allocation: runs when Numba drops the last reference, possibly
-    in another thread or at interpreter exit, and must never raise."""
-    size = ledger.pop(key, None)
+def _release(manager: NumbaPoolManager, ledger: dict, ptr, stream: StreamRef) -> None:
+    """The finalizer of every mempool allocation: runs when Numba drops the last reference,
+    possibly in another thread or at interpreter exit, and must never raise."""
+    size = ledger.pop(ptr, None)
     if size is None:  # reset() freed it already
         return
     manager._note(~size)  # stats.free_event(size), inlined
     if manager._defer_depth:
-        manager._defer(partial(manager._enqueue_free, key, ptr, stream))
+        manager._defer(partial(manager._enqueue_free, ptr, stream))
         return
     if manager._recorded:
-        manager._enqueue_free(key, ptr, stream)
+        manager._enqueue_free(ptr, stream)
         return
     err, = _free_async(ptr, stream.handle)
     if err and err not in _GONE:
-        warnings.warn(f"numba_pool: cuMemFreeAsync({key:#x}) failed with {err.name}", RuntimeWarning)
+        warnings.warn(f"numba_pool: cuMemFreeAsync({int(ptr):#x}) failed with {err.name}", RuntimeWarning)
 
 
 def _release_legacy_block(manager: NumbaPoolManager, arena: Arena, address: int, size: int) -> None:
@@ -562,10 +568,11 @@ def _data_address(array) -> int:
     raise TypeError(f"numba_pool: {type(array).__name__} is neither a device array nor a MemoryPointer")
 
 
-def _containing_block(ledger: dict[int, int], address: int) -> int | None:
-    if address in ledger:
-        return address
-    for start, size in list(ledger.items()):  # a view into a block: rare, so a scan is fine
+def _containing_block(ledger: dict, address: int) -> int | None:
+    """The start address of the live mempool allocation holding ``address`` (a scan:
+    record_stream is rare)."""
+    for ptr, size in list(ledger.items()):
+        start = int(ptr)
         if start <= address < start + size:
             return start
     return None
