@@ -334,7 +334,15 @@ class Arena:
         with self._lock:
             if self._released:
                 self._apply_releases()
-            self._free(address, stream, strict=True)
+            size = self.live.get(address)
+            if size is None or address in self.quarantine.get(size, ()) or address in self.ready.get(size, ()):
+                # not handed out, or already freed (waiting in quarantine or in the cache)
+                raise ArenaError(f"free of {address:#x}, which is not a live block of this arena (double free?)")
+            if stream == self.fenced_stream:
+                self._quarantine_list(size).append(address)
+            else:
+                del self.live[address]
+                self._insert(self._domain(stream), stream, address, size)
 
     @property
     def reserved_bytes(self) -> int:
@@ -516,21 +524,6 @@ class Arena:
             size = live.pop(address, None)
             if size is not None:  # else: a finalizer of a block dropped by drop_all()
                 self._insert(self._domain(stream), stream, address, size)
-
-    def _free(self, address: int, stream: Hashable, strict: bool) -> None:
-        size = self.live.get(address)
-        if size is not None and strict and (address in self.quarantine.get(size, ())
-                                            or address in self.ready.get(size, ())):
-            size = None  # already freed: waiting in quarantine or in the cache
-        if size is None:
-            if strict:
-                raise ArenaError(f"free of {address:#x}, which is not a live block of this arena (double free?)")
-            return  # a finalizer of a block dropped by drop_all()
-        if stream == self.fenced_stream:
-            self._quarantine_list(size).append(address)
-        else:
-            del self.live[address]
-            self._insert(self._domain(stream), stream, address, size)
 
     def _fence(self) -> None:
         self.upstream.fence(self.fenced_stream)
