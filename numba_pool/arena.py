@@ -223,8 +223,7 @@ class Arena:
         self._lock = threading.Lock()
         # (address, stream) pairs freed by finalizers, applied under the lock at the next operation;
         # appending to it is what release() does.
-        self.release_queue: deque = deque()
-        self._released = self.release_queue
+        self._released: deque = deque()
         self._slabs: dict[int, int] = {}  # start -> size
         self._domains: dict[Hashable, _Domain] = {}
         #: Blocks not in the free structures, start -> rounded size: held by their owners, by the

@@ -13,8 +13,16 @@ Measured, after checking the kernel's output:
   dropping it, in a loop ended by one ``cuda.synchronize()``; microseconds per pair.
 
 Each figure is the median of :data:`REPEATS` timed repeats after a warm-up, within one
-process; the managers run in interleaved rounds (default, numba_pool, ..., default, ...) and the
-table shows the median over rounds, so that a slow spell of the machine hits every row alike.
+process.  The sizes take turns inside each repeat (256 B, 64 KiB, 4 MiB, 64 MiB, 256 B, ...),
+and the managers run in interleaved rounds (default, numba_pool, ..., default, ...); the table
+shows the median over rounds.  Both so that a slow spell of the machine hits every cell alike:
+timed one size after the other, the first size measured read up to 0.6 µs slower on the floor.
+
+Two floors: ``no-op floor`` (:class:`numba_pool.noop.NoopManager`, a finalizer that does
+nothing, which Numba wraps in ``weakref.finalize`` as for RMM's and CuPy's plugins) and
+``Numba alone`` (:class:`numba_pool.noop.BareNoopManager`, no finalizer: the least any plugin
+can cost).  numba_pool releases its memory without ``weakref.finalize``
+(:mod:`numba_pool.pointer`), so it can run below the first floor, never below the second.
 """
 
 from __future__ import annotations
@@ -45,9 +53,10 @@ class Manager:
 DEFAULT = Manager("default", {"NUMBA_CUDA_MEMORY_MANAGER": "default"})
 NUMBA_POOL = Manager("numba_pool", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "0"})
 ARENA = Manager("numba_pool arena", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "1"})
-FLOOR = Manager("no-op floor", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop"})
+FLOOR = Manager("no-op floor", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "1"})
+BARE_FLOOR = Manager("Numba alone", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "0"})
 RMM = Manager("rmm (pool)", {"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba", "NUMBA_POOL_BENCH_RMM": "1"})
-MANAGERS = [DEFAULT, NUMBA_POOL, ARENA, FLOOR]
+MANAGERS = [DEFAULT, NUMBA_POOL, ARENA, FLOOR, BARE_FLOOR]
 
 
 def size_label(nbytes: int) -> str:
@@ -59,13 +68,23 @@ def size_label(nbytes: int) -> str:
 
 # -- the worker: runs inside the subprocess ---------------------------------------------------
 
+def _elapsed(body) -> float:
+    t0 = time.perf_counter()
+    body()
+    return time.perf_counter() - t0
+
+
 def _median_time(body, repeats: int) -> float:
-    times = []
+    return statistics.median(_elapsed(body) for _ in range(repeats))
+
+
+def _median_times_taking_turns(bodies: dict, repeats: int) -> dict:
+    """The median time of each body, the bodies taking turns inside each repeat."""
+    times: dict = {key: [] for key in bodies}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        body()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for key, body in bodies.items():
+            times[key].append(_elapsed(body))
+    return {key: statistics.median(samples) for key, samples in times.items()}
 
 
 def run_worker() -> dict:
@@ -106,26 +125,35 @@ def run_worker() -> dict:
         cuda.synchronize()
 
     seed_loop()  # warm-up
-    result = {"seed_loop_ms": _median_time(seed_loop, REPEATS) * 1e3, "alloc_free_us": {}}
+    result = {"seed_loop_ms": _median_time(seed_loop, REPEATS) * 1e3}
 
-    for nbytes in SIZES:
-        n = nbytes // 4
-        device_array = cuda.device_array
-        float32 = np.float32
-
-        def pairs():
-            for _ in range(PAIRS_PER_REPEAT):
-                arr = device_array(n, dtype=float32)
-                del arr
-            cuda.synchronize()
-
-        pairs()  # warm-up: the pool reserves, Numba caches
-        result["alloc_free_us"][str(nbytes)] = _median_time(pairs, REPEATS) / PAIRS_PER_REPEAT * 1e6
+    pairs = {str(nbytes): _allocate_and_free(nbytes // 4) for nbytes in SIZES}
+    for body in pairs.values():
+        body()  # warm-up: the pool reserves, Numba caches
+    medians = _median_times_taking_turns(pairs, REPEATS)
+    result["alloc_free_us"] = {key: t / PAIRS_PER_REPEAT * 1e6 for key, t in medians.items()}
     manager = cuda.current_context().memory_manager
     result["manager"] = type(manager).__module__
     if hasattr(manager, "_pool_handle"):
         result["driver_pair_us"] = _driver_pair_us(manager._pool_handle)
     return result
+
+
+def _allocate_and_free(n: int):
+    """A body that allocates and drops a float32 device array of ``n`` elements
+    :data:`PAIRS_PER_REPEAT` times, then synchronizes."""
+    import numpy as np
+    from numba import cuda
+
+    device_array, float32, synchronize = cuda.device_array, np.float32, cuda.synchronize
+
+    def pairs():
+        for _ in range(PAIRS_PER_REPEAT):
+            arr = device_array(n, dtype=float32)
+            del arr
+        synchronize()
+
+    return pairs
 
 
 def _driver_pair_us(pool) -> float:
@@ -177,14 +205,15 @@ def median_over_rounds(rounds: list[dict]) -> dict:
 
 
 def render(results: dict[str, dict]) -> str:
-    """The bench table: one row per manager, medians with ratio to default and the overhead
-    above the no-op floor."""
+    """The bench table: one row per manager, medians with the ratio to default, and each
+    allocate+free time's difference (µs) from the no-op floor and from Numba alone."""
     from tabulate import tabulate
 
     default = results.get(DEFAULT.label)
-    floor = results.get(FLOOR.label)
+    floors = [results[f.label] for f in (FLOOR, BARE_FLOOR) if f.label in results]
     headers = ["manager", f"seed loop ({SEED_ITERATIONS} it.) ms", "x faster than default"]
-    headers += [f"{size_label(s)} alloc+free us (+floor)" for s in SIZES]
+    vs = ", ".join(f.label for f in (FLOOR, BARE_FLOOR) if f.label in results)
+    headers += [f"{size_label(s)} alloc+free us" + (f" ({vs})" if vs else "") for s in SIZES]
     rows = []
     for label, r in results.items():
         row = [label, f"{r['seed_loop_ms']:.3f}"]
@@ -192,8 +221,8 @@ def render(results: dict[str, dict]) -> str:
         for s in SIZES:
             us = r["alloc_free_us"][str(s)]
             cell = f"{us:.2f}"
-            if floor:
-                cell += f" (+{us - floor['alloc_free_us'][str(s)]:.2f})"
+            if floors:
+                cell += " (" + ", ".join(f"{us - f['alloc_free_us'][str(s)]:+.2f}" for f in floors) + ")"
             row.append(cell)
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)

@@ -92,7 +92,7 @@ def _driver_version() -> int:
 @click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
               help="Interleaved rounds of all managers; the table shows medians over rounds.")
 def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int) -> None:
-    """The seeds' experiment: Numba's default manager vs numba_pool vs the no-op floor."""
+    """The seeds' experiment: Numba's default manager vs numba_pool vs the no-op floors."""
     _load_config()
     _require_gpu()
     from numba import cuda

@@ -35,9 +35,11 @@ at the same address.  Each allocation's finalizer holds the *ledger* (``address 
 the generation it was allocated in; ``reset`` takes every entry out of it (``popitem``), frees
 them and starts a new ledger, so a late finalizer finds nothing to free.
 
-The hot path takes no lock: ``dict`` insert/pop and ``deque.append`` are atomic, and a lock
+The hot path takes no lock: ``dict`` insert/pop and ``list.append`` are atomic, and a lock
 would both double our cost and deadlock if the garbage collector ran one of our finalizers
 inside the locked section.  Statistics are replayed from the usage events (:mod:`.stats`).
+The pointers handed to Numba are :class:`~numba_pool.pointer.PoolPointer`, released from
+``__del__`` rather than through ``weakref.finalize`` (why, and what that changes, at its top).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from . import config as _config
 from .alloclog import AllocationLog
 from .arena import Arena
 from .mempool import MemPool, SlabSource, check, device_memory_info
-from .stats import DRAIN_AT, PoolStatistics, UsageTracker
+from .pointer import PoolPointer
+from .stats import PoolStatistics, UsageTracker
 from .streams import LEGACY, StreamRef, _state, as_stream_ref, scopes_entered
 
 _OOM = cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
@@ -70,6 +73,7 @@ _GONE = {cu.CUresult.CUDA_ERROR_DEINITIALIZED, cu.CUresult.CUDA_ERROR_CONTEXT_IS
 # Bound once: attribute lookups on the hot path cost as much as the rest of our bookkeeping.
 _alloc_async = cu.cuMemAllocFromPoolAsync
 _free_async = cu.cuMemFreeAsync
+_CUdeviceptr = cu.CUdeviceptr
 
 
 def _fmt(nbytes: int) -> str:
@@ -91,8 +95,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self.config: _config.PoolConfig | None = None
         self._init_lock = threading.Lock()
         self._usage = UsageTracker()
-        self._events = self._usage.events  # appended to on every allocate and free
-        self._note = self._events.append
+        self._note = self._usage.events.append  # on every allocate (size) and free (~size)
         self._ledger: dict = {}  # CUdeviceptr -> size of the live mempool allocations
         self._recorded: dict[int, list[StreamRef]] = {}
         self._defer_lock = threading.Lock()
@@ -159,8 +162,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
 
     def memalloc(self, size: int) -> MemoryPointer:
         """Allocate ``size`` bytes of device memory, stream-ordered on the thread's allocation
-        stream (``cuMemAllocFromPoolAsync``); the returned pointer's finalizer frees it on the
-        same stream (``cuMemFreeAsync``).
+        stream (``cuMemAllocFromPoolAsync``); the returned :class:`PoolPointer` frees it on the
+        same stream (``cuMemFreeAsync``) when Numba drops it or on ``free()``.
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
             after synchronizing and trimming the pool (the message gives the requested size, the
@@ -179,11 +182,9 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             ptr = self._allocate_slow(size, stream, err)
         ledger = self._ledger
         ledger[ptr] = size  # keyed by the CUdeviceptr object: identity hash, no int() needed
-        events = self._events
-        events.append(size)
-        if len(events) > DRAIN_AT:  # bound the events' memory when nobody reads statistics
-            self._usage.drain(wait=False)
-        return MemoryPointer(self.context, ptr, size, finalizer=partial(_release, self, ledger, ptr, stream))
+        self._note(size)
+        self._usage.drain_if_due()
+        return PoolPointer(self.context, ptr, size, partial(_release, self, ledger, ptr, stream))
 
     def _memalloc_arena(self, size: int) -> MemoryPointer:
         # The arena path: blocks of up to arena_max_block bytes carved out of slabs.
@@ -202,8 +203,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             if address is None:
                 address = self._arena_allocate(size, stream)
             self._note(size)
-            return MemoryPointer(self.context, cu.CUdeviceptr(address), size,
-                                 finalizer=partial(_release_legacy_block, self, arena, address, size))
+            return PoolPointer(self.context, _CUdeviceptr(address), size,
+                               partial(_release_legacy_block, self, arena, address, size))
         if stream.scratch is not None:
             return stream.scratch.allocate(self, size)
         key = stream.key
@@ -211,13 +212,12 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             self._arena_streams[key] = stream  # kept: the arena may order work on it later
         address = self._arena_allocate(size, stream)
         self._note(size)
-        return MemoryPointer(self.context, cu.CUdeviceptr(address), size,
-                             finalizer=partial(_release_block, self, arena, address, key, size, stream))
+        return PoolPointer(self.context, _CUdeviceptr(address), size,
+                           partial(_release_block, self, arena, address, key, size, stream))
 
     def _arena_allocate(self, size: int, stream: StreamRef) -> int:
-        events = self._events
-        if len(events) > DRAIN_AT:
-            self._usage.drain(wait=False)
+        # The arena's path past its ready cache; the cache's hits make no usage drain due.
+        self._usage.drain_if_due()
         try:
             return self._arena.allocate(size, stream.key)
         except CudaAPIError as err:
@@ -463,12 +463,12 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
 
 
 def _release(manager: NumbaPoolManager, ledger: dict, ptr, stream: StreamRef) -> None:
-    """The finalizer of every mempool allocation: runs when Numba drops the last reference,
-    possibly in another thread or at interpreter exit, and must never raise."""
+    """The release of every mempool allocation: runs when Numba drops the last reference,
+    possibly in another thread, and must never raise."""
     size = ledger.pop(ptr, None)
     if size is None:  # reset() freed it already
         return
-    manager._note(~size)  # stats.free_event(size), inlined
+    manager._note(~size)
     if manager._defer_depth:
         manager._defer(partial(manager._enqueue_free, ptr, stream))
         return

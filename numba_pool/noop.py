@@ -1,18 +1,26 @@
-"""A no-op EMM plugin: the floor of ``numba-pool bench``.
+"""No-op EMM plugins: the floors of ``numba-pool bench``.
 
-Every ``memalloc`` returns the same preallocated buffer in a ``MemoryPointer`` with a finalizer
-that does nothing: what remains is Numba's own overhead per device array plus what every
-allocator pays for a finalizer.  Useless (every array aliases one buffer) except for measuring.
-Select it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.noop``.
+Every ``memalloc`` returns the same preallocated buffer in a ``MemoryPointer``.  Useless (every
+array aliases one buffer) except for measuring.  Two floors:
+
+* :class:`NoopManager` gives each pointer a finalizer that does nothing: Numba's own overhead per
+  device array plus the ``weakref.finalize`` that Numba wraps around the finalizer of every EMM
+  plugin that passes one (RMM's and CuPy's do).  Select it with
+  ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.noop``.
+* :class:`BareNoopManager` passes no finalizer: Numba's own overhead alone, the least any
+  plugin can cost.  Select it with ``NUMBA_POOL_NOOP_FINALIZER=0`` as well.
 """
 
 from __future__ import annotations
+
+import os
 
 from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
 from numba.cuda.cudadrv.driver import MemoryInfo
 
 from cuda.bindings import driver as cu
 
+from .config import parse_bool
 from .mempool import check, device_memory_info
 
 BUFFER_BYTES = 64 << 20
@@ -25,6 +33,9 @@ def _nothing() -> None:
 class NoopManager(HostOnlyCUDAMemoryManager):
     """Hands out one ``cuMemAlloc`` buffer of :data:`BUFFER_BYTES` (grown when a request is
     larger) to every allocation and never frees it until ``reset``."""
+
+    #: Given to every pointer; Numba wraps it in ``weakref.finalize``.
+    finalizer = staticmethod(_nothing)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -48,7 +59,7 @@ class NoopManager(HostOnlyCUDAMemoryManager):
     def memalloc(self, size: int) -> MemoryPointer:
         if size > self._buffer_bytes:
             self._grow(size)
-        return MemoryPointer(self.context, self._buffer, size, finalizer=_nothing)
+        return MemoryPointer(self.context, self._buffer, size, finalizer=self.finalizer)
 
     def get_memory_info(self) -> MemoryInfo:
         free, total = device_memory_info()
@@ -65,4 +76,21 @@ class NoopManager(HostOnlyCUDAMemoryManager):
             self._buffer_bytes = 0
 
 
-_numba_memory_manager = NoopManager
+class BareNoopManager(NoopManager):
+    """:class:`NoopManager` without a finalizer: Numba's cost per device array alone."""
+
+    finalizer = None
+
+
+def _chosen_manager(environ=os.environ) -> type:
+    """:class:`NoopManager`, or :class:`BareNoopManager` when ``NUMBA_POOL_NOOP_FINALIZER`` is
+    false.
+
+    :raises ConfigError: for a value that is not a boolean, naming the variable and its value.
+    """
+    value = environ.get("NUMBA_POOL_NOOP_FINALIZER", "").strip()
+    with_finalizer = parse_bool(value, "NUMBA_POOL_NOOP_FINALIZER") if value else True
+    return NoopManager if with_finalizer else BareNoopManager
+
+
+_numba_memory_manager = _chosen_manager()

@@ -20,6 +20,7 @@ from numba.cuda import MemoryPointer
 from cuda.bindings import driver as cu
 
 from .arena import round_up
+from .pointer import PoolPointer
 from .streams import StreamRef, _state, enter_scope
 
 
@@ -45,10 +46,10 @@ class ScratchBlock:
         address = self.base + self.offset
         self.offset += need
         self._outstanding.add(address)
-        return MemoryPointer(manager.context, cu.CUdeviceptr(address), size, finalizer=partial(self._drop, address))
+        return PoolPointer(manager.context, cu.CUdeviceptr(address), size, partial(self._drop, address))
 
     def _drop(self, address: int) -> None:
-        # Finalizer of a carved-out array: any thread, must not raise.
+        # Release of a carved-out array: any thread, must not raise.
         self._outstanding.discard(address)
         if not self._scope_open and not self._outstanding:
             self._release()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 import threading
 
 import numpy as np
@@ -279,6 +278,44 @@ print(json.dumps({"problems": problems, "in_use_after_reset": after_reset.bytes_
     assert facts["problems"] == []
     assert facts["in_use_after_reset"] == 0 and facts["used_after_reset"] == 0
     assert facts["final_in_use"] == 0 and facts["final_used"] == 0
+
+
+@pytest.mark.parametrize("nbytes", [256, 4 << 20])
+def test_free_releases_at_once_and_only_once(nbytes):
+    # Numba's MemoryPointer.free(): our pointers release from __del__, and free() must too.
+    settle()
+    before = numba_pool.stats()
+    a = cuda.device_array(nbytes, dtype=np.uint8)
+    a.gpu_data.free()
+    freed = numba_pool.stats()
+    assert freed.total_frees == before.total_frees + 1 and freed.bytes_in_use == before.bytes_in_use
+    with pytest.raises(RuntimeError, match="Freeing dead memory"):
+        a.gpu_data.free()
+    del a
+    settle()
+    after = numba_pool.stats()
+    assert after.total_frees == freed.total_frees and after.blocks_in_use == before.blocks_in_use
+    assert after.pool_used_bytes == before.pool_used_bytes
+
+
+def test_arrays_alive_at_exit_end_quietly():
+    # Arrays still referenced when the interpreter exits are collected during its teardown;
+    # their release must neither run there nor print anything.
+    proc = run_python("""
+import numpy as np
+from numba import cuda
+import numba_pool
+numba_pool.install()
+small = [cuda.device_array(64, dtype=np.float32) for _ in range(100)]
+large = cuda.device_array(1 << 20, dtype=np.float32)
+with numba_pool.using_stream(cuda.stream()):
+    scoped = cuda.device_array(64, dtype=np.float32)
+cuda.synchronize()
+print("done")
+""")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "done"
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_initialize_is_idempotent():
