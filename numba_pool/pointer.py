@@ -2,10 +2,10 @@
 
 Why not ``MemoryPointer(..., finalizer=f)``: Numba wraps every finalizer in ``weakref.finalize``,
 which registers the object in a process-wide registry, creates a weak reference with a callback
-and keeps an atexit record.  That costs about 1.4 µs per allocation on the hosts we measured, more
-than numba_pool's whole allocation path.  ``__del__`` runs at the same moment (when the last
-reference goes, or when the garbage collector frees a reference cycle, PEP 442) for about a
-tenth of that.
+and keeps an atexit record.  That costs 1.4 µs per allocation on a development machine and
+1.7-1.9 µs on a lent H100's host (docs/perf-notes.md), more than numba_pool's whole allocation
+path.  ``__del__`` runs at the same moment (when the last reference goes, or when the garbage
+collector frees a reference cycle, PEP 442) for about a tenth of that.
 
 What ``weakref.finalize`` gave that ``__del__`` does not, and how each is covered here:
 
