@@ -210,10 +210,11 @@ def render(results: dict[str, dict]) -> str:
     from tabulate import tabulate
 
     default = results.get(DEFAULT.label)
-    floors = [results[f.label] for f in (FLOOR, BARE_FLOOR) if f.label in results]
+    present = [f.label for f in (FLOOR, BARE_FLOOR) if f.label in results]
+    floors = [results[label] for label in present]
+    vs = f" ({', '.join(present)})" if present else ""
     headers = ["manager", f"seed loop ({SEED_ITERATIONS} it.) ms", "x faster than default"]
-    vs = ", ".join(f.label for f in (FLOOR, BARE_FLOOR) if f.label in results)
-    headers += [f"{size_label(s)} alloc+free us" + (f" ({vs})" if vs else "") for s in SIZES]
+    headers += [f"{size_label(s)} alloc+free us{vs}" for s in SIZES]
     rows = []
     for label, r in results.items():
         row = [label, f"{r['seed_loop_ms']:.3f}"]
