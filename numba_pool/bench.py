@@ -48,6 +48,7 @@ class Manager:
 
     label: str
     env: dict
+    cwd: str | None = None  # a folder holding another numba_pool to import (a baseline)
 
 
 DEFAULT = Manager("default", {"NUMBA_CUDA_MEMORY_MANAGER": "default"})
@@ -57,6 +58,12 @@ FLOOR = Manager("no-op floor", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", 
 BARE_FLOOR = Manager("Numba alone", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "0"})
 RMM = Manager("rmm (pool)", {"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba", "NUMBA_POOL_BENCH_RMM": "1"})
 MANAGERS = [DEFAULT, NUMBA_POOL, ARENA, FLOOR, BARE_FLOOR]
+
+
+def baselines(folder: str) -> list[Manager]:
+    """The numba_pool and arena rows again, importing the numba_pool installed in ``folder``
+    (another version, to compare before and after a change in one run)."""
+    return [Manager(f"{m.label} (baseline)", m.env, folder) for m in (NUMBA_POOL, ARENA)]
 
 
 def size_label(nbytes: int) -> str:
@@ -134,8 +141,8 @@ def run_worker() -> dict:
     result["alloc_free_us"] = {key: t / PAIRS_PER_REPEAT * 1e6 for key, t in medians.items()}
     manager = cuda.current_context().memory_manager
     result["manager"] = type(manager).__module__
-    if hasattr(manager, "_pool_handle"):
-        result["driver_pair_us"] = _driver_pair_us(manager._pool_handle)
+    if getattr(manager, "_pool", None) is not None:
+        result["driver_pair_us"] = _driver_pair_us(manager._pool.handle)
     return result
 
 
@@ -183,7 +190,7 @@ def measure(manager: Manager) -> dict:
     env = {**os.environ, **manager.env, "PYTHONUNBUFFERED": "1"}
     # Start in the folder holding the numba_pool we are, so that the worker imports the same
     # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = manager.cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-m", "numba_pool.bench"], env=env, cwd=here,
                           capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()

@@ -91,8 +91,10 @@ def _driver_version() -> int:
 @click.option("--no-arena", is_flag=True, help="Leave out the arena row.")
 @click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
               help="Interleaved rounds of all managers; the table shows medians over rounds.")
-def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int) -> None:
-    """The seeds' experiment: Numba's default manager vs numba_pool vs the no-op floors."""
+@click.option("--baseline", type=click.Path(exists=True, file_okay=False),
+              help="A folder holding another installed numba_pool: add its rows, to compare versions in one run.")
+def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int, baseline: str | None) -> None:
+    """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors."""
     _load_config()
     _require_gpu()
     from numba import cuda
@@ -102,6 +104,8 @@ def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int) ->
     managers = [m for m in b.MANAGERS if not (no_arena and m is b.ARENA)]
     if with_rmm:
         managers.append(b.RMM)
+    if baseline:
+        managers += b.baselines(baseline)
     per_round: dict[str, list] = {m.label: [] for m in managers}
     for round_ in range(rounds):
         for manager in list(managers):

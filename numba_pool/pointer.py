@@ -16,6 +16,10 @@ What ``weakref.finalize`` gave that ``__del__`` does not, and how each is covere
   be gone.  :meth:`PoolPointer.__del__` therefore releases nothing once the interpreter is
   finalizing (``sys.is_finalizing()``, bound early): the memory goes with the CUDA context at
   exit.  The same remedy as cuda-python's and CuPy's (cuda-python #973, CuPy #2809).
+* ``weakref.finalize`` belongs to one object: a copy of a Numba ``MemoryPointer`` shares it, and
+  it runs once.  A plain copy of our pointer would share ``_release`` and release twice, handing
+  one block to two owners.  :meth:`PoolPointer.__copy__` (and ``__deepcopy__``) therefore return
+  a non-owning view that keeps the original alive, as Numba's ``MemoryPointer.view`` does.
 """
 
 from __future__ import annotations
@@ -60,6 +64,15 @@ class PoolPointer(MemoryPointer):
             raise RuntimeError("Freeing dead memory")
         self._release = None
         release()
+
+    def __copy__(self) -> MemoryPointer:
+        """A view of the whole allocation that owns nothing and keeps this pointer alive: the
+        memory is released once, when the last of them goes."""
+        return self.view(0)
+
+    def __deepcopy__(self, memo) -> MemoryPointer:
+        """As :meth:`__copy__`: device memory is not duplicated by copying its pointer."""
+        return self.view(0)
 
     def __del__(self, _finalizing=sys.is_finalizing) -> None:
         release = self._release

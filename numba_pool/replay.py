@@ -2,9 +2,11 @@
 
 Reads a log in RMM's logging format (what ``NUMBA_POOL_LOG`` writes, and what RMM's
 ``logging_resource_adaptor`` writes: pointers and streams in hex with or without ``0x``),
-validates it, and replays it through :class:`numba_pool.arena.Arena` over an upstream that hands
-out address ranges in host bookkeeping.  Requests above the arena's largest block are counted
-as served by the mempool at their size rounded to 256 bytes.
+validates it, and replays it through the arena that runs on the GPU
+(:class:`numba_pool.ordering.ArenaBlocks`: one domain per stream, quarantine and fences) over
+:class:`AddressSpace`, a driver stand-in whose slabs are address ranges in host bookkeeping.
+Requests above the arena's largest block are counted as served by the mempool at their size
+rounded to 256 bytes.
 
 Reported: operations, peak requested bytes (each request rounded to 256 B), peak reserved bytes
 (arena slabs plus large requests), their ratio (fragmentation), the largest slab count, and the
@@ -19,11 +21,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .alloclog import ACTIONS, HEADER
-from .arena import ALIGNMENT, Arena, round_up
+from cuda.bindings import driver as cuda_driver
 
-#: The fenced (legacy default) stream's key; stream 0 in a log means it too.
+from .alloclog import ACTIONS, HEADER
+from .arena import round_up
+from .ordering import ArenaBlocks, StreamWaits
+from .stats import UsageTracker
+from .streams import LEGACY, StreamRef, as_stream_ref
+
+#: The legacy default stream's handle; stream 0 in a log means it too.
 LEGACY_KEY = 1
+_OK = (cuda_driver.CUresult.CUDA_SUCCESS,)
 
 
 class LogError(ValueError):
@@ -127,31 +135,40 @@ def parse_log(lines: Iterable[str], skip_bad_lines: bool = False, source: str = 
 
 
 class AddressSpace:
-    """An arena upstream for replay: slabs are address ranges (no memory behind them)."""
+    """A driver stand-in for replay (:mod:`numba_pool.driver`): slabs are address ranges with no
+    memory behind them; events, waits and synchronizes do nothing, since a replay measures bytes,
+    not time.  Counts the slabs held and their most."""
+
+    CUdeviceptr = cuda_driver.CUdeviceptr
 
     def __init__(self):
         self.next_address = 1 << 40
         self.slabs = 0
         self.max_slabs = 0
+        self._events = 0
 
-    def allocate_slab(self, nbytes: int, stream) -> int:
+    def cuMemAllocFromPoolAsync(self, nbytes: int, pool, stream):
         address = self.next_address
-        self.next_address += (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        self.next_address += round_up(nbytes)
         self.slabs += 1
         self.max_slabs = max(self.max_slabs, self.slabs)
-        return address
+        return _OK[0], cuda_driver.CUdeviceptr(address)
 
-    def free_slab(self, address: int, nbytes: int, stream) -> None:
+    def cuMemFreeAsync(self, ptr, stream):
         self.slabs -= 1
+        return _OK
 
-    def fence(self, stream) -> None:
-        pass
+    def cuEventCreate(self, flags):
+        self._events += 1
+        return _OK[0], self._events
 
-    def order(self, earlier, later) -> None:
-        pass
+    def cuStreamGetId(self, stream):
+        return _OK[0], int(stream)
 
-    def forget(self, stream) -> None:
-        pass
+    def _nothing(self, *args):
+        return _OK
+
+    cuEventRecord = cuEventDestroy = cuStreamWaitEvent = cuCtxSynchronize = _nothing
 
 
 @dataclass
@@ -182,12 +199,19 @@ def replay(log: ParsedLog, *, slab_size: int, max_block: int, release_threshold:
            progress: Callable[[int], None] | None = None, samples: int = 2000) -> ReplayReport:
     """Replay ``log`` through a fresh arena; see the module docstring for what is measured.
 
+    :param slab_size: largest slab (bytes), as ``NUMBA_POOL_ARENA_SLAB_SIZE``.
+    :param max_block: largest block the arena serves (bytes), as ``NUMBA_POOL_ARENA_MAX_BLOCK``.
+    :param release_threshold: bytes of empty slabs kept; None keeps them all.
     :param progress: called with the number of operations done, every 10,000.
+    :raises numba_pool.arena.ArenaError: for sizes that are not multiples of 256 bytes, or a
+        largest block above the slab size.
     """
     space = AddressSpace()
-    arena = Arena(space, slab_size=slab_size, max_block=max_block, fenced_stream=LEGACY_KEY,
-                  release_threshold=release_threshold)
-    where: dict[int, int] = {}  # logged pointer -> arena address (0 when served by the mempool)
+    usage = UsageTracker()
+    arena = ArenaBlocks(space, None, None, StreamWaits(space), usage, _never_out_of_memory,
+                        slab_size=slab_size, max_block=max_block, release_threshold=release_threshold)
+    streams: dict[int, StreamRef] = {LEGACY_KEY: LEGACY}
+    live: dict[int, object] = {}  # logged pointer -> the arena's pointer (None when served by the mempool)
     requested = large = peak_requested = peak_reserved = 0
     every = max(1, len(log.operations) // samples)
     series = []
@@ -198,16 +222,18 @@ def replay(log: ParsedLog, *, slab_size: int, max_block: int, release_threshold:
             requested += rounded
             if rounded > max_block:
                 large += rounded
-                where[op.pointer] = 0
+                live[op.pointer] = None
             else:
-                where[op.pointer] = arena.allocate(op.size, op.stream)
+                stream = streams.get(op.stream) or streams.setdefault(op.stream, as_stream_ref(op.stream))
+                live[op.pointer] = (arena.allocate_legacy(op.size) if stream is LEGACY
+                                    else arena.allocate_scoped(op.size, stream))
         else:
             requested -= rounded
-            address = where.pop(op.pointer)
-            if address:
-                arena.free(address, op.stream)
-            else:
+            pointer = live.pop(op.pointer)
+            if pointer is None:
                 large -= rounded
+            else:
+                pointer.free()
         reserved = arena.reserved_bytes + large
         peak_requested = max(peak_requested, requested)
         peak_reserved = max(peak_reserved, reserved)
@@ -220,6 +246,10 @@ def replay(log: ParsedLog, *, slab_size: int, max_block: int, release_threshold:
         operations=len(log.operations), allocations=sum(op.action == "allocate" for op in log.operations),
         peak_requested=peak_requested, peak_reserved=peak_reserved, max_slabs=space.max_slabs,
         seconds=seconds, skipped=log.skipped, failures=log.failures, series=series)
+
+
+def _never_out_of_memory(size: int, retry):
+    raise AssertionError("an address space does not run out of memory")
 
 
 def plot(report: ReplayReport, path: str, title: str) -> None:

@@ -36,7 +36,7 @@ def test_small_requests_come_from_arena_slabs_large_ones_from_the_pool():
     small = cuda.device_array(1000, dtype=np.uint8)
     large = cuda.device_array(4 << 20, dtype=np.uint8)
     address = small.device_ctypes_pointer.value
-    arena = manager()._arena
+    arena = manager()._ordering.arena
     assert arena.block_size(address) == 1024
     assert arena.block_size(large.device_ctypes_pointer.value) is None
     assert pointer_mempool(address) == int(manager()._pool.handle)  # slabs come from our mempool
@@ -64,7 +64,7 @@ def test_arena_trim_returns_empty_slabs():
     gc.collect()
     numba_pool.trim()
     s = numba_pool.stats()
-    assert s.arena_reserved_bytes == manager()._arena.statistics().reserved
+    assert s.arena_reserved_bytes == manager()._ordering.arena.statistics().reserved
     assert s.arena_in_use_bytes == 0 or s.arena_reserved_bytes < (20 << 20)
 
 

@@ -122,7 +122,7 @@ def test_cli_bad_options_exit_2(tmp_path):
     path = write(tmp_path, "")
     assert replay_cli(path, "--slab-size", "big").returncode == 2
     proc = replay_cli(path, "--max-block", "8 MiB", "--slab-size", "4 MiB")
-    assert proc.returncode == 2 and "max_block" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "largest block (8388608)" in proc.stderr and "Traceback" not in proc.stderr
 
 
 SHIPPED = sorted(glob.glob(os.path.join(DATA, "*.csv")))

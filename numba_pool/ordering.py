@@ -1,0 +1,744 @@
+"""Stream ordering: the one place that decides when memory may be handed out again.
+
+The rule
+--------
+**A block is never handed to work that can run before the last use of its previous owner has
+finished.**
+
+Every block is allocated on an *allocation stream* S: the thread's :func:`numba_pool.using_stream`
+stream, else the legacy default stream.  Its owner's work may run on S; on any blocking stream
+when S is the legacy stream (the legacy stream orders with every blocking stream, both ways:
+CUDA Runtime API, "stream synchronization behavior"); and on any stream registered with
+:func:`numba_pool.record_stream`.  Other use must be ordered by the program (README, "Stream
+semantics"), as with any stream-ordered allocator.
+
+Invariants, kept by the code below and checked in CI by a model of CUDA's stream ordering that
+runs this code against random legal programs (``tests/cuda_model.py``, ``tests/test_fuzz.py``):
+
+1. **A block never changes stream.**  Free arena blocks belong to the *domain* of one stream,
+   their previous owner's allocation stream, and an allocation on S takes blocks of S's domain
+   only.  Memory moves between streams only through the mempool, whose driver orders it: a
+   wholly free slab goes back with ``cuMemFreeAsync`` and the pool hands it to another stream
+   only after that free ("Stream Ordered Memory Allocator", reuse policies).  The rule of
+   PyTorch's caching allocator and CuPy's pool.
+2. **Releases wait for recorded streams.**  Before a block leaves its owner, S waits on the
+   device (``cuStreamWaitEvent``) for an event recorded on each stream registered for it.  Then
+   everything its owner's work did is ordered before S's later work.
+3. **A block of a domain other than the legacy one is free for S at once**: S runs the next
+   owner's work after the previous owner's.
+4. **The legacy domain fences.**  A block freed on the legacy stream may still be read by work
+   on a blocking stream that the next owner's work, on another blocking stream, would not wait
+   for.  It waits in *quarantine* until a *fence*, one operation on the legacy stream (an event
+   record), which runs after all earlier work of every blocking stream and before all later
+   work.  **The snapshot comes before the barrier**: a fence releases only the blocks it took
+   out of quarantine before it was recorded; a block freed meanwhile waits for the next fence.
+   Barriers that synchronize (trim, out of memory, reset) take their snapshot first too.
+5. **A domain's event covers every block in it.**  The domain of a stream S other than the
+   legacy one has an event, recorded on S after each release (and after each slab taken on S)
+   and before the block is published.  A slab goes back to the mempool on the legacy stream
+   after waiting for that event, so numba_pool never enqueues on S after its last release: S
+   may be destroyed by then.
+6. **Domains are keyed by the driver's stream id** (``cuStreamGetId``, unique for the life of
+   the process), never by handle value: a new stream that gets a destroyed stream's handle gets
+   a new domain.
+7. **Mempool blocks** (arena off, or larger than its largest block) are freed with
+   ``cuMemFreeAsync`` on their allocation stream after rule 2; the driver's pool keeps the rule
+   from there.
+8. **A release never raises.**  Where it cannot order (a stream was destroyed, a per-thread
+   default stream belongs to another thread, the driver refused), it falls back to the default
+   manager's guarantee: ``cuCtxSynchronize``, after which no earlier work remains, then the
+   block is free; a warning says so.  Inside ``defer_cleanup`` releases are held back and done,
+   by these rules, when the outermost block exits.
+
+Threads: releases run in finalizers, in any thread, even inside an allocation the garbage
+collector interrupted.  So they take no lock: each step is one atomic ``dict``/``list``/``deque``
+operation, and work that needs the arena's lock is published to a queue that the next
+allocation applies.  Everything else in the arena runs under its lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from functools import partial
+from typing import Callable
+
+from numba.cuda.cudadrv.driver import CudaAPIError
+
+from .arena import ALIGNMENT, ArenaError, ArenaStatistics, Heap, round_up
+from .config import KEEP_ALL
+from .driver import EVENT_FLAGS, OUT_OF_MEMORY, check, report_failure, warn
+from .mempool import MemPool
+from .pointer import PoolPointer
+from .streams import LEGACY, StreamRef
+
+#: Quarantine at most this many blocks before a fence, whatever their bytes.
+QUARANTINE_BLOCKS = 256
+#: A legacy-stream allocation that misses the ready cache fences once this many blocks are
+#: quarantined, refilling the cache: one fence (a driver call) per about this many allocations.
+REFILL_AT = 32
+#: Ready blocks kept per size in the cache in front of the legacy domain.
+CACHE_BLOCKS = 64
+#: The first slab's size (bytes), unless the largest slab is smaller.
+FIRST_SLAB = 64 << 10
+#: A new slab is about 1/GROWTH of what the arena reserves already: slabs grow with the arena,
+#: so the last, partly used slab stays a small fraction of the total (~3%).
+GROWTH = 32
+#: A new slab holds at least this many blocks of the request that needs it, so that a workload
+#: of one block size does not fence (or take a slab) at every allocation.
+BLOCKS_PER_SLAB = 64
+
+
+class CannotOrder(RuntimeError):
+    """A release that cannot be ordered on the device (rule 8's fallback follows)."""
+
+
+class StreamWaits:
+    """Rules 2 and 8, shared by both block sources: ``record_stream``'s registry, the releases
+    held back by ``defer_cleanup``, and the synchronize fallback.
+
+    ``recorded`` (block start -> streams) and ``held_back`` take atomic operations only;
+    ``depth`` changes under ``_lock``.
+    """
+
+    def __init__(self, cu):
+        self._cu = cu
+        self.recorded: dict[int, list[StreamRef]] = {}
+        self.depth = 0
+        self.held_back: deque = deque()
+        self._lock = threading.Lock()
+
+    def record(self, start: int, stream: StreamRef) -> None:
+        """Make the release of the block starting at ``start`` wait for ``stream``'s work."""
+        self.recorded.setdefault(start, []).append(stream)
+
+    def release(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
+        """Release a block allocated on ``stream``: now or, inside ``defer_cleanup``, at its
+        outermost exit.  ``publish(synchronized)`` makes the block free (it may raise; then
+        the fallback synchronizes and calls ``publish(True)``).  Never raises."""
+        if self.depth:
+            self.held_back.append(partial(self._release_now, start, stream, publish))
+            if not self.depth:  # the block exited while we were appending: flush ourselves
+                self.flush()
+            return
+        self._release_now(start, stream, publish)
+
+    def _release_now(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
+        try:
+            recorded = self.recorded.pop(start, None) if self.recorded else None
+            if stream.thread is not None and stream.thread != threading.get_ident():
+                raise CannotOrder("it was allocated on another thread's per-thread default stream")
+            if recorded:
+                self._wait_for(recorded, stream)
+            publish(False)
+        except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
+            self._synchronize_instead(start, stream, publish, err)
+
+    def _wait_for(self, recorded: list[StreamRef], stream: StreamRef) -> None:
+        cu = self._cu
+        for ref in recorded:
+            if ref.thread is not None and ref.thread != threading.get_ident():
+                raise CannotOrder("a stream recorded for it is another thread's per-thread default stream")
+            if ref.value == stream.value and ref.thread == stream.thread:
+                continue
+            event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
+            try:
+                check(cu.cuEventRecord(event, ref.handle), "cuEventRecord (record_stream)")
+                check(cu.cuStreamWaitEvent(stream.handle, event, 0), "cuStreamWaitEvent (record_stream)")
+            finally:
+                cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
+
+    def _synchronize_instead(self, start: int, stream: StreamRef, publish, err: Exception) -> None:
+        if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
+            return  # the context is gone, and the memory with it
+        warn(f"could not order the release of block {start:#x} on stream {stream.value:#x} ({err}); "
+             "synchronized the device instead")
+        try:
+            publish(True)
+        except Exception as again:  # noqa: BLE001
+            warn(f"could not release block {start:#x} after synchronizing: {again}")
+
+    @contextlib.contextmanager
+    def holding_back(self):
+        """While active, releases are held back; the outermost exit does them."""
+        with self._lock:
+            self.depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.depth -= 1
+                done = self.depth == 0
+            if done:
+                self.flush()
+
+    def flush(self) -> None:
+        while True:
+            try:
+                release = self.held_back.popleft()
+            except IndexError:
+                return
+            release()
+
+
+class PooledBlocks:
+    """Rule 7: blocks straight from the mempool (``cuMemAllocFromPoolAsync`` and
+    ``cuMemFreeAsync`` on the allocation stream).
+
+    ``ledger`` maps each live allocation's ``CUdeviceptr`` (by identity: no ``int()`` on the hot
+    path) to its size; :meth:`take_all` swaps in a new one, so a finalizer that outlives a reset
+    finds nothing to free.
+    """
+
+    def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory):
+        self._alloc_async = cu.cuMemAllocFromPoolAsync
+        self._free_async = cu.cuMemFreeAsync
+        self._pool = pool_handle
+        self._context = context
+        self._waits = waits
+        self._note = usage.events.append
+        self._drain_if_due = usage.drain_if_due
+        self._on_out_of_memory = on_out_of_memory
+        self.ledger: dict = {}
+
+    def allocate(self, size: int, stream: StreamRef) -> PoolPointer:
+        """``size`` bytes on ``stream``; freed on it when the pointer is released."""
+        err, ptr = self._alloc_async(size, self._pool, stream.handle)
+        if err:
+            ptr = self._after_error(size, stream, err)
+        ledger = self.ledger
+        ledger[ptr] = size
+        self._note(size)
+        self._drain_if_due()
+        return PoolPointer(self._context, ptr, size, partial(self._release, ledger, ptr, stream))
+
+    def _after_error(self, size: int, stream: StreamRef, err):
+        if err != OUT_OF_MEMORY:
+            raise CudaAPIError(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) failed with {err.name}")
+        return self._on_out_of_memory(size, partial(self._retry, size, stream))
+
+    def _retry(self, size: int, stream: StreamRef):
+        return check(self._alloc_async(size, self._pool, stream.handle), f"cuMemAllocFromPoolAsync({size} bytes)")
+
+    def _release(self, ledger: dict, ptr, stream: StreamRef) -> None:
+        # Any thread, from a finalizer: never raises.
+        size = ledger.pop(ptr, None)
+        if size is None:  # a reset freed it already
+            return
+        self._note(~size)
+        waits = self._waits
+        if waits.recorded or waits.depth or stream.thread is not None:
+            waits.release(int(ptr), stream, partial(self._free, ptr, stream))
+            return
+        err, = self._free_async(ptr, stream.handle)
+        if err:
+            report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
+
+    def _free(self, ptr, stream: StreamRef, synchronized: bool) -> None:
+        # After a synchronize nothing earlier remains: the legacy stream will do.
+        handle = LEGACY.handle if synchronized else stream.handle
+        check(self._free_async(ptr, handle), f"cuMemFreeAsync({int(ptr):#x})")
+
+    def take_all(self) -> list:
+        """Forget every live allocation (for a reset): returns their pointers; finalizers that
+        run later find nothing."""
+        ledger, self.ledger = self.ledger, {}
+        pointers = []
+        while ledger:  # popitem, not a copy: a finalizer racing with us pops each key at most once
+            try:
+                ptr, size = ledger.popitem()
+            except KeyError:
+                break
+            self._note(~size)
+            pointers.append(ptr)
+        return pointers
+
+    def containing_block(self, address: int) -> int | None:
+        """The start of the live allocation holding ``address`` (a scan: record_stream is rare)."""
+        for ptr, size in list(self.ledger.items()):
+            start = int(ptr)
+            if start <= address < start + size:
+                return start
+        return None
+
+
+class _Domain:
+    """The free blocks of one stream (rule 1): a heap of its slabs and, but for the legacy
+    domain, the event of rule 5."""
+
+    __slots__ = ("key", "heap", "event")
+
+    def __init__(self, key, event=None):
+        self.key = key
+        self.heap = Heap()
+        self.event = event
+
+
+class _Quarantine:
+    """Rule 4's state: legacy-stream blocks freed and not yet fenced, and the fenced ones kept
+    ready for lock-free allocation (glibc's tcache idea), each as rounded size -> starts.
+
+    ``waiting`` lists are appended to without a lock by releases and emptied by :meth:`take`
+    under the arena's lock; ``ready`` lists are popped without a lock by allocations and filled
+    under the lock."""
+
+    def __init__(self, cache_limit: int):
+        self.waiting: dict[int, list[int]] = {}
+        self.ready: dict[int, list[int]] = {}
+        self.cache_limit = cache_limit
+
+    def add(self, start: int, size: int) -> None:
+        waiting = self.waiting.get(size)
+        if waiting is None:
+            waiting = self.waiting.setdefault(size, [])
+        waiting.append(start)
+
+    def count(self) -> int:
+        return sum(map(len, list(self.waiting.values())))
+
+    def take(self) -> list[tuple[int, int]]:
+        """The snapshot before a fence: every block waiting now, as (start, size)."""
+        taken = []
+        for size, waiting in list(self.waiting.items()):
+            count = len(waiting)
+            if count:
+                # Two C-level steps: a release appending meanwhile lands after the first `count`
+                # and stays for the next fence.
+                blocks = waiting[:count]
+                del waiting[:count]
+                taken += [(start, size) for start in blocks]
+        return taken
+
+    def put_back(self, taken: list[tuple[int, int]]) -> None:
+        for start, size in taken:
+            self.add(start, size)
+
+    def make_ready(self, taken: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Fenced blocks fill the cache first; returns those that did not fit."""
+        rest = []
+        for start, size in taken:
+            ready = self.ready.get(size)
+            if ready is None:
+                ready = self.ready[size] = []
+            if len(ready) < self.cache_limit:
+                ready.append(start)
+            else:
+                rest.append((start, size))
+        return rest
+
+    def take_ready(self) -> list[tuple[int, int]]:
+        taken = []
+        for size, ready in list(self.ready.items()):
+            while True:
+                try:
+                    taken.append((ready.pop(), size))
+                except IndexError:  # empty, or an allocation took the last one
+                    break
+        return taken
+
+    def bytes(self) -> tuple[int, int]:
+        """(quarantined, cached) bytes."""
+        def total(lists):
+            return sum(size * len(starts) for size, starts in list(lists.items()))
+        return total(self.waiting), total(self.ready)
+
+
+class ArenaBlocks:
+    """Blocks of up to ``max_block`` bytes carved out of slabs taken from the mempool, one
+    domain per stream (rules 1 and 3-6).
+
+    :param slab_size: the largest slab (bytes); slabs start at :data:`FIRST_SLAB` and grow with
+        the arena (:meth:`next_slab_size`).
+    :param release_threshold: bytes of slabs kept when one becomes empty; beyond it an empty slab
+        goes back to the mempool at once.  None keeps them all (until trim).
+    :raises ArenaError: for a ``slab_size`` or ``max_block`` that is not a multiple of 256 or a
+        ``max_block`` above ``slab_size``.
+    """
+
+    def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
+                 slab_size: int, max_block: int, release_threshold: int | None = None):
+        if slab_size % ALIGNMENT or max_block % ALIGNMENT or not 0 < max_block <= slab_size:
+            raise ArenaError(f"slab size ({slab_size}) and largest block ({max_block}) must be multiples of "
+                             f"{ALIGNMENT} bytes with 0 < largest block <= slab size")
+        self._cu = cu
+        self._alloc_async = cu.cuMemAllocFromPoolAsync
+        self._device_pointer = cu.CUdeviceptr
+        self._pool = pool_handle
+        self._context = context
+        self._waits = waits
+        self._note = usage.events.append
+        self._drain_if_due = usage.drain_if_due
+        self._on_out_of_memory = on_out_of_memory
+        self.slab_size, self.max_block, self.release_threshold = slab_size, max_block, release_threshold
+        self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
+        self._lock = threading.Lock()
+        self.held: dict[int, int] = {}  # blocks their owners hold: start -> rounded size
+        self._quarantine = _Quarantine(CACHE_BLOCKS)
+        self.ready = self._quarantine.ready
+        self._waiting = self._quarantine.waiting  # the release's hot path appends here directly
+        self._released: deque = deque()  # (start, size, domain) released on other streams, to publish
+        self._legacy = _Domain(LEGACY.key)
+        self._domains: dict = {LEGACY.key: self._legacy}  # stream key -> _Domain; guarded by _lock
+        self._fence_event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
+        self._reserved = 0
+        self.fences = 0
+        self.dropped = False
+
+    # -- allocation ---------------------------------------------------------------------------
+
+    def allocate_legacy(self, size: int) -> PoolPointer:
+        """``size`` bytes for work ordered by the legacy stream (no scope): a ready block (one
+        ``list.pop``, no lock) or the heap."""
+        rounded = round_up(size)
+        ready = self.ready.get(rounded)
+        start = None
+        if ready:
+            try:
+                start = ready.pop()
+            except IndexError:  # another thread took the last one
+                pass
+        if start is None:
+            start = self._allocate(rounded, LEGACY, self._take_legacy)
+        self.held[start] = rounded
+        self._note(size)
+        return PoolPointer(self._context, self._device_pointer(start), size, partial(self._release_legacy, start, size))
+
+    def allocate_scoped(self, size: int, stream: StreamRef) -> PoolPointer:
+        """``size`` bytes for work on ``stream`` (a ``using_stream`` scope): its domain's heap."""
+        rounded = round_up(size)
+        start, domain = self._allocate(rounded, stream, self._take_scoped)
+        self.held[start] = rounded
+        self._note(size)
+        return PoolPointer(self._context, self._device_pointer(start), size,
+                           partial(self._release_scoped, start, size, stream, domain))
+
+    def _allocate(self, rounded: int, stream: StreamRef, take):
+        if rounded > self.max_block:
+            raise ArenaError(f"{rounded} bytes is above the arena's largest block ({self.max_block} bytes)")
+        self._drain_if_due()
+        try:
+            with self._lock:
+                return take(rounded, stream)
+        except CudaAPIError as err:
+            if err.code != OUT_OF_MEMORY:
+                raise
+        return self._on_out_of_memory(rounded, partial(self._take_locked, take, rounded, stream))
+
+    def _take_locked(self, take, rounded: int, stream: StreamRef):
+        with self._lock:
+            return take(rounded, stream)
+
+    def _take_legacy(self, rounded: int, stream: StreamRef) -> int:
+        self._publish_released()
+        quarantined = self._quarantine.count()
+        if quarantined >= REFILL_AT or quarantined > self.quarantine_limit:
+            self._fence()
+            ready = self.ready.get(rounded)
+            if ready:
+                return ready.pop()
+        heap = self._legacy.heap
+        start = heap.allocate(rounded)
+        if start is None and self._quarantine.count():  # rather than a new slab
+            self._fence()
+            ready = self.ready.get(rounded)
+            if ready:
+                return ready.pop()
+            start = heap.allocate(rounded)
+        if start is None:
+            self._new_slab(self._legacy, stream, rounded)
+            start = heap.allocate(rounded)
+        return start
+
+    def _take_scoped(self, rounded: int, stream: StreamRef) -> tuple[int, _Domain]:
+        self._publish_released()
+        if self._quarantine.count() > self.quarantine_limit:
+            self._fence()
+        key = stream.key
+        if key is None:  # rule 6: the driver's id, never the handle's value
+            key = stream.key = check(self._cu.cuStreamGetId(stream.handle), "cuStreamGetId")
+        domain = self._domains.get(key)
+        if domain is None:
+            event = check(self._cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
+            domain = self._domains[key] = _Domain(key, event)
+        start = domain.heap.allocate(rounded)
+        if start is None:
+            self._new_slab(domain, stream, rounded)
+            start = domain.heap.allocate(rounded)
+        return start, domain
+
+    def next_slab_size(self, need: int) -> int:
+        """The size of the next slab for a request of ``need`` bytes: the power of two nearest
+        above 1/GROWTH of the bytes reserved, or BLOCKS_PER_SLAB requests if more, between
+        FIRST_SLAB and ``slab_size``, and at least ``need``."""
+        target = 1 << max(0, (self._reserved // GROWTH - 1).bit_length())
+        return max(need, min(self.slab_size, max(FIRST_SLAB, target, BLOCKS_PER_SLAB * need)))
+
+    def _new_slab(self, domain: _Domain, stream: StreamRef, need: int) -> None:
+        size = self.next_slab_size(need)
+        ptr = check(self._alloc_async(size, self._pool, stream.handle), f"cuMemAllocFromPoolAsync({size}) for an arena slab")
+        if domain.event is not None:  # rule 5: the slab is usable from this point of the stream on
+            check(self._cu.cuEventRecord(domain.event, stream.handle), "cuEventRecord (arena slab)")
+        domain.heap.add_slab(int(ptr), size)
+        self._reserved += size
+
+    # -- release ------------------------------------------------------------------------------
+
+    def _release_legacy(self, start: int, size: int) -> None:
+        # Any thread, from a finalizer, no lock, never raises: the common case is two atomic
+        # operations and no driver call.
+        rounded = self.held.pop(start, None)
+        if rounded is None:  # a reset dropped it
+            return
+        self._note(~size)
+        waits = self._waits
+        if waits.recorded or waits.depth:
+            waits.release(start, LEGACY, partial(self._quarantine_block, start, rounded))
+            return
+        waiting = self._waiting.get(rounded)  # _Quarantine.add, inlined: the hot path
+        if waiting is None:
+            waiting = self._waiting.setdefault(rounded, [])
+        waiting.append(start)
+
+    def _quarantine_block(self, start: int, rounded: int, synchronized: bool) -> None:
+        self._quarantine.add(start, rounded)
+
+    def _release_scoped(self, start: int, size: int, stream: StreamRef, domain: _Domain) -> None:
+        rounded = self.held.pop(start, None)
+        if rounded is None:
+            return
+        self._note(~size)
+        self._waits.release(start, stream, partial(self._publish_scoped, start, rounded, stream, domain))
+
+    def _publish_scoped(self, start: int, rounded: int, stream: StreamRef, domain: _Domain, synchronized: bool) -> None:
+        if self.dropped:
+            return
+        if not synchronized:  # rule 5: the event covers the block before anyone can see it
+            check(self._cu.cuEventRecord(domain.event, stream.handle), "cuEventRecord (arena release)")
+        self._released.append((start, rounded, domain))
+
+    def _publish_released(self) -> None:
+        released = self._released
+        while released:
+            start, rounded, domain = released.popleft()
+            self._free_into(domain, start, rounded)
+
+    def _fence(self) -> None:
+        """Rule 4: snapshot, then the barrier, then publish."""
+        taken = self._quarantine.take()
+        if not taken:
+            return
+        try:
+            check(self._cu.cuEventRecord(self._fence_event, LEGACY.handle), "cuEventRecord (arena fence)")
+        except CudaAPIError:
+            self._quarantine.put_back(taken)
+            raise
+        self.fences += 1
+        for start, size in sorted(self._quarantine.make_ready(taken)):
+            self._free_into(self._legacy, start, size)
+
+    def _flush_ready(self) -> None:
+        for start, size in sorted(self._quarantine.take_ready()):
+            self._free_into(self._legacy, start, size)
+
+    def _free_into(self, domain: _Domain, start: int, size: int) -> None:
+        heap = domain.heap
+        start, size = heap.free(start, size)
+        if heap.is_empty_slab(start, size) and self._gives_back(domain):
+            self._return_slab(domain, start)
+
+    def _gives_back(self, domain: _Domain) -> bool:
+        # An empty slab stays unless the arena is over its release threshold; a stream's domain
+        # keeps only its last one, so that streams that are gone hold at most one slab each.
+        if self.release_threshold is not None and self._reserved > self.release_threshold:
+            return True
+        return domain is not self._legacy and len(domain.heap.slabs) > 1
+
+    def _return_slab(self, domain: _Domain, start: int) -> None:
+        """A wholly free slab back to the mempool, ordered after its domain's last release."""
+        cu, legacy = self._cu, LEGACY.handle
+        if domain.event is not None:  # rule 5: wait for the event, never touch the stream
+            check(cu.cuStreamWaitEvent(legacy, domain.event, 0), "cuStreamWaitEvent (arena slab)")
+        check(cu.cuMemFreeAsync(cu.CUdeviceptr(start), legacy), "cuMemFreeAsync (arena slab)")
+        self._reserved -= domain.heap.remove_slab(start)
+        if domain is not self._legacy and not domain.heap.slabs:
+            del self._domains[domain.key]
+            cu.cuEventDestroy(domain.event)  # the driver keeps it until pending waits are done
+
+    # -- barriers, statistics, reset ------------------------------------------------------------
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of slabs held now (every domain)."""
+        return self._reserved
+
+    @property
+    def cache_limit(self) -> int:
+        """Ready blocks kept per size (tests set 0, with ``quarantine_limit`` -1, so that a
+        freed block is reused by the very next allocation)."""
+        return self._quarantine.cache_limit
+
+    @cache_limit.setter
+    def cache_limit(self, blocks: int) -> None:
+        self._quarantine.cache_limit = blocks
+
+    def flush_cache(self) -> None:
+        """Give every ready block back to the legacy heap, coalescing."""
+        with self._lock:
+            self._flush_ready()
+
+    def block_size(self, address: int) -> int | None:
+        """The rounded size of the held block starting at ``address``, else None."""
+        return self.held.get(address)
+
+    def release_cached(self) -> int:
+        """Fence, then give every wholly free slab of every domain back to the mempool
+        (stream-ordered: no host synchronization).  Returns the bytes released."""
+        with self._lock:
+            self._publish_released()
+            self._fence()
+            self._flush_ready()
+            before = self._reserved
+            for domain in list(self._domains.values()):
+                for start, _ in domain.heap.empty_slabs():
+                    self._return_slab(domain, start)
+            return before - self._reserved
+
+    def drop_all(self) -> list[tuple[int, int]]:
+        """Forget everything (for a reset): returns the slabs as (start, size) for the caller to
+        free; blocks still held are abandoned and their releases do nothing."""
+        with self._lock:
+            self.dropped = True
+            self.held.clear()
+            slabs = [slab for domain in self._domains.values() for slab in domain.heap.slabs.items()]
+            for domain in self._domains.values():
+                if domain.event is not None:
+                    self._cu.cuEventDestroy(domain.event)
+            self._cu.cuEventDestroy(self._fence_event)
+            self._domains.clear()
+            self._released.clear()
+            self._quarantine = _Quarantine(0)
+            self.ready, self._waiting = self._quarantine.ready, self._quarantine.waiting
+            self._reserved = 0
+            return slabs
+
+    def containing_block(self, address: int) -> int | None:
+        """The start of the held block that contains ``address``, else None."""
+        if address in self.held:
+            return address
+        for start, size in list(self.held.items()):
+            if start <= address < start + size:
+                return start
+        return None
+
+    def statistics(self) -> ArenaStatistics:
+        with self._lock:
+            self._publish_released()
+            quarantined, cached = self._quarantine.bytes()
+            heaps = [d.heap for d in self._domains.values()]
+            return ArenaStatistics(
+                reserved=self._reserved, in_use=sum(list(self.held.values())), cached=cached,
+                quarantined=quarantined, free=sum(h.free_bytes() for h in heaps),
+                free_blocks=sum(len(h.free_blocks()) for h in heaps),
+                largest_free_block=max([h.largest_free() for h in heaps] + [0]),
+                slabs=sum(len(h.slabs) for h in heaps), domains=len(heaps), fences=self.fences)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless every domain's slabs are tiled exactly by its free blocks
+        and the held, quarantined and ready blocks, and the byte counts add up (tests)."""
+        with self._lock:
+            self._publish_released()
+            taken = dict(self.held)
+            for size, starts in [*self._quarantine.waiting.items(), *self.ready.items()]:
+                for start in list(starts):
+                    assert start not in taken, f"block {start:#x} is held and free"
+                    taken[start] = size
+            for domain in self._domains.values():
+                domain.heap.check_invariants(taken)
+            reserved = sum(d.heap.reserved for d in self._domains.values())
+            assert reserved == self._reserved
+            stats_in_slabs = sum(taken.values()) + sum(d.heap.free_bytes() for d in self._domains.values())
+            assert stats_in_slabs == reserved, f"{stats_in_slabs} bytes in blocks, {reserved} in slabs"
+
+
+class StreamOrdering:
+    """One manager's memory and its ordering: the mempool path (:class:`PooledBlocks`), the
+    arena when it is on (:class:`ArenaBlocks`), ``record_stream``, ``defer_cleanup``, and the
+    barriers that synchronize (trim, out of memory, reset).
+
+    :param cu: the driver object (:mod:`numba_pool.driver`).
+    :param pool: the device's mempool.
+    :param context: the Numba context the pointers belong to.
+    :param usage: the manager's :class:`~numba_pool.stats.UsageTracker`.
+    :param before_retry: called before an allocation that ran out of memory is retried (Numba's
+        pending deallocations).
+    :param describe_out_of_memory: the message for an allocation of ``size`` bytes that failed
+        again after the retry.
+    """
+
+    def __init__(self, cu, pool: MemPool, context, usage, config, *, before_retry: Callable[[], None],
+                 describe_out_of_memory: Callable[[int], str]):
+        self._cu = cu
+        self.pool = pool
+        self._usage = usage
+        self._before_retry = before_retry
+        self._describe = describe_out_of_memory
+        self.waits = StreamWaits(cu)
+        self.pooled = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory)
+        self.arena = None
+        if config.arena:
+            threshold = None if config.release_threshold == KEEP_ALL else config.release_threshold
+            self.arena = ArenaBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
+                                     slab_size=config.arena_slab_size, max_block=config.arena_max_block,
+                                     release_threshold=threshold)
+
+    def record_stream(self, address: int, stream: StreamRef) -> bool:
+        """Rule 2 for the block holding ``address``; False when no live block holds it."""
+        start = self.pooled.containing_block(address)
+        if start is None and self.arena is not None:
+            start = self.arena.containing_block(address)
+        if start is None:
+            return False
+        self.waits.record(start, stream)
+        return True
+
+    def out_of_memory(self, size: int, retry: Callable):
+        """An allocation of ``size`` bytes ran out of memory: make room, ``retry()`` once.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with :attr:`describe_out_of_memory`'s
+            message when the retry fails too.
+        """
+        self._usage.count_oom(failed=False)
+        self._before_retry()
+        self.trim(0)
+        try:
+            return retry()
+        except CudaAPIError as err:
+            self._usage.count_oom(failed=True)
+            if err.code != OUT_OF_MEMORY:
+                raise
+            raise CudaAPIError(err.code, self._describe(size)) from None
+
+    def trim(self, keep_bytes: int) -> None:
+        """Give the arena's empty slabs back (rule 4's snapshot and fence first, then
+        stream-ordered frees), synchronize so that every stream-ordered free has completed, and
+        release the pool's unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``)."""
+        if self.arena is not None:
+            self.arena.release_cached()
+        check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        self.pool.trim(keep_bytes)
+
+    def reset(self) -> None:
+        """Free everything and destroy the pool.  The snapshot (every live pointer, every slab)
+        is taken before the synchronize; finalizers that run later find nothing to free."""
+        pointers = self.pooled.take_all()
+        if self.arena is not None:
+            pointers += [self._cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
+        self.waits.recorded.clear()
+        report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
+        self.waits.flush()  # held-back mempool frees: issued now, before the pool goes
+        for ptr in pointers:
+            report_failure(self._cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")
+        report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
+        with contextlib.suppress(CudaAPIError):
+            self.pool.destroy()

@@ -1,0 +1,168 @@
+"""Stream ordering on a real GPU, in both modes: kernels that would see corruption if a block
+were handed to work that can run before its previous owner's last use had finished.
+
+Run in both modes: ``pytest -m gpu`` and ``NUMBA_POOL_ARENA=1 pytest -m gpu``.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from conftest import GPU, run_json
+
+pytestmark = pytest.mark.gpu
+
+if GPU:
+    from numba import cuda
+
+    import numba_pool
+    from numba_pool.kernels import fill_kernel
+
+    from gpu_helpers import THREADS, blocks, non_blocking_stream
+
+    @cuda.jit
+    def count_not_equal_after_delay(a, value, delay_us, hits):
+        """Sleep, then count the elements of ``a`` that are not ``value``: another owner's
+        writes, if the block was handed over too early."""
+        for _ in range(delay_us):
+            cuda.nanosleep(1000)
+        start, stride = cuda.grid(1), cuda.gridsize(1)
+        for i in range(start, a.size, stride):
+            if a[i] != value:
+                cuda.atomic.add(hits, 0, 1)
+
+
+def _alternate(streams, nbytes, rounds, delay_us=20):
+    """Allocate on each stream in turn (``None``: the legacy stream, no scope), fill on it and
+    check on it after a delay, then drop: returns (reuses, corrupted elements)."""
+    n = nbytes // 4
+    hits = cuda.to_device(np.zeros(1, dtype=np.int64))
+    seen: dict = {}
+    reuses = 0
+    for i in range(rounds):
+        stream = streams[i % len(streams)]
+        kernel_stream = stream if stream is not None else cuda.default_stream()
+        scope = numba_pool.using_stream(stream) if stream is not None else _nothing()
+        with scope:
+            a = cuda.device_array(n, dtype=np.float32)
+        address = a.device_ctypes_pointer.value
+        reuses += address in seen
+        seen[address] = i
+        fill_kernel[blocks(n), THREADS, kernel_stream](a, np.float32(i))
+        count_not_equal_after_delay[16, THREADS, kernel_stream](a, np.float32(i), delay_us, hits)
+        del a
+    cuda.synchronize()
+    return reuses, int(hits.copy_to_host()[0])
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("nbytes", [4 << 10, 1 << 20])
+@pytest.mark.parametrize("count", [2, 3])
+def test_alternating_non_blocking_streams_and_legacy_never_corrupt(count, nbytes):
+    with non_blocking_stream() as s1, non_blocking_stream() as s2, non_blocking_stream() as s3:
+        streams = [s1, s2, s3][:count] + [None]
+        reuses, corrupted = _alternate(streams, nbytes, 1000)
+    print(f"\n{count} non-blocking streams + legacy, {nbytes} bytes, 1000 allocations: "
+          f"reuses {reuses}, corrupted elements {corrupted}")
+    assert reuses > 0 and corrupted == 0
+
+
+def test_issue_three_lines_then_every_later_allocation_works():
+    a = cuda.device_array(250, np.float32)
+    with numba_pool.using_stream(cuda.stream()):
+        b = cuda.device_array(250, np.float32)
+    c = cuda.device_array(250, np.float32)
+    for _ in range(200):  # every later miss too
+        d = cuda.device_array(250, np.float32)
+        del d
+    fill_kernel[blocks(250), THREADS](c, np.float32(5))
+    assert (c.copy_to_host() == 5).all()
+    del a, b
+
+
+def test_cycles_collected_while_allocating_on_three_streams():
+    """Arrays in reference cycles, freed by the collector at whatever allocation it runs in,
+    while the program allocates on three non-blocking streams: no error, no corruption."""
+    threshold = gc.get_threshold()
+    problems = []
+    import sys
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: problems.append(repr(u.exc_value))
+    gc.set_threshold(60)
+    try:
+        with non_blocking_stream() as s1, non_blocking_stream() as s2, non_blocking_stream() as s3:
+            hits = cuda.to_device(np.zeros(1, dtype=np.int64))
+            for i in range(1500):
+                stream = (s1, s2, s3)[i % 3]
+                with numba_pool.using_stream(stream):
+                    a = cuda.device_array(64 + 64 * (i % 7), dtype=np.float32)
+                fill_kernel[blocks(a.size), THREADS, stream](a, np.float32(i))
+                count_not_equal_after_delay[4, THREADS, stream](a, np.float32(i), 5, hits)
+                holder = {"array": a}
+                holder["self"] = holder  # a cycle: only the collector frees it
+                del a, holder
+            cuda.synchronize()
+            corrupted = int(hits.copy_to_host()[0])
+            gc.collect()  # before the streams go: a stream must outlive the arrays allocated on it
+    finally:
+        gc.set_threshold(*threshold)
+        sys.unraisablehook = hook
+    print(f"\ncycles on three streams: corrupted elements {corrupted}, errors {problems}")
+    assert problems == [] and corrupted == 0
+
+
+def test_reset_then_a_small_allocation_works():
+    facts = run_json("""
+import json, numpy as np
+from numba import cuda
+import numba_pool
+numba_pool.install()
+a = cuda.device_array(100, dtype=np.float32)
+cuda.current_context().memory_manager.reset()
+b = cuda.device_array(100, dtype=np.float32)  # small: the arena's path in arena mode
+b.copy_to_device(np.arange(100, dtype=np.float32))
+print(json.dumps({"ok": bool((b.copy_to_host() == np.arange(100)).all())}))
+""")
+    assert facts["ok"]
+
+
+def test_logs_of_free_reuse_scratch_and_threads_replay(tmp_path):
+    from numba_pool.replay import parse_log, replay
+
+    path = tmp_path / "log.csv"
+    facts = run_json("""
+import json, threading, traceback, numpy as np
+from numba import cuda
+import numba_pool
+errors = []
+def work():
+  try:
+    for i in range(300):
+        a = cuda.device_array(100 + i % 50, dtype=np.float32)
+        a.gpu_data.free()  # released now: the next allocation may reuse the block at once
+        b = cuda.device_array(100 + i % 50, dtype=np.float32)
+        with numba_pool.scratch(1 << 16):
+            c = [cuda.device_array(n, dtype=np.uint8) for n in (10, 3000, 70000)]
+        del b, c
+  except Exception:
+    errors.append(traceback.format_exc())
+threads = [threading.Thread(target=work) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+cuda.current_context().memory_manager.reset()
+print(json.dumps({"errors": errors}))
+""", env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_LOG": str(path)})
+    assert facts["errors"] == []
+    parsed = parse_log(open(path, newline=""), source=str(path))
+    report = replay(parsed, slab_size=4 << 20, max_block=64 << 10)
+    print(f"\nlog: {report.operations} operations replayed, {report.fragmentation:.4f}")
+    assert report.operations == 4 * 300 * 5 * 2  # every allocation and its free
