@@ -155,6 +155,7 @@ def work():
         del b, c
   except Exception:
     errors.append(traceback.format_exc())
+cuda.current_context()  # initialize CUDA before the threads: Numba's first initialization is not thread-safe
 threads = [threading.Thread(target=work) for _ in range(4)]
 for t in threads: t.start()
 for t in threads: t.join()
