@@ -256,7 +256,9 @@ class PooledBlocks:
 
     def containing_block(self, address: int) -> int | None:
         """The start of the live allocation holding ``address`` (a scan: record_stream is rare)."""
-        for ptr, size in list(self.ledger.items()):
+        # dict.copy, not list(items()): building the tuples can run the collector, whose
+        # finalizers pop from the ledger mid-iteration.
+        for ptr, size in self.ledger.copy().items():
             start = int(ptr)
             if start <= address < start + size:
                 return start
@@ -626,7 +628,7 @@ class ArenaBlocks:
         """The start of the held block that contains ``address``, else None."""
         if address in self.held:
             return address
-        for start, size in list(self.held.items()):
+        for start, size in self.held.copy().items():  # see PooledBlocks.containing_block
             if start <= address < start + size:
                 return start
         return None

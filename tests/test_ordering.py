@@ -35,7 +35,9 @@ FALLBACK = "synchronized the device instead"
 
 @pytest.fixture
 def programs():
-    """``make(**options)`` builds a :class:`Program`; every one is closed at the end, last first."""
+    """``make(**options)`` builds a :class:`Program`; every one is closed at the end, last first,
+    and then must have seen no warning but the documented fallback's (a Program's record of
+    warnings is complete only once it is closed) and no exception in a release."""
     made: list[Program] = []
 
     def make(**options) -> Program:
@@ -44,8 +46,14 @@ def programs():
         return p
 
     yield make
+    closed = []
     while made:
-        made.pop().close()
+        p = made.pop()
+        p.close()
+        closed.append(p)
+    for p in closed:
+        unexpected = [str(w.message) for w in p.warnings if FALLBACK not in str(w.message)]
+        assert unexpected == [] and p.problems == [], (unexpected, p.problems)
 
 
 def eager(p: Program) -> None:
