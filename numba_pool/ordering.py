@@ -182,6 +182,19 @@ class StreamWaits:
             release()
 
 
+def _bind_source(source, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory) -> None:
+    """What both block sources hold: the pool and its hot-path allocation call (bound once),
+    the pointers' context, the shared waits, the usage tracker's event append and drain, and
+    the out-of-memory handler."""
+    source._alloc_async = cu.cuMemAllocFromPoolAsync
+    source._pool = pool_handle
+    source._context = context
+    source._waits = waits
+    source._note = usage.events.append
+    source._drain_if_due = usage.drain_if_due
+    source._on_out_of_memory = on_out_of_memory
+
+
 class PooledBlocks:
     """Rule 7: blocks straight from the mempool (``cuMemAllocFromPoolAsync`` and
     ``cuMemFreeAsync`` on the allocation stream).
@@ -192,14 +205,8 @@ class PooledBlocks:
     """
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory):
-        self._alloc_async = cu.cuMemAllocFromPoolAsync
+        _bind_source(self, cu, pool_handle, context, waits, usage, on_out_of_memory)
         self._free_async = cu.cuMemFreeAsync
-        self._pool = pool_handle
-        self._context = context
-        self._waits = waits
-        self._note = usage.events.append
-        self._drain_if_due = usage.drain_if_due
-        self._on_out_of_memory = on_out_of_memory
         self.ledger: dict = {}
 
     def allocate(self, size: int, stream: StreamRef) -> PoolPointer:
@@ -363,15 +370,9 @@ class ArenaBlocks:
         if slab_size % ALIGNMENT or max_block % ALIGNMENT or not 0 < max_block <= slab_size:
             raise ArenaError(f"slab size ({slab_size}) and largest block ({max_block}) must be multiples of "
                              f"{ALIGNMENT} bytes with 0 < largest block <= slab size")
+        _bind_source(self, cu, pool_handle, context, waits, usage, on_out_of_memory)
         self._cu = cu
-        self._alloc_async = cu.cuMemAllocFromPoolAsync
         self._device_pointer = cu.CUdeviceptr
-        self._pool = pool_handle
-        self._context = context
-        self._waits = waits
-        self._note = usage.events.append
-        self._drain_if_due = usage.drain_if_due
-        self._on_out_of_memory = on_out_of_memory
         self.slab_size, self.max_block, self.release_threshold = slab_size, max_block, release_threshold
         self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
         self._lock = threading.Lock()

@@ -90,11 +90,11 @@ class Program:
         sys.unraisablehook = lambda u: self.problems.append(f"unraisable in {u.object!r}: {u.exc_value!r}")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            self.warnings = caught  # the live list: check() reads it while the program runs
             try:
                 yield
             finally:
                 sys.unraisablehook = hook
-                self.warnings = caught
 
     def close(self) -> None:
         self._stack.close()
@@ -256,7 +256,7 @@ class Program:
         """No violation, no exception in a release, no warning but the documented fallback."""
         self.model.assert_no_violations()
         assert not self.problems, self.problems
-        unexpected = [str(w.message) for w in getattr(self, "warnings", []) if "synchronized the device instead" not in str(w.message)]
+        unexpected = [str(w.message) for w in self.warnings if "synchronized the device instead" not in str(w.message)]
         assert not unexpected, unexpected
         arena = self.mm._ordering.arena if self.mm._ordering is not None else None
         if arena is not None:
