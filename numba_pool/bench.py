@@ -187,15 +187,26 @@ def measure(manager: Manager) -> dict:
 
     :raises RuntimeError: when the worker fails, with its standard error.
     """
-    env = {**os.environ, **manager.env, "PYTHONUNBUFFERED": "1"}
+    try:
+        return run_module("numba_pool.bench", [], manager.env, manager.cwd)
+    except RuntimeError as err:
+        raise RuntimeError(f"benchmark of {manager.label} failed: {err}") from None
+
+
+def run_module(module: str, args: list[str], env: dict | None = None, cwd: str | None = None) -> dict:
+    """Run ``python -m module args`` in a fresh process and parse the JSON line it prints last.
+
+    :raises RuntimeError: when it fails, with its exit status and standard error.
+    """
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     # Start in the folder holding the numba_pool we are, so that the worker imports the same
     # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
-    here = manager.cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "numba_pool.bench"], env=env, cwd=here,
+    here = cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=here,
                           capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"benchmark of {manager.label} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-3000:]}")
+        raise RuntimeError(f"exit {proc.returncode}:\n{proc.stderr.strip()[-3000:]}")
     return json.loads(lines[-1])
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 
 import click
 
@@ -93,12 +94,47 @@ def _driver_version() -> int:
               help="Interleaved rounds of all managers; the table shows medians over rounds.")
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False),
               help="A folder holding another installed numba_pool: add its rows, to compare versions in one run.")
-def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int, baseline: str | None) -> None:
+@click.option("--part", type=click.Choice(["all", "allocator", "end-to-end"]), default="all", show_default=True,
+              help="allocator: memalloc+release timed in one process, managers taking turns; "
+                   "end-to-end: cuda.device_array per manager, each in its own process.")
+def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int, baseline: str | None,
+          part: str) -> None:
     """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors."""
     _load_config()
     _require_gpu()
     from numba import cuda
 
+    name = cuda.get_current_device().name
+    name = name.decode() if isinstance(name, bytes) else name
+    today = datetime.date.today().isoformat()
+    report = {"device": name, "date": today}
+    baseline = os.path.abspath(baseline) if baseline else None  # the workers start elsewhere
+    if part in ("all", "allocator"):
+        report["allocator"] = _bench_allocator(baseline, name, today)
+    if part in ("all", "end-to-end"):
+        report["results"] = _bench_end_to_end(with_rmm, no_arena, rounds, baseline, name, today)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def _bench_allocator(baseline: str | None, name: str, today: str) -> dict:
+    from . import allocator_cost as a
+    from . import bench as b
+
+    click.echo("measuring the allocators in one process ...", err=True)
+    try:
+        results = b.run_module("numba_pool.allocator_cost", [baseline] if baseline else [])
+    except RuntimeError as err:
+        raise Failure(str(err)) from None
+    click.echo(f"device: {name}; date: {today}; allocator cost in one process: medians of {a.REPEATS} "
+               f"repeats of {a.PAIRS} pairs, allocators taking turns")
+    click.echo(a.render(results))
+    return results
+
+
+def _bench_end_to_end(with_rmm: bool, no_arena: bool, rounds: int, baseline: str | None,
+                      name: str, today: str) -> dict:
     from . import bench as b
 
     managers = [m for m in b.MANAGERS if not (no_arena and m is b.ARENA)]
@@ -120,17 +156,13 @@ def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int, ba
                     continue
                 raise Failure(str(err)) from None
     results = {label: b.median_over_rounds(r) for label, r in per_round.items()}
-    name = cuda.get_current_device().name
-    name = name.decode() if isinstance(name, bytes) else name
-    today = datetime.date.today().isoformat()
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"device": name, "date": today, "results": results}, f, indent=1)
-    click.echo(f"device: {name}; date: {today}; medians of {b.REPEATS} repeats, median over {rounds} rounds")
+    click.echo(f"device: {name}; date: {today}; cuda.device_array end to end: medians of {b.REPEATS} repeats, "
+               f"median over {rounds} rounds")
     click.echo(b.render(results))
     pair = results.get(b.NUMBA_POOL.label, {}).get("driver_pair_us")
     if pair is not None:
         click.echo(f"a cuMemAllocFromPoolAsync + cuMemFreeAsync pair alone, from Python: {pair:.2f} us")
+    return results
 
 
 def _size_option(name: str, default: int, help_text: str):

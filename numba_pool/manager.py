@@ -94,13 +94,11 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
     def _bind(self, ordering: StreamOrdering, config: _config.PoolConfig) -> None:
         # Decided once, by binding instance attributes that shadow the class's memalloc, so that
         # neither the arena test nor the logging test costs anything when they are off.
-        self._pooled = ordering.pooled.allocate
-        allocate = self._memalloc_pool
+        ordering.pooled.in_scratch = self._allocate_in_scratch
+        allocate = ordering.pooled.allocate
         if ordering.arena is not None:
-            self._arena_legacy = ordering.arena.allocate_legacy
-            self._arena_scoped = ordering.arena.allocate_scoped
-            self._arena_max_block = config.arena_max_block
-            allocate = self._memalloc_arena
+            ordering.arena.delegate = allocate  # large blocks and scratch
+            allocate = ordering.arena.allocate
         self.allocate_unlogged = allocate  # what scratch blocks are reserved through
         if config.log:
             if self._log is None:
@@ -127,21 +125,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self.initialize()
         return self.allocate_unlogged(size)
 
-    def _memalloc_pool(self, size: int) -> MemoryPointer:
-        stream = _state.stream if scopes_entered else LEGACY
-        if stream.scratch is not None:
-            return stream.scratch.allocate(self, size)
-        return self._pooled(size, stream)
-
-    def _memalloc_arena(self, size: int) -> MemoryPointer:
-        if size > self._arena_max_block:
-            return self._memalloc_pool(size)
-        stream = _state.stream if scopes_entered else LEGACY
-        if stream is LEGACY:
-            return self._arena_legacy(size)
-        if stream.scratch is not None:
-            return stream.scratch.allocate(self, size)
-        return self._arena_scoped(size, stream)
+    def _allocate_in_scratch(self, stream, size: int) -> MemoryPointer:
+        return stream.scratch.allocate(self, size)
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)`` bytes that allocations through this manager can still get.

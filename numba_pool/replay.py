@@ -225,7 +225,7 @@ def replay(log: ParsedLog, *, slab_size: int, max_block: int, release_threshold:
                 live[op.pointer] = None
             else:
                 stream = streams.get(op.stream) or streams.setdefault(op.stream, as_stream_ref(op.stream))
-                live[op.pointer] = (arena.allocate_legacy(op.size) if stream is LEGACY
+                live[op.pointer] = (arena.allocate(op.size) if stream is LEGACY
                                     else arena.allocate_scoped(op.size, stream))
         else:
             requested -= rounded

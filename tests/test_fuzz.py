@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from model_harness import LEGACY, Program
 
-EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "100"))
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 40_000), st.sampled_from([256, 1000, 4096, 100_000]))
 OPERATIONS: dict = {}  # (threads, arena) -> operations run, reported by test_operations_count
 
@@ -249,5 +249,5 @@ def test_operations_count():
     """Runs last in this file: the fuzzer ran at least 20,000 operations (CI's floor)."""
     total = sum(OPERATIONS.values())
     print(f"\nfuzzer operations: {total} ({OPERATIONS})")
-    if EXAMPLES >= 30:
+    if EXAMPLES >= 100:
         assert total >= 20_000, OPERATIONS

@@ -468,10 +468,7 @@ def test_defect_9_log_of_free_reuse_scratch_and_threads_replays(tmp_path):
 # 4. Planted bugs that the model must catch; each with the same program unpatched as control.
 
 
-def _free_without_fence(self, start, size):
-    rounded = self.held.pop(start, None)
-    if rounded is None:
-        return
+def _free_without_fence(self, start, size, rounded):
     self._note(~size)
     self.ready.setdefault(rounded, []).append(start)  # no quarantine, no fence
 

@@ -1,0 +1,201 @@
+"""Allocator cost in one process: ``memalloc`` + release, managers taking turns in short blocks.
+
+``numba-pool bench`` times ``cuda.device_array`` per manager in separate processes, and two
+processes of the same program differ by up to ±4 µs on a lent GPU host (placement, caches),
+more than the differences between allocators.  Here every allocator runs in one process, on
+the context Numba made, called directly as Numba calls it (``memalloc(size)``, then the
+pointer is dropped): numba_pool in mempool and arena mode, the two floors of
+:mod:`numba_pool.noop`, and optionally another installed numba_pool (a baseline, imported under
+another name).  Numba's own ``DeviceNDArray`` cost is not part of these figures.
+
+Method: for each size, :data:`REPEATS` repeats; in each, every allocator runs one block of
+:data:`PAIRS` pairs, in an order rotated from repeat to repeat (A B C, B C A, ...), with the
+collector off, the process on one CPU core and the context synchronized (untimed) after each
+block.  A slow spell of the host then hits neighbouring blocks of different allocators alike.
+Differences are taken *within* a repeat (paired), and reported as their median with a 95 %
+distribution-free confidence interval (order statistics of the binomial, as for a sign test).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .bench import size_label
+
+SIZES = [256, 64 << 10, 4 << 20]
+REPEATS = 201
+PAIRS = 200
+REFERENCE = "Numba alone"
+BASELINE_SUFFIX = " (baseline)"
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A paired difference in µs per allocate+free pair: the median and its 95 % interval."""
+
+    median: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.median:+.2f} [{self.low:+.2f}, {self.high:+.2f}]"
+
+
+def median_interval(samples: list[float], z: float = 1.96) -> Difference:
+    """The median of ``samples`` with a distribution-free confidence interval: the order
+    statistics ``k`` and ``n - k + 1`` where ``k = floor((n - z sqrt(n)) / 2)`` (the normal
+    approximation of the binomial; Conover, *Practical Nonparametric Statistics*, 3.2).
+
+    :raises ValueError: for fewer than 6 samples, too few for a 95 % interval.
+    """
+    n = len(samples)
+    if n < 6:
+        raise ValueError(f"a 95% interval of a median needs at least 6 samples, got {n}")
+    ordered = sorted(samples)
+    k = max(1, math.floor((n - z * math.sqrt(n)) / 2))
+    return Difference(statistics.median(ordered), ordered[k - 1], ordered[n - k])
+
+
+def paired_differences(times: dict[str, list[float]], against: str) -> dict[str, Difference]:
+    """Each allocator's per-repeat time minus ``against``'s in the same repeat (µs)."""
+    reference = times[against]
+    return {label: median_interval([t - r for t, r in zip(samples, reference)])
+            for label, samples in times.items() if label != against}
+
+
+def _import_baseline(folder: str):
+    """The ``numba_pool`` package installed in ``folder``, imported as ``numba_pool_baseline``
+    (its imports inside the package are relative, so it does not mix with ours)."""
+    init = Path(folder) / "numba_pool" / "__init__.py"
+    if not init.is_file():
+        raise FileNotFoundError(f"--baseline {folder}: no numba_pool/__init__.py in it")
+    spec = importlib.util.spec_from_file_location("numba_pool_baseline", init,
+                                                  submodule_search_locations=[str(init.parent)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["numba_pool_baseline"] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+def _pool_manager(package, context, arena: bool):
+    """A numba_pool manager of ``package`` on ``context``, its own private pool, initialized
+    with the defaults and ``arena``."""
+    manager_module = importlib.import_module(package.__name__ + ".manager")
+    config_module = importlib.import_module(package.__name__ + ".config")
+    manager_module._set_config(config_module.load(environ={}, arena=arena))
+    manager = manager_module.NumbaPoolManager(context=context)
+    manager.initialize()
+    return manager
+
+
+def allocators(context, baseline: str | None = None) -> dict[str, Callable[[int], object]]:
+    """The ``memalloc`` of each allocator measured, by label."""
+    import numba_pool
+    from numba_pool.noop import BareNoopManager, NoopManager
+
+    chosen = {}
+    packages = [(numba_pool, "")]
+    if baseline:
+        packages.append((_import_baseline(baseline), BASELINE_SUFFIX))
+    for package, suffix in packages:
+        for arena, label in ((False, "numba_pool"), (True, "numba_pool arena")):
+            chosen[label + suffix] = _pool_manager(package, context, arena).memalloc
+    for cls, label in ((NoopManager, "no-op floor"), (BareNoopManager, REFERENCE)):
+        floor = cls(context=context)
+        floor.initialize()
+        chosen[label] = floor.memalloc
+    return chosen
+
+
+def _block(memalloc: Callable[[int], object], size: int, pairs: int) -> float:
+    clock = time.perf_counter
+    t0 = clock()
+    for _ in range(pairs):
+        pointer = memalloc(size)
+        del pointer
+    return (clock() - t0) / pairs * 1e6
+
+
+def time_in_turns(memallocs: dict, size: int, repeats: int = REPEATS, pairs: int = PAIRS,
+                  synchronize: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+    """µs per allocate+free pair of ``size`` bytes, per allocator and repeat, the allocators
+    taking turns in rotated order; one untimed warm-up block each first."""
+    labels = list(memallocs)
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for label in labels:
+        _block(memallocs[label], size, pairs)
+    synchronize()
+    for repeat in range(repeats):
+        shift = repeat % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            times[label].append(_block(memallocs[label], size, pairs))
+            synchronize()
+    return times
+
+
+def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS) -> dict:
+    """Measure in this process (it creates the CUDA context): per size, each allocator's
+    median µs per pair and its paired difference from :data:`REFERENCE`, and from its
+    counterpart without the baseline suffix for baseline rows."""
+    from numba import cuda
+
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    context = cuda.current_context()
+    memallocs = allocators(context, baseline)
+    gc.collect()
+    gc.disable()
+    try:
+        results = {}
+        for size in sizes:
+            times = time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize)
+            above = paired_differences(times, REFERENCE)
+            results[str(size)] = {
+                label: {"median_us": statistics.median(samples),
+                        "above_reference": _as_dict(above.get(label)),
+                        "vs_baseline": _vs_baseline(times, label)}
+                for label, samples in times.items()}
+        return results
+    finally:
+        gc.enable()
+
+
+def _vs_baseline(times: dict[str, list[float]], label: str) -> dict | None:
+    counterpart = label + BASELINE_SUFFIX
+    if counterpart not in times:
+        return None
+    return _as_dict(paired_differences({label: times[label], counterpart: times[counterpart]}, counterpart)[label])
+
+
+def _as_dict(difference: Difference | None) -> dict | None:
+    return None if difference is None else {"median": difference.median, "low": difference.low, "high": difference.high}
+
+
+def render(results: dict) -> str:
+    """The table: per size and allocator, the median µs per pair, the paired difference from
+    Numba alone, and from the baseline where there is one, each with its 95 % interval."""
+    from tabulate import tabulate
+
+    def cell(d: dict | None) -> str:
+        return "" if d is None else str(Difference(d["median"], d["low"], d["high"]))
+
+    rows = []
+    for size, per_label in results.items():
+        for label, r in per_label.items():
+            rows.append([size_label(int(size)), label, f"{r['median_us']:.2f}",
+                         cell(r["above_reference"]), cell(r["vs_baseline"])])
+    headers = ["size", "allocator", "us per pair", f"vs {REFERENCE}, us [95% CI]", "vs baseline, us [95% CI]"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(sys.argv[1] if len(sys.argv) > 1 else None)))
