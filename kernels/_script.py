@@ -24,14 +24,29 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def require_gpu(name: str) -> None:
+    """Exit with status 2 and one line on standard error when there is no CUDA GPU (Numba's own
+    error is a 30-line traceback)."""
+    from numba import cuda
+
+    if not cuda.is_available():
+        print(f"{name}: no CUDA GPU is available here (numba.cuda.is_available() is False): "
+              "this script runs kernels on one", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parse_args(description: str, argv=None) -> argparse.Namespace:
+    """The scripts' arguments; then, unless only ``--help`` was asked for, check there is a GPU
+    (:func:`require_gpu`: exit status 2 without one)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--n", type=_sizes, default=[1 << 20],
                         help="elements per array, or a comma-separated list cycled through the rounds (default 2^20)")
     parser.add_argument("--iterations", type=int, default=10, help="allocate/launch/free rounds")
     parser.add_argument("--keep", type=int, default=0,
                         help="keep the last K arrays alive (a pipeline's window) instead of freeing each at once")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    require_gpu(parser.prog)
+    return args
 
 
 class Window:

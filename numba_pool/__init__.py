@@ -9,14 +9,18 @@ from typing import Any
 
 from . import config as _config
 from .config import ConfigError, PoolConfig
+from ._simulator import SimulatorWarning
 from .manager import NumbaPoolManager
 from .scratch import scratch
+from .scoped_stats import ScopedStatistics, statistics
 from .stats import PoolStatistics
+from .summary import memory_summary, reserved_bytes, used_bytes
 from .streams import using_stream
 
 __all__ = [
-    "ConfigError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "install", "record_stream",
+    "ConfigError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install", "record_stream",
     "reset_peak", "scratch", "stats", "trim", "using_stream",
+    "ScopedStatistics", "memory_summary", "reserved_bytes", "statistics", "used_bytes",
 ]
 __version__ = "0.1.0"
 
@@ -28,24 +32,35 @@ def install(**options: Any) -> PoolConfig:
     """Make numba_pool Numba's memory manager (``numba.cuda.set_memory_manager``) with
     ``options`` overriding the ``NUMBA_POOL_*`` environment variables.
 
-    Options: ``release_threshold`` (bytes or ``"all"``), ``max_size`` (bytes, or a fraction of
-    device memory as a float or ``"50%"``), ``initial_size`` (bytes), ``use_default_pool``
-    (bool), ``arena`` (bool), ``arena_max_block``, ``arena_slab_size`` (bytes), ``log`` (path of
-    a CSV allocation log).  Sizes may be ints or strings with units (``"64 MiB"``).
+    Options (each also an environment variable, ``NUMBA_POOL_<OPTION>``; see
+    :mod:`numba_pool.config`): ``release_threshold`` (bytes, or ``"all"``), ``max_size`` (bytes,
+    or a fraction of device memory: a float in (0, 1] or ``"50%"``; an int below 1 MiB is refused
+    as a likely slip for ``1.0``, write ``"512 KiB"`` for a cap that small), ``initial_size``
+    (bytes), ``use_default_pool``, ``arena``, ``ipc`` (bools), ``arena_max_block``,
+    ``arena_slab_size`` (bytes, multiples of 256, block <= slab), ``log`` (path of a CSV
+    allocation log, checked now).  Sizes are ints or strings with units (``"64 MiB"``,
+    ``"1.5 GiB"``; KiB = 1024 B, KB = 1000 B) and must be whole bytes up to 2**64 - 1.  ``None``
+    means the option's default, whatever the environment says.
 
     Call it before the first CUDA use in the process: Numba binds a context's memory manager
     when it creates the context.
 
     :returns: the configuration in effect.
-    :raises ConfigError: for an unknown option or a bad value (named in the message).
+    :raises ConfigError: for an unknown option, a bad value or contradicting options: one line
+        naming the keyword (``install(max_size)=1``) or environment variable and the value.
     :raises RuntimeError: when a CUDA context already exists.
+    :warns SimulatorWarning: under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), which has no
+        memory manager to replace: the options are checked, nothing is installed.
     """
     from numba import cuda
     from numba.cuda.cudadrv.driver import driver
 
-    from . import manager
+    from . import _simulator, manager
 
     config = _config.load(**options)
+    if _simulator.enabled():
+        _simulator.warn_install()
+        return config
     existing = [dev.id for dev in driver.devices.values() if getattr(dev, "primary_context", None) is not None]
     if existing:
         raise RuntimeError(
@@ -60,8 +75,12 @@ def _manager(device: int | None = None) -> NumbaPoolManager:
     from numba import cuda
 
     context = cuda.current_context(device) if device is not None else cuda.current_context()
-    mm = context.memory_manager
+    mm = getattr(context, "memory_manager", None)  # None under the CUDA simulator
     if not isinstance(mm, NumbaPoolManager):
+        from . import _simulator
+
+        if _simulator.enabled():
+            raise RuntimeError(f"numba_pool is not the memory manager: {_simulator.NO_MEMORY_MANAGER}")
         raise RuntimeError(
             f"numba_pool is not the memory manager of this context ({type(mm).__name__} is): set "
             "NUMBA_CUDA_MEMORY_MANAGER=numba_pool or call numba_pool.install() before the first CUDA use")

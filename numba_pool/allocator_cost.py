@@ -37,6 +37,7 @@ REPEATS = 201
 PAIRS = 200
 REFERENCE = "Numba alone"
 BASELINE_SUFFIX = " (baseline)"
+PLAIN_SUFFIX = " (plain pool)"  # not exportable, no peer access: what IPC and peers cost
 
 
 @dataclass(frozen=True)
@@ -87,19 +88,20 @@ def _import_baseline(folder: str):
     return package
 
 
-def _pool_manager(package, context, arena: bool):
+def _pool_manager(package, context, arena: bool, **options):
     """A numba_pool manager of ``package`` on ``context``, its own private pool, initialized
-    with the defaults and ``arena``."""
+    with the defaults, ``arena`` and ``options``."""
     manager_module = importlib.import_module(package.__name__ + ".manager")
     config_module = importlib.import_module(package.__name__ + ".config")
-    manager_module._set_config(config_module.load(environ={}, arena=arena))
+    manager_module._set_config(config_module.load(environ={}, arena=arena, **options))
     manager = manager_module.NumbaPoolManager(context=context)
     manager.initialize()
     return manager
 
 
-def allocators(context, baseline: str | None = None) -> dict[str, Callable[[int], object]]:
-    """The ``memalloc`` of each allocator measured, by label."""
+def allocators(context, baseline: str | None = None, plain: bool = False) -> dict[str, Callable[[int], object]]:
+    """The ``memalloc`` of each allocator measured, by label; ``plain`` adds numba_pool on a
+    pool that is neither exportable nor reachable from peers."""
     import numba_pool
     from numba_pool.noop import BareNoopManager, NoopManager
 
@@ -110,6 +112,9 @@ def allocators(context, baseline: str | None = None) -> dict[str, Callable[[int]
     for package, suffix in packages:
         for arena, label in ((False, "numba_pool"), (True, "numba_pool arena")):
             chosen[label + suffix] = _pool_manager(package, context, arena).memalloc
+            if plain and not suffix:
+                chosen[label + PLAIN_SUFFIX] = _pool_manager(package, context, arena, ipc=False,
+                                                             peer_access="none").memalloc
     for cls, label in ((NoopManager, "no-op floor"), (BareNoopManager, REFERENCE)):
         floor = cls(context=context)
         floor.initialize()
@@ -143,7 +148,7 @@ def time_in_turns(memallocs: dict, size: int, repeats: int = REPEATS, pairs: int
     return times
 
 
-def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS) -> dict:
+def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain: bool = False) -> dict:
     """Measure in this process (it creates the CUDA context): per size, each allocator's
     median µs per pair and its paired difference from :data:`REFERENCE`, and from its
     counterpart without the baseline suffix for baseline rows."""
@@ -151,7 +156,7 @@ def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS) -> dic
 
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     context = cuda.current_context()
-    memallocs = allocators(context, baseline)
+    memallocs = allocators(context, baseline, plain)
     gc.collect()
     gc.disable()
     try:
@@ -162,15 +167,16 @@ def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS) -> dic
             results[str(size)] = {
                 label: {"median_us": statistics.median(samples),
                         "above_reference": _as_dict(above.get(label)),
-                        "vs_baseline": _vs_baseline(times, label)}
+                        "vs_baseline": _versus(times, label, BASELINE_SUFFIX),
+                        "vs_plain": _versus(times, label, PLAIN_SUFFIX)}
                 for label, samples in times.items()}
         return results
     finally:
         gc.enable()
 
 
-def _vs_baseline(times: dict[str, list[float]], label: str) -> dict | None:
-    counterpart = label + BASELINE_SUFFIX
+def _versus(times: dict[str, list[float]], label: str, suffix: str) -> dict | None:
+    counterpart = label + suffix
     if counterpart not in times:
         return None
     return _as_dict(paired_differences({label: times[label], counterpart: times[counterpart]}, counterpart)[label])
@@ -191,11 +197,17 @@ def render(results: dict) -> str:
     rows = []
     for size, per_label in results.items():
         for label, r in per_label.items():
-            rows.append([size_label(int(size)), label, f"{r['median_us']:.2f}",
-                         cell(r["above_reference"]), cell(r["vs_baseline"])])
-    headers = ["size", "allocator", "us per pair", f"vs {REFERENCE}, us [95% CI]", "vs baseline, us [95% CI]"]
-    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+            rows.append([size_label(int(size)), label, f"{r['median_us']:.2f}", cell(r["above_reference"]),
+                         cell(r.get("vs_baseline")), cell(r.get("vs_plain"))])
+    headers = ["size", "allocator", "us per pair", f"vs {REFERENCE}, us [95% CI]", "vs baseline, us [95% CI]",
+               "vs plain pool, us [95% CI]"]
+    used = [i for i in range(len(headers)) if i < 4 or any(row[i] for row in rows)]
+    return tabulate([[row[i] for i in used] for row in rows], headers=[headers[i] for i in used],
+                    tablefmt="github", disable_numparse=True)
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(sys.argv[1] if len(sys.argv) > 1 else None)))
+    args = sys.argv[1:]
+    plain = "--plain" in args
+    folders = [a for a in args if a != "--plain"]
+    print(json.dumps(run(folders[0] if folders else None, plain=plain)))

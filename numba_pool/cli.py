@@ -1,7 +1,7 @@
 """The ``numba-pool`` command line (also ``python -m numba_pool``).
 
 Exit status 2, with one line on standard error and no traceback, for bad configuration, bad
-input files, and machines without a CUDA GPU.
+options, bad input files, and machines without a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 
 import click
 
@@ -19,6 +20,28 @@ class Failure(click.ClickException):
     """A user-facing error: printed as ``Error: ...``, exit status 2."""
 
     exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).splitlines()))  # one line, whatever the cause said
+
+
+class _OneLineErrors(click.Group):
+    """Usage errors (a bad option value, a missing file, an unknown command) as one line,
+    ``Error: ...``, without Click's usage lines: the culprit is in the line."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as err:
+            err.ctx = None  # UsageError.show prints the usage and a hint only with a context
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as err:  # from the subcommand's arguments
+            err.ctx = None
+            raise
 
 
 def _load_config() -> _config.PoolConfig:
@@ -31,12 +54,16 @@ def _load_config() -> _config.PoolConfig:
 def _require_gpu() -> None:
     from numba import cuda
 
+    from . import _simulator
+
+    if _simulator.enabled():  # where cuda.is_available() is True
+        raise Failure(_simulator.NO_GPU)
     if not cuda.is_available():
         raise Failure("no CUDA GPU is available here (numba.cuda.is_available() is False): "
                       "numba-pool needs one for this command")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="numba-pool")
 def main() -> None:
     """numba-pool: Numba's CUDA allocations served by a stream-ordered memory pool."""
@@ -44,9 +71,11 @@ def main() -> None:
 
 @main.command()
 def info() -> None:
-    """Device, driver, versions, the configuration in effect and the pool's attributes."""
+    """Device, driver, versions, the configuration in effect and the pool's attributes.
+
+    Without a GPU: the versions and the configuration, then one error line, exit status 2.
+    """
     config = _load_config()
-    _require_gpu()
     import humanfriendly
     import numba
     import numba_cuda
@@ -56,6 +85,12 @@ def info() -> None:
 
     import numba_pool
 
+    rows = [("python", sys.version.split()[0]), ("numba", numba.__version__), ("numba-cuda", numba_cuda.__version__),
+            ("cuda-bindings", bindings.__version__), ("numba-pool", numba_pool.__version__)]
+    rows += [(f"config: {k}", v) for k, v in config.describe().items()]
+    if numba_pool._simulator.enabled() or not cuda.is_available():
+        click.echo(tabulate(rows, tablefmt="plain"))
+        _require_gpu()
     numba_pool.install()
     context = cuda.current_context()
     device = context.device
@@ -65,10 +100,7 @@ def info() -> None:
         ("device", f"{device.id}: {device.name.decode() if isinstance(device.name, bytes) else device.name}"),
         ("compute capability", ".".join(map(str, device.compute_capability))),
         ("driver (CUDA version)", f"{driver_version // 1000}.{driver_version % 1000 // 10}"),
-        ("numba", numba.__version__), ("numba-cuda", numba_cuda.__version__),
-        ("cuda-bindings", bindings.__version__), ("numba-pool", numba_pool.__version__),
-    ]
-    rows += [(f"config: {k}", v) for k, v in config.describe().items()]
+    ] + rows
     fmt = lambda n: f"{humanfriendly.format_size(n, binary=True)} ({n} bytes)"  # noqa: E731
     rows += [("pool reserved", fmt(usage.reserved)), ("pool reserved high", fmt(usage.reserved_high)),
              ("pool used", fmt(usage.used)), ("pool used high", fmt(usage.used_high))]
@@ -97,8 +129,11 @@ def _driver_version() -> int:
 @click.option("--part", type=click.Choice(["all", "allocator", "end-to-end"]), default="all", show_default=True,
               help="allocator: memalloc+release timed in one process, managers taking turns; "
                    "end-to-end: cuda.device_array per manager, each in its own process.")
+@click.option("--plain-pool", is_flag=True,
+              help="Allocator part: add numba_pool on a pool neither exportable (IPC) nor reachable from peers, "
+                   "to show what those cost.")
 def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int, baseline: str | None,
-          part: str) -> None:
+          part: str, plain_pool: bool) -> None:
     """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors."""
     _load_config()
     _require_gpu()
@@ -110,7 +145,7 @@ def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int, ba
     report = {"device": name, "date": today}
     baseline = os.path.abspath(baseline) if baseline else None  # the workers start elsewhere
     if part in ("all", "allocator"):
-        report["allocator"] = _bench_allocator(baseline, name, today)
+        report["allocator"] = _bench_allocator(baseline, plain_pool, name, today)
     if part in ("all", "end-to-end"):
         report["results"] = _bench_end_to_end(with_rmm, no_arena, rounds, baseline, name, today)
     if json_path:
@@ -118,13 +153,13 @@ def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int, ba
             json.dump(report, f, indent=1)
 
 
-def _bench_allocator(baseline: str | None, name: str, today: str) -> dict:
+def _bench_allocator(baseline: str | None, plain_pool: bool, name: str, today: str) -> dict:
     from . import allocator_cost as a
     from . import bench as b
 
     click.echo("measuring the allocators in one process ...", err=True)
     try:
-        results = b.run_module("numba_pool.allocator_cost", [baseline] if baseline else [])
+        results = b.run_module("numba_pool.allocator_cost", ([baseline] if baseline else []) + (["--plain"] if plain_pool else []))
     except RuntimeError as err:
         raise Failure(str(err)) from None
     click.echo(f"device: {name}; date: {today}; allocator cost in one process: medians of {a.REPEATS} "
@@ -165,62 +200,98 @@ def _bench_end_to_end(with_rmm: bool, no_arena: bool, rounds: int, baseline: str
     return results
 
 
+def _human(nbytes: int) -> str:
+    import humanfriendly
+
+    return humanfriendly.format_size(nbytes, binary=True)
+
+
 def _size_option(name: str, default: int, help_text: str):
     def convert(ctx, param, value):
         try:
             return _config.parse_size(value, f"--{name}") if value is not None else default
         except _config.ConfigError as err:
-            raise click.BadParameter(str(err)) from None
+            raise Failure(str(err)) from None
 
-    return click.option(f"--{name}", callback=convert, help=f"{help_text} (default {default} bytes).")
+    return click.option(f"--{name}", callback=convert, metavar="SIZE",
+                        help=f"{help_text}: bytes, or a number with a unit such as KiB or MB "
+                             f"(default: {_human(default)}).")
+
+
+def _release_threshold(ctx, param, value):
+    try:
+        threshold = _config.parse_release_threshold(value, "--release-threshold")
+    except _config.ConfigError as err:
+        raise Failure(str(err)) from None
+    return None if threshold == _config.KEEP_ALL else threshold
 
 
 @main.command()
 @click.argument("trace", type=click.Path(exists=True, dir_okay=False))
-@_size_option("slab-size", _config.DEFAULT_ARENA_SLAB_SIZE, "Arena slab size")
+@_size_option("slab-size", _config.DEFAULT_ARENA_SLAB_SIZE, "Largest arena slab")
 @_size_option("max-block", _config.DEFAULT_ARENA_MAX_BLOCK, "Largest block served by the arena")
-@click.option("--release-threshold", default=None, help="Bytes of empty slabs kept (default: all).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Draw requested and reserved bytes to this PNG.")
+@click.option("--release-threshold", default="all", callback=_release_threshold, metavar="SIZE|all",
+              help="Bytes of empty slabs kept, or 'all' to keep every one (default: all).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Draw requested and reserved bytes over the replay to this .png, .svg or .pdf file "
+                   "(.png added without an extension; needs matplotlib: pip install 'numba-pool[plot]').")
 @click.option("--skip-bad-lines", is_flag=True, help="Count and skip lines that cannot be replayed instead of stopping.")
 def replay(trace, slab_size, max_block, release_threshold, plot_path, skip_bad_lines) -> None:
-    """Replay an allocation log (RMM's CSV format) through the arena, with no GPU."""
+    """Replay an allocation log (RMM's CSV format, plain or gzip) through the arena, with no GPU.
+
+    Shows progress while reading and replaying, then the peaks, their ratio, and the speed.
+    """
     from tabulate import tabulate
     from tqdm import tqdm
 
     from . import replay as r
-    from .arena import ArenaError
 
-    threshold = None
-    if release_threshold is not None:
-        try:
-            threshold = _config.parse_size(release_threshold, "--release-threshold")
-        except _config.ConfigError as err:
-            raise Failure(str(err)) from None
-    try:
-        with open(trace, newline="") as f:
-            log = r.parse_log(f, skip_bad_lines=skip_bad_lines, source=trace)
-    except (r.LogError, UnicodeDecodeError) as err:
+    try:  # everything the user typed is checked before a long read
+        r.check_options(slab_size, max_block, release_threshold,
+                        names=("--slab-size", "--max-block", "--release-threshold"))
+    except ValueError as err:
         raise Failure(str(err)) from None
-    with tqdm(total=len(log.operations), unit="op", disable=None, leave=False) as bar:
+    if plot_path:
+        from . import replay_plot
+
         try:
-            report = r.replay(log, slab_size=slab_size, max_block=max_block, release_threshold=threshold,
-                              progress=lambda done: bar.update(done - bar.n))
-        except ArenaError as err:
+            plot_path = replay_plot.plot_path(plot_path, option="--plot")
+            replay_plot.require_matplotlib()
+        except replay_plot.PlotError as err:
             raise Failure(str(err)) from None
-    mib = lambda n: f"{n / 2**20:.3f} MiB ({n} bytes)"  # noqa: E731
-    rows = [("operations", report.operations), ("allocations", report.allocations),
-            ("peak requested (rounded to 256 B)", mib(report.peak_requested)),
-            ("peak reserved", mib(report.peak_reserved)),
+    name = os.path.basename(trace)
+    try:
+        with tqdm(total=os.path.getsize(trace), unit="B", unit_scale=True, unit_divisor=1024, disable=None,
+                  leave=False, desc=f"reading {name}") as bar:
+            log = r.read_log(trace, skip_bad_lines=skip_bad_lines, progress=lambda done: bar.update(done - bar.n))
+    except r.LogError as err:
+        raise Failure(str(err)) from None
+    except OSError as err:
+        raise Failure(f"{trace}: cannot read it ({err.strerror or err})") from None
+    with tqdm(total=len(log.operations), unit="op", unit_scale=True, disable=None, leave=False,
+              desc="replaying") as bar:
+        report = r.replay(log, slab_size=slab_size, max_block=max_block, release_threshold=release_threshold,
+                          progress=lambda done: bar.update(done - bar.n))
+    size = lambda n: f"{_human(n)} ({n} bytes)" if n >= 1024 else f"{n} bytes"  # noqa: E731
+    speed = lambda ops, seconds: f"{ops / seconds:,.0f} ops/s ({seconds:.2f} s)" if seconds > 0 else "-"  # noqa: E731
+    rows = [("operations", f"{report.operations:,}"), ("allocations", f"{report.allocations:,}"),
+            ("peak requested (rounded to 256 B)", size(report.peak_requested)),
+            ("peak reserved", size(report.peak_reserved)),
             ("peak reserved / peak requested", f"{report.fragmentation:.4f}"),
-            ("largest slab count", report.max_slabs), ("replay speed", f"{report.ops_per_second:,.0f} ops/s")]
+            ("largest slab count", report.max_slabs),
+            ("replay speed", speed(report.operations, report.seconds)),
+            ("end to end, reading included", speed(report.operations, report.seconds + report.read_seconds))]
     if log.failures:
         rows.append(("allocate failure lines", log.failures))
     for reason, count in sorted(log.skipped.items()):
         rows.append((f"skipped: {reason}", count))
-    click.echo(tabulate(rows, tablefmt="plain"))
+    click.echo(tabulate(rows, tablefmt="plain", disable_numparse=True))
     if plot_path:
-        r.plot(report, plot_path, title=trace)
-        click.echo(f"plot written to {plot_path}")
+        try:
+            written = replay_plot.plot(report, plot_path)
+        except OSError as err:
+            raise Failure(f"--plot {plot_path!r}: cannot write it ({err.strerror or err})") from None
+        click.echo(f"plot written to {written}")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,18 @@ import weakref
 from functools import partial
 
 import humanfriendly
-from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
-from numba.cuda.cudadrv.driver import CudaAPIError, MemoryInfo
+try:
+    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
+    from numba.cuda.cudadrv.driver import CudaAPIError, MemoryInfo
+except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: stand-ins
+    from . import _simulator
+
+    if not _simulator.enabled():
+        raise
+    from numba.cuda.cudadrv.driver import CudaAPIError
+    from ._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+
+    _simulator.note_environment()
 
 from . import config as _config
 from . import driver
@@ -104,7 +114,9 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             if self._log is None:
                 self._log = AllocationLog(config.log)
             allocate = partial(_memalloc_logged, allocate, self._log)
-        self.memalloc = allocate
+        from .scoped_stats import bind_memalloc  # wrapped by a counter while numba_pool.statistics() is open
+
+        self.memalloc = bind_memalloc(self, allocate)
 
     def memalloc(self, size: int) -> MemoryPointer:
         """Allocate ``size`` bytes of device memory, stream-ordered on the thread's allocation
@@ -151,17 +163,18 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         return MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory):
-        """Not supported yet.
+        """An IPC handle for ``memory`` (a pointer from this manager, or a view of one) that
+        another process opens with Numba's ``IpcHandle`` methods; see :mod:`numba_pool.ipc`
+        (``cuMemPoolExportPointer`` on an exportable pool) for the lifetimes.
 
-        :raises NotImplementedError: always.  ``cuIpcGetMemHandle`` does not accept mempool
-            allocations; sharing them needs a pool created with an exportable handle type and
-            ``cuMemPoolExportToShareableHandle`` / ``cuMemPoolExportPointer``, which numba_pool
-            does not implement yet.
+        :raises ValueError: when ``memory`` is not in a live numba_pool allocation.
+        :raises RuntimeError: when the pool cannot be exported, with the reason
+            (``NUMBA_POOL_IPC=0``, ``NUMBA_POOL_USE_DEFAULT_POOL``, or no support: WSL2).
         """
-        raise NotImplementedError(
-            "numba_pool: CUDA IPC of stream-ordered mempool allocations is not supported yet "
-            "(cuIpcGetMemHandle rejects them; they need cuMemPoolExportPointer on an exportable pool). "
-            "Allocate arrays to be shared between processes under Numba's default memory manager.")
+        from . import ipc
+
+        self.initialize()
+        return ipc.export(self, memory)
 
     def reset(self) -> None:
         """Free every allocation of this context and destroy the private pool (trim the shared
@@ -221,7 +234,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         return PoolStatistics(
             bytes_in_use=u.bytes_in_use, peak_bytes_in_use=u.peak_bytes_in_use,
             blocks_in_use=u.blocks_in_use, peak_blocks_in_use=u.peak_blocks_in_use,
-            total_allocations=u.total_allocations, total_frees=u.total_frees,
+            total_allocations=u.total_allocations, total_frees=u.total_frees, total_bytes=u.total_bytes,
             pool_reserved_bytes=pool.reserved, pool_reserved_high=pool.reserved_high,
             pool_used_bytes=pool.used, pool_used_high=pool.used_high,
             oom_retries=u.oom_retries, oom_errors=u.oom_errors, **self._arena_fields())
@@ -231,7 +244,9 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             return {}
         a = self._ordering.arena.statistics()
         return {"arena_reserved_bytes": a.reserved, "arena_in_use_bytes": a.in_use,
-                "arena_free_blocks": a.free_blocks, "arena_largest_free_block": a.largest_free_block}
+                "arena_free_blocks": a.free_blocks, "arena_largest_free_block": a.largest_free_block,
+                "arena_on": True, "arena_cached_bytes": a.cached, "arena_quarantined_bytes": a.quarantined,
+                "arena_free_bytes": a.free, "arena_slabs": a.slabs}
 
     def reset_peak(self) -> None:
         """Reset the peaks (ours and the pool's high watermarks) to the current values."""

@@ -11,6 +11,8 @@ destruction.  Every call goes through the driver object given (:mod:`numba_pool.
 
 from __future__ import annotations
 
+import os
+import uuid
 from dataclasses import dataclass
 
 from cuda.bindings import driver as cuda_driver
@@ -53,10 +55,12 @@ class MemPool:
         self.device_id = device_id
         self.is_private = not config.use_default_pool
         self.max_size = None if config.use_default_pool else config.max_size_bytes(device_total)
+        self.exportable, self.not_exportable_because = False, "the device's default mempool is not exportable"
+        self._export_fd: int | None = None
         if self.is_private:
             props = cu.CUmemPoolProps()
             props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-            props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+            props.handleTypes = self._handle_types(config.ipc)
             props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
             props.location.id = device_id
             props.maxSize = self.max_size or 0
@@ -64,6 +68,65 @@ class MemPool:
         else:
             self.handle = check(cu.cuDeviceGetDefaultMemPool(cu.CUdevice(device_id)), "cuDeviceGetDefaultMemPool")
         self.set_release_threshold(config.release_threshold)
+        self.peers: list[int] = self.grant_peer_access() if config.peer_access == "all" else []
+
+    def _handle_types(self, wanted: bool):
+        """``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`` when IPC is wanted and the device's
+        mempools support it (``CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES``; not on
+        WSL2), else ``CU_MEM_HANDLE_TYPE_NONE``; sets :attr:`exportable` and why not."""
+        cu = self._cu
+        kinds = cu.CUmemAllocationHandleType
+        if not wanted:
+            self.not_exportable_because = "NUMBA_POOL_IPC is off"
+            return kinds.CU_MEM_HANDLE_TYPE_NONE
+        attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES
+        supported = int(check(cu.cuDeviceGetAttribute(attr, cu.CUdevice(self.device_id)),
+                              "cuDeviceGetAttribute(MEMPOOL_SUPPORTED_HANDLE_TYPES)"))
+        fd = kinds.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        if not supported & int(fd):
+            self.not_exportable_because = (f"device {self.device_id}'s mempools support no POSIX file descriptor "
+                                           f"handles (supported handle types: {supported:#x}; WSL2 has none)")
+            return kinds.CU_MEM_HANDLE_TYPE_NONE
+        self.exportable, self.not_exportable_because = True, ""
+        return fd
+
+    def grant_peer_access(self) -> list[int]:
+        """Let every device that can reach this one (``cuDeviceCanAccessPeer``) read and write
+        the pool's memory (``cuMemPoolSetAccess``, ``CU_MEM_ACCESS_FLAGS_PROT_READWRITE``), as
+        it may ``cuMemAlloc`` memory: needed for cross-device copies, and for kernels once the
+        program enables peer access.  Returns those devices' ordinals."""
+        cu = self._cu
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        peers = [d for d in range(int(count)) if d != self.device_id
+                 and check(cu.cuDeviceCanAccessPeer(cu.CUdevice(d), cu.CUdevice(self.device_id)), "cuDeviceCanAccessPeer")]
+        if peers:
+            descs = []
+            for d in peers:
+                desc = cu.CUmemAccessDesc()
+                desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+                desc.location.id = d
+                desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                descs.append(desc)
+            check(cu.cuMemPoolSetAccess(self.handle, descs, len(descs)), f"cuMemPoolSetAccess(peers {peers})")
+        return peers
+
+    def export_fd(self) -> int:
+        """The pool's POSIX file descriptor for other processes
+        (``cuMemPoolExportToShareableHandle``), made once and kept open with the pool.
+
+        :raises RuntimeError: when the pool is not exportable (the reason is in the message).
+        """
+        if not self.exportable:
+            raise RuntimeError(f"numba_pool: device {self.device_id}'s mempool cannot be shared with other "
+                               f"processes: {self.not_exportable_because}")
+        if self._export_fd is None:
+            kind = self._cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            self._export_fd = int(check(self._cu.cuMemPoolExportToShareableHandle(self.handle, kind, 0),
+                                        "cuMemPoolExportToShareableHandle"))
+            # Names this pool in importers' caches: a handle value or descriptor number can be
+            # reused after a reset, this cannot.
+            self.export_key = f"{os.getpid()}-{uuid.uuid4().hex}"
+        return self._export_fd
 
     def set_release_threshold(self, nbytes: int) -> None:
         """Bytes of reserved memory the pool keeps when a stream, event or context synchronizes
@@ -111,6 +174,9 @@ class MemPool:
     def destroy(self) -> None:
         """Destroy a private pool (``cuMemPoolDestroy``; the driver releases its memory once
         every allocation from it is freed) or trim the shared default pool to 0."""
+        if self._export_fd is not None:
+            os.close(self._export_fd)
+            self._export_fd = None
         if self.is_private:
             check(self._cu.cuMemPoolDestroy(self.handle), "cuMemPoolDestroy")
         else:

@@ -15,8 +15,17 @@ from __future__ import annotations
 
 import os
 
-from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
-from numba.cuda.cudadrv.driver import MemoryInfo
+try:
+    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
+    from numba.cuda.cudadrv.driver import MemoryInfo
+except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: stand-ins
+    from . import _simulator
+
+    if not _simulator.enabled():
+        raise
+    from ._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+
+    _simulator.note_environment()
 
 from cuda.bindings import driver as cu
 

@@ -275,6 +275,13 @@ class PooledBlocks:
             pointers.append(ptr)
         return pointers
 
+    def block_size(self, start: int) -> int | None:
+        """The size in bytes of the live allocation starting at ``start``, else None."""
+        for ptr, size in self.ledger.copy().items():  # copy: see containing_block
+            if int(ptr) == start:
+                return size
+        return None
+
     def containing_block(self, address: int) -> int | None:
         """The start of the live allocation holding ``address`` (a scan: record_stream is rare)."""
         # dict.copy, not list(items()): building the tuples can run the collector, whose
@@ -683,6 +690,15 @@ class ArenaBlocks:
                     return None if self._is_released(start, size) else start
             return None
 
+    def slab_of(self, address: int) -> tuple[int, int] | None:
+        """``(start, size)`` of the slab holding ``address``, else None."""
+        with self._lock:
+            for domain in self._domains.values():
+                for start, size in domain.heap.slabs.items():
+                    if start <= address < start + size:
+                        return start, size
+            return None
+
     def _is_released(self, start: int, size: int) -> bool:
         # Under _lock.  list() copies: releases append to these lists without the lock.
         return (start in list(self._waiting.get(size, ())) or start in list(self.ready.get(size, ()))
@@ -761,6 +777,17 @@ class StreamOrdering:
             return False
         self.waits.record(start, stream)
         return True
+
+    def allocation_of(self, address: int) -> tuple[int, int] | None:
+        """``(base, size)`` in bytes of the mempool allocation that holds the live block at
+        ``address``: the block itself on the mempool path, its slab in the arena (what
+        ``cuMemPoolExportPointer`` accepts); None when no live block holds it."""
+        start = self.pooled.containing_block(address)
+        if start is not None:
+            return start, self.pooled.block_size(start)
+        if self.arena is not None and self.arena.containing_block(address) is not None:
+            return self.arena.slab_of(address)
+        return None
 
     def out_of_memory(self, size: int, retry: Callable):
         """An allocation of ``size`` bytes ran out of memory: make room, ``retry()`` once.

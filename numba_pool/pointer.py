@@ -27,7 +27,14 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from numba.cuda import MemoryPointer
+try:
+    from numba.cuda import MemoryPointer
+except ImportError:  # the CUDA simulator's numba.cuda has none: a stand-in base
+    from . import _simulator
+
+    if not _simulator.enabled():
+        raise
+    from ._simulator import MemoryPointer
 
 
 class PoolPointer(MemoryPointer):

@@ -10,37 +10,74 @@ rounded to 256 bytes.
 
 Reported: operations, peak requested bytes (each request rounded to 256 B), peak reserved bytes
 (arena slabs plus large requests), their ratio (fragmentation), the largest slab count, and the
-replay speed.
+speed of the replay alone and end to end (reading included).
+
+The Python API (``numba-pool replay`` is a thin layer over it)::
+
+    from numba_pool.replay import read_log, replay
+    log = read_log("alloc.csv")                        # LogError for a bad line, OSError for I/O
+    for slab in (1 << 20, 4 << 20):                    # a parsed log can be replayed many times
+        report = replay(log, slab_size=slab, max_block=64 << 10)
+        print(slab, report.peak_reserved, report.fragmentation)
+
+    from numba_pool.replay_plot import plot            # needs matplotlib (numba-pool[plot])
+    plot(report, "alloc.png")                          # leaves pyplot and its backend alone
+
+Files may be plain or gzip-compressed, UTF-8 with or without a byte-order mark, with ``\\n`` or
+``\\r\\n`` line ends.  A parsed log holds its operations in compact columns (about 33 bytes per
+operation, less than the text they come from), plus one dictionary entry per distinct pointer
+seen, for the validation.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import gzip
+import os
 import time
+import zlib
+from array import array
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from cuda.bindings import driver as cuda_driver
 
 from .alloclog import ACTIONS, HEADER
-from .arena import round_up
+from .arena import ALIGNMENT, round_up
+from .config import DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE, KEEP_ALL
 from .ordering import ArenaBlocks, StreamWaits
 from .stats import UsageTracker
 from .streams import LEGACY, StreamRef, as_stream_ref
 
+__all__ = ["LogError", "Operation", "Operations", "ParsedLog", "ReplayReport", "AddressSpace",
+           "read_log", "parse_log", "replay", "check_options"]
+
 #: The legacy default stream's handle; stream 0 in a log means it too.
 LEGACY_KEY = 1
 _OK = (cuda_driver.CUresult.CUDA_SUCCESS,)
+#: Pointers, sizes and streams are 64-bit: a value at or above this is an error.
+_LIMIT = 1 << 64
+#: Characters of a line or field quoted in an error message.
+_SHOWN = 120
+#: Lines between two calls of a reading progress callback, and operations between two calls of
+#: a replay progress callback (powers of two: a mask test on the hot path).
+_PROGRESS_EVERY = 1 << 15
+_ALLOCATE, _FREE = 0, 1  # Operations.actions codes
+_ACTION_NAMES = ("allocate", "free")
 
 
 class LogError(ValueError):
-    """A log line that cannot be replayed; the message names the line number and content."""
+    """A log that cannot be replayed; the message names the file, the line number and the line
+    (quoted, cut to 120 characters)."""
 
 
 @dataclass(frozen=True)
 class Operation:
-    """One replayable line: ``action`` is ``allocate`` or ``free``; sizes in bytes."""
+    """One replayable line: ``action`` is ``allocate`` or ``free``; ``size`` in bytes (for a
+    free, the size of the allocation it frees); ``line`` counts from 1, the header's."""
 
     line: int
     action: str
@@ -49,90 +86,281 @@ class Operation:
     stream: int
 
 
+class Operations(Sequence):
+    """The operations of a log in compact columns: :attr:`actions` (0 allocate, 1 free),
+    :attr:`pointers`, :attr:`sizes` (bytes), :attr:`streams` (handles, 1 for the legacy stream)
+    and :attr:`lines`.  Indexing or iterating gives :class:`Operation` objects, made on demand."""
+
+    def __init__(self):
+        self.actions = bytearray()
+        self.pointers = array("Q")
+        self.sizes = array("Q")
+        self.streams = array("Q")
+        self.lines = array("Q")
+
+    @classmethod
+    def of(cls, operations: Iterable[Operation]) -> Operations:
+        """Columns holding ``operations`` (any iterable of :class:`Operation`)."""
+        ops = cls()
+        for op in operations:
+            ops.append(op.line, _ACTION_NAMES.index(op.action), op.pointer, op.size, op.stream)
+        return ops
+
+    def append(self, line: int, action: int, pointer: int, size: int, stream: int) -> None:
+        self.actions.append(action)
+        self.pointers.append(pointer)
+        self.sizes.append(size)
+        self.streams.append(stream)
+        self.lines.append(line)
+
+    def __len__(self) -> int:
+        return len(self.actions)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return Operation(self.lines[index], _ACTION_NAMES[self.actions[index]], self.pointers[index],
+                         self.sizes[index], self.streams[index])
+
+    def __iter__(self) -> Iterator[Operation]:
+        for line, action, pointer, size, stream in zip(self.lines, self.actions, self.pointers, self.sizes,
+                                                       self.streams):
+            yield Operation(line, _ACTION_NAMES[action], pointer, size, stream)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the columns take (their allocated capacity may be up to 1/8 more)."""
+        return len(self.actions) + 8 * (len(self.pointers) + len(self.sizes) + len(self.streams) + len(self.lines))
+
+
 @dataclass
 class ParsedLog:
-    operations: list[Operation]
+    """A validated log, ready to replay (any number of times)."""
+
+    operations: Operations
     skipped: Counter = field(default_factory=Counter)  # reason -> lines skipped
     failures: int = 0  # "allocate failure" lines (nothing to replay)
+    source: str = "log"  # the file it came from
+    allocations: int = 0  # allocate operations among :attr:`operations`
+    lines: int = 0  # lines read, the header's included
+    bytes_read: int = 0  # bytes of the file (compressed bytes for a gzip file); 0 when unknown
+    seconds: float = 0.0  # wall time spent reading and validating
+
+    def __post_init__(self):
+        if not isinstance(self.operations, Operations):  # a list of Operation, built by hand
+            self.operations = Operations.of(self.operations)
+            self.allocations = sum(a == _ALLOCATE for a in self.operations.actions)
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+def _clip(text: str) -> str:
+    """``text`` quoted, cut to :data:`_SHOWN` characters with the full length said."""
+    if len(text) <= _SHOWN:
+        return repr(text)
+    return f"{text[:_SHOWN]!r}... ({len(text):,} characters)"
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
 
 
 def _hex(text: str, what: str) -> int:
-    text = text.strip()
     try:
         value = int(text, 16)
     except ValueError:
-        raise ValueError(f"{what} {text!r} is not hexadecimal") from None
+        raise ValueError(f"{what} {_clip(text)} is not hexadecimal") from None
     if value < 0:
-        raise ValueError(f"{what} {text!r} is negative")
+        raise ValueError(f"{what} {_clip(text)} is negative")
+    if value >= _LIMIT:
+        raise ValueError(f"{what} {_clip(text)} does not fit in 64 bits")
     return value
 
 
-def _parse_row(row: list[str]) -> tuple[str, int, int, int]:
+def _parse_row(raw: bytes) -> tuple[str, int, int, int] | None:
+    """The slow, exact path for a line the fast path did not take: None for a blank line.
+
+    :raises ValueError: saying what is wrong with the line.
+    """
+    text = _text(raw)
+    if not text.strip():
+        return None
+    if '"' in text:  # quoted fields: what csv allows, although loggers do not write them
+        try:
+            row = next(csv.reader([text]))
+        except csv.Error as err:
+            raise ValueError(f"not a CSV row ({err})") from None
+    else:
+        row = text.split(",")
     if len(row) != len(HEADER):
         raise ValueError(f"expected {len(HEADER)} fields ({','.join(HEADER)}), found {len(row)}")
     _thread, _time, action, pointer, size, stream = (f.strip() for f in row)
     if action not in ACTIONS:
-        raise ValueError(f"action {action!r} is not one of {', '.join(ACTIONS)}")
-    try:
-        nbytes = int(size)
-    except ValueError:
-        raise ValueError(f"size {size!r} is not a whole number of bytes") from None
-    if nbytes < 0:
-        raise ValueError(f"size {size!r} is negative")
-    stream_key = _hex(stream, "stream")
-    return action, _hex(pointer, "pointer"), nbytes, LEGACY_KEY if stream_key == 0 else stream_key
+        raise ValueError(f"action {_clip(action)} is not one of {', '.join(ACTIONS)}")
+    if size.startswith("-") and size[1:].isdigit():
+        raise ValueError(f"size {_clip(size)} is negative")
+    if not (size.isascii() and size.isdigit()):
+        raise ValueError(f"size {_clip(size)} is not a whole number of bytes")
+    if len(size) > 20 or int(size) >= _LIMIT:
+        raise ValueError(f"size {_clip(size)} does not fit in 64 bits")
+    return action, _hex(pointer, "pointer"), int(size), _hex(stream, "stream")
 
 
-def parse_log(lines: Iterable[str], skip_bad_lines: bool = False, source: str = "log") -> ParsedLog:
-    """Parse and validate a log.
+def _parse(lines: Iterator[bytes], source: str, skip_bad_lines: bool,
+           progress: Callable[[], None] | None) -> ParsedLog:
+    """Validate the lines after the header (bytes, line ends included) into a :class:`ParsedLog`.
 
-    :param lines: the file's lines (an open file).
-    :param skip_bad_lines: count bad lines by reason instead of raising.
-    :raises LogError: naming ``source``, the line number and its content, for a missing header,
-        a line that does not parse, a free of a pointer never allocated or already freed, or
-        an allocation of a pointer that is still live.
+    The hot loop takes well-formed lines without decoding them (``int`` reads bytes); anything
+    else goes to :func:`_parse_row`, which decodes, explains and accepts CSV quoting.
     """
-    reader = csv.reader(lines)
-    header = next(reader, None)
-    if header is None or tuple(f.strip() for f in header) != HEADER:
-        raise LogError(f"{source}: line 1: {','.join(header or [])!r}: expected the header {','.join(HEADER)}")
-    parsed = ParsedLog([])
-    live: dict[int, int] = {}
-    freed: set[int] = set()
+    start = time.perf_counter()
+    ops = Operations()
+    actions, pointers, sizes, streams, line_numbers = (
+        ops.actions.append, ops.pointers.append, ops.sizes.append, ops.streams.append, ops.lines.append)
+    parsed = ParsedLog(ops, source=source)
+    # pointer -> size of its live allocation, or -1 once freed (tells a double free from a free
+    # of a pointer never allocated).  One entry per distinct pointer.
+    state: dict[int, int] = {}
+    get = state.get
+    allocations = 0
+    allocate, free = b"allocate", b"free"
+    line = 1
 
-    def bad(line: int, row: list[str], reason: str, kind: str) -> None:
+    def bad(line: int, raw: bytes, reason: str, kind: str) -> None:
         if not skip_bad_lines:
-            raise LogError(f"{source}: line {line}: {','.join(row)!r}: {reason}")
+            raise LogError(f"{source}: line {line}: {_clip(_text(raw))}: {reason}")
         parsed.skipped[kind] += 1
 
-    for row in reader:
-        line = reader.line_num
-        if not row or (len(row) == 1 and not row[0].strip()):
-            continue
-        try:
-            action, pointer, size, stream = _parse_row(row)
-        except ValueError as err:
-            bad(line, row, str(err), "unparsable")
-            continue
-        if action == "allocate failure":
-            parsed.failures += 1
-        elif action == "allocate":
-            if pointer in live:
-                bad(line, row, f"allocation of {pointer:#x}, which is still allocated", "allocation of a live pointer")
-                continue
-            live[pointer] = size
-            freed.discard(pointer)
-            parsed.operations.append(Operation(line, action, pointer, size, stream))
-        else:
-            if pointer not in live:
-                reason = "double free" if pointer in freed else "free of a pointer never allocated"
-                bad(line, row, f"{reason} ({pointer:#x})", reason)
-                continue
-            # The free's own size field is informational: the allocation's size is what counts.
-            parsed.operations.append(Operation(line, action, pointer, live.pop(pointer), stream))
-            freed.add(pointer)
+    try:
+        for raw in lines:
+            line += 1
+            if progress is not None and not line & (_PROGRESS_EVERY - 1):
+                progress()
+            parts = raw.split(b",")
+            action = None
+            if len(parts) == 6:
+                action = parts[2]
+                try:
+                    pointer, size, stream = int(parts[3], 16), int(parts[4]), int(parts[5], 16)
+                except ValueError:
+                    action = None
+                else:
+                    every = pointer | size | stream
+                    if every < 0 or every >= _LIMIT:
+                        action = None
+            if action != allocate and action != free:
+                try:
+                    row = _parse_row(raw)
+                except ValueError as err:
+                    bad(line, raw, str(err), "unparsable")
+                    continue
+                if row is None:
+                    continue
+                text_action, pointer, size, stream = row
+                if text_action == "allocate failure":
+                    parsed.failures += 1
+                    continue
+                action = allocate if text_action == "allocate" else free
+            if not stream:
+                stream = LEGACY_KEY
+            if action == allocate:
+                previous = get(pointer)
+                if previous is not None and previous >= 0:
+                    bad(line, raw, f"allocation of {pointer:#x}, which is still allocated", "allocation of a live pointer")
+                    continue
+                state[pointer] = size
+                allocations += 1
+                actions(_ALLOCATE)
+            else:
+                size = get(pointer)
+                if size is None or size < 0:
+                    reason = "free of a pointer never allocated" if size is None else "double free"
+                    bad(line, raw, f"{reason} ({pointer:#x})", reason)
+                    continue
+                # The free's own size field is informational: the allocation's size is what counts.
+                state[pointer] = -1
+                actions(_FREE)
+            pointers(pointer)
+            sizes(size)
+            streams(stream)
+            line_numbers(line)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # from reading a gzip file
+        raise LogError(f"{source}: line {line + 1}: damaged gzip file ({err or 'it ends early'})") from None
+    parsed.allocations = allocations
+    parsed.lines = line
+    parsed.seconds = time.perf_counter() - start
     return parsed
 
+
+def _check_header(first: bytes | None, source: str) -> None:
+    expected = ",".join(HEADER)
+    if first is None or not first.strip():
+        raise LogError(f"{source}: line 1: the file is empty: expected the header {expected}")
+    if first.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise LogError(f"{source}: line 1: the file is UTF-16 text: convert it to UTF-8 "
+                       f"(iconv -f UTF-16 -t UTF-8), a CSV log with the header {expected}")
+    try:
+        text = first.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise LogError(f"{source}: line 1: not a text file (byte {first[err.start]:#04x} at offset {err.start} "
+                       f"is not UTF-8): expected a CSV allocation log with the header {expected}") from None
+    text = text.rstrip("\r\n")
+    if tuple(f.strip() for f in text.split(",")) != HEADER:
+        raise LogError(f"{source}: line 1: {_clip(text)}: expected the header {expected}")
+
+
+def parse_log(lines: Iterable[str] | Iterable[bytes], skip_bad_lines: bool = False, source: str = "log") -> ParsedLog:
+    """Parse and validate a log from its lines.
+
+    :param lines: the lines, header first, as ``str`` (a file opened in text mode) or ``bytes``
+        (in binary mode); a byte-order mark before the header is skipped.
+    :param skip_bad_lines: count bad lines by reason (:attr:`ParsedLog.skipped`) instead of raising.
+    :param source: the file's name, for messages.
+    :raises LogError: naming ``source``, the line number and its content, for a missing header,
+        a line that does not parse, a free of a pointer never allocated or already freed, or
+        an allocation of a pointer that is still live.  A missing header is an error even with
+        ``skip_bad_lines``.
+    """
+    it = iter(lines)
+    first = next(it, None)
+    if isinstance(first, str):
+        first = first.encode("utf-8", "surrogateescape")
+        it = (line.encode("utf-8", "surrogateescape") for line in it)
+    _check_header(first, source)
+    return _parse(it, source, skip_bad_lines, None)
+
+
+def read_log(path: str | os.PathLike, skip_bad_lines: bool = False,
+             progress: Callable[[int], None] | None = None) -> ParsedLog:
+    """Read and validate the log in the file ``path`` (plain or gzip-compressed).
+
+    :param skip_bad_lines: as for :func:`parse_log`.
+    :param progress: called with the bytes of the file read so far (compressed bytes for a gzip
+        file; compare with ``os.path.getsize(path)``), every 32,768 lines and at the end.
+    :raises LogError: as :func:`parse_log`; also for a file that is not UTF-8 text (its name,
+        line 1, and the offending byte), UTF-16 text, or a damaged gzip file (its name and the
+        line reached).
+    :raises OSError: when the file cannot be opened or read.
+    """
+    source = os.fspath(path)
+    with open(source, "rb") as raw:
+        f = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
+        lines = iter(f)
+        tell = raw.tell
+        report = (lambda: progress(tell())) if progress is not None else None
+        try:
+            first = next(lines, None)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+            raise LogError(f"{source}: line 1: damaged gzip file ({err or 'it ends early'})") from None
+        _check_header(first, source)
+        parsed = _parse(lines, source, skip_bad_lines, report)
+        parsed.bytes_read = tell()
+    if progress is not None:
+        progress(parsed.bytes_read)
+    return parsed
+
+
+# -- replaying --------------------------------------------------------------------------------
 
 class AddressSpace:
     """A driver stand-in for replay (:mod:`numba_pool.driver`): slabs are address ranges with no
@@ -173,7 +401,8 @@ class AddressSpace:
 
 @dataclass
 class ReplayReport:
-    """What a replay measured (bytes; ``seconds`` of wall time)."""
+    """What a replay measured: bytes, and ``seconds`` of wall time for the replay alone
+    (``read_seconds`` for reading the log)."""
 
     operations: int
     allocations: int
@@ -184,6 +413,11 @@ class ReplayReport:
     skipped: Counter
     failures: int
     series: list[tuple[int, int, int]]  # (operation index, requested, reserved), sampled
+    source: str = "log"
+    slab_size: int = DEFAULT_ARENA_SLAB_SIZE
+    max_block: int = DEFAULT_ARENA_MAX_BLOCK
+    release_threshold: int | None = None  # None: every empty slab kept
+    read_seconds: float = 0.0
 
     @property
     def fragmentation(self) -> float:
@@ -192,81 +426,123 @@ class ReplayReport:
 
     @property
     def ops_per_second(self) -> float:
+        """Operations per second of the replay alone (inf for an instant one)."""
         return self.operations / self.seconds if self.seconds > 0 else float("inf")
 
+    @property
+    def end_to_end_ops_per_second(self) -> float:
+        """Operations per second counting the reading and validation of the log too."""
+        total = self.seconds + self.read_seconds
+        return self.operations / total if total > 0 else float("inf")
 
-def replay(log: ParsedLog, *, slab_size: int, max_block: int, release_threshold: int | None = None,
+
+def check_options(slab_size: int, max_block: int, release_threshold: int | None = None,
+                  names: tuple[str, str, str] = ("slab_size", "max_block", "release_threshold")) -> None:
+    """Check replay options before a long read.
+
+    :param names: what to call the options in messages (the command line passes its flags).
+    :raises ValueError: for a size that is not a whole number of bytes, a slab size or largest
+        block that is not a positive multiple of 256 bytes, a largest block above the slab size,
+        or a negative release threshold.
+    """
+    for name, value in zip(names, (slab_size, max_block)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}={value!r} is not a whole number of bytes")
+        if value < ALIGNMENT or value % ALIGNMENT:
+            down, up = value // ALIGNMENT * ALIGNMENT, (value // ALIGNMENT + 1) * ALIGNMENT
+            raise ValueError(f"{name}={value} bytes is not a positive multiple of {ALIGNMENT} bytes, the arena's "
+                             f"block alignment: expected e.g. {f'{down} or {up}' if down else up}")
+    if max_block > slab_size:
+        raise ValueError(f"{names[1]}={max_block} bytes ({_human(max_block)}) is above {names[0]}={slab_size} "
+                         f"bytes ({_human(slab_size)}): a block must fit in a slab")
+    if release_threshold is not None and (isinstance(release_threshold, bool) or not isinstance(release_threshold, int)
+                                          or release_threshold < 0):
+        raise ValueError(f"{names[2]}={release_threshold!r} is not a size in bytes (or None to keep every slab)")
+
+
+def _human(nbytes: int) -> str:
+    import humanfriendly
+
+    return humanfriendly.format_size(nbytes, binary=True)
+
+
+def replay(log: ParsedLog | str | os.PathLike, *, slab_size: int = DEFAULT_ARENA_SLAB_SIZE,
+           max_block: int = DEFAULT_ARENA_MAX_BLOCK, release_threshold: int | None = None,
            progress: Callable[[int], None] | None = None, samples: int = 2000) -> ReplayReport:
-    """Replay ``log`` through a fresh arena; see the module docstring for what is measured.
+    """Replay a log through a fresh arena; see the module docstring for what is measured.
 
+    :param log: a :class:`ParsedLog`, or a file path, read with :func:`read_log` first.
     :param slab_size: largest slab (bytes), as ``NUMBA_POOL_ARENA_SLAB_SIZE``.
     :param max_block: largest block the arena serves (bytes), as ``NUMBA_POOL_ARENA_MAX_BLOCK``.
-    :param release_threshold: bytes of empty slabs kept; None keeps them all.
-    :param progress: called with the number of operations done, every 10,000.
-    :raises numba_pool.arena.ArenaError: for sizes that are not multiples of 256 bytes, or a
-        largest block above the slab size.
+    :param release_threshold: bytes of empty slabs kept; None (or
+        :data:`numba_pool.config.KEEP_ALL`) keeps them all.
+    :param progress: called with the number of operations done, every 32,768 and at the end.
+    :param samples: about how many (operation, requested, reserved) points :attr:`ReplayReport.series` keeps.
+    :raises ValueError: as :func:`check_options`, naming the parameter.
+    :raises LogError, OSError: when ``log`` is a path, as :func:`read_log`.
     """
+    if release_threshold == KEEP_ALL:
+        release_threshold = None
+    check_options(slab_size, max_block, release_threshold)
+    if not isinstance(log, ParsedLog):
+        log = read_log(log)
+    ops = log.operations
     space = AddressSpace()
     usage = UsageTracker()
     arena = ArenaBlocks(space, None, None, StreamWaits(space), usage, _never_out_of_memory,
                         slab_size=slab_size, max_block=max_block, release_threshold=release_threshold)
+    allocate_legacy, allocate_scoped = arena.allocate, arena.allocate_scoped
     streams: dict[int, StreamRef] = {LEGACY_KEY: LEGACY}
     live: dict[int, object] = {}  # logged pointer -> the arena's pointer (None when served by the mempool)
     requested = large = peak_requested = peak_reserved = 0
-    every = max(1, len(log.operations) // samples)
+    every = max(1, len(ops) // max(1, samples))
     series = []
+    mask = _PROGRESS_EVERY - 1
     start = time.perf_counter()
-    for i, op in enumerate(log.operations):
-        rounded = round_up(op.size)
-        if op.action == "allocate":
+    for i, (action, pointer, size, stream) in enumerate(zip(ops.actions, ops.pointers, ops.sizes, ops.streams)):
+        rounded = (size + 255) & -256 or 256  # arena.round_up, inline: this loop is the replay's cost
+        if action == _ALLOCATE:
             requested += rounded
             if rounded > max_block:
                 large += rounded
-                live[op.pointer] = None
+                live[pointer] = None
+            elif stream == LEGACY_KEY:
+                live[pointer] = allocate_legacy(size)
             else:
-                stream = streams.get(op.stream) or streams.setdefault(op.stream, as_stream_ref(op.stream))
-                live[op.pointer] = (arena.allocate(op.size) if stream is LEGACY
-                                    else arena.allocate_scoped(op.size, stream))
+                ref = streams.get(stream) or streams.setdefault(stream, as_stream_ref(stream))
+                live[pointer] = allocate_scoped(size, ref)
+            if requested > peak_requested:
+                peak_requested = requested
         else:
             requested -= rounded
-            pointer = live.pop(op.pointer)
-            if pointer is None:
+            block = live.pop(pointer)
+            if block is None:
                 large -= rounded
             else:
-                pointer.free()
+                block.free()
         reserved = arena.reserved_bytes + large
-        peak_requested = max(peak_requested, requested)
-        peak_reserved = max(peak_reserved, reserved)
-        if i % every == 0:
+        if reserved > peak_reserved:
+            peak_reserved = reserved
+        if not i % every:
             series.append((i, requested, reserved))
-        if progress is not None and i % 10_000 == 0 and i:
+        if progress is not None and not i & mask and i:
             progress(i)
     seconds = time.perf_counter() - start
+    if progress is not None:
+        progress(len(ops))
     return ReplayReport(
-        operations=len(log.operations), allocations=sum(op.action == "allocate" for op in log.operations),
-        peak_requested=peak_requested, peak_reserved=peak_reserved, max_slabs=space.max_slabs,
-        seconds=seconds, skipped=log.skipped, failures=log.failures, series=series)
+        operations=len(ops), allocations=log.allocations, peak_requested=peak_requested,
+        peak_reserved=peak_reserved, max_slabs=space.max_slabs, seconds=seconds, skipped=log.skipped,
+        failures=log.failures, series=series, source=log.source, slab_size=slab_size, max_block=max_block,
+        release_threshold=release_threshold, read_seconds=log.seconds)
 
 
 def _never_out_of_memory(size: int, retry):
     raise AssertionError("an address space does not run out of memory")
 
 
-def plot(report: ReplayReport, path: str, title: str) -> None:
-    """Draw requested and reserved bytes over the replay (matplotlib, written to ``path``)."""
-    import matplotlib
+def plot(report: ReplayReport, path: str, title: str | None = None) -> str:
+    """Draw requested and reserved bytes over the replay; see :func:`numba_pool.replay_plot.plot`."""
+    from .replay_plot import plot as _plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ops = [s[0] for s in report.series]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot(ops, [s[2] / 2**20 for s in report.series], label="reserved (slabs + large blocks)")
-    ax.plot(ops, [s[1] / 2**20 for s in report.series], label="requested (rounded to 256 B)")
-    ax.set_xlabel("operation")
-    ax.set_ylabel("MiB")
-    ax.set_title(f"{title}: peak reserved / peak requested = {report.fragmentation:.3f}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return _plot(report, path, title=title)

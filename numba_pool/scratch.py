@@ -18,7 +18,7 @@ from collections import deque
 from functools import partial
 from typing import Iterator
 
-from numba.cuda import MemoryPointer
+from .pointer import MemoryPointer  # numba.cuda's (a stand-in under the CUDA simulator)
 from cuda.bindings import driver as cu
 
 from .arena import round_up

@@ -878,7 +878,44 @@ class _MemoryCalls:
                 self._counts["reuse_cross_stream_pending"] += 1
 
 
-class CudaModel(_StreamCalls, _MemoryCalls):
+class _DeviceCalls:
+    """The device queries numba_pool makes when it creates a pool: one device, whose mempools
+    support POSIX file descriptor handles (``handle_types``), no peers."""
+
+    handle_types = int(_cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+
+    @_driver
+    def cuDeviceGetCount(self):
+        return SUCCESS, 1
+
+    @_driver
+    def cuDeviceCanAccessPeer(self, device: Any, peer: Any):
+        if _handle(device) != 0 or _handle(peer) != 0:
+            return _R.CUDA_ERROR_INVALID_DEVICE, None
+        return SUCCESS, 0
+
+    @_driver
+    def cuDeviceGetAttribute(self, attr: Any, device: Any):
+        if _handle(device) != 0:
+            return _R.CUDA_ERROR_INVALID_DEVICE, None
+        if attr == _cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES:
+            return SUCCESS, self.handle_types
+        if attr == _cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+            return SUCCESS, 1
+        raise AttributeError(f"CudaModel does not model cuDeviceGetAttribute({attr!r})")
+
+    @_driver
+    def cuMemPoolSetAccess(self, pool: Any, descs: Any, count: Any):
+        # Only the one device: a grant to another device is refused, as for a device that
+        # does not exist.
+        if self._pool(pool, "cuMemPoolSetAccess") is None or len(descs) != int(count):
+            return (_R.CUDA_ERROR_INVALID_VALUE,)
+        if any(int(d.location.id) != 0 for d in descs):
+            return (_R.CUDA_ERROR_INVALID_DEVICE,)
+        return (SUCCESS,)
+
+
+class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls):
     """A drop-in for ``cuda.bindings.driver`` (one device, one context) that checks stream
     ordering of memory reuse.  See the module docstring.
 

@@ -1,20 +1,169 @@
-"""The command line on a machine without a GPU and with bad configuration: one line, exit 2."""
+"""The command line's errors: one line on standard error naming the culprit, exit status 2, no
+traceback, for bad configuration, bad options, bad input files and machines without a GPU.
+
+:data:`BAD` is the table CI runs: command line and input file -> the text the error line must
+hold.  Every row runs in process (Click's runner: fast); the rows marked ``subprocess`` run again
+as a real ``python -m numba_pool``, so that "no traceback" is checked on a real standard error.
+"""
 
 from __future__ import annotations
 
+import codecs
+import gzip
 import os
 import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
 from conftest import GPU, PACKAGE_PARENT
+from numba_pool.cli import main
+
+HEADER = b"Thread,Time,Action,Pointer,Size,Stream\n"
+GOOD = HEADER + b"1,t,allocate,0x20,8,0x1\n1,t,free,0x20,8,0x1\n"
 
 
-def numba_pool_cli(*args, env=None):
+def numba_pool_cli(*args, env=None, cwd=PACKAGE_PARENT, prelude=None):
+    """``python -m numba_pool ARGS``; with ``prelude``, Python code run first in the same process."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "numba_pool", *args], env=full_env, cwd=PACKAGE_PARENT,
-                          capture_output=True, text=True)
+    command = [sys.executable, "-m", "numba_pool", *args]
+    if prelude:
+        command = [sys.executable, "-c", f"{prelude}\nimport sys, runpy\nsys.argv = ['numba-pool', *sys.argv[1:]]\n"
+                                         "runpy.run_module('numba_pool', run_name='__main__')", *args]
+    return subprocess.run(command, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def _gzip_cut() -> bytes:
+    whole = gzip.compress(GOOD + b"".join(b"1,t,allocate,%#x,8,0x1\n" % (0x100 * i) for i in range(1, 5000)))
+    return whole[: len(whole) // 2]
+
+
+# id -> (argv after "replay" with {log} and {tmp} filled in, the log's bytes, text the error must hold)
+BAD = {
+    "plot-folder-missing": (["{log}", "--plot", "/nonexistent/dir/x.png"], GOOD, "folder '/nonexistent/dir' does not exist"),
+    "plot-format-txt": (["{log}", "--plot", "{tmp}/out.txt"], GOOD, "cannot write '.txt' files"),
+    "plot-is-a-folder": (["{log}", "--plot", "{tmp}"], GOOD, "is a directory"),
+    "csv-field-over-128k": (["{log}"], HEADER + b"1,t,allocate,0x10," + b"9" * 200_000 + b",0x1\n",
+                            "line 2: '1,t,allocate,0x10,9999"),
+    "csv-quoted-field-over-csv-limit": (["{log}"], HEADER + b'1,t,"allocate",0x10,"' + b"9" * 200_000 + b'",0x1\n',
+                                        "line 2: '1,t,\"allocate\",0x10,\"9999"),
+    "binary-file": (["{log}"], b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)), "line 1: not a text file"),
+    "gzip-cut-short": (["{log}"], _gzip_cut(), "damaged gzip file"),
+    "utf16-file": (["{log}"], codecs.BOM_UTF16_LE + GOOD.decode().encode("utf-16-le"), "UTF-16"),
+    "empty-file": (["{log}"], b"", "line 1: the file is empty"),
+    "wrong-header": (["{log}"], b"a,b,c\n", "line 1: 'a,b,c': expected the header"),
+    "free-never-allocated": (["{log}"], HEADER + b"1,t,free,0x99,5,0x1\n", "line 2: '1,t,free,0x99,5,0x1': free of a pointer"),
+    "double-free": (["{log}"], GOOD + b"1,t,free,0x20,8,0x1\n", "line 4: '1,t,free,0x20,8,0x1': double free (0x20)"),
+    "negative-size": (["{log}"], HEADER + b"1,t,allocate,0x10,-5,0x1\n", "size '-5' is negative"),
+    "pointer-over-64-bits": (["{log}"], HEADER + b"1,t,allocate,0x1" + b"0" * 16 + b",8,0x1\n", "does not fit in 64 bits"),
+    "bad-byte-in-line": (["{log}"], HEADER + b"1,t,allocate,0x10,8\xff,0x1\n", "line 2: '1,t,allocate,0x10,8\\\\xff,0x1'"),
+    "slab-size-not-a-size": (["{log}", "--slab-size", "big"], GOOD, "--slab-size='big' is not a size"),
+    "slab-size-not-256-multiple": (["{log}", "--slab-size", "1000"], GOOD, "--slab-size=1000 bytes is not a positive multiple of 256"),
+    "max-block-zero": (["{log}", "--max-block", "0"], GOOD, "--max-block=0 bytes"),
+    "max-block-above-slab-size": (["{log}", "--max-block", "8 MiB", "--slab-size", "4 MiB"], GOOD,
+                                  "--max-block=8388608 bytes (8 MiB) is above --slab-size=4194304 bytes"),
+    "release-threshold-not-a-size": (["{log}", "--release-threshold", "lots"], GOOD, "--release-threshold='lots' is not a size"),
+    "release-threshold-negative": (["{log}", "--release-threshold", "-1"], GOOD, "--release-threshold='-1'"),
+    "trace-missing": (["{tmp}/nope.csv"], None, "nope.csv' does not exist"),
+    "trace-is-a-folder": (["{tmp}"], None, "is a directory"),
+    "unknown-option": (["{log}", "--frobnicate"], GOOD, "No such option '--frobnicate'"),
+    "no-trace": ([], None, "Missing argument 'TRACE'"),
+}
+SUBPROCESS = {"plot-folder-missing", "csv-field-over-128k", "binary-file", "max-block-above-slab-size"}
+
+
+def _argv(tmp_path, argv, content) -> list[str]:
+    log = tmp_path / "trace.csv"
+    if content is not None:
+        log.write_bytes(content)
+    return [a.format(log=log, tmp=tmp_path) for a in argv]
+
+
+def _check_one_line(stderr: str, stdout: str, culprit: str) -> None:
+    assert "Traceback" not in stderr + stdout
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("Error: ") and culprit in lines[0], lines[0]
+    assert stdout == "", stdout  # checked before anything is printed
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_is_one_line_exit_2(tmp_path, case):
+    argv, content, culprit = BAD[case]
+    result = CliRunner().invoke(main, ["replay", *_argv(tmp_path, argv, content)])
+    assert isinstance(result.exception, SystemExit), result.exception  # not an exception escaping
+    assert result.exit_code == 2
+    _check_one_line(result.stderr, result.stdout, culprit)
+
+
+@pytest.mark.parametrize("case", sorted(SUBPROCESS))
+def test_bad_input_in_a_real_process(tmp_path, case):
+    argv, content, culprit = BAD[case]
+    proc = numba_pool_cli("replay", *_argv(tmp_path, argv, content))
+    assert proc.returncode == 2
+    _check_one_line(proc.stderr, proc.stdout, culprit)
+
+
+def test_unknown_command_is_one_line():
+    result = CliRunner().invoke(main, ["replai"])
+    assert result.exit_code == 2
+    _check_one_line(result.stderr, result.stdout, "No such command 'replai'")
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path):
+    log = tmp_path / "trace.csv"
+    log.write_bytes(GOOD)
+    proc = numba_pool_cli("replay", str(log), "--plot", str(tmp_path / "x.png"),
+                          prelude="import sys; sys.modules['matplotlib'] = None")
+    assert proc.returncode == 2
+    _check_one_line(proc.stderr, proc.stdout, "pip install 'numba-pool[plot]'")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_without_matplotlib_in_process(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    log = tmp_path / "trace.csv"
+    log.write_bytes(GOOD)
+    result = CliRunner().invoke(main, ["replay", str(log), "--plot", str(tmp_path / "x.png")])
+    assert result.exit_code == 2
+    _check_one_line(result.stderr, result.stdout, "pip install 'numba-pool[plot]'")
+
+
+# Inputs that used to fail and must replay.
+GOOD_INPUTS = {
+    "release-threshold-all": (["{log}", "--release-threshold", "all"], GOOD),
+    "release-threshold-size": (["{log}", "--release-threshold", "1 MiB"], GOOD),
+    "byte-order-mark": (["{log}"], codecs.BOM_UTF8 + GOOD),
+    "crlf-line-ends": (["{log}"], GOOD.replace(b"\n", b"\r\n")),
+    "gzip": (["{log}"], gzip.compress(GOOD)),
+    "huge-thread-field": (["{log}"], HEADER + b"x" * 200_000 + b",t,allocate,0x20,8,0x1\n1,t,free,0x20,8,0x1\n"),
+    "quoted-fields": (["{log}"], HEADER + b'"1","t","allocate","0x20","8","0x1"\n1,t,free,0x20,8,0x1\n'),
+}
+
+
+@pytest.mark.parametrize("case", GOOD_INPUTS)
+def test_inputs_that_replay(tmp_path, case):
+    argv, content = GOOD_INPUTS[case]
+    result = CliRunner().invoke(main, ["replay", *_argv(tmp_path, argv, content)])
+    assert result.exit_code == 0, result.output
+    assert "operations                         2" in result.stdout and "end to end, reading included" in result.stdout
+
+
+def test_plot_without_extension_prints_the_real_path(tmp_path):
+    log = tmp_path / "trace.csv"
+    log.write_bytes(GOOD)
+    result = CliRunner().invoke(main, ["replay", str(log), "--plot", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == f"plot written to {tmp_path / 'out.png'}"
+    assert (tmp_path / "out.png").stat().st_size > 1000 and not (tmp_path / "out").exists()
+
+
+def test_help_shows_sizes_in_human_units():
+    result = CliRunner().invoke(main, ["replay", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())  # as wrapped for any terminal width
+    assert "(default: 4 MiB)" in text and "(default: 64 KiB)" in text and "(default: all)" in text
 
 
 @pytest.mark.parametrize("command", ["info", "bench"])
@@ -34,8 +183,45 @@ def test_without_gpu_one_line_and_exit_2(command):
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
+def test_info_without_gpu_prints_versions_and_configuration_first():
+    proc = numba_pool_cli("info", env={"NUMBA_POOL_ARENA": "1"})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "Error: no CUDA GPU is available here (numba.cuda.is_available() is False): numba-pool needs one for this command"]
+    for row in ("numba-pool", "numba-cuda", "cuda-bindings", "config: arena"):
+        assert row in proc.stdout
+    assert "on: blocks up to 64 KiB" in proc.stdout  # the configuration in effect, not the defaults
+
+
+@pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
+@pytest.mark.parametrize("module", ["numba_pool.kernels.increment", "numba_pool.kernels.sqrt", "numba_pool.kernels.fill"])
+def test_kernel_scripts_without_gpu_one_line_and_exit_2(module):
+    # From the source checkout's top level: numba_pool comes from the checkout there, whose
+    # numba_pool/kernels is a shim onto kernels/.
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", module, "--iterations", "1"], cwd=checkout, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"{module.rsplit('.', 1)[1]}.py: no CUDA GPU is available here (numba.cuda.is_available() is False): "
+        "this script runs kernels on one"]
+
+
+def test_kernels_import_from_a_checkout_without_the_editable_finder():
+    """``python -m numba_pool.kernels.sqrt`` inside a checkout with a plain (not editable)
+    install or none: only sys.path's finder, and numba_pool is the checkout's."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys, os; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in repr(f)]\n"
+            "sys.path.insert(0, os.getcwd())\n"
+            "import numba_pool, numba_pool.kernels.sqrt as s\n"
+            "print(os.path.dirname(numba_pool.__file__), s.__file__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [os.path.join(checkout, "numba_pool"), os.path.join(checkout, "kernels", "sqrt.py")]
+
+
 def test_help_lists_the_commands():
     proc = numba_pool_cli("--help")
     assert proc.returncode == 0
-    for command in ("bench", "info"):
+    for command in ("bench", "info", "replay"):
         assert command in proc.stdout

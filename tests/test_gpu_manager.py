@@ -354,10 +354,13 @@ def test_get_memory_info_counts_cached_pool_memory_as_free():
     assert device_free + (64 << 20) <= free <= total
 
 
-def test_ipc_is_refused_with_a_clear_error():
+def test_ipc_of_memory_not_from_the_pool_names_the_address():
+    from numba.cuda.cudadrv.driver import MemoryPointer
+
     a = cuda.device_array(16)
-    with pytest.raises(NotImplementedError, match="IPC of stream-ordered mempool allocations is not supported"):
-        a.get_ipc_handle()
+    stranger = MemoryPointer(cuda.current_context(), a.gpu_data.device_pointer_value + (1 << 40), 16)
+    with pytest.raises(ValueError, match=r"address 0x[0-9a-f]+ is not in a live allocation of numba_pool"):
+        cuda.current_context().memory_manager.get_ipc_handle(stranger)
 
 
 def test_trim_releases_cached_memory():

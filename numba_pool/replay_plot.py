@@ -1,0 +1,110 @@
+"""Plots of a replay (:mod:`numba_pool.replay`): requested and reserved bytes over the operations.
+
+Needs matplotlib, an optional extra: ``pip install 'numba-pool[plot]'``.  Drawing uses the
+object-oriented API (:class:`matplotlib.figure.Figure` on its own canvas), so it neither
+imports pyplot nor changes the caller's backend or open figures.
+"""
+
+from __future__ import annotations
+
+import os
+
+import humanfriendly
+
+#: File formats :func:`plot` writes, by extension (all built into matplotlib).
+FORMATS = (".png", ".svg", ".pdf")
+INSTALL_HINT = "pip install 'numba-pool[plot]'"
+
+
+class PlotError(ValueError):
+    """A plot that cannot be written: unsupported format, missing folder, or no matplotlib."""
+
+
+def require_matplotlib() -> None:
+    """:raises PlotError: when matplotlib cannot be imported, saying how to install it."""
+    try:
+        import matplotlib  # noqa: F401  (first: a stubbed-out package must not hide behind cached submodules)
+        import matplotlib.backends.backend_agg  # noqa: F401
+        import matplotlib.figure  # noqa: F401
+    except ImportError as err:
+        raise PlotError(f"plotting needs matplotlib, which cannot be imported ({err}): {INSTALL_HINT}") from None
+
+
+def plot_path(path: str | os.PathLike, option: str = "path") -> str:
+    """The file :func:`plot` will write for ``path``: ``.png`` added when it has no extension.
+
+    :param option: what to call the path in messages (the command line passes ``--plot``).
+    :raises PlotError: for an extension other than :data:`FORMATS`, a folder that does not exist
+        or cannot be written, or an existing folder named as the file.
+    """
+    path = os.fspath(path)
+    root, ext = os.path.splitext(path)
+    if not ext:
+        path += ".png"
+    elif ext.lower() not in FORMATS:
+        raise PlotError(f"{option} {path!r}: cannot write {ext!r} files: use {', '.join(FORMATS)}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise PlotError(f"{option} {path!r}: folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise PlotError(f"{option} {path!r} is a folder")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PlotError(f"{option} {path!r}: no permission to write there")
+    return path
+
+
+_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "bytes"))
+
+
+def _unit(nbytes: int) -> tuple[int, str]:
+    return next((size, name) for size, name in _UNITS if nbytes >= size or size == 1)
+
+
+def plot(report, path: str | os.PathLike, title: str | None = None) -> str:
+    """Draw requested and reserved bytes over the replay into ``path`` (see :func:`figure`).
+
+    :param report: a :class:`numba_pool.replay.ReplayReport`.
+    :param path: the file: ``.png`` (100 dpi), ``.svg`` or ``.pdf``; ``.png`` is added to a path
+        without extension.
+    :param title: the title's start; by default the log's file name.
+    :returns: the path written.
+    :raises PlotError: as :func:`require_matplotlib` and :func:`plot_path`.
+    :raises OSError: when the file cannot be written.
+    """
+    path = plot_path(path)
+    figure(report, title).savefig(path, dpi=100)
+    return path
+
+
+def figure(report, title: str | None = None):
+    """A :class:`matplotlib.figure.Figure` (on an Agg canvas, outside pyplot) of requested and
+    reserved bytes over the replay, in the binary unit that suits the peak (bytes to TiB).
+
+    :param title: the title's start; by default the log's file name.
+    :raises PlotError: as :func:`require_matplotlib`.
+    """
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    size = lambda n: humanfriendly.format_size(n, binary=True)  # noqa: E731
+    scale, unit = _unit(max([report.peak_reserved, report.peak_requested, 1]))
+    ops = [s[0] for s in report.series]
+    fig = Figure(figsize=(8, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(ops, [s[2] / scale for s in report.series],
+            label=f"reserved: slabs + large blocks (peak {size(report.peak_reserved)})")
+    ax.plot(ops, [s[1] / scale for s in report.series],
+            label=f"requested, rounded to 256 B (peak {size(report.peak_requested)})")
+    ax.set_xlabel("operation")
+    ax.set_ylabel(unit)
+    ax.set_ylim(bottom=0)
+    name = title if title is not None else os.path.basename(report.source)
+    threshold = "keep all" if report.release_threshold is None else size(report.release_threshold)
+    ax.set_title(f"{name}: peak reserved / peak requested = {report.fragmentation:.3f}\n"
+                 f"slabs up to {size(report.slab_size)}, blocks up to {size(report.max_block)}, "
+                 f"release threshold {threshold}", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    return fig
