@@ -1,4 +1,5 @@
-"""The seeds' kernels as Numba CUDA kernels, each also a small script.
+"""Example kernels (from CUDA's memory-pool tutorials) as Numba CUDA kernels, each also a
+small script.
 
 In a source checkout: ``python -m kernels.increment``; installed, the folder is the subpackage
 ``numba_pool.kernels`` (``python -m numba_pool.kernels.increment``): a top-level package named

@@ -1,4 +1,4 @@
-"""The seeds' multi-stream example, ``a[i] = v``: four streams each allocate an array, fill it
+"""A multi-stream example (from CUDA's memory-pool tutorials), ``a[i] = v``: four streams each allocate an array, fill it
 with their own value, copy it back and free it, all queued before one synchronize."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The seeds' increment kernel, ``a[i] = a[i] + 1.0``, as a script: each round copies a random
+"""An increment kernel (from CUDA's memory-pool tutorials), ``a[i] = a[i] + 1.0``, as a script: each round copies a random
 array in, increments it, copies it back and checks it; ``--keep K`` keeps the last K device
 arrays alive, like a pipeline holding its recent results."""
 

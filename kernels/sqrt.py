@@ -1,5 +1,6 @@
-"""The seeds' stream-ordered allocation kernel, ``a[i] = sqrt(float(i))``, as a script: each
-round allocates a float32 array, fills it on the device, copies it back, checks and frees it."""
+"""A stream-ordered allocation example (from CUDA's memory-pool tutorials),
+``a[i] = sqrt(float(i))``, as a script: each round allocates a float32 array, fills it on the
+device, copies it back, checks and frees it."""
 
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ processes of the same program differ by up to ±4 µs on a lent GPU host (placem
 more than the differences between allocators.  Here every allocator runs in one process, on
 the context Numba made, called directly as Numba calls it (``memalloc(size)``, then the
 pointer is dropped): numba_pool in mempool and arena mode, the two floors of
-:mod:`numba_pool.noop`, and optionally another installed numba_pool (a baseline, imported under
-another name).  Numba's own ``DeviceNDArray`` cost is not part of these figures.
+:mod:`numba_pool.noop`, optionally another installed numba_pool (a baseline, imported under
+another name), and the anchors of :mod:`numba_pool.anchors` (RMM's plugin on its pool and on
+``cuda_async``, a plugin on CuPy's pool) where installed.  Numba's own ``DeviceNDArray`` cost is
+not part of these figures.
 
 Method: for each size, :data:`REPEATS` repeats; in each, every allocator runs one block of
 :data:`PAIRS` pairs, in an order rotated from repeat to repeat (A B C, B C A, ...), with the
@@ -14,15 +16,20 @@ collector off, the process on one CPU core and the context synchronized (untimed
 block.  A slow spell of the host then hits neighbouring blocks of different allocators alike.
 Differences are taken *within* a repeat (paired), and reported as their median with a 95 %
 distribution-free confidence interval (order statistics of the binomial, as for a sign test).
+
+The host's speed changes between runs (``Numba alone`` read 1.04 µs, then 0.53 µs, per pair on one
+H100 in one session) and the µs with it; what holds is the ratio of an allocator's overhead to
+the no-op floor's, both above ``Numba alone``: per repeat ``(t_x - t_alone) / (t_floor - t_alone)``,
+reported as the median with its 95 % interval by the same method (:func:`paired_ratios`).  The
+tables are checked (:mod:`numba_pool.bench_checks`): a row below a floor is flagged, and so are
+ratios of runs (``numba-pool bench --repeat-run N``) more than 10 % apart.
 """
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -30,12 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .bench import size_label
+from . import bench_checks as checks
+from .bench import quiet_host, size_label
 
 SIZES = [256, 64 << 10, 4 << 20]
 REPEATS = 201
 PAIRS = 200
-REFERENCE = "Numba alone"
+REFERENCE = checks.REFERENCE
+FLOOR = checks.NOOP_FLOOR
 BASELINE_SUFFIX = " (baseline)"
 PLAIN_SUFFIX = " (plain pool)"  # not exportable, no peer access: what IPC and peers cost
 
@@ -72,6 +81,21 @@ def paired_differences(times: dict[str, list[float]], against: str) -> dict[str,
     reference = times[against]
     return {label: median_interval([t - r for t, r in zip(samples, reference)])
             for label, samples in times.items() if label != against}
+
+
+def paired_ratios(times: dict[str, list[float]], reference: str = REFERENCE,
+                  floor: str = FLOOR) -> dict[str, Difference]:
+    """Each allocator's overhead above ``reference`` over ``floor``'s, per repeat:
+    ``(t_x - t_ref) / (t_floor - t_ref)`` (no unit), as a median with its 95 % interval.  Repeats
+    where the floor's overhead is exactly zero are left out.  Neither the reference nor the floor
+    get a ratio (0 and 1 by definition)."""
+    ref, flo = times[reference], times[floor]
+    ratios = {}
+    for label, samples in times.items():
+        if label in (reference, floor):
+            continue
+        ratios[label] = median_interval([(t - r) / (f - r) for t, r, f in zip(samples, ref, flo) if f != r])
+    return ratios
 
 
 def _import_baseline(folder: str):
@@ -132,47 +156,64 @@ def _block(memalloc: Callable[[int], object], size: int, pairs: int) -> float:
 
 
 def time_in_turns(memallocs: dict, size: int, repeats: int = REPEATS, pairs: int = PAIRS,
-                  synchronize: Callable[[], None] = lambda: None) -> dict[str, list[float]]:
+                  synchronize: Callable[[], None] = lambda: None,
+                  prepare: dict[str, Callable[[], None]] | None = None) -> dict[str, list[float]]:
     """µs per allocate+free pair of ``size`` bytes, per allocator and repeat, the allocators
-    taking turns in rotated order; one untimed warm-up block each first."""
+    taking turns in rotated order; one untimed warm-up block each first.  ``prepare[label]``,
+    where given, is called untimed before each block of ``label`` (RMM's current resource)."""
     labels = list(memallocs)
+    before = prepare or {}
     times: dict[str, list[float]] = {label: [] for label in labels}
     for label in labels:
+        before.get(label, _nothing)()
         _block(memallocs[label], size, pairs)
     synchronize()
     for repeat in range(repeats):
         shift = repeat % len(labels)
         for label in labels[shift:] + labels[:shift]:
+            before.get(label, _nothing)()
             times[label].append(_block(memallocs[label], size, pairs))
             synchronize()
     return times
 
 
-def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain: bool = False) -> dict:
-    """Measure in this process (it creates the CUDA context): per size, each allocator's
-    median µs per pair and its paired difference from :data:`REFERENCE`, and from its
-    counterpart without the baseline suffix for baseline rows."""
+def _nothing() -> None:
+    pass
+
+
+def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain: bool = False,
+        anchors: bool = False) -> dict:
+    """Measure in this process (it creates the CUDA context), on one CPU core with the collector
+    off (:func:`numba_pool.bench.quiet_host`).  Returns ``{"sizes": {size: {label: row}},
+    "notes": [...], "core": n}``: per size, each allocator's median µs per pair, its paired
+    difference (µs) from :data:`REFERENCE` and from :data:`FLOOR`, its ratio to the floor's
+    overhead (:func:`paired_ratios`), and its paired difference from its counterpart without the
+    baseline or plain-pool suffix where there is one.  ``notes``: anchors left out, one line each."""
     from numba import cuda
 
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     context = cuda.current_context()
     memallocs = allocators(context, baseline, plain)
-    gc.collect()
-    gc.disable()
-    try:
-        results = {}
-        for size in sizes:
-            times = time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize)
-            above = paired_differences(times, REFERENCE)
-            results[str(size)] = {
-                label: {"median_us": statistics.median(samples),
-                        "above_reference": _as_dict(above.get(label)),
-                        "vs_baseline": _versus(times, label, BASELINE_SUFFIX),
-                        "vs_plain": _versus(times, label, PLAIN_SUFFIX)}
-                for label, samples in times.items()}
-        return results
-    finally:
-        gc.enable()
+    prepare, notes = {}, []
+    if anchors:
+        from . import anchors as anchor_module
+
+        extra, prepare, notes = anchor_module.in_process(context)
+        memallocs.update(extra)
+    with quiet_host() as core:
+        results = {str(size): _rows(time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize,
+                                                  prepare=prepare)) for size in sizes}
+    return {"sizes": results, "notes": notes, "core": core}
+
+
+def _rows(times: dict[str, list[float]]) -> dict[str, dict]:
+    above, over_floor, ratios = paired_differences(times, REFERENCE), paired_differences(times, FLOOR), paired_ratios(times)
+    return {label: {"median_us": statistics.median(samples),
+                    "above_reference": _as_dict(above.get(label)),
+                    "above_floor": _as_dict(over_floor.get(label)),
+                    "ratio_to_floor": _as_dict(ratios.get(label)),
+                    "vs_baseline": _versus(times, label, BASELINE_SUFFIX),
+                    "vs_plain": _versus(times, label, PLAIN_SUFFIX)}
+            for label, samples in times.items()}
 
 
 def _versus(times: dict[str, list[float]], label: str, suffix: str) -> dict | None:
@@ -186,28 +227,54 @@ def _as_dict(difference: Difference | None) -> dict | None:
     return None if difference is None else {"median": difference.median, "low": difference.low, "high": difference.high}
 
 
-def render(results: dict) -> str:
+def render(results: dict, flags: list = ()) -> str:
     """The table: per size and allocator, the median µs per pair, the paired difference from
-    Numba alone, and from the baseline where there is one, each with its 95 % interval."""
+    Numba alone, the ratio of its overhead to the no-op floor's, and the paired difference from
+    the baseline where there is one, each with its 95 % interval.  A row that a check flagged
+    (:mod:`numba_pool.bench_checks`) has ``!`` after its allocator."""
     from tabulate import tabulate
 
     def cell(d: dict | None) -> str:
         return "" if d is None else str(Difference(d["median"], d["low"], d["high"]))
 
+    def ratio(d: dict | None) -> str:
+        return "" if d is None else f"{d['median']:.2f} [{d['low']:.2f}, {d['high']:.2f}]"
+
+    marked = checks.flagged(list(flags), "allocator") | checks.flagged(list(flags), "allocator runs")
     rows = []
     for size, per_label in results.items():
         for label, r in per_label.items():
-            rows.append([size_label(int(size)), label, f"{r['median_us']:.2f}", cell(r["above_reference"]),
-                         cell(r.get("vs_baseline")), cell(r.get("vs_plain"))])
-    headers = ["size", "allocator", "us per pair", f"vs {REFERENCE}, us [95% CI]", "vs baseline, us [95% CI]",
-               "vs plain pool, us [95% CI]"]
+            shown = label + " !" if (size, label) in marked else label
+            rows.append([size_label(int(size)), shown, f"{r['median_us']:.2f}", cell(r["above_reference"]),
+                         ratio(r.get("ratio_to_floor")), cell(r.get("vs_baseline")), cell(r.get("vs_plain"))])
+    headers = ["size", "allocator", "us per pair", f"vs {REFERENCE}, us [95% CI]",
+               f"overhead / {FLOOR}'s [95% CI]", "vs baseline, us [95% CI]", "vs plain pool, us [95% CI]"]
     used = [i for i in range(len(headers)) if i < 4 or any(row[i] for row in rows)]
     return tabulate([[row[i] for i in used] for row in rows], headers=[headers[i] for i in used],
                     tablefmt="github", disable_numparse=True)
 
 
+def render_runs(runs: list[dict], flags: list = ()) -> str:
+    """The runs side by side: per size and allocator, each run's median ratio to the no-op
+    floor's overhead and their largest over smallest (``!`` where a check flagged the row)."""
+    from tabulate import tabulate
+
+    marked = checks.flagged(list(flags), "allocator runs")
+    rows = []
+    for size, per_label in runs[0].items():
+        for label in per_label:
+            ratios = [run.get(size, {}).get(label, {}).get("ratio_to_floor") for run in runs]
+            if any(r is None for r in ratios):
+                continue
+            medians = [r["median"] for r in ratios]
+            spread = f"{max(medians) / min(medians):.3f}" if min(medians) > 0 else "-"
+            rows.append([size_label(int(size)), label + (" !" if (size, label) in marked else "")]
+                        + [f"{m:.2f}" for m in medians] + [spread])
+    headers = ["size", "allocator"] + [f"run {i + 1}" for i in range(len(runs))] + ["max/min"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
-    plain = "--plain" in args
-    folders = [a for a in args if a != "--plain"]
-    print(json.dumps(run(folders[0] if folders else None, plain=plain)))
+    folders = [a for a in args if a not in ("--plain", "--anchors")]
+    print(json.dumps(run(folders[0] if folders else None, plain="--plain" in args, anchors="--anchors" in args)))

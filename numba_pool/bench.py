@@ -1,4 +1,5 @@
-"""``numba-pool bench``: the seeds' experiment, per memory manager, each in its own process.
+"""``numba-pool bench``: the benchmark loop of CUDA's memory-pool tutorials, per memory manager,
+each in its own process.
 
 Numba binds the memory manager when it creates a context, so every manager runs in a fresh
 subprocess (``python -m numba_pool.bench MANAGER``) that prints one JSON line of medians.  The
@@ -7,16 +8,21 @@ no-op floor (:mod:`numba_pool.noop`).
 
 Measured, after checking the kernel's output:
 
-* seed loop: 100 x (``cuda.device_array(2**20, float32)``, sqrt kernel, drop the array) on the
+* benchmark loop (``seed_loop_ms`` in the JSON): 100 x (``cuda.device_array(2**20, float32)``, sqrt kernel, drop the array) on the
   default stream, bracketed by ``cuda.synchronize()``; milliseconds per 100 iterations.
 * allocate + free: ``cuda.device_array`` of 256 B, 64 KiB, 4 MiB and 64 MiB (float32) and
   dropping it, in a loop ended by one ``cuda.synchronize()``; microseconds per pair.
 
 Each figure is the median of :data:`REPEATS` timed repeats after a warm-up, within one
 process.  The sizes take turns inside each repeat (256 B, 64 KiB, 4 MiB, 64 MiB, 256 B, ...),
-and the managers run in interleaved rounds (default, numba_pool, ..., default, ...); the table
-shows the median over rounds.  Both so that a slow spell of the machine hits every cell alike:
-timed one size after the other, the first size measured read up to 0.6 µs slower on the floor.
+and the managers run in interleaved rounds (default, numba_pool, ..., default, ...; at least
+:data:`ROUNDS` by default); the table shows the median over rounds.  Both so that a slow spell of
+the machine hits every cell alike: timed one size after the other, the first size measured read
+up to 0.6 µs slower on the floor.  Every worker runs on one CPU core, the same for every manager
+(:data:`CORE_VARIABLE`, else the lowest the parent may use), with the collector off while it
+times (:func:`quiet_host`): two processes of the same code read up to 2 µs apart otherwise.
+Per manager and figure, rounds whose largest over smallest exceeds 1.10 are flagged
+(:mod:`numba_pool.bench_checks`), as are rows below a floor.
 
 Two floors: ``no-op floor`` (:class:`numba_pool.noop.NoopManager`, a finalizer that does
 nothing, which Numba wraps in ``weakref.finalize`` as for RMM's and CuPy's plugins) and
@@ -27,6 +33,8 @@ can cost).  numba_pool releases its memory without ``weakref.finalize``
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import statistics
@@ -35,11 +43,15 @@ import sys
 import time
 from dataclasses import dataclass
 
+from . import bench_checks as checks
+
 SEED_ELEMENTS = 1 << 20
 SEED_ITERATIONS = 100
 SIZES = [256, 64 << 10, 4 << 20, 64 << 20]
 REPEATS = 15
 PAIRS_PER_REPEAT = 1000
+ROUNDS = 5
+CORE_VARIABLE = "NUMBA_POOL_BENCH_CORE"  # the CPU core every worker pins itself to
 
 
 @dataclass(frozen=True)
@@ -51,13 +63,17 @@ class Manager:
     cwd: str | None = None  # a folder holding another numba_pool to import (a baseline)
 
 
-DEFAULT = Manager("default", {"NUMBA_CUDA_MEMORY_MANAGER": "default"})
+DEFAULT = Manager(checks.DEFAULT, {"NUMBA_CUDA_MEMORY_MANAGER": "default"})
 NUMBA_POOL = Manager("numba_pool", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "0"})
 ARENA = Manager("numba_pool arena", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "1"})
-FLOOR = Manager("no-op floor", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "1"})
-BARE_FLOOR = Manager("Numba alone", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "0"})
-RMM = Manager("rmm (pool)", {"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba", "NUMBA_POOL_BENCH_RMM": "1"})
+FLOOR = Manager(checks.NOOP_FLOOR, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "1"})
+BARE_FLOOR = Manager(checks.REFERENCE, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "0"})
+RMM = Manager(checks.RMM_POOL, {"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba", "NUMBA_POOL_BENCH_RMM": "pool"})
+RMM_ASYNC = Manager(checks.RMM_ASYNC, {"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba",
+                                       "NUMBA_POOL_BENCH_RMM": "cuda_async"})
+CUPY = Manager(checks.CUPY, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.anchors"})
 MANAGERS = [DEFAULT, NUMBA_POOL, ARENA, FLOOR, BARE_FLOOR]
+ANCHORS = [RMM, RMM_ASYNC, CUPY]  # rows when installed (numba_pool.anchors)
 
 
 def baselines(folder: str) -> list[Manager]:
@@ -71,6 +87,38 @@ def size_label(nbytes: int) -> str:
         if nbytes >= 1 << shift:
             return f"{nbytes >> shift} {unit}"
     return f"{nbytes} B"
+
+
+def chosen_core(requested: int | None, allowed: set[int]) -> int:
+    """The CPU core to pin the workers to: ``requested``, else the lowest of ``allowed``.
+
+    :raises ValueError: when ``requested`` is not in ``allowed``, naming both.
+    """
+    if requested is None:
+        return min(allowed)
+    if requested not in allowed:
+        raise ValueError(f"--core {requested}: not a CPU core this process may run on "
+                         f"(allowed: {', '.join(map(str, sorted(allowed)))})")
+    return requested
+
+
+@contextlib.contextmanager
+def quiet_host(environ=os.environ):
+    """Inside: this process on one CPU core (:data:`CORE_VARIABLE`, else the lowest allowed)
+    and the collector off after a full collection.  Yields the core; restores both after."""
+    before = os.sched_getaffinity(0)
+    value = environ.get(CORE_VARIABLE, "").strip()
+    core = chosen_core(int(value) if value else None, before)
+    os.sched_setaffinity(0, {core})
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield core
+    finally:
+        if was_enabled:
+            gc.enable()
+        os.sched_setaffinity(0, before)
 
 
 # -- the worker: runs inside the subprocess ---------------------------------------------------
@@ -101,8 +149,9 @@ def run_worker() -> dict:
     from numba import cuda
 
     if os.environ.get("NUMBA_POOL_BENCH_RMM"):
-        import rmm
-        rmm.reinitialize(pool_allocator=True)
+        from numba_pool.anchors import prepare_rmm
+
+        prepare_rmm(os.environ["NUMBA_POOL_BENCH_RMM"])
     from numba_pool.kernels import fill_kernel, sqrt_kernel
 
     threads = 256
@@ -131,18 +180,19 @@ def run_worker() -> dict:
             del arr
         cuda.synchronize()
 
-    seed_loop()  # warm-up
-    result = {"seed_loop_ms": _median_time(seed_loop, REPEATS) * 1e3}
+    with quiet_host() as core:
+        seed_loop()  # warm-up
+        result = {"seed_loop_ms": _median_time(seed_loop, REPEATS) * 1e3, "core": core}
 
-    pairs = {str(nbytes): _allocate_and_free(nbytes // 4) for nbytes in SIZES}
-    for body in pairs.values():
-        body()  # warm-up: the pool reserves, Numba caches
-    medians = _median_times_taking_turns(pairs, REPEATS)
-    result["alloc_free_us"] = {key: t / PAIRS_PER_REPEAT * 1e6 for key, t in medians.items()}
-    manager = cuda.current_context().memory_manager
-    result["manager"] = type(manager).__module__
-    if getattr(manager, "_pool", None) is not None:
-        result["driver_pair_us"] = _driver_pair_us(manager._pool.handle)
+        pairs = {str(nbytes): _allocate_and_free(nbytes // 4) for nbytes in SIZES}
+        for body in pairs.values():
+            body()  # warm-up: the pool reserves, Numba caches
+        medians = _median_times_taking_turns(pairs, REPEATS)
+        result["alloc_free_us"] = {key: t / PAIRS_PER_REPEAT * 1e6 for key, t in medians.items()}
+        manager = cuda.current_context().memory_manager
+        result["manager"] = type(manager).__module__
+        if getattr(getattr(manager, "_pool", None), "handle", None) is not None:
+            result["driver_pair_us"] = _driver_pair_us(manager._pool.handle)
     return result
 
 
@@ -182,13 +232,14 @@ def _driver_pair_us(pool) -> float:
 
 # -- the parent -------------------------------------------------------------------------------
 
-def measure(manager: Manager) -> dict:
-    """Run the worker for ``manager`` in a fresh Python process.
+def measure(manager: Manager, core: int | None = None) -> dict:
+    """Run the worker for ``manager`` in a fresh Python process, pinned to ``core`` if given.
 
     :raises RuntimeError: when the worker fails, with its standard error.
     """
+    env = manager.env if core is None else {**manager.env, CORE_VARIABLE: str(core)}
     try:
-        return run_module("numba_pool.bench", [], manager.env, manager.cwd)
+        return run_module("numba_pool.bench", [], env, manager.cwd)
     except RuntimeError as err:
         raise RuntimeError(f"benchmark of {manager.label} failed: {err}") from None
 
@@ -211,38 +262,74 @@ def run_module(module: str, args: list[str], env: dict | None = None, cwd: str |
 
 
 def median_over_rounds(rounds: list[dict]) -> dict:
-    """Combine one manager's results from several rounds: the median of each figure."""
+    """Combine one manager's results from several rounds: the median of each figure, and each
+    round's figures (``rounds_seed_loop_ms``, ``rounds_alloc_free_us``) for the checks."""
     merged = {"seed_loop_ms": statistics.median(r["seed_loop_ms"] for r in rounds),
               "alloc_free_us": {k: statistics.median(r["alloc_free_us"][k] for r in rounds)
                                 for k in rounds[0]["alloc_free_us"]},
-              "manager": rounds[0]["manager"], "rounds": len(rounds)}
+              "manager": rounds[0]["manager"], "rounds": len(rounds),
+              "rounds_seed_loop_ms": [r["seed_loop_ms"] for r in rounds],
+              "rounds_alloc_free_us": {k: [r["alloc_free_us"][k] for r in rounds] for k in rounds[0]["alloc_free_us"]}}
     pairs = [r["driver_pair_us"] for r in rounds if "driver_pair_us" in r]
     if pairs:
         merged["driver_pair_us"] = statistics.median(pairs)
+    if "core" in rounds[0]:
+        merged["core"] = rounds[0]["core"]
     return merged
 
 
-def render(results: dict[str, dict]) -> str:
-    """The bench table: one row per manager, medians with the ratio to default, and each
-    allocate+free time's difference (µs) from the no-op floor and from Numba alone."""
+def ratios_to_default(results: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Per manager, default's time over the manager's (x faster than default): ``seed loop``
+    and each allocate+free size (bytes, as a string); empty without a default row."""
+    default = results.get(DEFAULT.label)
+    if default is None:
+        return {}
+    return {label: {checks.SEED_LOOP: default["seed_loop_ms"] / r["seed_loop_ms"],
+                    **{k: default["alloc_free_us"][k] / us for k, us in r["alloc_free_us"].items()}}
+            for label, r in results.items()}
+
+
+def _mark(cell: str, figure: str, label: str, marked: set) -> str:
+    return cell + " !" if (figure, label) in marked else cell
+
+
+def render_ratios(results: dict[str, dict], flags: list = ()) -> str:
+    """Per manager, how many times faster than default (default's time / the manager's), for the
+    seed loop and each allocate+free size; a cell whose figure a check flagged ends in ``!``."""
     from tabulate import tabulate
 
+    marked = checks.flagged(list(flags), "end to end")
+    ratios = ratios_to_default(results)
+    figures = [checks.SEED_LOOP] + [str(s) for s in SIZES]
+    rows = [[label] + [_mark(f"{r[f]:.2f}", f, label, marked) for f in figures] for label, r in ratios.items()]
+    headers = ["manager (x faster than default)", f"benchmark loop ({SEED_ITERATIONS} it.)"]
+    headers += [f"{size_label(s)} alloc+free" for s in SIZES]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def render(results: dict[str, dict], flags: list = ()) -> str:
+    """The bench table: one row per manager, medians with the ratio to default, and each
+    allocate+free time's difference (µs) from the no-op floor and from Numba alone; a cell
+    that a check flagged (:mod:`numba_pool.bench_checks`) ends in ``!``."""
+    from tabulate import tabulate
+
+    marked = checks.flagged(list(flags), "end to end")
     default = results.get(DEFAULT.label)
     present = [f.label for f in (FLOOR, BARE_FLOOR) if f.label in results]
     floors = [results[label] for label in present]
     vs = f" ({', '.join(present)})" if present else ""
-    headers = ["manager", f"seed loop ({SEED_ITERATIONS} it.) ms", "x faster than default"]
+    headers = ["manager", f"benchmark loop ({SEED_ITERATIONS} it.) ms", "x faster than default"]
     headers += [f"{size_label(s)} alloc+free us{vs}" for s in SIZES]
     rows = []
     for label, r in results.items():
-        row = [label, f"{r['seed_loop_ms']:.3f}"]
+        row = [label, _mark(f"{r['seed_loop_ms']:.3f}", checks.SEED_LOOP, label, marked)]
         row.append(f"{default['seed_loop_ms'] / r['seed_loop_ms']:.2f}" if default else "-")
         for s in SIZES:
             us = r["alloc_free_us"][str(s)]
             cell = f"{us:.2f}"
             if floors:
                 cell += " (" + ", ".join(f"{us - f['alloc_free_us'][str(s)]:+.2f}" for f in floors) + ")"
-            row.append(cell)
+            row.append(_mark(cell, str(s), label, marked))
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 

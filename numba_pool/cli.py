@@ -119,11 +119,20 @@ def _driver_version() -> int:
 
 @main.command()
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
-              help="Also write the raw medians to this JSON file.")
-@click.option("--with-rmm", is_flag=True, help="Add a row for rmm.allocators.numba on an RMM pool (needs rmm).")
+              help="Also write the raw medians, the notes and the failed checks to this JSON file.")
+@click.option("--anchors/--no-anchors", default=True, show_default=True,
+              help="Rows for the anchors where installed: RMM's plugin on its pool and on cuda_async, "
+                   "a plugin on CuPy's pool (numba_pool.anchors); one note per anchor left out.")
+@click.option("--with-rmm", is_flag=True, hidden=True, help="Kept for old scripts: the anchors are rows by default.")
 @click.option("--no-arena", is_flag=True, help="Leave out the arena row.")
-@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
-              help="Interleaved rounds of all managers; the table shows medians over rounds.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True,
+              help="End to end: interleaved rounds of all managers; the table shows medians over rounds, "
+                   "and flags figures whose rounds disagree by more than 10 %.")
+@click.option("--repeat-run", type=click.IntRange(1, 10), default=1, show_default=True,
+              help="Allocator part: run the in-process measurement this many times, each in a fresh process; "
+                   "shows each run's table and flags ratios that disagree between runs by more than 10 %.")
+@click.option("--core", type=click.IntRange(0), default=None, metavar="N",
+              help="The CPU core every measuring process pins itself to (default: the lowest this process may use).")
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False),
               help="A folder holding another installed numba_pool: add its rows, to compare versions in one run.")
 @click.option("--part", type=click.Choice(["all", "allocator", "end-to-end"]), default="all", show_default=True,
@@ -132,49 +141,102 @@ def _driver_version() -> int:
 @click.option("--plain-pool", is_flag=True,
               help="Allocator part: add numba_pool on a pool neither exportable (IPC) nor reachable from peers, "
                    "to show what those cost.")
-def bench(json_path: str | None, with_rmm: bool, no_arena: bool, rounds: int, baseline: str | None,
-          part: str, plain_pool: bool) -> None:
-    """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors."""
+def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, rounds: int, repeat_run: int,
+          core: int | None, baseline: str | None, part: str, plain_pool: bool) -> None:
+    """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors and the anchors.
+
+    Every table is checked (numba_pool.bench_checks): a row below a floor, or rounds or runs more
+    than 10 % apart, is marked '!' and named under the table; exit status 1 if any check failed.
+    """
     _load_config()
     _require_gpu()
     from numba import cuda
 
+    from . import bench as b
+    from . import bench_checks as checks
+
+    anchors = anchors or with_rmm
+    try:
+        core = b.chosen_core(core, os.sched_getaffinity(0))
+    except ValueError as err:
+        raise Failure(str(err)) from None
     name = cuda.get_current_device().name
     name = name.decode() if isinstance(name, bytes) else name
     today = datetime.date.today().isoformat()
-    report = {"device": name, "date": today}
+    report = {"device": name, "date": today, "core": core}
     baseline = os.path.abspath(baseline) if baseline else None  # the workers start elsewhere
+    flags = []
     if part in ("all", "allocator"):
-        report["allocator"] = _bench_allocator(baseline, plain_pool, name, today)
+        flags += _bench_allocator(report, baseline, plain_pool, anchors, repeat_run, core, name, today)
     if part in ("all", "end-to-end"):
-        report["results"] = _bench_end_to_end(with_rmm, no_arena, rounds, baseline, name, today)
+        flags += _bench_end_to_end(report, anchors, no_arena, rounds, baseline, core, name, today)
+    report["checks_failed"] = [str(f) for f in flags]
     if json_path:
         with open(json_path, "w") as f:
             json.dump(report, f, indent=1)
+    click.echo(checks.summary(flags))
+    if flags:
+        raise SystemExit(1)
 
 
-def _bench_allocator(baseline: str | None, plain_pool: bool, name: str, today: str) -> dict:
+def _echo_notes_and_flags(notes: list[str], flags: list) -> None:
+    for note in dict.fromkeys(notes):  # once each, in order
+        click.echo(f"note: {note}")
+    for flag in flags:
+        click.echo(str(flag))
+
+
+def _bench_allocator(report: dict, baseline: str | None, plain_pool: bool, anchors: bool, runs: int, core: int,
+                     name: str, today: str) -> list:
+    """Run the allocator part ``runs`` times, each in a fresh process; print each run's table,
+    then the runs' ratios side by side; fill ``report``; return the failed checks."""
     from . import allocator_cost as a
     from . import bench as b
+    from . import bench_checks as checks
 
-    click.echo("measuring the allocators in one process ...", err=True)
-    try:
-        results = b.run_module("numba_pool.allocator_cost", ([baseline] if baseline else []) + (["--plain"] if plain_pool else []))
-    except RuntimeError as err:
-        raise Failure(str(err)) from None
-    click.echo(f"device: {name}; date: {today}; allocator cost in one process: medians of {a.REPEATS} "
-               f"repeats of {a.PAIRS} pairs, allocators taking turns")
-    click.echo(a.render(results))
-    return results
+    args = ([baseline] if baseline else []) + (["--plain"] if plain_pool else []) + (["--anchors"] if anchors else [])
+    outputs = []
+    for run in range(runs):
+        click.echo(f"measuring the allocators in one process (run {run + 1}/{runs}) ...", err=True)
+        try:
+            outputs.append(b.run_module("numba_pool.allocator_cost", args, {b.CORE_VARIABLE: str(core)}))
+        except RuntimeError as err:
+            raise Failure(str(err)) from None
+    tables = [o["sizes"] for o in outputs]
+    agreement = checks.runs_flags(tables)
+    flags = []
+    for run, table in enumerate(tables):
+        floor_flags = checks.allocator_floor_flags(table)
+        click.echo(f"device: {name}; date: {today}; allocator cost in one process, run {run + 1}/{runs} "
+                   f"(CPU core {core}): medians of {a.REPEATS} repeats of {a.PAIRS} pairs, allocators taking turns")
+        click.echo(a.render(table, floor_flags + agreement))
+        _echo_notes_and_flags(outputs[run]["notes"] if run == 0 else [], floor_flags)
+        flags += floor_flags
+    if runs > 1:
+        click.echo(f"ratios to the no-op floor's overhead, run by run (agree within {checks.TOLERANCE:.0%}?):")
+        click.echo(a.render_runs(tables, agreement))
+        _echo_notes_and_flags([], agreement)
+    report.update({"allocator": tables[0], "allocator_notes": outputs[0]["notes"]})
+    if runs > 1:
+        report["allocator_runs"] = tables
+    return flags + agreement
 
 
-def _bench_end_to_end(with_rmm: bool, no_arena: bool, rounds: int, baseline: str | None,
-                      name: str, today: str) -> dict:
+def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, baseline: str | None, core: int,
+                      name: str, today: str) -> list:
+    """Run the end-to-end part in interleaved rounds, a process per manager and round; print its
+    tables; fill ``report``; return the failed checks."""
+    from . import anchors as anchor_module
     from . import bench as b
+    from . import bench_checks as checks
 
     managers = [m for m in b.MANAGERS if not (no_arena and m is b.ARENA)]
-    if with_rmm:
-        managers.append(b.RMM)
+    notes = []
+    for anchor in b.ANCHORS if anchors else []:
+        if anchor_module.installed(anchor.label):
+            managers.append(anchor)
+        else:
+            notes.append(anchor_module.missing_note(anchor.label))
     if baseline:
         managers += b.baselines(baseline)
     per_round: dict[str, list] = {m.label: [] for m in managers}
@@ -182,22 +244,30 @@ def _bench_end_to_end(with_rmm: bool, no_arena: bool, rounds: int, baseline: str
         for manager in list(managers):
             click.echo(f"round {round_ + 1}/{rounds}: measuring {manager.label} ...", err=True)
             try:
-                per_round[manager.label].append(b.measure(manager))
+                per_round[manager.label].append(b.measure(manager, core))
             except RuntimeError as err:
-                if manager is b.RMM:  # an optional comparison: report it and go on
-                    click.echo(f"skipping the RMM row: {err}", err=True)
-                    managers.remove(manager)
-                    del per_round[manager.label]
-                    continue
-                raise Failure(str(err)) from None
+                if manager not in b.ANCHORS:
+                    raise Failure(str(err)) from None
+                notes.append(anchor_module.failed_note(manager.label, err))  # optional: note it, go on
+                managers.remove(manager)
+                del per_round[manager.label]
     results = {label: b.median_over_rounds(r) for label, r in per_round.items()}
-    click.echo(f"device: {name}; date: {today}; cuda.device_array end to end: medians of {b.REPEATS} repeats, "
-               f"median over {rounds} rounds")
-    click.echo(b.render(results))
+    for label, ratios in b.ratios_to_default(results).items():
+        results[label]["vs_default"] = ratios
+    flags = checks.end_to_end_floor_flags(results) + checks.rounds_flags(per_round)
+    click.echo(f"device: {name}; date: {today}; cuda.device_array end to end (CPU core {core}, collector off): "
+               f"medians of {b.REPEATS} repeats, median over {rounds} rounds")
+    click.echo(b.render(results, flags))
+    if b.DEFAULT.label in results:
+        click.echo(b.render_ratios(results, flags))
     pair = results.get(b.NUMBA_POOL.label, {}).get("driver_pair_us")
     if pair is not None:
         click.echo(f"a cuMemAllocFromPoolAsync + cuMemFreeAsync pair alone, from Python: {pair:.2f} us")
-    return results
+    if rounds < 2:
+        notes.append("one round: the rounds' agreement is not checked (--rounds 5 or more)")
+    _echo_notes_and_flags(notes, flags)
+    report.update({"results": results, "end_to_end_notes": notes})
+    return flags
 
 
 def _human(nbytes: int) -> str:

@@ -48,6 +48,7 @@ from numba.cuda.cudadrv.driver import IpcHandle, MemoryPointer
 
 from . import driver
 from .driver import check
+from .mempool import read_write_access
 from .pointer import PoolPointer
 
 EXPORT_DATA_BYTES = 64  # sizeof(CUmemPoolPtrExportData)
@@ -246,11 +247,8 @@ class _ImportedPools:
             if (key, device) in self._granted:
                 return
             cu = driver.cu
-            desc = cu.CUmemAccessDesc()
-            desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            desc.location.id = device
-            desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            check(cu.cuMemPoolSetAccess(pool, [desc], 1), f"cuMemPoolSetAccess(imported pool, device {device})")
+            check(cu.cuMemPoolSetAccess(pool, [read_write_access(cu, device)], 1),
+                  f"cuMemPoolSetAccess(imported pool, device {device})")
             self._granted.add((key, device))
 
 

@@ -100,13 +100,7 @@ class MemPool:
         peers = [d for d in range(int(count)) if d != self.device_id
                  and check(cu.cuDeviceCanAccessPeer(cu.CUdevice(d), cu.CUdevice(self.device_id)), "cuDeviceCanAccessPeer")]
         if peers:
-            descs = []
-            for d in peers:
-                desc = cu.CUmemAccessDesc()
-                desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-                desc.location.id = d
-                desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                descs.append(desc)
+            descs = [read_write_access(cu, d) for d in peers]
             check(cu.cuMemPoolSetAccess(self.handle, descs, len(descs)), f"cuMemPoolSetAccess(peers {peers})")
         return peers
 
@@ -181,6 +175,15 @@ class MemPool:
             check(self._cu.cuMemPoolDestroy(self.handle), "cuMemPoolDestroy")
         else:
             self.trim(0)
+
+
+def read_write_access(cu, device: int):
+    """A ``CUmemAccessDesc`` giving ``device`` read and write access (``cuMemPoolSetAccess``)."""
+    desc = cu.CUmemAccessDesc()
+    desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = device
+    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return desc
 
 
 def device_memory_info(cu=None) -> tuple[int, int]:

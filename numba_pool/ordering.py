@@ -376,7 +376,74 @@ class _Quarantine:
         return total(self.waiting), total(self.ready)
 
 
-class ArenaBlocks:
+class _ArenaInspection:
+    """The arena's read-only views, for ``record_stream``, IPC, statistics and the tests: a
+    part of :class:`ArenaBlocks` (its state and lock), kept apart from allocation and release."""
+
+    def block_size(self, address: int) -> int | None:
+        """The rounded size of the live block starting at ``address``, else None."""
+        with self._lock:
+            size = self.taken.get(address)
+            return None if size is None or self._is_released(address, size) else size
+
+    def containing_block(self, address: int) -> int | None:
+        """The start of the live block that contains ``address``, else None (a scan:
+        record_stream is rare).  A block whose release ``defer_cleanup`` holds back still
+        counts as live."""
+        with self._lock:
+            for start, size in self.taken.items():
+                if start <= address < start + size:
+                    return None if self._is_released(start, size) else start
+            return None
+
+    def slab_of(self, address: int) -> tuple[int, int] | None:
+        """``(start, size)`` of the slab holding ``address``, else None."""
+        with self._lock:
+            for domain in self._domains.values():
+                for start, size in domain.heap.slabs.items():
+                    if start <= address < start + size:
+                        return start, size
+            return None
+
+    def _is_released(self, start: int, size: int) -> bool:
+        # Under _lock.  list() copies: releases append to these lists without the lock.
+        return (start in list(self._waiting.get(size, ())) or start in list(self.ready.get(size, ()))
+                or any(start == s for s, _, _ in list(self._released)))
+
+    def statistics(self) -> ArenaStatistics:
+        with self._lock:
+            self._publish_released()
+            quarantined, cached = self._quarantine.bytes()
+            heaps = [d.heap for d in self._domains.values()]
+            return ArenaStatistics(
+                reserved=self._reserved, in_use=sum(self.taken.values()) - quarantined - cached, cached=cached,
+                quarantined=quarantined, free=sum(h.free_bytes() for h in heaps),
+                free_blocks=sum(len(h.free_blocks()) for h in heaps),
+                largest_free_block=max([h.largest_free() for h in heaps] + [0]),
+                slabs=sum(len(h.slabs) for h in heaps), domains=len(heaps), fences=self.fences)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless every domain's slabs are tiled exactly by its free blocks
+        and the blocks out of the heaps (:attr:`taken`), every quarantined and ready block is
+        one of those, at its size and once, and the byte counts add up (tests)."""
+        with self._lock:
+            self._publish_released()
+            taken = dict(self.taken)
+            seen = set()
+            for size, starts in [*self._quarantine.waiting.items(), *self.ready.items()]:
+                for start in list(starts):
+                    assert taken.get(start) == size, f"free block {start:#x} ({size} bytes) is not out of the heap"
+                    assert start not in seen, f"block {start:#x} is twice in the quarantine or the cache"
+                    seen.add(start)
+            for domain in self._domains.values():
+                domain.heap.check_invariants(taken)
+            reserved = sum(d.heap.reserved for d in self._domains.values())
+            assert reserved == self._reserved
+            stats_in_slabs = sum(taken.values()) + sum(d.heap.free_bytes() for d in self._domains.values())
+            assert stats_in_slabs == reserved, f"{stats_in_slabs} bytes in blocks, {reserved} in slabs"
+
+
+class ArenaBlocks(_ArenaInspection):
     """Blocks of up to ``max_block`` bytes carved out of slabs taken from the mempool, one
     domain per stream (rules 1 and 3-6).
 
@@ -643,12 +710,6 @@ class ArenaBlocks:
         with self._lock:
             self._flush_ready()
 
-    def block_size(self, address: int) -> int | None:
-        """The rounded size of the live block starting at ``address``, else None."""
-        with self._lock:
-            size = self.taken.get(address)
-            return None if size is None or self._is_released(address, size) else size
-
     def release_cached(self) -> int:
         """Fence, then give every wholly free slab of every domain back to the mempool
         (stream-ordered: no host synchronization).  Returns the bytes released."""
@@ -679,63 +740,6 @@ class ArenaBlocks:
             self.ready, self._waiting = self._quarantine.ready, self._quarantine.waiting
             self._reserved = 0
             return slabs
-
-    def containing_block(self, address: int) -> int | None:
-        """The start of the live block that contains ``address``, else None (a scan:
-        record_stream is rare).  A block whose release ``defer_cleanup`` holds back still
-        counts as live."""
-        with self._lock:
-            for start, size in self.taken.items():
-                if start <= address < start + size:
-                    return None if self._is_released(start, size) else start
-            return None
-
-    def slab_of(self, address: int) -> tuple[int, int] | None:
-        """``(start, size)`` of the slab holding ``address``, else None."""
-        with self._lock:
-            for domain in self._domains.values():
-                for start, size in domain.heap.slabs.items():
-                    if start <= address < start + size:
-                        return start, size
-            return None
-
-    def _is_released(self, start: int, size: int) -> bool:
-        # Under _lock.  list() copies: releases append to these lists without the lock.
-        return (start in list(self._waiting.get(size, ())) or start in list(self.ready.get(size, ()))
-                or any(start == s for s, _, _ in list(self._released)))
-
-    def statistics(self) -> ArenaStatistics:
-        with self._lock:
-            self._publish_released()
-            quarantined, cached = self._quarantine.bytes()
-            heaps = [d.heap for d in self._domains.values()]
-            return ArenaStatistics(
-                reserved=self._reserved, in_use=sum(self.taken.values()) - quarantined - cached, cached=cached,
-                quarantined=quarantined, free=sum(h.free_bytes() for h in heaps),
-                free_blocks=sum(len(h.free_blocks()) for h in heaps),
-                largest_free_block=max([h.largest_free() for h in heaps] + [0]),
-                slabs=sum(len(h.slabs) for h in heaps), domains=len(heaps), fences=self.fences)
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError unless every domain's slabs are tiled exactly by its free blocks
-        and the blocks out of the heaps (:attr:`taken`), every quarantined and ready block is
-        one of those, at its size and once, and the byte counts add up (tests)."""
-        with self._lock:
-            self._publish_released()
-            taken = dict(self.taken)
-            seen = set()
-            for size, starts in [*self._quarantine.waiting.items(), *self.ready.items()]:
-                for start in list(starts):
-                    assert taken.get(start) == size, f"free block {start:#x} ({size} bytes) is not out of the heap"
-                    assert start not in seen, f"block {start:#x} is twice in the quarantine or the cache"
-                    seen.add(start)
-            for domain in self._domains.values():
-                domain.heap.check_invariants(taken)
-            reserved = sum(d.heap.reserved for d in self._domains.values())
-            assert reserved == self._reserved
-            stats_in_slabs = sum(taken.values()) + sum(d.heap.free_bytes() for d in self._domains.values())
-            assert stats_in_slabs == reserved, f"{stats_in_slabs} bytes in blocks, {reserved} in slabs"
-
 
 class StreamOrdering:
     """One manager's memory and its ordering: the mempool path (:class:`PooledBlocks`), the

@@ -49,3 +49,184 @@ def test_floor_is_chosen_by_its_variable(value, chosen):
 def test_bad_floor_variable_is_named():
     with pytest.raises(ConfigError, match="NUMBA_POOL_NOOP_FINALIZER='maybe'"):
         noop._chosen_manager({"NUMBA_POOL_NOOP_FINALIZER": "maybe"})
+
+
+# -- checks of the end-to-end table, pinning, the collector, ratios to default ---------------------
+
+import gc  # noqa: E402
+import os  # noqa: E402
+
+from numba_pool import bench_checks  # noqa: E402
+from numba_pool import cli  # noqa: E402
+
+
+def clean_results():
+    return {bench.DEFAULT.label: result(12.0, 25.0, 25.0, 85.0, 127.0),
+            bench.NUMBA_POOL.label: result(4.0, 10.0, 10.0, 10.0, 10.0),
+            bench.FLOOR.label: result(4.0, 9.75, 9.75, 9.75, 9.75),
+            bench.BARE_FLOOR.label: result(4.0, 8.25, 8.25, 8.25, 8.25),
+            bench.CUPY.label: result(4.0, 11.0, 11.0, 11.0, 11.0)}
+
+
+def test_floors_of_each_row():
+    assert bench_checks.floors_of("Numba alone") == []
+    assert bench_checks.floors_of("no-op floor") == ["Numba alone"]
+    assert bench_checks.floors_of("numba_pool arena (baseline)") == ["Numba alone"]
+    for label in ("default", "rmm (pool)", "rmm (cuda_async)", "cupy (pool)"):  # finalizers: weakref.finalize
+        assert bench_checks.floors_of(label) == ["Numba alone", "no-op floor"]
+
+
+def test_a_clean_end_to_end_table_raises_no_flag():
+    assert bench_checks.end_to_end_floor_flags(clean_results()) == []
+
+
+def test_planted_end_to_end_inversions_are_flagged_at_their_size():
+    results = clean_results()
+    results[bench.FLOOR.label]["alloc_free_us"]["256"] = 8.0  # the no-op floor below Numba alone
+    results[bench.NUMBA_POOL.label]["alloc_free_us"]["65536"] = 8.0  # numba_pool below Numba alone
+    results[bench.CUPY.label]["alloc_free_us"]["4194304"] = 9.5  # a finalizer plugin below the no-op floor
+    flags = bench_checks.end_to_end_floor_flags(results)
+    assert {(f.figure, f.label) for f in flags} == {("256", "no-op floor"), ("65536", "numba_pool"),
+                                                    ("4194304", "cupy (pool)")}
+    assert str(flags[0]) == ("CHECK FAILED [end to end] 64 KiB, numba_pool: 8.00 us is 0.25 us below Numba alone "
+                             "(8.25 us): a floor inversion")
+
+
+def rounds_of(*seed_ms_and_us):
+    return [result(seed, *([us] * len(bench.SIZES))) for seed, us in seed_ms_and_us]
+
+
+def test_rounds_within_ten_percent_agree_and_a_planted_outlier_is_flagged():
+    assert bench_checks.rounds_flags({"numba_pool": rounds_of((4.0, 10.0), (4.1, 10.9), (4.0, 10.5))}) == []
+    flags = bench_checks.rounds_flags({"numba_pool": rounds_of((4.0, 10.0), (4.0, 11.2), (4.0, 10.1)),
+                                       "default": rounds_of((12.0, 25.0), (14.0, 25.0))})
+    assert [(f.label, f.figure) for f in flags] == [("numba_pool", str(s)) for s in bench.SIZES] + [
+        ("default", "benchmark loop")]
+    assert "disagree by 12 % (max/min 1.120 > 1.10): 10, 11.2, 10.1" in flags[0].message
+
+
+def test_table_marks_flagged_cells_and_ratios_to_default():
+    results = clean_results()
+    results[bench.NUMBA_POOL.label]["alloc_free_us"]["65536"] = 8.0
+    flags = bench_checks.end_to_end_floor_flags(results)
+    pool = next(line for line in bench.render(results, flags).splitlines() if line.startswith("| numba_pool "))
+    cells = [cell.strip() for cell in pool.strip("|").split("|")]
+    assert cells[3:] == ["10.00 (+0.25, +1.75)", "8.00 (-1.75, -0.25) !", "10.00 (+0.25, +1.75)",
+                         "10.00 (+0.25, +1.75)"]
+    ratios = bench.ratios_to_default(results)
+    assert ratios["numba_pool"]["benchmark loop"] == 3.0 and ratios["numba_pool"]["256"] == 2.5
+    assert ratios["numba_pool"]["65536"] == 25.0 / 8.0 and ratios["default"]["256"] == 1.0
+    table = bench.render_ratios(results, flags)
+    assert "x faster than default" in table.splitlines()[0]
+    assert "| 3.00 " in table and "3.12 !" in table
+
+
+def test_rounds_are_kept_beside_their_median():
+    merged = bench.median_over_rounds([{**result(4.0, 1, 2, 3, 4), "manager": "m", "core": 0},
+                                       {**result(5.0, 2, 2, 3, 4), "manager": "m", "core": 0},
+                                       {**result(6.0, 9, 2, 3, 4), "manager": "m", "core": 0}])
+    assert merged["alloc_free_us"]["256"] == 2 and merged["rounds_alloc_free_us"]["256"] == [1, 2, 9]
+    assert merged["rounds_seed_loop_ms"] == [4.0, 5.0, 6.0] and merged["core"] == 0 and merged["rounds"] == 3
+
+
+def test_core_is_the_lowest_allowed_or_the_one_asked_for():
+    assert bench.chosen_core(None, {3, 1, 7}) == 1
+    assert bench.chosen_core(7, {3, 1, 7}) == 7
+    with pytest.raises(ValueError, match=r"--core 2: not a CPU core this process may run on \(allowed: 1, 3, 7\)"):
+        bench.chosen_core(2, {3, 1, 7})
+
+
+def test_while_timing_one_core_and_no_collector_then_both_restored():
+    before = os.sched_getaffinity(0)
+    core = max(before)
+    assert gc.isenabled()
+    with bench.quiet_host({bench.CORE_VARIABLE: str(core)}) as pinned:
+        assert pinned == core and os.sched_getaffinity(0) == {core} and not gc.isenabled()
+    assert os.sched_getaffinity(0) == before and gc.isenabled()
+    with bench.quiet_host({}) as pinned:
+        assert pinned == min(before)
+
+
+def test_every_worker_gets_the_same_core(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench, "run_module", lambda module, args, env, cwd: seen.append(env) or {})
+    for manager in (bench.DEFAULT, bench.ARENA):
+        bench.measure(manager, core=5)
+    assert [env[bench.CORE_VARIABLE] for env in seen] == ["5", "5"]
+    assert seen[1]["NUMBA_POOL_ARENA"] == "1"
+
+
+def test_summary_never_reads_clean_when_a_check_failed():
+    flag = bench_checks.Flag("end to end", "256", "numba_pool", "x")
+    assert bench_checks.summary([flag]).startswith("SELF-CHECKS: 1 FAILED")
+    assert bench_checks.summary([]).startswith("self-checks passed")
+
+
+# -- the bench command's helpers, with the workers faked ------------------------------------------
+
+def fake_worker(slow_round=None, failing=()):
+    """A bench.measure stand-in: clean figures, numba_pool 20 % slower in round ``slow_round``."""
+    calls = {}
+
+    def measure(manager, core=None):
+        if manager.label in failing:
+            raise RuntimeError(f"benchmark of {manager.label} failed: exit 1:\nTraceback (most recent call last):\n"
+                               "  File \"x\", line 1\nImportError: librmm.so: cannot open shared object file")
+        n = calls[manager.label] = calls.get(manager.label, 0) + 1
+        r = {**clean_results().get(manager.label, result(4.0, 11.0, 11.0, 11.0, 11.0)), "manager": "m", "core": core}
+        if manager.label == bench.NUMBA_POOL.label and n == slow_round:
+            r = {**r, "alloc_free_us": {k: us * 1.2 for k, us in r["alloc_free_us"].items()}}
+        return r
+
+    return measure
+
+
+def test_end_to_end_flags_a_planted_slow_round_and_notes_missing_anchors(monkeypatch, capsys):
+    from numba_pool import anchors
+
+    monkeypatch.setattr(bench, "measure", fake_worker(slow_round=2))
+    monkeypatch.setattr(anchors, "installed", lambda label: False)
+    report = {}
+    flags = cli._bench_end_to_end(report, True, False, 5, None, 0, "GPU", "today")
+    out = capsys.readouterr().out
+    assert {(f.label, f.table) for f in flags} == {("numba_pool", "end to end")} and len(flags) == len(bench.SIZES)
+    assert "note: rmm (pool): row skipped, rmm is not installed" in out and "Traceback" not in out
+    assert "CHECK FAILED [end to end] 256 B, numba_pool: rounds disagree by 20 %" in out
+    assert "x faster than default" in out and report["results"]["numba_pool"]["vs_default"]["benchmark loop"] == 3.0
+    assert len(report["end_to_end_notes"]) == 3 and report["results"]["numba_pool"]["core"] == 0
+
+
+def test_end_to_end_anchor_that_fails_is_a_one_line_note(monkeypatch, capsys):
+    from numba_pool import anchors
+
+    monkeypatch.setattr(bench, "measure", fake_worker(failing=("rmm (pool)",)))
+    monkeypatch.setattr(anchors, "installed", lambda label: True)
+    report = {}
+    assert cli._bench_end_to_end(report, True, False, 5, None, 0, "GPU", "today") == []
+    out = capsys.readouterr().out
+    assert "note: rmm (pool): row skipped, it failed: ImportError: librmm.so: cannot open shared object file" in out
+    assert "Traceback" not in out and "rmm (pool)" not in report["results"] and "cupy (pool)" in report["results"]
+
+
+def allocator_output(arena_ratio):
+    d = {"median": arena_ratio, "low": arena_ratio - 0.05, "high": arena_ratio + 0.05}
+    above = {"median": 0.4, "low": 0.3, "high": 0.5}
+    rows = {"numba_pool arena": {"median_us": 1.4, "above_reference": above, "above_floor": above,
+                                 "ratio_to_floor": d, "vs_baseline": None, "vs_plain": None},
+            "Numba alone": {"median_us": 1.0, "above_reference": None, "above_floor": None,
+                            "ratio_to_floor": None, "vs_baseline": None, "vs_plain": None}}
+    return {"sizes": {"256": rows}, "notes": ["cupy (pool): row skipped, cupy is not installed"], "core": 0}
+
+
+def test_repeat_run_shows_each_run_and_flags_runs_that_disagree(monkeypatch, capsys):
+    outputs = iter([allocator_output(0.70), allocator_output(0.80)])
+    seen = []
+    monkeypatch.setattr(bench, "run_module", lambda module, args, env: seen.append((args, env)) or next(outputs))
+    report = {}
+    flags = cli._bench_allocator(report, None, False, True, 2, 3, "GPU", "today")
+    out = capsys.readouterr().out
+    assert seen == [(["--anchors"], {bench.CORE_VARIABLE: "3"})] * 2
+    assert "run 1/2" in out and "run 2/2" in out and out.count("note: cupy (pool)") == 1
+    assert [(f.table, f.label) for f in flags] == [("allocator runs", "numba_pool arena")]
+    assert "CHECK FAILED [allocator runs] 256 B, numba_pool arena: ratios of the runs disagree by 14 %" in out
+    assert len(report["allocator_runs"]) == 2 and report["allocator"] == report["allocator_runs"][0]

@@ -26,8 +26,8 @@ DISTRIBUTIONS = {
     "distributed": "distributed", "dask": "distributed",
 }
 #: Imported only where the user asks for them and never declared: ``numba-pool bench`` measures
-#: rmm when it is installed.
-UNDECLARED_OPTIONAL = {"rmm"}
+#: the anchors (RMM, CuPy) when they are installed, for the comparison rows only.
+UNDECLARED_OPTIONAL = {"rmm", "cupy"}
 
 
 def requirement_names(text: str) -> list[str]:
@@ -52,7 +52,7 @@ def test_core_dependencies_are_small():
 def test_heavy_packages_are_extras():
     assert EXTRAS["plot"] == ["matplotlib"]
     assert EXTRAS["dask"] == ["distributed"]
-    assert {"pytest", "hypothesis", "distributed"} <= set(EXTRAS["test"])
+    assert {"pytest", "hypothesis", "distributed", "matplotlib"} <= set(EXTRAS["test"])
 
 
 def test_driver_requirement_and_license_are_stated():

@@ -1,0 +1,144 @@
+"""The bench's anchors: other EMM plugins, measured beside numba_pool where they are installed.
+
+* ``rmm (pool)``: RMM's plugin (``rmm.allocators.numba.RMMNumbaManager``) on RMM's pool
+  (``rmm.reinitialize(pool_allocator=True)``);
+* ``rmm (cuda_async)``: the same plugin on ``rmm.mr.CudaAsyncMemoryResource`` (the driver's
+  stream-ordered pool, as numba_pool);
+* ``cupy (pool)``: :class:`CupyNumbaManager`, a plugin on CuPy's device pool written as Numba's
+  EMM documentation describes one (a ``HostOnlyCUDAMemoryManager`` whose ``memalloc`` returns a
+  ``MemoryPointer`` with a finalizer that hands the block back); bench-only, a comparison.
+  Select it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.anchors``.
+
+An anchor not installed, or failing to start, is left out with a one-line note.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Callable
+
+try:
+    from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryPointer
+    from numba.cuda.cudadrv.driver import MemoryInfo
+except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: stand-ins
+    from . import _simulator
+
+    if not _simulator.enabled():
+        raise
+    from ._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+
+    class GetIpcHandleMixin:  # noqa: D101 - unused under the simulator
+        pass
+
+from cuda.bindings.driver import CUdeviceptr
+
+from .bench_checks import CUPY, RMM_ASYNC, RMM_POOL
+
+#: The package each anchor needs, and the pip name to suggest.
+PACKAGES = {RMM_POOL: ("rmm", "rmm-cu13"), RMM_ASYNC: ("rmm", "rmm-cu13"), CUPY: ("cupy", "cupy-cuda13x")}
+
+
+def installed(label: str) -> bool:
+    """Whether the package ``label`` needs can be imported (without importing it)."""
+    return importlib.util.find_spec(PACKAGES[label][0]) is not None
+
+
+def missing_note(label: str) -> str:
+    module, pip_name = PACKAGES[label]
+    return f"{label}: row skipped, {module} is not installed (pip install {pip_name})"
+
+
+def failed_note(label: str, err: BaseException | str) -> str:
+    """One line for an anchor that is installed but failed: the last line of what it said."""
+    text = str(err).strip().splitlines()
+    detail = text[-1] if text else type(err).__name__
+    return f"{label}: row skipped, it failed: {detail}"
+
+
+class CupyNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
+    """Device memory from CuPy's default pool (``cupy.get_default_memory_pool().malloc``).
+
+    The CuPy ``MemoryPointer`` is kept in ``self.allocations`` (cleared by ``reset``) until
+    Numba's pointer dies; its finalizer drops it and CuPy takes the block back into its pool.
+    """
+
+    def initialize(self) -> None:
+        import cupy
+
+        self._pool = cupy.get_default_memory_pool()
+
+    def memalloc(self, size: int) -> MemoryPointer:
+        block = self._pool.malloc(size)
+        address = block.ptr
+        allocations = self.allocations
+        allocations[address] = block
+
+        def finalizer():
+            allocations.pop(address, None)  # gone already after a reset
+
+        return MemoryPointer(self.context, CUdeviceptr(address), size, finalizer=finalizer)
+
+    def get_memory_info(self) -> MemoryInfo:
+        import cupy
+
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return MemoryInfo(free=free, total=total)
+
+    @property
+    def interface_version(self) -> int:
+        return 1
+
+
+_numba_memory_manager = CupyNumbaManager
+
+
+def prepare_rmm(kind: str) -> None:
+    """In a bench worker whose Numba uses RMM's plugin: RMM's current resource, ``pool`` (also
+    ``1``, as before) or ``cuda_async``."""
+    import rmm
+
+    if kind == "cuda_async":
+        rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource())
+    else:
+        rmm.reinitialize(pool_allocator=True)
+
+
+def in_process(context) -> tuple[dict[str, Callable], dict[str, Callable[[], None]], list[str]]:
+    """The anchors' ``memalloc`` on ``context`` without replacing Numba's manager: per label,
+    ``memalloc``; what to call (untimed) before each block of it (RMM's current resource is
+    one per device, so the two RMM rows switch it); and one note per anchor left out."""
+    memallocs, prepare, notes = {}, {}, []
+    for label, start in ((RMM_POOL, _rmm_in_process), (CUPY, _cupy_in_process)):
+        if not installed(label):
+            notes.append(missing_note(label))
+            if label == RMM_POOL:
+                notes.append(missing_note(RMM_ASYNC))
+            continue
+        try:
+            started = start(context)
+        except Exception as err:  # an optional comparison: note it and go on
+            notes += [failed_note(row, err) for row in ((RMM_POOL, RMM_ASYNC) if label == RMM_POOL else (label,))]
+            continue
+        for row, (memalloc, before) in started.items():
+            memallocs[row] = memalloc
+            if before is not None:
+                prepare[row] = before
+    return memallocs, prepare, notes
+
+
+def _rmm_in_process(context) -> dict:
+    import rmm
+    from rmm.allocators.numba import RMMNumbaManager
+
+    rmm.reinitialize(pool_allocator=True)
+    resources = {RMM_POOL: rmm.mr.get_current_device_resource(), RMM_ASYNC: rmm.mr.CudaAsyncMemoryResource()}
+    manager = RMMNumbaManager(context=context)
+    manager.initialize()
+    return {label: (manager.memalloc, lambda mr=mr: rmm.mr.set_current_device_resource(mr))
+            for label, mr in resources.items()}
+
+
+def _cupy_in_process(context) -> dict:
+    manager = CupyNumbaManager(context=context)
+    manager.initialize()
+    return {CUPY: (manager.memalloc, None)}

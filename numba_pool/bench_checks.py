@@ -1,0 +1,155 @@
+"""Self-checks of ``numba-pool bench``'s tables: a figure that fails one is flagged, never shown clean.
+
+Pure functions over the tables' JSON (no GPU), each returning a list of :class:`Flag`:
+
+* **Floor inversions** (:func:`allocator_floor_flags`, :func:`end_to_end_floor_flags`): a row
+  measured below a floor it cannot go below.  Every row floors at ``Numba alone`` (Numba's own
+  cost, no finalizer: the least any manager can cost); the ``no-op floor``, Numba's default
+  manager and the anchors (RMM's and CuPy's plugins) pass a finalizer, which Numba wraps in
+  ``weakref.finalize``, so they floor at the ``no-op floor`` too.  In the allocator part the test
+  is the paired difference's median (µs) below zero; end to end, the median over rounds (µs).
+* **Rounds that disagree** (:func:`rounds_flags`): end to end, per manager and figure, the largest
+  over the smallest of the rounds above ``1 +`` :data:`TOLERANCE`.
+* **Runs that disagree** (:func:`runs_flags`): the allocator part run N times (``--repeat-run``),
+  per size and allocator, the largest over the smallest of the runs' ratios (overhead above
+  ``Numba alone`` over the no-op floor's) above ``1 +`` :data:`TOLERANCE`, or a ratio not positive.
+  Ratios, not µs: the host's speed changes between runs, and the µs with it, the ratios hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TOLERANCE = 0.10
+REFERENCE = "Numba alone"
+NOOP_FLOOR = "no-op floor"
+DEFAULT = "default"
+RMM_POOL = "rmm (pool)"
+RMM_ASYNC = "rmm (cuda_async)"
+CUPY = "cupy (pool)"
+ANCHORS = (RMM_POOL, RMM_ASYNC, CUPY)
+WITH_FINALIZER = (DEFAULT, *ANCHORS)  # Numba wraps their finalizers in weakref.finalize
+SEED_LOOP = "benchmark loop"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A failed check: which table, figure (a size in bytes as a string, or ``seed loop``) and
+    row, and what is wrong."""
+
+    table: str
+    figure: str
+    label: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"CHECK FAILED [{self.table}] {figure_label(self.figure)}, {self.label}: {self.message}"
+
+
+def figure_label(figure: str) -> str:
+    """``'65536'`` -> ``'64 KiB'``; other figures as they are."""
+    from .bench import size_label
+
+    return size_label(int(figure)) if figure.isdigit() else figure
+
+
+def floors_of(label: str) -> list[str]:
+    """The floors ``label`` cannot measure below: none for ``Numba alone``; ``Numba alone`` for
+    every other row; the no-op floor as well for rows that pass a finalizer."""
+    if label == REFERENCE:
+        return []
+    if label.removesuffix(" (baseline)") in WITH_FINALIZER:
+        return [REFERENCE, NOOP_FLOOR]
+    return [REFERENCE]
+
+
+def allocator_floor_flags(results: dict) -> list[Flag]:
+    """Inversions in one allocator table, ``{size: {label: row}}``: a row whose paired difference
+    from a floor (``above_reference`` for ``Numba alone``, ``above_floor`` for the no-op floor;
+    median, µs) is below zero."""
+    fields = {REFERENCE: "above_reference", NOOP_FLOOR: "above_floor"}
+    flags = []
+    for size, rows in results.items():
+        for label, row in rows.items():
+            for floor in floors_of(label):
+                difference = row.get(fields[floor])
+                if floor in rows and difference is not None and difference["median"] < 0:
+                    flags.append(Flag("allocator", size, label, f"{difference['median']:+.2f} us below {floor} "
+                                      f"[95% CI {difference['low']:+.2f}, {difference['high']:+.2f}]: a floor inversion"))
+    return flags
+
+
+def end_to_end_floor_flags(results: dict) -> list[Flag]:
+    """Inversions in the end-to-end table, ``{label: {"alloc_free_us": {size: µs}}}``: a row's
+    allocate+free median below that of a floor, at any size."""
+    flags = []
+    for label, row in results.items():
+        for floor in floors_of(label):
+            if floor not in results:
+                continue
+            for size, us in row["alloc_free_us"].items():
+                below = results[floor]["alloc_free_us"][size] - us
+                if below > 0:
+                    flags.append(Flag("end to end", size, label, f"{us:.2f} us is {below:.2f} us below {floor} "
+                                      f"({results[floor]['alloc_free_us'][size]:.2f} us): a floor inversion"))
+    return flags
+
+
+def spread_flag(table: str, figure: str, label: str, values: list[float], what: str) -> Flag | None:
+    """A flag when ``values`` (one per round or run) are not all positive or their largest over
+    their smallest exceeds ``1 +`` :data:`TOLERANCE`; ``None`` when they agree."""
+    if len(values) < 2:
+        return None
+    shown = ", ".join(f"{v:.3g}" for v in values)
+    if min(values) <= 0:
+        return Flag(table, figure, label, f"{what} not all positive ({shown}): cannot agree")
+    spread = max(values) / min(values)
+    if spread > 1 + TOLERANCE:
+        return Flag(table, figure, label, f"{what} disagree by {(spread - 1) * 100:.0f} % "
+                    f"(max/min {spread:.3f} > {1 + TOLERANCE:.2f}): {shown}")
+    return None
+
+
+def rounds_flags(per_round: dict[str, list[dict]]) -> list[Flag]:
+    """End-to-end rounds that disagree: per manager, the seed loop and each allocate+free size
+    over the rounds, ``{label: [worker result, ...]}``."""
+    flags = []
+    for label, rounds in per_round.items():
+        figures = {SEED_LOOP: [r["seed_loop_ms"] for r in rounds]}
+        figures.update({size: [r["alloc_free_us"][size] for r in rounds] for size in rounds[0]["alloc_free_us"]})
+        for figure, values in figures.items():
+            flag = spread_flag("end to end", figure, label, values, "rounds")
+            if flag:
+                flags.append(flag)
+    return flags
+
+
+def runs_flags(runs: list[dict]) -> list[Flag]:
+    """Allocator runs that disagree: per size and allocator, the median ratios to the no-op
+    floor's overhead (``ratio_to_floor``) of ``runs``, each ``{size: {label: row}}``."""
+    flags = []
+    if len(runs) < 2:
+        return flags
+    for size, rows in runs[0].items():
+        for label in rows:
+            ratios = [run.get(size, {}).get(label, {}).get("ratio_to_floor") for run in runs]
+            if any(r is None for r in ratios):
+                continue
+            flag = spread_flag("allocator runs", size, label, [r["median"] for r in ratios], "ratios of the runs")
+            if flag:
+                flags.append(flag)
+    return flags
+
+
+def flagged(flags: list[Flag], table: str) -> set[tuple[str, str]]:
+    """The ``(figure, label)`` cells of ``table`` that a flag names."""
+    return {(f.figure, f.label) for f in flags if f.table == table}
+
+
+def summary(flags: list[Flag]) -> str:
+    """One closing line: every flag counted, or that every check passed."""
+    if flags:
+        return (f"SELF-CHECKS: {len(flags)} FAILED (the rows marked '!' above): these figures do not hold; "
+                "do not quote them")
+    return (f"self-checks passed: no floor inversion, rounds/runs within {TOLERANCE:.0%} of each other "
+            "(where measured)")
