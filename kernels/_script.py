@@ -36,8 +36,8 @@ def require_gpu(name: str) -> None:
 
 
 def parse_args(description: str, argv=None) -> argparse.Namespace:
-    """The scripts' arguments; then, unless only ``--help`` was asked for, check there is a GPU
-    (:func:`require_gpu`: exit status 2 without one)."""
+    """The scripts' arguments; then, unless only ``--help`` was asked for, check numba_pool's
+    configuration and that there is a GPU (exit status 2 and one line otherwise)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--n", type=_sizes, default=[1 << 20],
                         help="elements per array, or a comma-separated list cycled through the rounds (default 2^20)")
@@ -45,8 +45,25 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
     parser.add_argument("--keep", type=int, default=0,
                         help="keep the last K arrays alive (a pipeline's window) instead of freeing each at once")
     args = parser.parse_args(argv)
+    check_configuration(parser.prog)
     require_gpu(parser.prog)
     return args
+
+
+def check_configuration(name: str) -> None:
+    """Exit with status 2 and numba_pool's one-line message when a ``NUMBA_POOL_*`` variable is
+    bad, before Numba would raise it from deep inside its first allocation."""
+    import os
+
+    if os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") != "numba_pool":
+        return
+    from numba_pool.config import ConfigError, load
+
+    try:
+        load()
+    except ConfigError as err:
+        print(f"{name}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 class Window:

@@ -207,6 +207,16 @@ def test_kernel_scripts_without_gpu_one_line_and_exit_2(module):
         "this script runs kernels on one"]
 
 
+def test_kernel_scripts_name_a_bad_variable_in_one_line_before_anything_runs():
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA_MAX_BLOCK": "1000"}
+    proc = subprocess.run([sys.executable, "-m", "numba_pool.kernels.sqrt", "--iterations", "1"], cwd=checkout,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sqrt.py: NUMBA_POOL_ARENA_MAX_BLOCK='1000'"), lines
+
+
 def test_kernels_import_from_a_checkout_without_the_editable_finder():
     """``python -m numba_pool.kernels.sqrt`` inside a checkout with a plain (not editable)
     install or none: only sys.path's finder, and numba_pool is the checkout's."""
