@@ -38,7 +38,9 @@ def install(**options: Any) -> PoolConfig:
     as a likely slip for ``1.0``, write ``"512 KiB"`` for a cap that small), ``initial_size``
     (bytes), ``use_default_pool``, ``arena``, ``ipc`` (bools), ``arena_max_block``,
     ``arena_slab_size`` (bytes, multiples of 256, block <= slab), ``log`` (path of a CSV
-    allocation log, checked now).  Sizes are ints or strings with units (``"64 MiB"``,
+    allocation log, checked now), ``host`` (bool: pinned/mapped host memory from a cache of
+    ``cuMemHostAlloc`` blocks; off by default, not yet validated on a GPU), ``host_max_size``
+    (bytes, or ``"none"``) and ``host_release_threshold`` (bytes, or ``"all"``).  Sizes are ints or strings with units (``"64 MiB"``,
     ``"1.5 GiB"``; KiB = 1024 B, KB = 1000 B) and must be whole bytes up to 2**64 - 1.  ``None``
     means the option's default, whatever the environment says.
 
@@ -103,12 +105,14 @@ def reset_peak(device: int | None = None) -> None:
 
 def trim(keep_bytes: int = 0, device: int | None = None) -> None:
     """Synchronize the device and release cached pool memory beyond ``keep_bytes`` bytes
-    (``cuMemPoolTrimTo``), including the arena's empty slabs."""
+    (``cuMemPoolTrimTo``), including the arena's empty slabs, and (``NUMBA_POOL_HOST``) the
+    cached pinned host blocks whose events completed (``cuMemFreeHost``)."""
     _manager(device).trim(keep_bytes)
 
 
 def record_stream(array: Any, stream: Any) -> None:
-    """Mark ``array`` (a device array, shape and dtype any, or a ``MemoryPointer``) as used on
+    """Mark ``array`` (a device array, shape and dtype any, a ``MemoryPointer``, or with
+    ``NUMBA_POOL_HOST`` a pinned or mapped array from numba_pool) as used on
     ``stream``: when it is freed, its memory is not reused until the work queued on ``stream`` by
     then has finished.  Device-side ordering through an event; the host never waits.  The
     PyTorch equivalent is ``Tensor.record_stream``.

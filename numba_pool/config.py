@@ -72,7 +72,11 @@ class PoolConfig:
     memory (float in (0, 1]); :meth:`max_size_bytes` resolves it once the device is known.
     ``log`` is an absolute file path, or None for no allocation log.  ``ipc`` asks for a pool
     whose allocations other processes can open (where the device supports it); ``peer_access``
-    is ``"all"`` (other devices may reach the pool's memory) or ``"none"``.  Build it with :func:`load`,
+    is ``"all"`` (other devices may reach the pool's memory) or ``"none"``.  ``host`` serves
+    pinned and mapped host memory (``cuda.pinned_array``, ``mapped_array``) from a cache of
+    ``cuMemHostAlloc`` blocks (:mod:`numba_pool.host`); off by default: not yet validated on a
+    GPU.  ``host_max_size`` caps its reserved bytes (None: no cap); beyond
+    ``host_release_threshold`` cached bytes, completed blocks are freed.  Build it with :func:`load`,
     which checks every value; the constructor checks nothing.
     """
 
@@ -86,6 +90,9 @@ class PoolConfig:
     log: str | None = None
     ipc: bool = True
     peer_access: str = "all"
+    host: bool = False
+    host_max_size: int | None = None
+    host_release_threshold: int = KEEP_ALL
 
     def max_size_bytes(self, device_total: int) -> int | None:
         """The hard cap of the private pool in bytes for a device of ``device_total`` bytes
@@ -114,6 +121,10 @@ class PoolConfig:
             "ipc": "exportable pool (POSIX file descriptors) where the device supports it" if self.ipc else "off",
             "peer access": ("every device that can reach this one (cuMemPoolSetAccess)" if self.peer_access == "all"
                             else "none: the pool's own device only"),
+            "host": (f"on: pinned/mapped blocks cached (cuMemHostAlloc), cap "
+                     f"{'none' if self.host_max_size is None else size(self.host_max_size)}, release threshold "
+                     f"{'keep all' if self.host_release_threshold == KEEP_ALL else size(self.host_release_threshold)}"
+                     if self.host else "off: Numba's cuMemHostAlloc/cuMemFreeHost per buffer"),
         }
 
 
@@ -255,6 +266,23 @@ def parse_arena_size(value: Any, source: str) -> int:
     return nbytes
 
 
+def parse_host_max_size(value: Any, source: str) -> int | None:
+    """The pinned host cache's cap in bytes (see :func:`parse_size`); ``None``/``none`` for no
+    cap.
+
+    :raises ConfigError: for 0 bytes, or anything :func:`parse_size` refuses.
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    try:
+        nbytes = parse_size(value, source)
+    except ConfigError as err:
+        raise ConfigError(f"{err}; or 'none' for no cap") from None
+    if nbytes == 0:
+        raise ConfigError(f"{source}={value!r}: a host cache capped at 0 bytes cannot serve anything; unset it for no cap")
+    return nbytes
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -358,6 +386,9 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "log": ("NUMBA_POOL_LOG", parse_path),
     "ipc": ("NUMBA_POOL_IPC", parse_bool),
     "peer_access": ("NUMBA_POOL_PEER_ACCESS", parse_peer_access),
+    "host": ("NUMBA_POOL_HOST", parse_bool),
+    "host_max_size": ("NUMBA_POOL_HOST_MAX_SIZE", parse_host_max_size),
+    "host_release_threshold": ("NUMBA_POOL_HOST_RELEASE_THRESHOLD", parse_release_threshold),
 }
 
 #: ``NUMBA_POOL_*`` variables read elsewhere than :func:`load`; every other ``NUMBA_POOL_*``

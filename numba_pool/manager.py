@@ -38,6 +38,7 @@ except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: s
 from . import config as _config
 from . import driver
 from .alloclog import AllocationLog
+from .host import HostBlock, HostBlocks, host_flags
 from .mempool import MemPool, device_memory_info
 from .ordering import StreamOrdering
 from .stats import PoolStatistics, UsageTracker
@@ -51,8 +52,9 @@ def _fmt(nbytes: int) -> str:
 class NumbaPoolManager(HostOnlyCUDAMemoryManager):
     """EMM plugin serving Numba's device allocations from a stream-ordered mempool.
 
-    Numba creates one instance per CUDA context, hence per device.  Pinned, mapped and managed
-    memory keep Numba's own handling (``HostOnlyCUDAMemoryManager``).
+    Numba creates one instance per CUDA context, hence per device.  Pinned and mapped host
+    memory come from :mod:`numba_pool.host`'s cache when ``NUMBA_POOL_HOST`` is on; otherwise,
+    and for ``mempin`` and managed memory, Numba's own handling (``HostOnlyCUDAMemoryManager``).
     """
 
     def __init__(self, *args, **kwargs):
@@ -63,6 +65,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self._init_lock = threading.Lock()
         self._usage = UsageTracker()
         self._log: AllocationLog | None = None
+        self._host: HostBlocks | None = None
 
     @property
     def device_id(self) -> int:
@@ -98,6 +101,9 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                                       before_retry=self.deallocations.clear,
                                       describe_out_of_memory=self._out_of_memory_message)
             self.config, self._pool = config, pool
+            if config.host and self._host is None:
+                threshold = None if config.host_release_threshold == _config.KEEP_ALL else config.host_release_threshold
+                self._host = HostBlocks(cu, max_size=config.host_max_size, release_threshold=threshold)
             self._bind(ordering, config)
             self._ordering = ordering
 
@@ -139,6 +145,40 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
 
     def _allocate_in_scratch(self, stream, size: int) -> MemoryPointer:
         return stream.scratch.allocate(self, size)
+
+    def memhostalloc(self, size: int, mapped: bool = False, portable: bool = False, wc: bool = False):
+        """``size`` bytes of page-locked host memory, as Numba's: a ``PinnedMemory``, or with
+        ``mapped`` the owned view of a ``MappedMemory`` whose device pointer kernels can use
+        (``cuMemHostGetDevicePointer``).  With ``NUMBA_POOL_HOST`` on, from the cache of
+        ``cuMemHostAlloc`` blocks (:mod:`numba_pool.host`; the block goes back to the cache,
+        not to ``cuMemFreeHost``, when Numba drops the memory); else, and for 0 bytes, Numba's.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes.
+        """
+        self.initialize()
+        host = self._host
+        if host is None or size <= 0:
+            return super().memhostalloc(size, mapped, portable, wc)
+        from numba.cuda.cudadrv.driver import PinnedMemory
+
+        block = host.allocate(size, host_flags(mapped, portable, wc))
+        finalizer = partial(_release_host, self, host, block, mapped)
+        context = weakref.proxy(self.context)
+        if not mapped:
+            return PinnedMemory(context, block.host, size, finalizer=finalizer)
+        mem = _pooled_mapped_memory(context, block, size, finalizer)
+        self.allocations[block.host] = mem
+        return mem.own()
+
+    def _hold_back_host(self, release) -> bool:
+        """Inside ``defer_cleanup``: keep ``release`` for the outermost exit; True if kept."""
+        ordering = self._ordering
+        if ordering is None or not ordering.waits.depth:
+            return False
+        ordering.waits.held_back.append(release)
+        if not ordering.waits.depth:  # the block exited meanwhile
+            ordering.waits.flush()
+        return True
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)`` bytes that allocations through this manager can still get.
@@ -183,6 +223,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         do nothing.  The next allocation creates a new pool.  Also clears Numba's host
         allocations (``super().reset()``)."""
         super().reset()
+        if self._host is not None:
+            self._host.reset()
         with self._init_lock:
             ordering = self._ordering
             if ordering is None:
@@ -220,7 +262,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         ref = as_stream_ref(stream)
         address = _data_address(array)
         self.initialize()
-        if not self._ordering.record_stream(address, ref):
+        if not self._ordering.record_stream(address, ref) and not (
+                self._host is not None and self._host.record_stream(address, ref)):
             raise ValueError(
                 f"numba_pool.record_stream: address {address:#x} is not in a live allocation of "
                 f"numba_pool on device {self.device_id}")
@@ -237,7 +280,12 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             total_allocations=u.total_allocations, total_frees=u.total_frees, total_bytes=u.total_bytes,
             pool_reserved_bytes=pool.reserved, pool_reserved_high=pool.reserved_high,
             pool_used_bytes=pool.used, pool_used_high=pool.used_high,
-            oom_retries=u.oom_retries, oom_errors=u.oom_errors, **self._arena_fields())
+            oom_retries=u.oom_retries, oom_errors=u.oom_errors, **self._arena_fields(), **self._host_fields())
+
+    def _host_fields(self) -> dict:
+        if self._host is None:
+            return {}
+        return {"host_on": True, **self._host.statistics()}
 
     def _arena_fields(self) -> dict:
         if self._ordering.arena is None:
@@ -257,9 +305,12 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
     def trim(self, keep_bytes: int = 0) -> None:
         """Give the arena's empty slabs back, synchronize the context so every stream-ordered
         free has completed, then release reserved but unused pool memory down to
-        ``keep_bytes`` (``cuMemPoolTrimTo``)."""
+        ``keep_bytes`` (``cuMemPoolTrimTo``); with ``NUMBA_POOL_HOST``, free the cached pinned
+        blocks whose events completed (``cuMemFreeHost``)."""
         self.initialize()
         self._ordering.trim(keep_bytes)
+        if self._host is not None:
+            self._host.trim()
 
     def _out_of_memory_message(self, size: int) -> str:
         pool = self._pool
@@ -301,16 +352,50 @@ def _log_then_release(log: AllocationLog, address: int, size: int, stream: int, 
     release()
 
 
+def _release_host(manager: NumbaPoolManager, host: HostBlocks, block: HostBlock, mapped: bool) -> None:
+    """The finalizer of pinned/mapped memory from the host cache: drop Numba's record of a
+    mapped block, then give the block back (held back inside ``defer_cleanup``)."""
+    if mapped:
+        manager.allocations.pop(block.host, None)
+    release = partial(host.release, block)
+    if not manager._hold_back_host(release):
+        release()
+
+
+def _pooled_mapped_memory(context, block: HostBlock, size: int, finalizer):
+    """Numba's ``MappedMemory`` for a cached block, built as its constructor builds it but
+    with the device pointer the cache got (``cuMemHostGetDevicePointer`` through numba_pool's
+    driver object) instead of a second driver call."""
+    from cuda.bindings import driver as binding
+    from numba.cuda.cudadrv.driver import AutoFreePointer, MappedMemory
+
+    mem = MappedMemory.__new__(MappedMemory)
+    mem.owned = None
+    mem.host_pointer = block.host
+    mem._bufptr_ = block.host
+    AutoFreePointer.__init__(mem, context, binding.CUdeviceptr(block.device), size, finalizer=finalizer)
+    mem.handle = mem.host_pointer
+    mem._buflen_ = mem.size
+    return mem
+
+
 def _data_address(array) -> int:
     """The device address of an array's first byte (CUDA Array Interface) or of a
-    ``MemoryPointer``."""
+    ``MemoryPointer``; for host memory (a pinned NumPy array, ``PinnedMemory``) its host
+    address."""
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is not None:
         return int(interface["data"][0])
     pointer = getattr(array, "device_pointer_value", None)
     if pointer is not None:
         return int(pointer)
-    raise TypeError(f"numba_pool: {type(array).__name__} is neither a device array nor a MemoryPointer")
+    interface = getattr(array, "__array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0])
+    pointer = getattr(array, "host_pointer", None)
+    if pointer is not None:
+        return int(pointer)
+    raise TypeError(f"numba_pool: {type(array).__name__} is neither a device array, a pinned host array nor a MemoryPointer")
 
 
 # -- process-wide configuration ------------------------------------------------------------

@@ -49,6 +49,16 @@ runs this code against random legal programs (``tests/cuda_model.py``, ``tests/t
    manager's guarantee: ``cuCtxSynchronize``, after which no earlier work remains, then the
    block is free; a warning says so.  Inside ``defer_cleanup`` releases are held back and done,
    by these rules, when the outermost block exits.
+9. **Host blocks wait for the host** (pinned and mapped memory, ``NUMBA_POOL_HOST``; code in
+   :mod:`numba_pool.host`, kept apart because it shares no domain, arena or mempool with the
+   rules above).  The next owner of a host block is the CPU, which writes it at once, so stream
+   order is not enough: at release an event is recorded on the legacy stream (after all work of
+   blocking streams) and on each stream registered with ``record_stream`` (non-blocking streams
+   need it, as for device blocks), and the block is handed out again only once every one of
+   those events has *completed as the host observes it* (``cuEventQuery`` returns
+   ``CUDA_SUCCESS``); otherwise a new block is allocated.  Blocks are freed
+   (``cuMemFreeHost``) only after their events completed (``cuEventSynchronize`` when over the
+   cap) or after ``cuCtxSynchronize`` (reset).  Checked by ``tests/test_host_ordering.py``.
 
 Threads: releases run in finalizers, in any thread, even inside an allocation the garbage
 collector interrupted.  So they take no lock: each step is one atomic ``dict``/``list``/``deque``

@@ -36,6 +36,9 @@ class PoolStatistics:
     ``arena_*``: the sub-allocating arena (zero, and ``arena_on`` false, when it is off): slab
     bytes reserved from the mempool, bytes in live blocks (rounded to 256 B), free blocks and
     the largest of them, bytes cached, quarantined and free in the slabs, and the slabs.
+    ``host_*``: pinned host blocks (``NUMBA_POOL_HOST``; zero, ``host_on`` false, when off):
+    bytes from ``cuMemHostAlloc`` (rounded to powers of two), in pinned/mapped arrays, cached
+    for reuse, and the blocks reserved.
 
     The same figures under RMM's names (``rmm.statistics.Statistics``): :attr:`current_bytes`,
     :attr:`current_count`, :attr:`peak_bytes`, :attr:`peak_count`, :attr:`total_bytes`,
@@ -65,6 +68,11 @@ class PoolStatistics:
     arena_quarantined_bytes: int = 0
     arena_free_bytes: int = 0
     arena_slabs: int = 0
+    host_on: bool = False
+    host_reserved_bytes: int = 0
+    host_in_use_bytes: int = 0
+    host_cached_bytes: int = 0
+    host_blocks: int = 0
 
     # -- RMM's names (rmm.statistics.Statistics) ------------------------------------------
 

@@ -25,7 +25,7 @@ def _size(nbytes: int) -> str:
 def format_summary(stats: PoolStatistics, *, device: int | None = None, scratch=None) -> str:
     """The summary table of ``stats``: allocations (bytes requested and counts: current, peak,
     total), frees, the pool's reserved and used bytes with their high watermarks, the arena's
-    figures when it is on, the calling thread's scratch block when ``scratch`` (a
+    figures when it is on, the pinned host cache's (``NUMBA_POOL_HOST``) when it is on, the calling thread's scratch block when ``scratch`` (a
     :class:`~numba_pool.scratch.ScratchBlock`) is given, and the out-of-memory counts.  Sizes
     in binary units with the exact bytes.
 
@@ -50,6 +50,13 @@ def format_summary(stats: PoolStatistics, *, device: int | None = None, scratch=
             ("arena free blocks", s.arena_free_blocks, blank, blank),
             ("arena largest free block", _size(s.arena_largest_free_block), blank, blank),
             ("arena slabs", s.arena_slabs, blank, blank),
+        ]
+    if s.host_on:
+        rows += [
+            ("host pinned reserved", _size(s.host_reserved_bytes), blank, blank),
+            ("host pinned in use", _size(s.host_in_use_bytes), blank, blank),
+            ("host pinned cached", _size(s.host_cached_bytes), blank, blank),
+            ("host pinned blocks", s.host_blocks, blank, blank),
         ]
     if scratch is not None:
         rows += [

@@ -44,7 +44,11 @@ What is deliberately conservative (stricter than the driver), and why
 * A handle reused for a new stream is a new stream: nothing on it is ordered after the old
   stream's work.
 
-Model-only API for tests: :meth:`CudaModel.launch`, :attr:`CudaModel.violations`,
+* **Pinned host memory** (``cuMemHostAlloc`` ...): see :class:`_HostCalls`; the host's own
+  uses are ops of a pseudo stream, the host, ordered after what it has observed complete.
+
+Model-only API for tests: :meth:`CudaModel.launch`, :meth:`CudaModel.copy_async`,
+:meth:`CudaModel.host_use`, :meth:`CudaModel.host_stats`, :attr:`CudaModel.violations`,
 :meth:`CudaModel.tail`, :meth:`CudaModel.would_follow`, :meth:`CudaModel.wait`,
 :attr:`CudaModel.preempt`, :meth:`CudaModel.stats`.
 """
@@ -145,9 +149,16 @@ class _Stream:
         return self.last.vc if self.last is not None else {}
 
 
+#: The pseudo stream of host (CPU) uses of pinned memory: its id and handle are never a stream's.
+HOST_ID = 0
+HOST_HANDLE = -1
+
+
 def describe_stream(handle: Optional[int], stream_id: Optional[int]) -> str:
     if handle is None:
         return "?"
+    if handle == HOST_HANDLE:
+        return "the host (CPU)"
     if handle in LEGACY_HANDLES:
         return f"legacy stream (id {stream_id})"
     if handle == PER_THREAD_HANDLE:
@@ -915,7 +926,109 @@ class _DeviceCalls:
         return (SUCCESS,)
 
 
-class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls):
+class _HostCalls:
+    """Pinned host memory (``cuMemHostAlloc``/``cuMemFreeHost``/``cuMemHostGetDevicePointer``)
+    and its uses.  A host block's uses are device ops (:meth:`CudaModel.copy_async`: an async
+    copy, or a kernel touching mapped memory, on a stream) and *host* ops
+    (:meth:`CudaModel.host_use`: the CPU reading or writing it), checked per granule like device
+    memory.  A host op is ordered after a device op only when the host has observed that op
+    complete (``cuEventQuery`` returning ``CUDA_SUCCESS`` for an event recorded after it,
+    ``cuEventSynchronize``, ``cuStreamSynchronize``, ``cuCtxSynchronize``); device ops enqueued
+    after a host op are ordered after it.  Mapped blocks: the device address is the host
+    address (unified addressing).  ``cuMemFreeHost`` is not assumed to synchronize."""
+
+    @_driver
+    def cuMemHostAlloc(self, size: Any, flags: Any = 0):
+        nbytes = int(size)
+        if nbytes <= 0:
+            return _R.CUDA_ERROR_INVALID_VALUE, None
+        if self._host_reserved + _round_up(nbytes) > self.host_total:
+            self._counts["host_oom"] += 1
+            return _R.CUDA_ERROR_OUT_OF_MEMORY, None
+        nbytes = _round_up(nbytes)
+        base = self._host_space.map(nbytes)
+        self._host_live[base] = (nbytes, int(flags), _call_site())
+        self._host_reserved += nbytes
+        self._counts["host_allocs"] += 1
+        return SUCCESS, base
+
+    @_driver
+    def cuMemFreeHost(self, ptr: Any):
+        base = _handle(ptr)
+        entry = self._host_live.pop(base, None)
+        if entry is None:
+            self._report("free of unknown pointer / double free", None, "cuMemFreeHost", base, base + 1)
+            return (_R.CUDA_ERROR_INVALID_VALUE,)
+        self._host_reserved -= entry[0]
+        self._host_space.unmap(base, entry[0])
+        self._counts["host_frees"] += 1
+        return (SUCCESS,)
+
+    @_driver
+    def cuMemHostGetDevicePointer(self, ptr: Any, flags: Any = 0):
+        entry = self._host_find(_handle(ptr))
+        if entry is None or int(flags) != 0 or not entry[1] & int(_cu.CU_MEMHOSTALLOC_DEVICEMAP):
+            return _R.CUDA_ERROR_INVALID_VALUE, None
+        return SUCCESS, _cu.CUdeviceptr(_handle(ptr))
+
+    def _host_find(self, address: int):
+        for base, entry in self._host_live.items():
+            if base <= address < base + entry[0]:
+                return entry
+        return None
+
+    def _check_host_use(self, s_handle: int, s_id: int, op: "Op", address: int, nbytes: int, owner: Hashable,
+                        site: str) -> None:
+        lo = address
+        while lo < address + nbytes:  # every byte in a live host block
+            base = next((b for b, e in self._host_live.items() if b <= lo < b + e[0]), None)
+            if base is None:
+                self.violations.append(Violation("use of unallocated host memory", lo, address + nbytes,
+                                                 new_owner=owner, new_stream=s_handle, new_stream_id=s_id,
+                                                 new_site=site))
+                break
+            lo = base + self._host_live[base][0]
+        lo, hi = address // GRANULE * GRANULE, _round_up(address + nbytes)
+        for start, end, prev in self._host_granules.use(lo, hi, _Use(op, owner, site)):
+            self.violations.append(Violation(
+                "unordered reuse of host memory", start, end, prev.owner, prev.op.handle, prev.op.stream_id,
+                prev.site, owner, s_handle, s_id, site))
+
+    def copy_async(self, stream: Any, address: int, nbytes: int, owner: Hashable,
+                   site: Optional[str] = None) -> Optional["Op"]:
+        """An async copy (or a kernel on mapped memory) on ``stream`` reading or writing host
+        bytes [address, address + nbytes) for ``owner``: one op.  Returns it (None: invalid
+        stream)."""
+        site = site or _call_site()
+        with self._lock:
+            s = self._stream(stream, "copy_async")
+            if s is None:
+                return None
+            op = self._new_op(s, "copy")
+            self._counts["copies"] += 1
+            self._check_host_use(s.handle, s.id, op, int(address), int(nbytes), owner, site)
+            return op
+
+    def host_use(self, address: int, nbytes: int, owner: Hashable, site: Optional[str] = None) -> "Op":
+        """The CPU reads or writes host bytes [address, address + nbytes) for ``owner`` now."""
+        site = site or _call_site()
+        with self._lock:
+            self._host_seq += 1
+            vc = dict(self._streams.host_vc)
+            vc[HOST_ID] = self._host_seq
+            op = Op(HOST_ID, self._host_seq, vc, "host use", HOST_HANDLE)
+            self._streams.host_vc[HOST_ID] = self._host_seq
+            self._check_host_use(HOST_HANDLE, HOST_ID, op, int(address), int(nbytes), owner, site)
+            return op
+
+    def host_stats(self) -> dict:
+        """Pinned host memory: live blocks, reserved bytes, cuMemHostAlloc/cuMemFreeHost calls."""
+        with self._lock:
+            return {"live": len(self._host_live), "reserved": self._host_reserved,
+                    "allocs": self._counts["host_allocs"], "frees": self._counts["host_frees"]}
+
+
+class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
     """A drop-in for ``cuda.bindings.driver`` (one device, one context) that checks stream
     ordering of memory reuse.  See the module docstring.
 
@@ -923,16 +1036,23 @@ class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls):
     :param base_address: the first device address handed out.
     :param legacy_waits_for_destroyed: whether legacy-stream ops are ordered after the work
         left on destroyed blocking streams (default: not, the conservative choice).
+    :param host_total: the modelled pinnable host memory in bytes (``cuMemHostAlloc``).
     """
 
     def __init__(self, device_total: int = 1 << 30, base_address: int = 0x7F00_0000_0000,
-                 legacy_waits_for_destroyed: bool = False):
+                 legacy_waits_for_destroyed: bool = False, host_total: int = 1 << 30):
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._streams = _Streams(self._tls, legacy_waits_for_destroyed)
         self._events = _Events()
         self._memory = _Memory(device_total, base_address)
         self._granules = _Granules()
+        self.host_total = host_total
+        self._host_space = _AddressSpace(0x5500_0000_0000)
+        self._host_live: dict[int, tuple[int, int, str]] = {}  # base -> (bytes, flags, call site)
+        self._host_reserved = 0
+        self._host_granules = _Granules()
+        self._host_seq = 0
         self._counts: Counter = Counter()
         #: Every violation found so far, in order.
         self.violations: list[Violation] = []

@@ -51,6 +51,14 @@ class Family:
     zombie: bool = False  # outlived a reset: never used again
 
 
+class _Context:
+    """The Numba context stand-in: a device with an id; weak-referenceable, as Numba's
+    pinned and mapped memory hold a ``weakref.proxy`` of their context."""
+
+    def __init__(self):
+        self.device = SimpleNamespace(id=0)
+
+
 class Program:
     """A manager on a fresh model, with streams, threads and arrays.
 
@@ -60,13 +68,15 @@ class Program:
     """
 
     def __init__(self, *, arena: bool, threads: int = 1, max_size: int | None = None,
-                 release_threshold: int | None = None, device_total: int = 64 << 20):
+                 release_threshold: int | None = None, device_total: int = 64 << 20,
+                 host: bool = False, host_max_size: int | None = None,
+                 host_release_threshold: int | None = None, host_total: int = 1 << 30):
         # Numba's import leaves a large heap that every full collection scans (about 60 ms
         # each): freeze it, so that the collections the programs run (the collector freeing
         # cycles is one of the fuzzed actions) scan only the objects the tests create.
         gc.collect()
         gc.freeze()
-        self.model = CudaModel(device_total=device_total)
+        self.model = CudaModel(device_total=device_total, host_total=host_total)
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(driver.use(self.model))
         previous = manager_module._installed
@@ -76,8 +86,11 @@ class Program:
             options["max_size"] = max_size
         if release_threshold is not None:
             options["release_threshold"] = release_threshold
+        if host:
+            options.update(host=True, host_max_size=host_max_size, host_release_threshold=host_release_threshold)
         manager_module._set_config(pool_config.load(environ={}, **options))
-        self.mm = NumbaPoolManager(context=SimpleNamespace(device=SimpleNamespace(id=0)))
+        self.context = _Context()
+        self.mm = NumbaPoolManager(context=self.context)
         self.mm.initialize()
         self.workers = [ThreadPoolExecutor(max_workers=1) for _ in range(threads)]
         self._stack.callback(lambda: [w.shutdown() for w in self.workers])

@@ -118,7 +118,8 @@ ALL_SET = {
     "NUMBA_POOL_RELEASE_THRESHOLD": "1 GiB", "NUMBA_POOL_MAX_SIZE": "50%", "NUMBA_POOL_INITIAL_SIZE": "1 MiB",
     "NUMBA_POOL_USE_DEFAULT_POOL": "0", "NUMBA_POOL_ARENA": "1", "NUMBA_POOL_ARENA_MAX_BLOCK": "1 KiB",
     "NUMBA_POOL_ARENA_SLAB_SIZE": "1 MiB", "NUMBA_POOL_LOG": "numba-pool-log.csv", "NUMBA_POOL_IPC": "0",
-    "NUMBA_POOL_PEER_ACCESS": "none",
+    "NUMBA_POOL_PEER_ACCESS": "none", "NUMBA_POOL_HOST": "1", "NUMBA_POOL_HOST_MAX_SIZE": "1 GiB",
+    "NUMBA_POOL_HOST_RELEASE_THRESHOLD": "64 MiB",
 }
 
 
@@ -210,6 +211,10 @@ ENV_BAD = [
     ("NUMBA_POOL_IPC", "maybe", "is not a switch"),
     ("NUMBA_POOL_PEER_ACCESS", "some", "is not a peer access setting: expected 'all' or 'none'"),
     ("NUMBA_POOL_PEER_ACCESS", "1", "is not a peer access setting"),
+    ("NUMBA_POOL_HOST", "maybe", "is not a switch"),
+    ("NUMBA_POOL_HOST_MAX_SIZE", "0", "a host cache capped at 0 bytes"),
+    ("NUMBA_POOL_HOST_MAX_SIZE", "lots", "or 'none' for no cap"),
+    ("NUMBA_POOL_HOST_RELEASE_THRESHOLD", "-1", "is negative"),
     ("NUMBA_POOL_LOG", "{tmp}", "is a folder"),
     ("NUMBA_POOL_LOG", "{tmp}/", "is a folder"),
     ("NUMBA_POOL_LOG", "/proc/version", "is a kernel interface file"),
@@ -268,7 +273,20 @@ KEYWORD_BAD = [
     ("log", "a\0.csv", "contains a NUL character"),
     ("ipc", "sometimes", "is not a switch"),
     ("peer_access", True, "is not a peer access setting"),
+    ("host", "sometimes", "is not a switch"),
+    ("host_max_size", 0, "a host cache capped at 0 bytes"),
+    ("host_release_threshold", "x", "is not a size"),
 ]
+
+
+def test_host_options():
+    c = load({})
+    assert not c.host and c.host_max_size is None and c.host_release_threshold == KEEP_ALL
+    assert c.describe()["host"].startswith("off")
+    c = load({"NUMBA_POOL_HOST": "1", "NUMBA_POOL_HOST_MAX_SIZE": "256 MiB", "NUMBA_POOL_HOST_RELEASE_THRESHOLD": "0"})
+    assert (c.host, c.host_max_size, c.host_release_threshold) == (True, 256 << 20, 0)
+    assert "cap 256 MiB (268435456 bytes)" in c.describe()["host"]
+    assert load({"NUMBA_POOL_HOST_MAX_SIZE": "none"}, host=True).host_max_size is None
 
 
 @pytest.mark.parametrize("option, value, fragment", KEYWORD_BAD)
