@@ -49,6 +49,7 @@ class Family:
     uses: list = field(default_factory=list)  # (stream handle, model op)
     recorded: set = field(default_factory=set)
     zombie: bool = False  # outlived a reset: never used again
+    scratch: bool = False  # carved from a scratch block
 
     def _repr_pretty_(self, printer, cycle):
         # Hypothesis prints a drawn Family in its "Draw N:" lines and its pretty-printer keeps
@@ -106,6 +107,7 @@ class Program:
         self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
         self.families: dict[int, Family] = {}
         self.pending: list = []  # references whose release a preempt point runs
+        self.scratch_recorded: set[int] = set()  # streams recorded for scratch arrays
         self._ids = itertools.count(1)
         self.operations = 0
         self.problems: list[str] = []
@@ -143,7 +145,11 @@ class Program:
         return int(handle)
 
     def in_use(self, handle: int) -> bool:
-        return any(f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
+        # A stream recorded for a scratch array is never destroyed: numba_pool applies the record
+        # to the scratch block, which may be released after the array (an open question, noted
+        # in the closing note of 2026-11-22).
+        return handle in self.scratch_recorded or any(
+            f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
 
     def destroy_stream(self, handle: int) -> bool:
         """Destroy a created stream that no live array needs (legal); False when one does."""
@@ -196,7 +202,11 @@ class Program:
             assert err.code == OOM, str(err)
             return []
         self.operations += 1 + len(sizes)
-        return [self._track(p, n, stream if stream is not None else LEGACY) for p, n in zip(pointers, sizes)]
+        families = [self._track(p, n, stream if stream is not None else LEGACY) for p, n in zip(pointers, sizes)]
+        for f in families:
+            if f is not None:
+                f.scratch = True
+        return families
 
     def view(self, family: Family, start: int) -> None:
         family.refs.append(family.refs[0].view(min(start, family.size)))
@@ -217,6 +227,8 @@ class Program:
         if not family.zombie:
             self.mm.record_stream(family.refs[0], stream)
             family.recorded.add(stream)
+            if family.scratch:
+                self.scratch_recorded.add(stream)
             self.operations += 1
 
     def drop(self, family: Family, *, legalize: str = "record", how: str = "del", thread: int = 0) -> None:
