@@ -62,6 +62,51 @@ def check(result: tuple, call: str):
     return values[0] if len(values) == 1 else tuple(values)
 
 
+class OwnerContext:
+    """The CUDA context a release must run in, for threads where it is not current.
+
+    A release may run in any thread: a finalizer where the last reference went.  One that
+    never used CUDA has no current context, so every driver call fails
+    (``CUDA_ERROR_INVALID_CONTEXT``); one working on another device has that device's context
+    current, where the legacy stream (handle 0) is *that* device's, which orders nothing on the
+    owner's device.  Numba's default manager avoids both by queueing frees on the owning
+    context.  Here the owner's context is pushed (``cuCtxPushCurrent``) around the release.
+
+    :param cu: the driver object.
+    :param handle: the owner's ``CUcontext`` (Numba's ``Context.handle``); None: never pushed.
+    """
+
+    #: Set once managers of two devices have initialized in this process: from then on a
+    #: release checks which context is current (``cuCtxGetCurrent``), not only whether one is.
+    several = False
+
+    def __init__(self, cu, handle):
+        self._cu = cu
+        self.handle = handle
+
+    def needed(self) -> bool:
+        """Whether the calling thread must push the owner's context before a release."""
+        if self.handle is None:
+            return False
+        err, current = self._cu.cuCtxGetCurrent()
+        if err != SUCCESS:
+            return False
+        return not int(current) or (self.several and int(current) != int(self.handle))
+
+    def run(self, fn, *args) -> None:
+        """``fn(*args)`` (which must not raise) with the owner's context pushed, popped after.
+        Where it cannot be pushed the context is gone, and the memory with it."""
+        err, = self._cu.cuCtxPushCurrent(self.handle)
+        if err != SUCCESS:
+            if err not in GONE:
+                warn(f"cuCtxPushCurrent failed with {err.name}: a release was not done")
+            return
+        try:
+            fn(*args)
+        finally:
+            self._cu.cuCtxPopCurrent()
+
+
 def warn(message: str) -> None:
     """Warn from a release or a finalizer: never raises, even under ``-W error``."""
     try:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from cuda.bindings import driver as _cuda
 from numba.cuda.cudadrv.driver import CudaAPIError
 
-from .driver import EVENT_FLAGS, OUT_OF_MEMORY, SUCCESS, check, report_failure, warn
+from .driver import EVENT_FLAGS, OUT_OF_MEMORY, SUCCESS, OwnerContext, check, report_failure, warn
 from .streams import LEGACY, StreamRef
 
 #: The smallest block (bytes): every request is rounded up to a power of two at least this.
@@ -87,8 +87,10 @@ class HostBlocks:
         keep all).
     """
 
-    def __init__(self, cu, *, max_size: int | None = None, release_threshold: int | None = None):
+    def __init__(self, cu, *, max_size: int | None = None, release_threshold: int | None = None,
+                 owner: OwnerContext | None = None):
         self._cu = cu
+        self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.max_size = max_size
         self.release_threshold = release_threshold
         self._lock = threading.Lock()
@@ -251,15 +253,32 @@ class HostBlocks:
         context (``cuCtxSynchronize``) and the block needs no event."""
         if block.orphan or self.live.pop(block.host, None) is None:
             if block.orphan:
-                report_failure(self._cu.cuMemFreeHost(block.host), "cuMemFreeHost (after reset)")
+                self._free_orphan(block, True)
             return
         streams = [LEGACY] + self.recorded.pop(block.host, [])
         block.order = next(self._order)
+        owner = self.owner
+        if owner.several and owner.needed():  # rule 10: another device's context is current
+            owner.run(self._record_release, block, streams, False)
+        else:
+            self._record_release(block, streams, True)
+
+    def _free_orphan(self, block: HostBlock, retry: bool) -> None:
+        result = self._cu.cuMemFreeHost(block.host)
+        if result[0] != SUCCESS and retry and self.owner.needed():  # rule 10
+            self.owner.run(self._free_orphan, block, False)
+            return
+        report_failure(result, "cuMemFreeHost (after reset)")
+
+    def _record_release(self, block: HostBlock, streams: list[StreamRef], retry: bool) -> None:
         try:
             block.events = [self._record(stream) for stream in streams]
         except Exception as err:  # noqa: BLE001 - a release never raises
             self._free_events.extend(block.events)
             block.events = []
+            if retry and self.owner.needed():  # rule 10: no context is current in this thread
+                self.owner.run(self._record_release, block, streams, False)
+                return
             if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 return
             warn(f"could not order the release of pinned block {block.host:#x} ({err}); "

@@ -94,6 +94,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                 return
             config = _config_in_effect()
             cu = driver.cu
+            _note_device(self.device_id)
             _, total = device_memory_info(cu)
             pool = MemPool(cu, self.device_id, config, total)
             pool.reserve(config.initial_size)
@@ -103,7 +104,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             self.config, self._pool = config, pool
             if config.host and self._host is None:
                 threshold = None if config.host_release_threshold == _config.KEEP_ALL else config.host_release_threshold
-                self._host = HostBlocks(cu, max_size=config.host_max_size, release_threshold=threshold)
+                self._host = HostBlocks(cu, max_size=config.host_max_size, release_threshold=threshold,
+                                        owner=driver.OwnerContext(cu, getattr(self.context, "handle", None)))
             self._bind(ordering, config)
             self._ordering = ordering
 
@@ -142,6 +144,11 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         arrays carved from them are)."""
         self.initialize()
         return self.allocate_unlogged(size)
+
+    def scratch_ordering(self) -> StreamOrdering:
+        """The ordering that ``numba_pool.scratch`` registers its blocks with (initializes)."""
+        self.initialize()
+        return self._ordering
 
     def _allocate_in_scratch(self, stream, size: int) -> MemoryPointer:
         return stream.scratch.allocate(self, size)
@@ -418,3 +425,13 @@ def _set_config(config: _config.PoolConfig) -> None:
     global _installed
     with _config_lock:
         _installed = config
+
+
+_devices_initialized: set[int] = set()  # device ordinals with a manager in this process
+
+
+def _note_device(device: int) -> None:
+    # Rule 10 of numba_pool.ordering: with two devices, a release checks the current context.
+    _devices_initialized.add(device)
+    if len(_devices_initialized) > 1:
+        driver.OwnerContext.several = True

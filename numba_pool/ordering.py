@@ -59,6 +59,12 @@ runs this code against random legal programs (``tests/cuda_model.py``, ``tests/t
    ``CUDA_SUCCESS``); otherwise a new block is allocated.  Blocks are freed
    (``cuMemFreeHost``) only after their events completed (``cuEventSynchronize`` when over the
    cap) or after ``cuCtxSynchronize`` (reset).  Checked by ``tests/test_host_ordering.py``.
+10. **A release runs in its owner's context.**  A finalizer may run in a thread with no current
+    context (one that never used CUDA), or with another device's (there handle 0 is *that*
+    device's legacy stream, which orders nothing here).  A release that fails for want of a
+    context, and once two devices are in use every release that makes a driver call, pushes
+    the owner's context first (:class:`~numba_pool.driver.OwnerContext`).  The arena's
+    legacy releases make no driver call: their fence runs at an allocation, in the context.
 
 Threads: releases run in finalizers, in any thread, even inside an allocation the garbage
 collector interrupted.  So they take no lock: each step is one atomic ``dict``/``list``/``deque``
@@ -78,7 +84,7 @@ from numba.cuda.cudadrv.driver import CudaAPIError
 
 from .arena import ALIGNMENT, ArenaError, ArenaStatistics, Heap, round_up
 from .config import KEEP_ALL
-from .driver import EVENT_FLAGS, OUT_OF_MEMORY, check, report_failure, warn
+from .driver import EVENT_FLAGS, OUT_OF_MEMORY, OwnerContext, check, report_failure, warn
 from .mempool import MemPool
 from .pointer import PoolPointer
 from .streams import LEGACY, StreamRef, _state, scopes_entered
@@ -112,8 +118,9 @@ class StreamWaits:
     ``depth`` changes under ``_lock``.
     """
 
-    def __init__(self, cu):
+    def __init__(self, cu, owner: OwnerContext | None = None):
         self._cu = cu
+        self.owner = owner if owner is not None else OwnerContext(cu, None)
         self.recorded: dict[int, list[StreamRef]] = {}
         self.depth = 0
         self.held_back: deque = deque()
@@ -135,15 +142,48 @@ class StreamWaits:
         self._release_now(start, stream, publish)
 
     def _release_now(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
+        recorded = self.recorded.pop(start, None) if self.recorded else None
+        owner = self.owner
+        if owner.several and owner.needed():  # rule 10: another device's context is current
+            owner.run(self._order, start, stream, publish, recorded, False)
+            return
+        self._order(start, stream, publish, recorded, True)
+
+    def _order(self, start: int, stream: StreamRef, publish: Callable[[bool], None],
+               recorded: list[StreamRef] | None, retry: bool) -> None:
         try:
-            recorded = self.recorded.pop(start, None) if self.recorded else None
             if stream.thread is not None and stream.thread != threading.get_ident():
                 raise CannotOrder("it was allocated on another thread's per-thread default stream")
             if recorded:
                 self._wait_for(recorded, stream)
             publish(False)
         except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
+            if retry and self.owner.needed():  # rule 10: no context is current in this thread
+                self.owner.run(self._order, start, stream, publish, recorded, False)
+                return
             self._synchronize_instead(start, stream, publish, err)
+
+    def order_now(self, recorded: list[StreamRef], stream: StreamRef) -> None:
+        """Make ``stream``'s later work wait for the work queued on each ``recorded`` stream by
+        now (an event recorded on each, waited for by ``stream``).  For a scratch array, whose
+        block is released later: its recorded streams may be destroyed by then.  Never raises
+        (rule 8: the fallback synchronizes)."""
+        owner = self.owner
+        if owner.several and owner.needed():  # rule 10
+            owner.run(self._order_now, recorded, stream, False)
+        else:
+            self._order_now(recorded, stream, True)
+
+    def _order_now(self, recorded: list[StreamRef], stream: StreamRef, retry: bool) -> None:
+        try:
+            self._wait_for(recorded, stream)
+        except Exception as err:  # noqa: BLE001 - rule 8
+            if retry and self.owner.needed():  # rule 10
+                self.owner.run(self._order_now, recorded, stream, False)
+                return
+            if report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
+                warn(f"could not order a scratch array's recorded streams on stream {stream.value:#x} "
+                     f"({err}); synchronized the device instead")
 
     def _wait_for(self, recorded: list[StreamRef], stream: StreamRef) -> None:
         cu = self._cu
@@ -259,11 +299,14 @@ class PooledBlocks:
             return
         self._note(~size)
         waits = self._waits
-        if waits.recorded or waits.depth or stream.thread is not None:
+        if waits.recorded or waits.depth or stream.thread is not None or waits.owner.several:
             waits.release(int(ptr), stream, partial(self._free, ptr, stream))
             return
         err, = self._free_async(ptr, stream.handle)
         if err:
+            if waits.owner.needed():  # rule 10: no context is current in this thread
+                waits.owner.run(waits.release, int(ptr), stream, partial(self._free, ptr, stream))
+                return
             report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
 
     def _free(self, ptr, stream: StreamRef, synchronized: bool) -> None:
@@ -773,7 +816,9 @@ class StreamOrdering:
         self._usage = usage
         self._before_retry = before_retry
         self._describe = describe_out_of_memory
-        self.waits = StreamWaits(cu)
+        self.waits = StreamWaits(cu, OwnerContext(cu, getattr(context, "handle", None)))
+        # Live numba_pool.scratch blocks by start address (atomic dict operations only).
+        self.scratch_blocks: dict[int, object] = {}
         self.pooled = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory)
         self.arena = None
         if config.arena:
@@ -783,12 +828,18 @@ class StreamOrdering:
                                      release_threshold=threshold)
 
     def record_stream(self, address: int, stream: StreamRef) -> bool:
-        """Rule 2 for the block holding ``address``; False when no live block holds it."""
+        """Rule 2 for the block holding ``address``; False when no live block holds it.  In a
+        scratch block the record belongs to the array carved from it, which applies it when it
+        is dropped (:meth:`StreamWaits.order_now`): the block is released later, when the
+        stream may be gone."""
         start = self.pooled.containing_block(address)
         if start is None and self.arena is not None:
             start = self.arena.containing_block(address)
         if start is None:
             return False
+        scratch = self.scratch_blocks.get(start)
+        if scratch is not None:
+            return scratch.record(address, stream)
         self.waits.record(start, stream)
         return True
 
@@ -836,6 +887,8 @@ class StreamOrdering:
         if self.arena is not None:
             pointers += [self._cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
         self.waits.recorded.clear()
+        while self.scratch_blocks:
+            self.scratch_blocks.popitem()[1].forget()
         report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
         self.waits.flush()  # held-back mempool frees: issued now, before the pool goes
         for ptr in pointers:

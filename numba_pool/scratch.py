@@ -7,6 +7,8 @@ is left takes the normal path.  The block is one mempool allocation: it goes bac
 stream-ordered like any other, once the scope has exited *and* every array carved from it is
 gone, so an array that outlives the scope stays valid.  Arrays in one scratch block never
 share memory (nothing is reused inside it), which is why the stream rule needs nothing more.
+``record_stream`` on a carved array belongs to that array: the block waits for the recorded
+streams when the array is dropped, since it is released later, when they may be destroyed.
 The allocation log (``NUMBA_POOL_LOG``) records the arrays, at their own addresses, and not the
 block they are carved from.
 """
@@ -29,15 +31,20 @@ from .streams import StreamRef, _state, enter_scope
 class ScratchBlock:
     """One reserved block and its bump offset (bytes)."""
 
-    def __init__(self, block: MemoryPointer, stream: StreamRef):
+    def __init__(self, block: MemoryPointer, stream: StreamRef, ordering):
         self.block = block  # our reference keeps the block allocated
         self.base = int(block.device_pointer)
         self.size = block.size
         self.offset = 0
         self.stream = stream  # the allocation stream the scope was opened on (no scratch)
-        self._outstanding: set[int] = set()  # addresses of arrays carved out and still alive
+        # Arrays carved out and still alive (address -> bytes), and the streams recorded for
+        # them (address -> streams): atomic dict operations only (finalizers, any thread).
+        self._outstanding: dict[int, int] = {}
+        self._recorded: dict[int, list[StreamRef]] = {}
         self._scope_open = True
         self._release_token = deque([None])  # popped exactly once, by whoever releases the block
+        self._ordering = ordering
+        ordering.scratch_blocks[self.base] = self
 
     def allocate(self, manager, size: int) -> MemoryPointer:
         """Carve ``size`` bytes (rounded up to 256) off the block, or take the normal path."""
@@ -47,12 +54,29 @@ class ScratchBlock:
                 return manager.allocate_unlogged(size)  # the log, if on, is writing this call's row
         address = self.base + self.offset
         self.offset += need
-        self._outstanding.add(address)
+        self._outstanding[address] = need
         return PoolPointer(manager.context, cu.CUdeviceptr(address), size, partial(self._drop, address))
+
+    def record(self, address: int, stream: StreamRef) -> bool:
+        """``record_stream`` for the carved array holding ``address``; False when none does."""
+        for start, size in list(self._outstanding.items()):
+            if start <= address < start + size:
+                self._recorded.setdefault(start, []).append(stream)
+                return True
+        return False
+
+    def forget(self) -> None:
+        """A reset freed the block: the arrays still alive release nothing and order nothing."""
+        self._recorded.clear()
+        self._ordering = None
 
     def _drop(self, address: int) -> None:
         # Release of a carved-out array: any thread, must not raise.
-        self._outstanding.discard(address)
+        recorded = self._recorded.pop(address, None)
+        ordering = self._ordering
+        if recorded and ordering is not None:  # ordered now, before the block's release on self.stream
+            ordering.waits.order_now(recorded, self.stream)
+        self._outstanding.pop(address, None)
         if not self._scope_open and not self._outstanding:
             self._release()
 
@@ -66,6 +90,9 @@ class ScratchBlock:
             self._release_token.pop()
         except IndexError:  # another thread released it
             return
+        ordering = self._ordering
+        if ordering is not None:
+            ordering.scratch_blocks.pop(self.base, None)
         self.block = None  # the block's own finalizer frees it, stream-ordered
 
 
@@ -98,7 +125,7 @@ def scratch(nbytes: int, *, manager=None) -> Iterator[ScratchBlock]:
     current = _state.stream
     plain = current.scratch.stream if current.scratch is not None else current
     with _on_stream(plain):
-        block = ScratchBlock(manager.allocate_unlogged(nbytes), plain)  # the block is not logged: its arrays are
+        block = ScratchBlock(manager.allocate_unlogged(nbytes), plain, manager.scratch_ordering())  # the block is not logged: its arrays are
     enter_scope(plain.with_scratch(block))
     try:
         yield block

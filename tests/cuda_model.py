@@ -44,13 +44,17 @@ What is deliberately conservative (stricter than the driver), and why
 * A handle reused for a new stream is a new stream: nothing on it is ordered after the old
   stream's work.
 
+* **The current context**: one context, current in every thread unless the thread called
+  :meth:`CudaModel.leave_context` (a thread that never used CUDA); there, every call but
+  ``cuDevice*`` and the context stack's (``cuCtxGetCurrent``/``PushCurrent``/``PopCurrent``)
+  fails with ``CUDA_ERROR_INVALID_CONTEXT``, as the driver's do.
 * **Pinned host memory** (``cuMemHostAlloc`` ...): see :class:`_HostCalls`; the host's own
   uses are ops of a pseudo stream, the host, ordered after what it has observed complete.
 
 Model-only API for tests: :meth:`CudaModel.launch`, :meth:`CudaModel.copy_async`,
 :meth:`CudaModel.host_use`, :meth:`CudaModel.host_stats`, :attr:`CudaModel.violations`,
 :meth:`CudaModel.tail`, :meth:`CudaModel.would_follow`, :meth:`CudaModel.wait`,
-:attr:`CudaModel.preempt`, :meth:`CudaModel.stats`.
+:attr:`CudaModel.preempt`, :meth:`CudaModel.stats`, :meth:`CudaModel.leave_context`.
 """
 
 from __future__ import annotations
@@ -637,10 +641,26 @@ class _Memory:
 # --------------------------------------------------------------------------- driver calls
 
 
+#: The one modelled context's handle.
+CONTEXT = _cu.CUcontext(0xC0)
+#: Driver functions that need no current context (the rest fail with
+#: ``CUDA_ERROR_INVALID_CONTEXT`` in a thread that has none: see :meth:`CudaModel.leave_context`).
+_CONTEXT_FREE = re.compile(r"cuDevice|cuCtxGetCurrent|cuCtxPushCurrent|cuCtxPopCurrent")
+#: How many values each modelled function returns after its ``CUresult`` (default 0).
+_VALUES = {"cuStreamCreate": 1, "cuStreamGetId": 1, "cuEventCreate": 1, "cuMemPoolCreate": 1,
+           "cuMemPoolGetAttribute": 1, "cuMemAllocFromPoolAsync": 1, "cuMemGetInfo": 2,
+           "cuPointerGetAttribute": 1, "cuMemHostAlloc": 1, "cuMemHostGetDevicePointer": 1,
+           "cuCtxGetCurrent": 1, "cuCtxPopCurrent": 1}
+
+
 def _driver(fn: Callable) -> Callable:
     """A modelled driver function: ``preempt("enter"/"exit", name)`` around it (outside the
-    lock, not re-entered from inside preempt), the state change under the model's lock."""
+    lock, not re-entered from inside preempt), the state change under the model's lock.  In a
+    thread with no current context, a function that needs one fails with
+    ``CUDA_ERROR_INVALID_CONTEXT`` and changes nothing."""
     name = fn.__name__
+    needs_context = not _CONTEXT_FREE.match(name)
+    refused = (_R.CUDA_ERROR_INVALID_CONTEXT,) + (None,) * _VALUES.get(name, 0)
 
     @functools.wraps(fn)
     def call(self: "CudaModel", *args: Any, **kwargs: Any):
@@ -649,7 +669,11 @@ def _driver(fn: Callable) -> Callable:
             self._run_preempt("enter", name)
         with self._lock:
             self._counts["driver_calls"] += 1
-            result = fn(self, *args, **kwargs)
+            if needs_context and not self._contexts():
+                self._counts["no_context"] += 1
+                result = refused
+            else:
+                result = fn(self, *args, **kwargs)
         if outer:
             self._run_preempt("exit", name)
         return result
@@ -686,6 +710,26 @@ class _StreamCalls:
         self._streams.host_learns(s.last_vc)
         self._after_sync()
         return (SUCCESS,)
+
+    @_driver
+    def cuCtxGetCurrent(self):
+        stack = self._contexts()
+        return SUCCESS, stack[-1] if stack else _cu.CUcontext(0)
+
+    @_driver
+    def cuCtxPushCurrent(self, context: Any):
+        if int(context) != int(CONTEXT):
+            return (_R.CUDA_ERROR_INVALID_CONTEXT,)
+        self._tls.contexts = self._contexts() + [CONTEXT]
+        return (SUCCESS,)
+
+    @_driver
+    def cuCtxPopCurrent(self):
+        stack = self._contexts()
+        if not stack:
+            return _R.CUDA_ERROR_INVALID_CONTEXT, None
+        self._tls.contexts = stack[:-1]
+        return SUCCESS, stack[-1]
 
     @_driver
     def cuCtxSynchronize(self):
@@ -1061,6 +1105,17 @@ class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
 
     op_a_precedes = staticmethod(op_a_precedes)
 
+    # ---- the current context (one context; every thread has it current unless it left it)
+
+    def _contexts(self) -> list:
+        stack = getattr(self._tls, "contexts", None)
+        return [CONTEXT] if stack is None else stack
+
+    def leave_context(self) -> None:
+        """The calling thread has no current context from now on, as a thread that never used
+        CUDA (a finalizer may run there): driver calls that need one fail until it pushes one."""
+        self._tls.contexts = []
+
     def __getattr__(self, name: str) -> Any:
         if _DRIVER_FUNCTION.match(name):
             raise AttributeError(f"CudaModel does not model {name}")
@@ -1192,11 +1247,12 @@ class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
     def stats(self) -> dict:
         """Counts: ops, launches, allocs, fresh_allocs, reuse_same_stream, reuse_cross_stream
         (of which reuse_cross_stream_pending: a free not yet known complete, reused through an
-        event or legacy-stream dependency), frees, oom, unmapped_bytes, driver_calls,
-        violations, live_allocations, granule_segments."""
+        event or legacy-stream dependency), frees, oom, unmapped_bytes, driver_calls, no_context
+        (calls refused for want of a current context), violations, live_allocations,
+        granule_segments."""
         with self._lock:
             keys = ("ops", "launches", "allocs", "fresh_allocs", "reuse_same_stream", "reuse_cross_stream",
-                    "reuse_cross_stream_pending", "frees", "oom", "unmapped_bytes", "driver_calls")
+                    "reuse_cross_stream_pending", "frees", "oom", "unmapped_bytes", "driver_calls", "no_context")
             out = {k: self._counts[k] for k in keys}
             out.update(violations=len(self.violations), live_allocations=len(self._memory.live),
                        granule_segments=len(self._granules))

@@ -26,7 +26,7 @@ from cuda.bindings import driver as real_cu
 from numba.cuda.cudadrv.driver import CudaAPIError
 
 import numba_pool
-from cuda_model import CudaModel
+from cuda_model import CONTEXT, CudaModel
 from numba_pool import config as pool_config
 from numba_pool import driver, manager as manager_module
 from numba_pool.manager import NumbaPoolManager
@@ -67,6 +67,7 @@ class _Context:
 
     def __init__(self):
         self.device = SimpleNamespace(id=0)
+        self.handle = CONTEXT  # the model's one context
 
 
 class Program:
@@ -103,11 +104,13 @@ class Program:
         self.mm = NumbaPoolManager(context=self.context)
         self.mm.initialize()
         self.workers = [ThreadPoolExecutor(max_workers=1) for _ in range(threads)]
-        self._stack.callback(lambda: [w.shutdown() for w in self.workers])
+        # A host thread that never used CUDA: no current context (a finalizer may run there).
+        self.bare = ThreadPoolExecutor(max_workers=1)
+        self.bare.submit(self.model.leave_context).result()
+        self._stack.callback(lambda: [w.shutdown() for w in self.workers + [self.bare]])
         self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
         self.families: dict[int, Family] = {}
         self.pending: list = []  # references whose release a preempt point runs
-        self.scratch_recorded: set[int] = set()  # streams recorded for scratch arrays
         self._ids = itertools.count(1)
         self.operations = 0
         self.problems: list[str] = []
@@ -145,10 +148,7 @@ class Program:
         return int(handle)
 
     def in_use(self, handle: int) -> bool:
-        # A stream recorded for a scratch array is never destroyed: numba_pool applies the record
-        # to the scratch block, which may be released after the array (an open question, noted
-        # in the closing note of 2026-11-22).
-        return handle in self.scratch_recorded or any(
+        return any(
             f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
 
     def destroy_stream(self, handle: int) -> bool:
@@ -227,15 +227,13 @@ class Program:
         if not family.zombie:
             self.mm.record_stream(family.refs[0], stream)
             family.recorded.add(stream)
-            if family.scratch:
-                self.scratch_recorded.add(stream)
             self.operations += 1
 
     def drop(self, family: Family, *, legalize: str = "record", how: str = "del", thread: int = 0) -> None:
         """Drop one reference; before the last goes, make the release legal by ``legalize``
         ("record": record_stream, "wait": the program's event, "sync": a context synchronize)
         and let it go by ``how`` ("del", "free", "cycle": garbage collected later, "pending":
-        released at a later preempt point)."""
+        released at a later preempt point, "bare": in a thread with no current CUDA context)."""
         if len(family.refs) > 1:
             self.run(thread, family.refs.pop)
             self.operations += 1
@@ -250,6 +248,8 @@ class Program:
             holder[0].cycle = holder[0]
         elif how == "pending":
             self.pending.append(holder[0])
+        elif how == "bare":
+            self.bare.submit(_drop_reference, holder).result()
         self.run(thread, _drop_reference, holder)
         self.operations += 1
 

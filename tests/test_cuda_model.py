@@ -89,7 +89,7 @@ def test_types_pass_through_to_the_real_module(m):
     assert m.CUresult.CUDA_ERROR_OUT_OF_MEMORY == R.CUDA_ERROR_OUT_OF_MEMORY
 
 
-@pytest.mark.parametrize("name", ["cuMemAlloc", "cuMemFree", "cuLaunchKernel", "cuCtxGetCurrent"])
+@pytest.mark.parametrize("name", ["cuMemAlloc", "cuMemFree", "cuLaunchKernel", "cuCtxSetCurrent"])
 def test_unmodelled_driver_function_raises(m, name):
     with pytest.raises(AttributeError, match=f"CudaModel does not model {name}"):
         getattr(m, name)
@@ -769,3 +769,29 @@ def test_random_program_machinery_reaches_cross_stream_reuse_and_needed_steps():
     program.m.assert_no_violations()
     stats = program.m.stats()
     assert stats["reuse_cross_stream_pending"] == 1 and program.needed >= 1, (stats, program.needed)
+
+
+def test_a_thread_without_a_context_is_refused_until_it_pushes_one(m):
+    # The model's current context: a thread that left it gets CUDA_ERROR_INVALID_CONTEXT from
+    # every call but the context stack's, and changes nothing; pushing the context restores it.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuda_model import CONTEXT
+
+    def in_bare_thread():
+        m.leave_context()
+        seen = [m.cuCtxGetCurrent(), m.cuEventCreate(0), m.cuMemFreeAsync(cu.CUdeviceptr(0x10), 0)]
+        assert m.cuCtxPushCurrent(CONTEXT) == (cu.CUresult.CUDA_SUCCESS,)
+        err, event = m.cuEventCreate(0)
+        popped = m.cuCtxPopCurrent()
+        return seen, err, popped, m.cuEventCreate(0)
+
+    with ThreadPoolExecutor(1) as pool:
+        (current, refused, free), err, popped, again = pool.submit(in_bare_thread).result()
+    assert current[0] == cu.CUresult.CUDA_SUCCESS and int(current[1]) == 0
+    assert refused == (cu.CUresult.CUDA_ERROR_INVALID_CONTEXT, None)
+    assert free == (cu.CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+    assert err == cu.CUresult.CUDA_SUCCESS and int(popped[1]) == int(CONTEXT)
+    assert again == (cu.CUresult.CUDA_ERROR_INVALID_CONTEXT, None)
+    assert int(m.cuCtxGetCurrent()[1]) == int(CONTEXT)  # other threads keep theirs
+    assert m.stats()["no_context"] == 3 and m.violations == []

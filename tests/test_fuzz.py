@@ -93,7 +93,7 @@ class LegalPrograms(RuleBasedStateMachine):
 
     @precondition(lambda self: self.p.families)
     @rule(data=st.data(), legalize=st.sampled_from(["record", "wait", "sync"]),
-          how=st.sampled_from(["del", "del", "free", "cycle", "pending"]), thread=st.integers(0, 7))
+          how=st.sampled_from(["del", "del", "free", "cycle", "pending", "bare"]), thread=st.integers(0, 7))
     def drop(self, data, legalize, how, thread):
         family = data.draw(st.sampled_from(list(self.p.families.values())))
         self.p.drop(family, legalize=legalize, how=how, thread=thread)

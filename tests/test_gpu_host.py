@@ -52,7 +52,7 @@ n = 1 << 20
 a = cuda.pinned_array(n, dtype=np.float32)
 a[:] = np.arange(n, dtype=np.float32)
 d = cuda.to_device(a, stream=s)
-add_one[grid(n), s](d)
+add_one[grid(n) + (s,)](d)
 b = cuda.pinned_array(n, dtype=np.float32)
 d.copy_to_host(b, stream=s)
 s.synchronize()
@@ -86,7 +86,7 @@ same = 0
 for trial in range(20):
     a = cuda.pinned_array(n, dtype=np.int32)
     a_addr = a.ctypes.data
-    spin_copy[grid(n), s](src, dst, 2000)
+    spin_copy[grid(n) + (s,)](src, dst, 2000)
     dst.copy_to_host(a, stream=s)          # async into A, behind the slow kernel
     numba_pool.record_stream(a, s)
     del a; gc.collect()

@@ -106,3 +106,70 @@ print(json.dumps(out))
     print(facts)
     assert facts["0"] == {"read_ok": True, "doubled": True}
     assert facts["1"] == {"read_ok": True, "doubled": True}
+
+
+RELEASED_UNDER_DEVICE_1 = """
+import gc, json
+import numpy as np
+from numba import cuda
+import numba_pool
+from numba_pool import driver
+
+@cuda.jit
+def hold(x, out, rounds):  # writes x, spins, then reads x back: a reuse meanwhile shows
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] = 7.0
+        v = i
+        for _ in range(rounds):
+            v = (v * 3 + 1) % 1000003
+        out[i] = x[i] + (v == -1)
+
+@cuda.jit
+def fill(y, value):
+    i = cuda.grid(1)
+    if i < y.size:
+        y[i] = value
+
+n = 1 << 20
+grid = ((n + 255) // 256, 256)
+with cuda.gpus[1]:
+    cuda.device_array(1)  # both devices' managers are in use
+with cuda.gpus[0]:
+    stream = cuda.stream()
+    hold[grid](x := cuda.device_array(n, np.float32), out := cuda.device_array(n, np.float32), 1)
+    cuda.synchronize()  # compiled and warm
+    if PLANT:
+        driver.OwnerContext.several = False  # planted: rule 10 off
+    results = []
+    for _ in range(3):
+        x = cuda.device_array(n, np.float32)
+        address = x.device_ctypes_pointer.value
+        hold[grid](x, out, 50000)  # legacy stream of device 0
+        with cuda.gpus[1]:
+            del x
+            gc.collect()  # released while device 1's context is current
+        with numba_pool.using_stream(stream):
+            y = cuda.device_array(n, np.float32)
+            fill[grid, stream](y, 9.0)
+        reused = y.device_ctypes_pointer.value == address
+        cuda.synchronize()
+        results.append({"reused": reused, "corrupted": int((out.copy_to_host() != 7).sum())})
+        del y
+print(json.dumps({"results": results}))
+"""
+
+
+@needs_two
+@pytest.mark.parametrize("plant", [False, True])
+def test_device_0_memory_released_under_device_1_waits_for_device_0(plant):
+    # Rule 10 of numba_pool.ordering: with device 1's context current, handle 0 is device 1's
+    # legacy stream; a free enqueued there orders nothing on device 0, and a non-blocking
+    # stream of device 0 could get the block while device 0's kernel still uses it.
+    facts = run_json(f"PLANT = {plant}\n" + RELEASED_UNDER_DEVICE_1, ENV)
+    print("planted" if plant else "fixed", facts)
+    corrupted = sum(r["corrupted"] for r in facts["results"])
+    if not plant:
+        assert corrupted == 0
+    else:  # informational when the driver refuses the cross-device free or does not reuse
+        print("planted bug: corrupted elements", corrupted, "reuses", sum(r["reused"] for r in facts["results"]))

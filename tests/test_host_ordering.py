@@ -116,6 +116,25 @@ def test_non_blocking_stream_needs_record_stream(prog):
     prog.check()
 
 
+def test_released_in_a_thread_without_a_context(prog):
+    # Rule 10: the release pushes the manager's context, records its event, and the block is
+    # cached, not lost.
+    s = prog.create_stream(blocking=False)
+    a = Pinned(prog, 4096)
+    a.copy(s)
+    a.record(s)
+    address, refused = a.address, prog.model.stats()["no_context"]
+    holder, a.mem = [a.mem], None
+    prog.bare.submit(holder.clear).result()
+    assert prog.model.stats()["no_context"] > refused
+    sync(prog, s)
+    sync(prog, LEGACY)
+    b = Pinned(prog, 4096)
+    assert b.address == address
+    prog.check()
+    assert not prog.warnings, [str(w.message) for w in prog.warnings]
+
+
 def test_bins_keep_mapped_and_pinned_apart(prog):
     m = Pinned(prog, 4096, mapped=True)
     m.copy(LEGACY)  # a kernel reading the mapped memory

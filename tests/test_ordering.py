@@ -190,6 +190,69 @@ def test_readme_scratch_arrays_used_and_dropped(programs, arena):
     p.finish()
 
 
+@MODES
+def test_scratch_array_recorded_on_a_stream_destroyed_before_its_block_goes(programs, arena):
+    # record_stream belongs to the carved array: the block waits for the recorded stream when
+    # the array is dropped.  Applied at the block's own release instead, it would record an
+    # event on a stream the program has legally destroyed by then (caught by the fuzzer).
+    p = programs(arena=arena)
+    eager(p)
+    s2, s3 = p.create_stream(False), p.create_stream(False)
+    first, second = p.scratch([1000, 2000], 8192, stream=s2)
+    p.launch(s2, [first, second])
+    p.launch(s3, [first])
+    p.drop(first, legalize="record")  # record_stream(first, s3), then the last reference goes
+    assert p.destroy_stream(s3)
+    p.drop(second)  # the scratch block goes back now
+    again = [p.allocate(1000, stream=s2), p.allocate(8192, stream=s2)]
+    p.launch(s2, again)
+    p.check()
+    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+    p.finish()
+
+
+@MODES
+def test_scratch_array_recorded_then_reset_orders_nothing_when_dropped(programs, arena):
+    # A reset freed the block: the array that outlives it must not record on its stream, which
+    # the program may destroy once the reset is done (found by the fuzzer).
+    p = programs(arena=arena)
+    s2 = p.create_stream(False)
+    (only,) = p.scratch([1000], 4096)
+    p.record_stream(only, s2)
+    p.reset()
+    assert p.destroy_stream(s2)
+    p.drop(only)
+    p.check()
+    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+    p.finish()
+
+
+@MODES
+@pytest.mark.parametrize("recorded", [False, True])
+def test_an_array_dropped_in_a_thread_without_a_context_is_released(programs, arena, recorded):
+    # A thread that never used CUDA has no current context (IPC's lease thread, a worker that
+    # only drops arrays): the release pushes its manager's context, and nothing is lost.
+    p = programs(arena=arena)
+    eager(p)
+    s2, s3 = p.create_stream(False), p.create_stream(False)
+    arrays = [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=s2), p.allocate(100_000, stream=s2)]
+    for f in arrays:
+        p.launch(f.stream, [f])
+        if recorded:
+            p.launch(s3, [f])
+    refused = p.model.stats()["no_context"]
+    for f in arrays:
+        p.drop(f, legalize="record", how="bare")
+    assert p.model.stats()["no_context"] > refused  # the bare thread was refused at first
+    assert p.mm.statistics().bytes_in_use == 0
+    again = [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=s2), p.allocate(100_000, stream=s2)]
+    for f in again:
+        p.launch(f.stream, [f])
+    p.check()
+    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+    p.finish()
+
+
 # ------------------------------------------------------------------------------------------
 # 2. The reproductions, fixed (arena mode).
 
