@@ -151,7 +151,7 @@ with cuda.gpus[0]:
             gc.collect()  # released while device 1's context is current
         with numba_pool.using_stream(stream):
             y = cuda.device_array(n, np.float32)
-            fill[grid, stream](y, 9.0)
+            fill[grid + (stream,)](y, 9.0)
         reused = y.device_ctypes_pointer.value == address
         cuda.synchronize()
         results.append({"reused": reused, "corrupted": int((out.copy_to_host() != 7).sum())})
