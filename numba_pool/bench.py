@@ -24,6 +24,11 @@ times (:func:`quiet_host`): two processes of the same code read up to 2 µs apar
 Per manager and figure, rounds whose largest over smallest exceeds 1.10 are flagged
 (:mod:`numba_pool.bench_checks`), as are rows below a floor.
 
+With ``--host pinned,pipeline`` (or one of the two; the parent chooses per manager,
+:func:`numba_pool.bench_host_tables.plan`), the worker also checks and times the host rows of
+:mod:`numba_pool.bench_host` (``cuda.pinned_array`` and ``mapped_array`` allocate+free, a batch
+pipeline), returned under ``"host"``.
+
 Two floors: ``no-op floor`` (:class:`numba_pool.noop.NoopManager`, a finalizer that does
 nothing, which Numba wraps in ``weakref.finalize`` as for RMM's and CuPy's plugins) and
 ``Numba alone`` (:class:`numba_pool.noop.BareNoopManager`, no finalizer: the least any plugin
@@ -61,6 +66,7 @@ class Manager:
     label: str
     env: dict
     cwd: str | None = None  # a folder holding another numba_pool to import (a baseline)
+    args: tuple = ()  # the worker's arguments: ("--host", "pinned,pipeline") for the host rows
 
 
 DEFAULT = Manager(checks.DEFAULT, {"NUMBA_CUDA_MEMORY_MANAGER": "default"})
@@ -142,9 +148,10 @@ def _median_times_taking_turns(bodies: dict, repeats: int) -> dict:
     return {key: statistics.median(samples) for key, samples in times.items()}
 
 
-def run_worker() -> dict:
+def run_worker(host_parts: tuple = ()) -> dict:
     """Check, then time, under whatever manager the environment selected. Returns medians:
-    ``seed_loop_ms`` and ``alloc_free_us`` keyed by the size in bytes as a string (JSON)."""
+    ``seed_loop_ms`` and ``alloc_free_us`` keyed by the size in bytes as a string (JSON); with
+    ``host_parts`` (:data:`numba_pool.bench_host.PARTS`), their figures under ``"host"``."""
     import numpy as np
     from numba import cuda
 
@@ -171,6 +178,10 @@ def run_worker() -> dict:
         if not (a.copy_to_host() == np.float32(nbytes)).all():
             raise SystemExit(f"bench: fill kernel output is wrong at {nbytes} bytes: refusing to time")
         del a
+    if host_parts:
+        from numba_pool import bench_host
+
+        bench_host.check(host_parts)
 
     def seed_loop():
         cuda.synchronize()
@@ -193,6 +204,8 @@ def run_worker() -> dict:
         result["manager"] = type(manager).__module__
         if getattr(getattr(manager, "_pool", None), "handle", None) is not None:
             result["driver_pair_us"] = _driver_pair_us(manager._pool.handle)
+    if host_parts:
+        result["host"] = bench_host.measure(host_parts)
     return result
 
 
@@ -239,7 +252,7 @@ def measure(manager: Manager, core: int | None = None) -> dict:
     """
     env = manager.env if core is None else {**manager.env, CORE_VARIABLE: str(core)}
     try:
-        return run_module("numba_pool.bench", [], env, manager.cwd)
+        return run_module("numba_pool.bench", list(manager.args), env, manager.cwd)
     except RuntimeError as err:
         raise RuntimeError(f"benchmark of {manager.label} failed: {err}") from None
 
@@ -335,4 +348,6 @@ def render(results: dict[str, dict], flags: list = ()) -> str:
 
 
 if __name__ == "__main__":
-    print(json.dumps(run_worker()))
+    from numba_pool.bench_host import parse_parts
+
+    print(json.dumps(run_worker(parse_parts(sys.argv[1:]))))

@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import sys
+import time
 
 import click
 
@@ -141,8 +142,13 @@ def _driver_version() -> int:
 @click.option("--plain-pool", is_flag=True,
               help="Allocator part: add numba_pool on a pool neither exportable (IPC) nor reachable from peers, "
                    "to show what those cost.")
+@click.option("--host-rows/--no-host-rows", default=True, show_default=True,
+              help="End to end: also time cuda.pinned_array and mapped_array allocate+free (4 KiB, 1 MiB, 64 MiB) "
+                   "and a batch pipeline (pinned staging, to_device on a stream, device temporaries, two kernels, "
+                   "copy_to_host into pinned memory) in default's and numba_pool's workers, the pipeline in the "
+                   "anchors' too; numba_pool's workers then run with NUMBA_POOL_HOST=1.")
 def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, rounds: int, repeat_run: int,
-          core: int | None, baseline: str | None, part: str, plain_pool: bool) -> None:
+          core: int | None, baseline: str | None, part: str, plain_pool: bool, host_rows: bool) -> None:
     """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors and the anchors.
 
     Every table is checked (numba_pool.bench_checks): a row below a floor, or rounds or runs more
@@ -169,7 +175,7 @@ def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, 
     if part in ("all", "allocator"):
         flags += _bench_allocator(report, baseline, plain_pool, anchors, repeat_run, core, name, today)
     if part in ("all", "end-to-end"):
-        flags += _bench_end_to_end(report, anchors, no_arena, rounds, baseline, core, name, today)
+        flags += _bench_end_to_end(report, anchors, no_arena, rounds, baseline, core, name, today, host_rows)
     report["checks_failed"] = [str(f) for f in flags]
     if json_path:
         with open(json_path, "w") as f:
@@ -223,12 +229,14 @@ def _bench_allocator(report: dict, baseline: str | None, plain_pool: bool, ancho
 
 
 def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, baseline: str | None, core: int,
-                      name: str, today: str) -> list:
+                      name: str, today: str, host_rows: bool = True) -> list:
     """Run the end-to-end part in interleaved rounds, a process per manager and round; print its
-    tables; fill ``report``; return the failed checks."""
+    tables (with ``host_rows``, the pinned and batch-pipeline tables too); fill ``report``;
+    return the failed checks."""
     from . import anchors as anchor_module
     from . import bench as b
     from . import bench_checks as checks
+    from . import bench_host_tables as host_tables
 
     managers = [m for m in b.MANAGERS if not (no_arena and m is b.ARENA)]
     notes = []
@@ -239,24 +247,37 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
             notes.append(anchor_module.missing_note(anchor.label))
     if baseline:
         managers += b.baselines(baseline)
+    host_notes = []
+    if host_rows:
+        managers, host_notes = host_tables.plan(managers)
+    anchor_labels = {a.label for a in b.ANCHORS}
     per_round: dict[str, list] = {m.label: [] for m in managers}
+    seconds: dict[str, list] = {m.label: [] for m in managers}
     for round_ in range(rounds):
         for manager in list(managers):
             click.echo(f"round {round_ + 1}/{rounds}: measuring {manager.label} ...", err=True)
+            start = time.perf_counter()
             try:
                 per_round[manager.label].append(b.measure(manager, core))
             except RuntimeError as err:
-                if manager not in b.ANCHORS:
+                if manager.label not in anchor_labels:
                     raise Failure(str(err)) from None
                 notes.append(anchor_module.failed_note(manager.label, err))  # optional: note it, go on
                 managers.remove(manager)
-                del per_round[manager.label]
+                del per_round[manager.label], seconds[manager.label]
+                continue
+            seconds[manager.label].append(round(time.perf_counter() - start, 1))
+    slowest = max(((max(s), label) for label, s in seconds.items() if s), default=None)
+    if slowest:
+        click.echo(f"end to end: {sum(map(len, seconds.values()))} workers in {sum(map(sum, seconds.values())):.0f} s, "
+                   f"the slowest {slowest[0]:.0f} s ({slowest[1]})", err=True)
     results = {label: b.median_over_rounds(r) for label, r in per_round.items()}
     for label, ratios in b.ratios_to_default(results).items():
         results[label]["vs_default"] = ratios
     flags = checks.end_to_end_floor_flags(results) + checks.rounds_flags(per_round)
-    click.echo(f"device: {name}; date: {today}; cuda.device_array end to end (CPU core {core}, collector off): "
-               f"medians of {b.REPEATS} repeats, median over {rounds} rounds")
+    host_variable = "; numba_pool rows with NUMBA_POOL_HOST=1, which these figures do not use" if host_rows else ""
+    click.echo(f"device: {name}; date: {today}; cuda.device_array end to end (CPU core {core}, collector off"
+               f"{host_variable}): medians of {b.REPEATS} repeats, median over {rounds} rounds")
     click.echo(b.render(results, flags))
     if b.DEFAULT.label in results:
         click.echo(b.render_ratios(results, flags))
@@ -266,7 +287,44 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
     if rounds < 2:
         notes.append("one round: the rounds' agreement is not checked (--rounds 5 or more)")
     _echo_notes_and_flags(notes, flags)
-    report.update({"results": results, "end_to_end_notes": notes})
+    report.update({"results": results, "end_to_end_notes": notes, "worker_seconds": seconds,
+                   "worker_env": {m.label: m.env for m in managers}})
+    if host_rows:
+        flags += _bench_host_tables(report, per_round, managers, host_notes, rounds, core, name, today)
+    return flags
+
+
+def _bench_host_tables(report: dict, per_round: dict, managers: list, notes: list[str], rounds: int, core: int,
+                       name: str, today: str) -> list:
+    """Print the pinned and batch-pipeline tables from the workers' host figures
+    (:mod:`numba_pool.bench_host_tables`); fill ``report``; return the failed checks."""
+    from . import bench_host as h
+    from . import bench_host_tables as t
+
+    host_rounds, unread = t.collect(per_round, {m.label for m in managers if m.args})
+    notes = notes + unread
+    results = {label: t.median_over_rounds(r) for label, r in host_rounds.items()}
+    for label, ratios in t.ratios_to_default(results).items():
+        results[label]["vs_default"] = ratios
+    expected = {m.label for m in managers if m.env.get(t.HOST_VARIABLE) == "1"}
+    flags = t.rounds_flags(results) + t.host_cache_flags(results, expected)
+    method = (f"(CPU core {core}, collector off; numba_pool rows with NUMBA_POOL_HOST=1): medians of {h.REPEATS} "
+              f"repeats of {h.MIN_COUNT} to {h.MAX_COUNT} operations (about {h.BUDGET_S * 1e3:.0f} ms a repeat), "
+              f"median over {rounds} rounds")
+    if any(h.PINNED in r for r in results.values()):
+        click.echo(f"device: {name}; date: {today}; pinned host memory end to end {method}: us per allocate+free "
+                   "pair of cuda.pinned_array / cuda.mapped_array (uint8), and how many times faster than default")
+        click.echo(t.render_host(results, flags))
+    if any(h.PIPELINE in r for r in results.values()):
+        click.echo(f"device: {name}; date: {today}; batch pipeline end to end {method}: ms per batch of a pinned "
+                   "staging buffer filled on the host, to_device on a stream, device temporaries of the batch size, "
+                   "half of it and 4 KiB, two kernels, copy_to_host into a pinned buffer, stream synchronize; every "
+                   "buffer allocated and dropped per batch; and how many times faster than default")
+        click.echo(t.render_pipeline(results, flags))
+    if not results:
+        notes.append("no host rows: no worker returned host figures")
+    _echo_notes_and_flags(notes, flags)
+    report.update({"host_results": results, "host_notes": notes})
     return flags
 
 

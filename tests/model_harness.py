@@ -61,6 +61,14 @@ class Family:
                      f"recorded={sorted(self.recorded)}, zombie={self.zombie})")
 
 
+class StreamObject:
+    """What a program passes to ``using_stream``: like Numba's ``cuda.stream()``, an object
+    with a ``CUstream`` handle that lives as long as the stream."""
+
+    def __init__(self, handle):
+        self.handle = real_cu.CUstream(int(handle))
+
+
 class _Context:
     """The Numba context stand-in: a device with an id; weak-referenceable, as Numba's
     pinned and mapped memory hold a ``weakref.proxy`` of their context."""
@@ -109,8 +117,11 @@ class Program:
         self.bare.submit(self.model.leave_context).result()
         self._stack.callback(lambda: [w.shutdown() for w in self.workers + [self.bare]])
         self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
+        self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
         self.families: dict[int, Family] = {}
         self.pending: list = []  # references whose release a preempt point runs
+        self.busy: set[int] = set()  # families a rule is working on: a parked action leaves them
+        self.parked: list = []  # (family, stream, driver call, "enter"/"exit"): see park()
         self._ids = itertools.count(1)
         self.operations = 0
         self.problems: list[str] = []
@@ -144,8 +155,16 @@ class Program:
         err, handle = self.model.cuStreamCreate(flags)
         assert not err
         self.streams[int(handle)] = blocking
+        self.stream_objects[int(handle)] = StreamObject(handle)
         self.operations += 1
         return int(handle)
+
+    def using_stream(self, stream: int | None):
+        """``numba_pool.using_stream`` of the stream's object (one per created stream, as a
+        program holds its ``cuda.stream()``), or nothing for None."""
+        if stream is None:
+            return contextlib.nullcontext()
+        return numba_pool.using_stream(self.stream_objects.get(stream, stream))
 
     def in_use(self, handle: int) -> bool:
         return any(
@@ -160,6 +179,7 @@ class Program:
         if self.in_use(handle):
             return False
         del self.streams[handle]
+        del self.stream_objects[handle]  # a new stream with this handle gets a new object
         self.model.cuStreamDestroy(real_cu.CUstream(handle))
         self.operations += 1
         return True
@@ -170,8 +190,7 @@ class Program:
         """``size`` bytes in host thread ``thread``, inside ``using_stream(stream)`` if given;
         None when the pool is out of memory (the error must be numba_pool's)."""
         def body():
-            scope = numba_pool.using_stream(stream) if stream is not None else contextlib.nullcontext()
-            with scope:
+            with self.using_stream(stream):
                 return self.mm.memalloc(size)
         try:
             pointer = self.run(thread, body)
@@ -193,8 +212,7 @@ class Program:
     def scratch(self, sizes: list[int], nbytes: int, stream: int | None = None, thread: int = 0) -> list[Family]:
         """Allocate ``sizes`` inside ``numba_pool.scratch(nbytes)`` (and ``using_stream``)."""
         def body():
-            scope = numba_pool.using_stream(stream) if stream is not None else contextlib.nullcontext()
-            with scope, numba_pool.scratch(nbytes, manager=self.mm):
+            with self.using_stream(stream), numba_pool.scratch(nbytes, manager=self.mm):
                 return [self.mm.memalloc(n) for n in sizes]
         try:
             pointers = self.run(thread, body)
@@ -212,7 +230,20 @@ class Program:
         family.refs.append(family.refs[0].view(min(start, family.size)))
         self.operations += 1
 
+    @contextlib.contextmanager
+    def _busy(self, families):
+        ids = {f.id for f in families} - self.busy
+        self.busy |= ids
+        try:
+            yield
+        finally:
+            self.busy -= ids
+
     def launch(self, stream: int, families: list[Family], thread: int = 0) -> None:
+        with self._busy(families):
+            self._launch(stream, families, thread)
+
+    def _launch(self, stream: int, families: list[Family], thread: int = 0) -> None:
         """A kernel on ``stream`` using the arrays, ordered after their allocation (legal)."""
         families = [f for f in families if not f.zombie]
         for f in families:
@@ -224,6 +255,10 @@ class Program:
         self.operations += 1
 
     def record_stream(self, family: Family, stream: int) -> None:
+        with self._busy([family]):
+            self._record_stream(family, stream)
+
+    def _record_stream(self, family: Family, stream: int) -> None:
         if not family.zombie:
             self.mm.record_stream(family.refs[0], stream)
             family.recorded.add(stream)
@@ -234,6 +269,12 @@ class Program:
         ("record": record_stream, "wait": the program's event, "sync": a context synchronize)
         and let it go by ``how`` ("del", "free", "cycle": garbage collected later, "pending":
         released at a later preempt point, "bare": in a thread with no current CUDA context)."""
+        if family.id not in self.families:  # a parked action dropped it while a rule ran
+            return
+        with self._busy([family]):
+            self._drop(family, legalize=legalize, how=how, thread=thread)
+
+    def _drop(self, family: Family, *, legalize: str, how: str, thread: int) -> None:
         if len(family.refs) > 1:
             self.run(thread, family.refs.pop)
             self.operations += 1
@@ -271,22 +312,61 @@ class Program:
             self.pending.pop()
 
     def preempt_every(self, period: int) -> None:
-        """Release a pending reference (and collect garbage) at every ``period``-th driver call,
-        in the thread that makes it: a finalizer running between two of the allocator's steps."""
+        """Release a pending reference (and collect garbage) at every ``period``-th driver call
+        (0: never), in the thread that makes it: a finalizer running between two of the
+        allocator's steps.  Parked actions (:meth:`park`) run at their driver call too."""
         counter = itertools.count(1)
 
         def hook(phase, name):
             calls = next(counter)
-            if calls % period == 0:
+            if period and calls % period == 0:
                 if self.pending:
                     self.pending.pop()
                 if calls % (period * 8) == 0:
                     gc.collect(0)  # the youngest generation, where fresh cycles are
+            if self.parked:
+                self._run_parked(phase, name)
         self.model.preempt = hook
+
+    def park(self, family: Family, stream: int, call: str, when: str) -> None:
+        """What another host thread may do between two driver calls of the allocator: at the
+        allocator's next ``call`` ("enter" or "exit" of it, from numba_pool's code), a kernel on
+        ``stream`` uses ``family``'s array, which is then dropped (legally: the allocation stream
+        waits for the uses it would not follow, by the program's own event), in the thread
+        making the call.  The
+        pending releases cannot open these windows: their uses all came before, in host order,
+        whatever the allocator does at that point."""
+        self.parked.append((family, stream, call, when))
+
+    def _run_parked(self, phase: str, name: str) -> None:
+        family, stream, call, when = self.parked[-1]
+        if (call, when) != (name, phase) or family.id in self.busy:
+            return
+        if not any("numba_pool" in f.f_code.co_filename for f in _frames(sys._getframe())):
+            return  # a driver call of the harness itself, not of the allocator
+        self.parked.pop()
+        if family.id in self.families and family.refs and not family.zombie and (
+                stream == LEGACY or stream in self.streams):
+            if not self.model.would_follow(stream, family.token):
+                self.model.wait(stream, family.stream)
+            family.uses.append((stream, self.model.launch(stream, [(family.address, family.size, family.id)])))
+            # Legal by the program's own ordering (an event its allocation stream waits for),
+            # not record_stream: that takes the arena's lock, which the allocator may hold here.
+            for used, op in family.uses:
+                if used in family.recorded or self.model.would_follow(family.stream, op):
+                    continue
+                if used != LEGACY and used not in self.streams:  # destroyed: as _legalize does
+                    self.model.cuCtxSynchronize()
+                else:
+                    self.model.wait(family.stream, used)
+            del self.families[family.id]
+            family.refs.clear()
+        self.operations += 1
 
     def reset(self) -> None:
         self.release_pending()
-        self.mm.reset()
+        with self._busy(list(self.families.values())):  # no parked use of memory being freed
+            self.mm.reset()
         for f in self.families.values():
             f.zombie = True
         self.operations += 1
@@ -322,3 +402,9 @@ def _drop_reference(refs: list) -> None:
 
 def _free(refs: list) -> None:
     refs[0].free()
+
+
+def _frames(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back

@@ -27,6 +27,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from model_harness import LEGACY, Program
 
 EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "100"))
+#: The ``park`` rule (another thread's launch-and-drop between two driver calls of the
+#: allocator) is opt-in until its first finding is examined: ``NUMBA_POOL_FUZZ_PARK=1``.
+PARK = os.environ.get("NUMBA_POOL_FUZZ_PARK") == "1"
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 40_000), st.sampled_from([256, 1000, 4096, 100_000]))
 OPERATIONS: dict = {}  # (threads, arena) -> operations run, reported by test_operations_count
 
@@ -38,8 +41,7 @@ class LegalPrograms(RuleBasedStateMachine):
     @initialize(preempt=st.sampled_from([0, 3, 7, 13]))
     def start(self, preempt):
         self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20)
-        if preempt:
-            self.p.preempt_every(preempt)
+        self.p.preempt_every(preempt)
         self.streams = [LEGACY]
 
     def teardown(self):
@@ -106,6 +108,16 @@ class LegalPrograms(RuleBasedStateMachine):
             for family in chosen:
                 self.p.drop(family, legalize="record", thread=thread)
             self.p.allocate(data.draw(SIZES), None, thread)
+
+    @precondition(lambda self: PARK and self.families())
+    @rule(data=st.data(), call=st.sampled_from(["cuEventRecord", "cuStreamWaitEvent", "cuCtxSynchronize",
+                                                "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuEventCreate",
+                                                "cuMemPoolTrimTo"]),
+          when=st.sampled_from(["enter", "exit"]))
+    def park(self, data, call, when):
+        """Another thread's launch-and-drop of an array, between two driver calls of the
+        allocator (the window of the fence-before-snapshot and trim defects)."""
+        self.p.park(data.draw(st.sampled_from(self.families())), data.draw(st.sampled_from(self.streams)), call, when)
 
     @rule()
     def collect_garbage(self):
@@ -213,10 +225,7 @@ def test_concurrent_programs(threads, arena):
 
 
 def _allocate_here(p: Program, size: int, stream):
-    import numba_pool
-
-    scope = numba_pool.using_stream(stream) if stream is not None else _nothing()
-    with scope:
+    with p.using_stream(stream):
         pointer = p.mm.memalloc(size)
     return p._track(pointer, size, stream if stream is not None else LEGACY)
 
@@ -235,14 +244,6 @@ def _legalize_here(p: Program, family, how: str) -> None:
                 p.mm.record_stream(family.refs[0], stream)
             else:
                 p.model.wait(family.stream, stream)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_operations_count():
