@@ -61,6 +61,11 @@ class Family:
                      f"recorded={sorted(self.recorded)}, zombie={self.zombie})")
 
 
+#: Where a use's stream is destroyed: its handle may name a new stream later, which orders
+#: nothing of the old one's work (legalizing then takes a synchronize).
+DESTROYED = -1
+
+
 class StreamObject:
     """What a program passes to ``using_stream``: like Numba's ``cuda.stream()``, an object
     with a ``CUstream`` handle that lives as long as the stream."""
@@ -181,6 +186,8 @@ class Program:
         del self.streams[handle]
         del self.stream_objects[handle]  # a new stream with this handle gets a new object
         self.model.cuStreamDestroy(real_cu.CUstream(handle))
+        for f in self.families.values():  # the handle may come back for a new stream
+            f.uses = [(DESTROYED if used == handle else used, op) for used, op in f.uses]
         self.operations += 1
         return True
 

@@ -253,6 +253,26 @@ def test_an_array_dropped_in_a_thread_without_a_context_is_released(programs, ar
     p.finish()
 
 
+@MODES
+def test_harness_legalizes_a_use_on_a_destroyed_stream_whose_handle_came_back(programs, arena):
+    # The harness, not numba_pool: a use on a stream destroyed since is legalized by a
+    # synchronize even when a new stream got the same handle (recording the new stream orders
+    # nothing of the old one's work).  Found by the fuzzer as an unordered reuse.
+    p = programs(arena=arena)
+    eager(p)
+    s = p.create_stream(False)
+    a = p.allocate(1)
+    p.launch(s, [a])
+    assert p.destroy_stream(s)
+    assert p.create_stream(False) == s  # the model hands the handle out again
+    p.drop(a, legalize="record")
+    b = p.allocate(1)
+    assert b.address == a.address
+    p.launch(LEGACY, [b])
+    assert_clean(p)
+    p.finish()
+
+
 # ------------------------------------------------------------------------------------------
 # 2. The reproductions, fixed (arena mode).
 
