@@ -4,7 +4,9 @@ A hypothesis state machine mixes blocking, non-blocking and destroyed streams; `
 ``record_stream``, ``defer_cleanup`` and ``scratch``; trim, reset and out of memory under a
 small ``max_size``; views, frees from other host threads, frees by the garbage collector, and
 releases run *between two driver calls of the allocator* (the model's preempt points: what a
-finalizer in another thread, or the collector, does at that moment).  After every step: no
+finalizer in another thread, or the collector, does at that moment), and another thread's
+kernel launch and drop of a live array parked at one of the allocator's driver calls
+(``park``).  Arrays are dropped in threads with no current CUDA context too.  After every step: no
 ordering violation, no exception in a release, the arena's invariants.  1, 4 and 8 host threads,
 arena on and off.  ``test_concurrent_programs`` adds real concurrency.
 
@@ -27,9 +29,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from model_harness import LEGACY, Program
 
 EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "100"))
-#: The ``park`` rule (another thread's launch-and-drop between two driver calls of the
-#: allocator) is opt-in until its first finding is examined: ``NUMBA_POOL_FUZZ_PARK=1``.
-PARK = os.environ.get("NUMBA_POOL_FUZZ_PARK") == "1"
+#: The ``park`` rule: another thread's launch-and-drop between two driver calls of the
+#: allocator, the window of defects 3 and 4 of issue 7 (docs/old-code-fuzz).  On unless
+#: ``NUMBA_POOL_FUZZ_PARK=0``.
+PARK = os.environ.get("NUMBA_POOL_FUZZ_PARK", "1") != "0"
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 40_000), st.sampled_from([256, 1000, 4096, 100_000]))
 OPERATIONS: dict = {}  # (threads, arena) -> operations run, reported by test_operations_count
 
