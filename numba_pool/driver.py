@@ -76,8 +76,8 @@ class OwnerContext:
     :param handle: the owner's ``CUcontext`` (Numba's ``Context.handle``); None: never pushed.
     """
 
-    #: Set once managers of two devices have initialized in this process: from then on a
-    #: release checks which context is current (``cuCtxGetCurrent``), not only whether one is.
+    #: Set when the process sees two devices or more (``cuDeviceGetCount``): a release then
+    #: checks which context is current (``cuCtxGetCurrent``), not only whether one is.
     several = False
 
     def __init__(self, cu, handle):

@@ -94,7 +94,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                 return
             config = _config_in_effect()
             cu = driver.cu
-            _note_device(self.device_id)
+            _note_device(cu, self.device_id)
             _, total = device_memory_info(cu)
             pool = MemPool(cu, self.device_id, config, total)
             pool.reserve(config.initial_size)
@@ -430,8 +430,10 @@ def _set_config(config: _config.PoolConfig) -> None:
 _devices_initialized: set[int] = set()  # device ordinals with a manager in this process
 
 
-def _note_device(device: int) -> None:
-    # Rule 10 of numba_pool.ordering: with two devices, a release checks the current context.
+def _note_device(cu, device: int) -> None:
+    # Rule 10 of numba_pool.ordering: where the process sees two devices, a release checks the
+    # current context (another device's may be current, made so by Numba or by another library).
     _devices_initialized.add(device)
-    if len(_devices_initialized) > 1:
+    err, count = cu.cuDeviceGetCount()
+    if len(_devices_initialized) > 1 or (err == driver.SUCCESS and count > 1):
         driver.OwnerContext.several = True

@@ -62,8 +62,8 @@ runs this code against random legal programs (``tests/cuda_model.py``, ``tests/t
 10. **A release runs in its owner's context.**  A finalizer may run in a thread with no current
     context (one that never used CUDA), or with another device's (there handle 0 is *that*
     device's legacy stream, which orders nothing here).  A release that fails for want of a
-    context, and once two devices are in use every release that makes a driver call, pushes
-    the owner's context first (:class:`~numba_pool.driver.OwnerContext`).  The arena's
+    context, and where the process sees two devices or more every release that makes a driver
+    call and finds another context current, pushes the owner's context first (:class:`~numba_pool.driver.OwnerContext`).  The arena's
     legacy releases make no driver call: their fence runs at an allocation, in the context.
 
 Threads: releases run in finalizers, in any thread, even inside an allocation the garbage
@@ -176,6 +176,8 @@ class StreamWaits:
 
     def _order_now(self, recorded: list[StreamRef], stream: StreamRef, retry: bool) -> None:
         try:
+            if stream.thread is not None and stream.thread != threading.get_ident():
+                raise CannotOrder("the block is on another thread's per-thread default stream")
             self._wait_for(recorded, stream)
         except Exception as err:  # noqa: BLE001 - rule 8
             if retry and self.owner.needed():  # rule 10
@@ -887,8 +889,11 @@ class StreamOrdering:
         if self.arena is not None:
             pointers += [self._cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
         self.waits.recorded.clear()
-        while self.scratch_blocks:
-            self.scratch_blocks.popitem()[1].forget()
+        while self.scratch_blocks:  # popitem, not a copy: a finalizer may pop one meanwhile
+            try:
+                self.scratch_blocks.popitem()[1].forget()
+            except KeyError:
+                break
         report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
         self.waits.flush()  # held-back mempool frees: issued now, before the pool goes
         for ptr in pointers:

@@ -59,7 +59,7 @@ class ScratchBlock:
 
     def record(self, address: int, stream: StreamRef) -> bool:
         """``record_stream`` for the carved array holding ``address``; False when none does."""
-        for start, size in list(self._outstanding.items()):
+        for start, size in self._outstanding.copy().items():  # a finalizer may drop one meanwhile
             if start <= address < start + size:
                 self._recorded.setdefault(start, []).append(stream)
                 return True
@@ -72,7 +72,7 @@ class ScratchBlock:
 
     def _drop(self, address: int) -> None:
         # Release of a carved-out array: any thread, must not raise.
-        recorded = self._recorded.pop(address, None)
+        recorded = self._recorded.pop(address, None) if self._recorded else None
         ordering = self._ordering
         if recorded and ordering is not None:  # ordered now, before the block's release on self.stream
             ordering.waits.order_now(recorded, self.stream)

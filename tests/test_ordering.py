@@ -273,6 +273,53 @@ def test_harness_legalizes_a_use_on_a_destroyed_stream_whose_handle_came_back(pr
     p.finish()
 
 
+@MODES
+def test_scratch_array_on_a_per_thread_stream_dropped_in_another_thread(programs, arena):
+    # The block is on thread 0's per-thread default stream; its recorded stream's wait cannot be
+    # queued from thread 1 (CU_STREAM_PER_THREAD there is thread 1's stream): rule 8's
+    # synchronize instead, never a silent wait on the wrong stream.  (Found in review.)
+    p = programs(arena=arena, threads=2)
+    s2 = p.create_stream(False)
+    a, b = p.scratch([1000, 2000], 8192, stream=PER_THREAD, thread=0)
+    p.launch(PER_THREAD, [a, b], thread=0)
+    p.launch(s2, [a], thread=0)
+    p.run(0, p.mm.record_stream, a.refs[0], s2)
+    a.recorded.add(s2)
+    p.drop(a, legalize="record", thread=1)
+    p.drop(b, thread=0)  # the block goes back on thread 0's per-thread stream
+    c = p.allocate(8192, stream=PER_THREAD, thread=0)
+    p.launch(PER_THREAD, [c], thread=0)
+    assert_clean(p)
+    assert any(FALLBACK in str(w.message) for w in p.warnings)
+    p.finish()
+
+
+@MODES
+def test_releases_when_the_process_sees_several_devices(programs, arena, monkeypatch):
+    # Rule 10 with OwnerContext.several (a host with two GPUs): every release that makes a
+    # driver call checks the current context; in a thread with none it pushes the owner's.
+    from numba_pool import driver as pool_driver
+
+    monkeypatch.setattr(pool_driver.OwnerContext, "several", True)
+    p = programs(arena=arena)
+    eager(p)
+    s2, s3 = p.create_stream(False), p.create_stream(True)
+    for how in ("del", "bare"):
+        arrays = [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=s2), p.allocate(100_000, stream=s3)]
+        for f in arrays:
+            p.launch(f.stream, [f])
+            p.launch(s2, [f])
+        for f in arrays:
+            p.drop(f, legalize="record", how=how)
+        again = [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=s2), p.allocate(100_000, stream=s3)]
+        for f in again:
+            p.launch(f.stream, [f])
+            p.drop(f, legalize="record", how=how)
+    p.check()
+    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+    p.finish()
+
+
 # ------------------------------------------------------------------------------------------
 # 2. The issue's reproductions, fixed (arena mode).
 
