@@ -37,6 +37,7 @@ def read_after_delay(a, poison, delay_us, hits):
 def non_blocking_stream():
     """A ``CU_STREAM_NON_BLOCKING`` stream as a Numba external stream: not ordered with the
     legacy default stream."""
+    cuda.current_context()  # the raw call needs a current context (no earlier test may have made one)
     err, handle = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
     assert not err, err
     try:
