@@ -83,15 +83,21 @@ class OwnerContext:
     def __init__(self, cu, handle):
         self._cu = cu
         self.handle = handle
+        self._handle_value = None if handle is None else int(handle)
+        # Bound once (on the release path with several devices); replay's stand-in has none.
+        self._get_current = getattr(cu, "cuCtxGetCurrent", None)
+        if self._get_current is None:
+            self._handle_value = None
 
     def needed(self) -> bool:
         """Whether the calling thread must push the owner's context before a release."""
-        if self.handle is None:
+        if self._handle_value is None:
             return False
-        err, current = self._cu.cuCtxGetCurrent()
+        err, current = self._get_current()
         if err != SUCCESS:
             return False
-        return not int(current) or (self.several and int(current) != int(self.handle))
+        current = int(current)
+        return not current or (self.several and current != self._handle_value)
 
     def run(self, fn, *args) -> None:
         """``fn(*args)`` (which must not raise) with the owner's context pushed, popped after.

@@ -301,13 +301,17 @@ class PooledBlocks:
             return
         self._note(~size)
         waits = self._waits
-        if waits.recorded or waits.depth or stream.thread is not None or waits.owner.several:
+        if waits.recorded or waits.depth or stream.thread is not None:
             waits.release(int(ptr), stream, partial(self._free, ptr, stream))
+            return
+        owner = waits.owner
+        if owner.several and owner.needed():  # rule 10: another device's context is current
+            owner.run(waits.release, int(ptr), stream, partial(self._free, ptr, stream))
             return
         err, = self._free_async(ptr, stream.handle)
         if err:
-            if waits.owner.needed():  # rule 10: no context is current in this thread
-                waits.owner.run(waits.release, int(ptr), stream, partial(self._free, ptr, stream))
+            if owner.needed():  # rule 10: no context is current in this thread
+                owner.run(waits.release, int(ptr), stream, partial(self._free, ptr, stream))
                 return
             report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
 
