@@ -43,18 +43,27 @@ class LegalPrograms(RuleBasedStateMachine):
 
     @initialize(preempt=st.sampled_from([0, 3, 7, 13]))
     def start(self, preempt):
+        # The collector runs only at the program's own points (collect_garbage, the preempt
+        # hook, destroy_stream, finish), never on the process's allocation count: a cycle freed
+        # at another moment changes what the pool holds, so an allocation under max_size could
+        # succeed in one replay of an example and run out of memory in the next
+        # (FlakyStrategyDefinition in 800-example runs on a busy host).
+        gc.disable()
         self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20)
         self.p.preempt_every(preempt)
         self.streams = [LEGACY]
 
     def teardown(self):
-        if hasattr(self, "p"):
-            try:
-                self.p.finish()
-                key = (self.threads, self.arena)
-                OPERATIONS[key] = OPERATIONS.get(key, 0) + self.p.operations
-            finally:
-                self.p.close()
+        try:
+            if hasattr(self, "p"):
+                try:
+                    self.p.finish()
+                    key = (self.threads, self.arena)
+                    OPERATIONS[key] = OPERATIONS.get(key, 0) + self.p.operations
+                finally:
+                    self.p.close()
+        finally:
+            gc.enable()
 
     def families(self):
         return [f for f in self.p.families.values() if not f.zombie]
