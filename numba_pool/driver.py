@@ -99,6 +99,24 @@ class OwnerContext:
         current = int(current)
         return not current or (self.several and current != self._handle_value)
 
+    def enter(self, fn, *args) -> None:
+        """Start a release, ``fn(*args, retry)`` (which must not raise): in the owner's context
+        (``retry`` False) where the process sees several devices and another context is
+        current, else in this thread's (``retry`` True: ``fn`` may call :meth:`retry` after a
+        failure)."""
+        if self.several and self.needed():
+            self.run(fn, *args, False)
+        else:
+            fn(*args, True)
+
+    def retry(self, fn, *args) -> bool:
+        """After ``fn(*args, True)`` failed: run ``fn(*args, False)`` in the owner's context if
+        this thread needed it (it had no current context), and return True; else False."""
+        if not self.needed():
+            return False
+        self.run(fn, *args, False)
+        return True
+
     def run(self, fn, *args) -> None:
         """``fn(*args)`` (which must not raise) with the owner's context pushed, popped after.
         Where it cannot be pushed the context is gone, and the memory with it."""

@@ -257,16 +257,11 @@ class HostBlocks:
             return
         streams = [LEGACY] + self.recorded.pop(block.host, [])
         block.order = next(self._order)
-        owner = self.owner
-        if owner.several and owner.needed():  # rule 10: another device's context is current
-            owner.run(self._record_release, block, streams, False)
-        else:
-            self._record_release(block, streams, True)
+        self.owner.enter(self._record_release, block, streams)  # rule 10
 
     def _free_orphan(self, block: HostBlock, retry: bool) -> None:
         result = self._cu.cuMemFreeHost(block.host)
-        if result[0] != SUCCESS and retry and self.owner.needed():  # rule 10
-            self.owner.run(self._free_orphan, block, False)
+        if result[0] != SUCCESS and retry and self.owner.retry(self._free_orphan, block):  # rule 10
             return
         report_failure(result, "cuMemFreeHost (after reset)")
 
@@ -276,8 +271,7 @@ class HostBlocks:
         except Exception as err:  # noqa: BLE001 - a release never raises
             self._free_events.extend(block.events)
             block.events = []
-            if retry and self.owner.needed():  # rule 10: no context is current in this thread
-                self.owner.run(self._record_release, block, streams, False)
+            if retry and self.owner.retry(self._record_release, block, streams):  # rule 10
                 return
             if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 return

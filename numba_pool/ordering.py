@@ -143,11 +143,7 @@ class StreamWaits:
 
     def _release_now(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
         recorded = self.recorded.pop(start, None) if self.recorded else None
-        owner = self.owner
-        if owner.several and owner.needed():  # rule 10: another device's context is current
-            owner.run(self._order, start, stream, publish, recorded, False)
-            return
-        self._order(start, stream, publish, recorded, True)
+        self.owner.enter(self._order, start, stream, publish, recorded)  # rule 10
 
     def _order(self, start: int, stream: StreamRef, publish: Callable[[bool], None],
                recorded: list[StreamRef] | None, retry: bool) -> None:
@@ -158,8 +154,7 @@ class StreamWaits:
                 self._wait_for(recorded, stream)
             publish(False)
         except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
-            if retry and self.owner.needed():  # rule 10: no context is current in this thread
-                self.owner.run(self._order, start, stream, publish, recorded, False)
+            if retry and self.owner.retry(self._order, start, stream, publish, recorded):  # rule 10
                 return
             self._synchronize_instead(start, stream, publish, err)
 
@@ -168,11 +163,7 @@ class StreamWaits:
         now (an event recorded on each, waited for by ``stream``).  For a scratch array, whose
         block is released later: its recorded streams may be destroyed by then.  Never raises
         (rule 8: the fallback synchronizes)."""
-        owner = self.owner
-        if owner.several and owner.needed():  # rule 10
-            owner.run(self._order_now, recorded, stream, False)
-        else:
-            self._order_now(recorded, stream, True)
+        self.owner.enter(self._order_now, recorded, stream)  # rule 10
 
     def _order_now(self, recorded: list[StreamRef], stream: StreamRef, retry: bool) -> None:
         try:
@@ -180,8 +171,7 @@ class StreamWaits:
                 raise CannotOrder("the block is on another thread's per-thread default stream")
             self._wait_for(recorded, stream)
         except Exception as err:  # noqa: BLE001 - rule 8
-            if retry and self.owner.needed():  # rule 10
-                self.owner.run(self._order_now, recorded, stream, False)
+            if retry and self.owner.retry(self._order_now, recorded, stream):  # rule 10
                 return
             if report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 warn(f"could not order a scratch array's recorded streams on stream {stream.value:#x} "
