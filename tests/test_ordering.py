@@ -75,6 +75,18 @@ def assert_clean(p: Program) -> None:
     p.check()
 
 
+def assert_no_fallback(p: Program) -> None:
+    """Every release was ordered on the device: none fell back to rule 8's synchronize."""
+    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+
+
+def arena_and_pool_blocks(p: Program, stream_a: int, stream_b: int) -> list:
+    """An arena-sized and a mempool-sized array on the legacy stream, then one of each
+    inside ``using_stream`` (``stream_a``, ``stream_b``)."""
+    return [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=stream_a),
+            p.allocate(100_000, stream=stream_b)]
+
+
 def assert_caught(p: Program, names: list[tuple[object, str]]) -> None:
     """At least one unordered reuse, whose text names each (owner, stream description)."""
     reuses = [v for v in p.model.violations if v.kind == "unordered reuse"]
@@ -207,7 +219,7 @@ def test_scratch_array_recorded_on_a_stream_destroyed_before_its_block_goes(prog
     again = [p.allocate(1000, stream=s2), p.allocate(8192, stream=s2)]
     p.launch(s2, again)
     p.check()
-    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+    assert_no_fallback(p)
     p.finish()
 
 
@@ -223,7 +235,7 @@ def test_scratch_array_recorded_then_reset_orders_nothing_when_dropped(programs,
     assert p.destroy_stream(s2)
     p.drop(only)
     p.check()
-    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+    assert_no_fallback(p)
     p.finish()
 
 
@@ -235,7 +247,7 @@ def test_an_array_dropped_in_a_thread_without_a_context_is_released(programs, ar
     p = programs(arena=arena)
     eager(p)
     s2, s3 = p.create_stream(False), p.create_stream(False)
-    arrays = [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=s2), p.allocate(100_000, stream=s2)]
+    arrays = arena_and_pool_blocks(p, s2, s2)
     for f in arrays:
         p.launch(f.stream, [f])
         if recorded:
@@ -245,11 +257,11 @@ def test_an_array_dropped_in_a_thread_without_a_context_is_released(programs, ar
         p.drop(f, legalize="record", how="bare")
     assert p.model.stats()["no_context"] > refused  # the bare thread was refused at first
     assert p.mm.statistics().bytes_in_use == 0
-    again = [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=s2), p.allocate(100_000, stream=s2)]
+    again = arena_and_pool_blocks(p, s2, s2)
     for f in again:
         p.launch(f.stream, [f])
     p.check()
-    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+    assert_no_fallback(p)
     p.finish()
 
 
@@ -305,18 +317,18 @@ def test_releases_when_the_process_sees_several_devices(programs, arena, monkeyp
     eager(p)
     s2, s3 = p.create_stream(False), p.create_stream(True)
     for how in ("del", "bare"):
-        arrays = [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=s2), p.allocate(100_000, stream=s3)]
+        arrays = arena_and_pool_blocks(p, s2, s3)
         for f in arrays:
             p.launch(f.stream, [f])
             p.launch(s2, [f])
         for f in arrays:
             p.drop(f, legalize="record", how=how)
-        again = [p.allocate(1000), p.allocate(100_000), p.allocate(1000, stream=s2), p.allocate(100_000, stream=s3)]
+        again = arena_and_pool_blocks(p, s2, s3)
         for f in again:
             p.launch(f.stream, [f])
             p.drop(f, legalize="record", how=how)
     p.check()
-    assert not any(FALLBACK in str(w.message) for w in p.warnings), [str(w.message) for w in p.warnings]
+    assert_no_fallback(p)
     p.finish()
 
 
