@@ -39,6 +39,7 @@ can cost).  numba_pool releases its memory without ``weakref.finalize``
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -266,8 +267,12 @@ def run_module(module: str, args: list[str], env: dict | None = None, cwd: str |
     # Start in the folder holding the numba_pool we are, so that the worker imports the same
     # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
     here = cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    core = env.get(CORE_VARIABLE, "").strip()
+    # Pinned from its first instruction, not only once it times: the memory it allocates while
+    # it imports and creates its context is then placed for the core it is timed on.
+    pin = functools.partial(os.sched_setaffinity, 0, {int(core)}) if core else None
     proc = subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=here,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, preexec_fn=pin)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"exit {proc.returncode}:\n{proc.stderr.strip()[-3000:]}")
@@ -292,14 +297,30 @@ def median_over_rounds(rounds: list[dict]) -> dict:
 
 
 def ratios_to_default(results: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Per manager, default's time over the manager's (x faster than default): ``seed loop``
+    """Per manager, how many times faster than default (:func:`paired_ratio`): ``seed loop``
     and each allocate+free size (bytes, as a string); empty without a default row."""
     default = results.get(DEFAULT.label)
     if default is None:
         return {}
-    return {label: {checks.SEED_LOOP: default["seed_loop_ms"] / r["seed_loop_ms"],
-                    **{k: default["alloc_free_us"][k] / us for k, us in r["alloc_free_us"].items()}}
+
+    def ratio(r: dict, field: str, key: str | None = None) -> float:
+        pick = (lambda d: d) if key is None else (lambda d: d[key])
+        rounds = f"rounds_{field}"
+        if rounds in r and rounds in default:
+            return paired_ratio(pick(default[rounds]), pick(r[rounds]))
+        return pick(default[field]) / pick(r[field])
+
+    return {label: {checks.SEED_LOOP: ratio(r, "seed_loop_ms"),
+                    **{k: ratio(r, "alloc_free_us", k) for k in r["alloc_free_us"]}}
             for label, r in results.items()}
+
+
+def paired_ratio(default_rounds: list[float], row_rounds: list[float]) -> float:
+    """Default's time over a row's, round by round, and the median of those ratios: the two
+    workers of a round ran minutes apart at most, so a slow spell of the machine that lasts
+    longer cancels in their ratio, where a ratio of the medians over rounds keeps it.  Rounds
+    past the shorter list are left out; one round gives its ratio."""
+    return statistics.median(d / r for d, r in zip(default_rounds, row_rounds))
 
 
 def _mark(cell: str, figure: str, label: str, marked: set) -> str:
@@ -320,6 +341,25 @@ def render_ratios(results: dict[str, dict], flags: list = ()) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def render_ratio_runs(runs: list[dict[tuple[str, str, str], float]], flags: list = ()) -> str:
+    """The end-to-end ratios to default of several runs side by side, ``{(table, figure, row):
+    x faster}`` each: a line per table, figure and row, a column per run, and the runs' largest
+    over smallest; a line that a check flagged ends in ``!``."""
+    from tabulate import tabulate
+
+    marked = {(f.table.removesuffix(" runs"), f.figure, f.label) for f in flags}
+    rows = []
+    for key in runs[0]:
+        values = [run.get(key) for run in runs]
+        if any(v is None for v in values):
+            continue
+        table, figure, label = key
+        spread = f"{max(values) / min(values):.3f}" + (" !" if key in marked else "")
+        rows.append([table, checks.figure_label(figure), label, *(f"{v:.3g}" for v in values), spread])
+    headers = ["table", "figure", "manager", *(f"run {n + 1}" for n in range(len(runs))), "max/min"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
 def render(results: dict[str, dict], flags: list = ()) -> str:
     """The bench table: one row per manager, medians with the ratio to default, and each
     allocate+free time's difference (µs) from the no-op floor and from Numba alone; a cell
@@ -327,7 +367,7 @@ def render(results: dict[str, dict], flags: list = ()) -> str:
     from tabulate import tabulate
 
     marked = checks.flagged(list(flags), "end to end")
-    default = results.get(DEFAULT.label)
+    ratios = ratios_to_default(results)
     present = [f.label for f in (FLOOR, BARE_FLOOR) if f.label in results]
     floors = [results[label] for label in present]
     vs = f" ({', '.join(present)})" if present else ""
@@ -336,7 +376,7 @@ def render(results: dict[str, dict], flags: list = ()) -> str:
     rows = []
     for label, r in results.items():
         row = [label, _mark(f"{r['seed_loop_ms']:.3f}", checks.SEED_LOOP, label, marked)]
-        row.append(f"{default['seed_loop_ms'] / r['seed_loop_ms']:.2f}" if default else "-")
+        row.append(f"{ratios[label][checks.SEED_LOOP]:.2f}" if ratios else "-")
         for s in SIZES:
             us = r["alloc_free_us"][str(s)]
             cell = f"{us:.2f}"

@@ -10,6 +10,9 @@ Pure functions over the tables' JSON (no GPU), each returning a list of :class:`
   is the paired difference's median (µs) below zero; end to end, the median over rounds (µs).
 * **Rounds that disagree** (:func:`rounds_flags`): end to end, per manager and figure, the largest
   over the smallest of the rounds above ``1 +`` :data:`TOLERANCE`.
+* **Runs that disagree, end to end** (:func:`ratio_runs_flags`): the end-to-end part run N times
+  (``--repeat-run``), per table, figure and row, the largest over the smallest of the runs'
+  ratios to default above ``1 +`` :data:`TOLERANCE`.
 * **Runs that disagree** (:func:`runs_flags`): the allocator part run N times (``--repeat-run``),
   per size and allocator, the largest over the smallest of the runs' ratios (overhead above
   ``Numba alone`` over the no-op floor's) above ``1 +`` :data:`TOLERANCE`, or a ratio not positive.
@@ -136,6 +139,22 @@ def runs_flags(runs: list[dict]) -> list[Flag]:
             if any(r is None for r in ratios):
                 continue
             flag = spread_flag("allocator runs", size, label, [r["median"] for r in ratios], "ratios of the runs")
+            if flag:
+                flags.append(flag)
+    return flags
+
+
+def ratio_runs_flags(runs: list[dict[tuple[str, str, str], float]]) -> list[Flag]:
+    """End-to-end runs that disagree: per ``(table, figure, row)`` present in every run, the
+    runs' ratios to default (x faster) whose largest over smallest exceeds ``1 +``
+    :data:`TOLERANCE`.  The flag's table is the figure's table with `` runs`` after it."""
+    flags = []
+    if len(runs) < 2:
+        return flags
+    for key in runs[0]:
+        if all(key in run for run in runs):
+            table, figure, label = key
+            flag = spread_flag(f"{table} runs", figure, label, [run[key] for run in runs], "ratios to default of the runs")
             if flag:
                 flags.append(flag)
     return flags

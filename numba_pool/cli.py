@@ -130,8 +130,12 @@ def _driver_version() -> int:
               help="End to end: interleaved rounds of all managers; the table shows medians over rounds, "
                    "and flags figures whose rounds disagree by more than 10 %.")
 @click.option("--repeat-run", type=click.IntRange(1, 10), default=1, show_default=True,
-              help="Allocator part: run the in-process measurement this many times, each in a fresh process; "
-                   "shows each run's table and flags ratios that disagree between runs by more than 10 %.")
+              help="Run each part this many times (allocator: the in-process measurement, each in a fresh "
+                   "process; end to end: all its rounds); shows each run's tables, then their ratios side by side, "
+                   "and flags ratios that disagree between runs by more than 10 %.")
+@click.option("--warm-up-rounds", type=click.IntRange(0, 5), default=1, show_default=True,
+              help="End to end: untimed rounds of all managers before the first run (a machine just started "
+                   "timed its first rounds up to 1.6x slower).")
 @click.option("--core", type=click.IntRange(0), default=None, metavar="N",
               help="The CPU core every measuring process pins itself to (default: the lowest this process may use).")
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False),
@@ -148,7 +152,8 @@ def _driver_version() -> int:
                    "copy_to_host into pinned memory) in default's and numba_pool's workers, the pipeline in the "
                    "anchors' too; numba_pool's workers then run with NUMBA_POOL_HOST=1.")
 def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, rounds: int, repeat_run: int,
-          core: int | None, baseline: str | None, part: str, plain_pool: bool, host_rows: bool) -> None:
+          warm_up_rounds: int, core: int | None, baseline: str | None, part: str, plain_pool: bool,
+          host_rows: bool) -> None:
     """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors and the anchors.
 
     Every table is checked (numba_pool.bench_checks): a row below a floor, or rounds or runs more
@@ -175,7 +180,8 @@ def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, 
     if part in ("all", "allocator"):
         flags += _bench_allocator(report, baseline, plain_pool, anchors, repeat_run, core, name, today)
     if part in ("all", "end-to-end"):
-        flags += _bench_end_to_end(report, anchors, no_arena, rounds, baseline, core, name, today, host_rows)
+        flags += _bench_end_to_end(report, anchors, no_arena, rounds, baseline, core, name, today, host_rows,
+                                   repeat_run, warm_up_rounds)
     report["checks_failed"] = [str(f) for f in flags]
     if json_path:
         with open(json_path, "w") as f:
@@ -229,13 +235,52 @@ def _bench_allocator(report: dict, baseline: str | None, plain_pool: bool, ancho
 
 
 def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, baseline: str | None, core: int,
-                      name: str, today: str, host_rows: bool = True) -> list:
-    """Run the end-to-end part in interleaved rounds, a process per manager and round; print its
-    tables (with ``host_rows``, the pinned and batch-pipeline tables too); fill ``report``;
-    return the failed checks."""
-    from . import anchors as anchor_module
+                      name: str, today: str, host_rows: bool = True, runs: int = 1, warm_up: int = 0) -> list:
+    """Run the end-to-end part: ``warm_up`` untimed rounds, then ``runs`` runs of ``rounds``
+    interleaved rounds, a process per manager and round; print each run's tables (with
+    ``host_rows``, the pinned and batch-pipeline tables too) and, for two runs or more, their
+    ratios to default side by side; fill ``report``; return the failed checks."""
     from . import bench as b
     from . import bench_checks as checks
+
+    managers, notes, host_notes = _end_to_end_managers(anchors, no_arena, baseline, host_rows)
+    for round_ in range(warm_up):
+        _one_round(managers, core, notes, f"warm-up round {round_ + 1}/{warm_up} (not timed)")
+    flags, reports = [], []
+    for run in range(runs):
+        of_run = f"run {run + 1}/{runs}, " if runs > 1 else ""
+        per_round = {m.label: [] for m in managers}
+        seconds = {m.label: [] for m in managers}
+        for round_ in range(rounds):
+            for label, (result, took) in _one_round(managers, core, notes, f"{of_run}round {round_ + 1}/{rounds}").items():
+                per_round[label].append(result)
+                seconds[label].append(took)
+        for label in set(per_round) - {m.label for m in managers}:  # an anchor that failed in a later round
+            del per_round[label], seconds[label]
+        run_report = report if runs == 1 else {}
+        flags += _end_to_end_tables(run_report, per_round, seconds, managers, notes, rounds, core, name,
+                                    f"{today}; {of_run.rstrip(', ')}" if runs > 1 else today)
+        if host_rows:
+            flags += _bench_host_tables(run_report, per_round, managers, host_notes, rounds, core, name, today)
+        reports.append(run_report)
+    if runs > 1:
+        ratios = [_ratios_of(r) for r in reports]
+        agreement = checks.ratio_runs_flags(ratios)
+        click.echo(f"x faster than default, run by run (each the median over rounds of the rounds' ratios; agree "
+                   f"within {checks.TOLERANCE:.0%}?):")
+        click.echo(b.render_ratio_runs(ratios, agreement))
+        _echo_notes_and_flags([], agreement)
+        report.update(reports[0])
+        report["end_to_end_runs"] = reports
+        flags += agreement
+    return flags
+
+
+def _end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, host_rows: bool):
+    """The end-to-end workers (the anchors that are installed, the baselines, host parts
+    planned), the notes on anchors left out, and the host tables' notes."""
+    from . import anchors as anchor_module
+    from . import bench as b
     from . import bench_host_tables as host_tables
 
     managers = [m for m in b.MANAGERS if not (no_arena and m is b.ARENA)]
@@ -250,23 +295,38 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
     host_notes = []
     if host_rows:
         managers, host_notes = host_tables.plan(managers)
+    return managers, notes, host_notes
+
+
+def _one_round(managers: list, core: int, notes: list[str], what: str) -> dict:
+    """Each manager's worker once, in order: ``{label: (result, seconds)}``.  An anchor whose
+    worker fails is noted and leaves ``managers``; any other failure is a :class:`Failure`."""
+    from . import anchors as anchor_module
+    from . import bench as b
+
     anchor_labels = {a.label for a in b.ANCHORS}
-    per_round: dict[str, list] = {m.label: [] for m in managers}
-    seconds: dict[str, list] = {m.label: [] for m in managers}
-    for round_ in range(rounds):
-        for manager in list(managers):
-            click.echo(f"round {round_ + 1}/{rounds}: measuring {manager.label} ...", err=True)
-            start = time.perf_counter()
-            try:
-                per_round[manager.label].append(b.measure(manager, core))
-            except RuntimeError as err:
-                if manager.label not in anchor_labels:
-                    raise Failure(str(err)) from None
-                notes.append(anchor_module.failed_note(manager.label, err))  # optional: note it, go on
-                managers.remove(manager)
-                del per_round[manager.label], seconds[manager.label]
-                continue
-            seconds[manager.label].append(round(time.perf_counter() - start, 1))
+    measured = {}
+    for manager in list(managers):
+        click.echo(f"{what}: measuring {manager.label} ...", err=True)
+        start = time.perf_counter()
+        try:
+            result = b.measure(manager, core)
+        except RuntimeError as err:
+            if manager.label not in anchor_labels:
+                raise Failure(str(err)) from None
+            notes.append(anchor_module.failed_note(manager.label, err))  # optional: note it, go on
+            managers.remove(manager)
+            continue
+        measured[manager.label] = (result, round(time.perf_counter() - start, 1))
+    return measured
+
+
+def _end_to_end_tables(report: dict, per_round: dict, seconds: dict, managers: list, notes: list[str], rounds: int,
+                       core: int, name: str, today: str) -> list:
+    """Print the ``cuda.device_array`` tables of one run; fill ``report``; return the failed checks."""
+    from . import bench as b
+    from . import bench_checks as checks
+
     slowest = max(((max(s), label) for label, s in seconds.items() if s), default=None)
     if slowest:
         click.echo(f"end to end: {sum(map(len, seconds.values()))} workers in {sum(map(sum, seconds.values())):.0f} s, "
@@ -275,6 +335,7 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
     for label, ratios in b.ratios_to_default(results).items():
         results[label]["vs_default"] = ratios
     flags = checks.end_to_end_floor_flags(results) + checks.rounds_flags(per_round)
+    host_rows = any(m.args for m in managers)
     host_variable = "; numba_pool rows with NUMBA_POOL_HOST=1, which these figures do not use" if host_rows else ""
     click.echo(f"device: {name}; date: {today}; cuda.device_array end to end (CPU core {core}, collector off"
                f"{host_variable}): medians of {b.REPEATS} repeats, median over {rounds} rounds")
@@ -289,9 +350,23 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
     _echo_notes_and_flags(notes, flags)
     report.update({"results": results, "end_to_end_notes": notes, "worker_seconds": seconds,
                    "worker_env": {m.label: m.env for m in managers}})
-    if host_rows:
-        flags += _bench_host_tables(report, per_round, managers, host_notes, rounds, core, name, today)
     return flags
+
+
+def _ratios_of(report: dict) -> dict[tuple[str, str, str], float]:
+    """One run's ratios to default, ``{(table, figure, row): x faster}``, default's own left out."""
+    from . import bench_checks as checks
+    from . import bench_host_tables as t
+
+    ratios = {("end to end", figure, label): ratio
+              for label, r in report.get("results", {}).items() if label != checks.DEFAULT
+              for figure, ratio in r.get("vs_default", {}).items()}
+    for label, r in report.get("host_results", {}).items():
+        if label == checks.DEFAULT:
+            continue
+        for field, sizes in r.get("vs_default", {}).items():
+            ratios.update({(t.TABLE_OF[field], t.figure_name(field, size), label): v for size, v in sizes.items()})
+    return ratios
 
 
 def _bench_host_tables(report: dict, per_round: dict, managers: list, notes: list[str], rounds: int, core: int,

@@ -122,7 +122,10 @@ class HostBlocks:
     def _take_released(self) -> None:
         while self.released:
             block = self.released.popleft()
-            self.bins.setdefault((block.flags, block.size), deque()).append(block)
+            bin_ = self.bins.get((block.flags, block.size))
+            if bin_ is None:
+                bin_ = self.bins[(block.flags, block.size)] = deque()
+            bin_.append(block)
             self.cached += block.size
         if self.release_threshold is not None and self.cached > self.release_threshold:
             self._free_completed(self.release_threshold)

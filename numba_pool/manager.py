@@ -41,6 +41,7 @@ from .alloclog import AllocationLog
 from .host import HostBlock, HostBlocks, host_flags
 from .mempool import MemPool, device_memory_info
 from .ordering import StreamOrdering
+from .pointer import PooledPinnedMemory
 from .stats import PoolStatistics, UsageTracker
 from .streams import LEGACY, _state, as_stream_ref, scopes_entered
 
@@ -106,6 +107,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                 threshold = None if config.host_release_threshold == _config.KEEP_ALL else config.host_release_threshold
                 self._host = HostBlocks(cu, max_size=config.host_max_size, release_threshold=threshold,
                                         owner=driver.OwnerContext(cu, getattr(self.context, "handle", None)))
+                self._context_proxy = weakref.proxy(self.context)  # as Numba's memhostalloc passes
             self._bind(ordering, config)
             self._ordering = ordering
 
@@ -166,14 +168,11 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         host = self._host
         if host is None or size <= 0:
             return super().memhostalloc(size, mapped, portable, wc)
-        from numba.cuda.cudadrv.driver import PinnedMemory
-
         block = host.allocate(size, host_flags(mapped, portable, wc))
         finalizer = partial(_release_host, self, host, block, mapped)
-        context = weakref.proxy(self.context)
         if not mapped:
-            return PinnedMemory(context, block.host, size, finalizer=finalizer)
-        mem = _pooled_mapped_memory(context, block, size, finalizer)
+            return PooledPinnedMemory(self._context_proxy, block.host, size, finalizer)
+        mem = _pooled_mapped_memory(self._context_proxy, block, size, finalizer)
         self.allocations[block.host] = mem
         return mem.own()
 

@@ -230,3 +230,55 @@ def test_repeat_run_shows_each_run_and_flags_runs_that_disagree(monkeypatch, cap
     assert [(f.table, f.label) for f in flags] == [("allocator runs", "numba_pool arena")]
     assert "CHECK FAILED [allocator runs] 256 B, numba_pool arena: ratios of the runs disagree by 14 %" in out
     assert len(report["allocator_runs"]) == 2 and report["allocator"] == report["allocator_runs"][0]
+
+
+def test_ratios_to_default_pair_rounds_so_a_slow_spell_of_both_cancels():
+    # Round 2 ran in a slow spell of the machine: both rows 1.5x slower.  In two rounds of
+    # three the pool is 10x faster; a ratio of the medians over rounds (100 / 12) says 8.3x.
+    def rounds(seed, values):
+        merged = bench.median_over_rounds([{**result(seed, *([v] * len(bench.SIZES))), "manager": "m"}
+                                           for v in values])
+        return merged
+
+    results = {"default": rounds(10.0, [100.0, 150.0, 100.0]), "numba_pool": rounds(1.0, [10.0, 15.0, 12.0])}
+    ratios = bench.ratios_to_default(results)
+    assert ratios["numba_pool"]["256"] == pytest.approx(10.0)
+    assert bench.paired_ratio([100.0, 150.0, 130.0], [10.0, 15.0, 10.0]) == pytest.approx(10.0)
+
+
+def test_workers_are_pinned_to_the_core_from_their_start(tmp_path):
+    (tmp_path / "affinity_probe.py").write_text(
+        "import json, os\nprint(json.dumps(sorted(os.sched_getaffinity(0))))\n")
+    core = max(os.sched_getaffinity(0))
+    assert bench.run_module("affinity_probe", [], {bench.CORE_VARIABLE: str(core)}, str(tmp_path)) == [core]
+    assert bench.run_module("affinity_probe", [], {}, str(tmp_path)) == sorted(os.sched_getaffinity(0))
+
+
+def test_repeat_run_end_to_end_warms_up_untimed_then_flags_ratios_that_move_between_runs(monkeypatch, capsys):
+    from numba_pool import anchors
+
+    measure = fake_worker()
+    calls = []
+
+    def worker(manager, core=None):
+        calls.append(manager.label)
+        r = measure(manager, core)
+        n = calls.count(manager.label)
+        if n == 1:  # the warm-up round: far off, and must not count
+            r = {**r, "alloc_free_us": {k: us * 5 for k, us in r["alloc_free_us"].items()}}
+        if manager.label == bench.NUMBA_POOL.label and n > 3:  # run 2 (rounds 4, 5): 20 % slower
+            r = {**r, "alloc_free_us": {k: us * 1.2 for k, us in r["alloc_free_us"].items()}}
+        return r
+
+    monkeypatch.setattr(bench, "measure", worker)
+    monkeypatch.setattr(anchors, "installed", lambda label: False)
+    report = {}
+    flags = cli._bench_end_to_end(report, True, False, 2, None, 0, "GPU", "today", host_rows=False, runs=2, warm_up=1)
+    out = capsys.readouterr().out
+    assert calls.count("default") == 5  # 1 warm-up + 2 runs x 2 rounds
+    assert [(f.table, f.figure, f.label) for f in flags] == [("end to end runs", str(s), "numba_pool")
+                                                             for s in bench.SIZES]
+    assert "CHECK FAILED [end to end runs] 256 B, numba_pool: ratios to default of the runs disagree by 20 %" in out
+    assert "x faster than default, run by run" in out and "date: today; run 2/2" in out
+    assert len(report["end_to_end_runs"]) == 2 and report["results"] == report["end_to_end_runs"][0]["results"]
+    assert report["results"]["numba_pool"]["rounds_alloc_free_us"]["256"] == [10.0, 10.0]  # no warm-up figure

@@ -87,3 +87,57 @@ alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, release)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "released\n"
     assert proc.stderr == ""
+
+
+# -- PooledPinnedMemory: the host cache's PinnedMemory ---------------------------------------
+
+def _pinned(releases, size=64):
+    import ctypes
+
+    from numba_pool.pointer import PooledPinnedMemory
+
+    buffer = ctypes.create_string_buffer(size)
+    return buffer, PooledPinnedMemory("context", ctypes.addressof(buffer), size, releases)
+
+
+def test_pinned_has_every_attribute_numba_pinned_memory_sets():
+    from numba.cuda.cudadrv.driver import PinnedMemory
+
+    numba_attributes = set(vars(PinnedMemory(None, 0x1000, 8, finalizer=lambda: None)))
+    _, ours = _pinned(Releases())
+    assert numba_attributes <= set(vars(ours))
+    assert set(vars(ours)) - numba_attributes == {"_release"}
+
+
+def test_pinned_memory_backs_a_numpy_array_and_is_released_when_the_array_goes():
+    import numpy as np
+
+    releases = Releases()
+    buffer, memory = _pinned(releases)
+    array = np.ndarray(shape=(16,), dtype=np.float32, buffer=memory)
+    array[:] = 3.0
+    assert np.frombuffer(buffer.raw, dtype=np.float32).tolist() == [3.0] * 16
+    del memory
+    assert releases.count == 0  # the array holds it
+    del array
+    assert releases.count == 1
+
+
+def test_pinned_copies_are_the_object_itself_so_the_block_goes_back_once():
+    import copy
+
+    releases = Releases()
+    _, memory = _pinned(releases)
+    assert copy.copy(memory) is memory and copy.deepcopy(memory) is memory
+    del memory
+    gc.collect()
+    assert releases.count == 1
+
+
+def test_pinned_released_once_from_a_reference_cycle():
+    releases = Releases()
+    _, memory = _pinned(releases)
+    memory.cycle = memory
+    del memory
+    gc.collect()
+    assert releases.count == 1
