@@ -50,6 +50,7 @@ import time
 from dataclasses import dataclass
 
 from . import bench_checks as checks
+from .bench_turns import run_in_turns, worker_turn
 
 SEED_ELEMENTS = 1 << 20
 SEED_ITERATIONS = 100
@@ -131,9 +132,13 @@ def quiet_host(environ=os.environ):
 # -- the worker: runs inside the subprocess ---------------------------------------------------
 
 def _elapsed(body) -> float:
+    """Seconds ``body()`` took; then, in lock-step turns (:mod:`numba_pool.bench_turns`), the
+    turn goes to the next worker, outside the timed region."""
     t0 = time.perf_counter()
     body()
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    worker_turn().pass_turn()
+    return seconds
 
 
 def _median_time(body, repeats: int) -> float:
@@ -258,24 +263,51 @@ def measure(manager: Manager, core: int | None = None) -> dict:
         raise RuntimeError(f"benchmark of {manager.label} failed: {err}") from None
 
 
+def measure_round(managers: list[Manager], core: int) -> dict[str, tuple[dict | RuntimeError, float]]:
+    """Every manager's worker of one round at once, in lock-step turns on CPU core ``core``
+    (:mod:`numba_pool.bench_turns`): ``{label: (result or the RuntimeError of a failed
+    worker, seconds it held the turn)}``."""
+    commands = {}
+    for manager in managers:
+        argv, env, cwd = _command("numba_pool.bench", list(manager.args), {**manager.env, CORE_VARIABLE: str(core)},
+                                  manager.cwd)
+        commands[manager.label] = (argv, env, cwd)
+    outcomes = run_in_turns(commands, pin=functools.partial(os.sched_setaffinity, 0, {core}))
+    measured = {}
+    for label, (status, out, err, busy_s) in outcomes.items():
+        try:
+            measured[label] = (_last_json(status, out, err), busy_s)
+        except RuntimeError as error:
+            measured[label] = (RuntimeError(f"benchmark of {label} failed: {error}"), busy_s)
+    return measured
+
+
 def run_module(module: str, args: list[str], env: dict | None = None, cwd: str | None = None) -> dict:
     """Run ``python -m module args`` in a fresh process and parse the JSON line it prints last.
 
     :raises RuntimeError: when it fails, with its exit status and standard error.
     """
-    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    # Start in the folder holding the numba_pool we are, so that the worker imports the same
-    # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
-    here = cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv, env, cwd = _command(module, args, env or {}, cwd)
     core = env.get(CORE_VARIABLE, "").strip()
     # Pinned from its first instruction, not only once it times: the memory it allocates while
     # it imports and creates its context is then placed for the core it is timed on.
     pin = functools.partial(os.sched_setaffinity, 0, {int(core)}) if core else None
-    proc = subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=here,
-                          capture_output=True, text=True, preexec_fn=pin)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"exit {proc.returncode}:\n{proc.stderr.strip()[-3000:]}")
+    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, preexec_fn=pin)
+    return _last_json(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _command(module: str, args: list[str], env: dict, cwd: str | None) -> tuple[list[str], dict, str]:
+    env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    # Start in the folder holding the numba_pool we are, so that the worker imports the same
+    # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
+    here = cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [sys.executable, "-m", module, *args], env, here
+
+
+def _last_json(status: int, stdout: str, stderr: str) -> dict:
+    lines = stdout.strip().splitlines()
+    if status != 0 or not lines:
+        raise RuntimeError(f"exit {status}:\n{stderr.strip()[-3000:]}")
     return json.loads(lines[-1])
 
 
@@ -390,4 +422,9 @@ def render(results: dict[str, dict], flags: list = ()) -> str:
 if __name__ == "__main__":
     from numba_pool.bench_host import parse_parts
 
-    print(json.dumps(run_worker(parse_parts(sys.argv[1:]))))
+    turn = worker_turn()
+    turn.begin()
+    try:
+        print(json.dumps(run_worker(parse_parts(sys.argv[1:]))), flush=True)
+    finally:
+        turn.end()

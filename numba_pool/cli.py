@@ -133,6 +133,10 @@ def _driver_version() -> int:
               help="Run each part this many times (allocator: the in-process measurement, each in a fresh "
                    "process; end to end: all its rounds); shows each run's tables, then their ratios side by side, "
                    "and flags ratios that disagree between runs by more than 10 %.")
+@click.option("--turns/--no-turns", default=True, show_default=True,
+              help="End to end: the workers of a round run at once on one CPU core, taking turns timed block by "
+                   "timed block (a slow spell of the host hits every manager alike); --no-turns runs them one "
+                   "after the other.")
 @click.option("--warm-up-rounds", type=click.IntRange(0, 5), default=1, show_default=True,
               help="End to end: untimed rounds of all managers before the first run (a machine just started "
                    "timed its first rounds up to 1.6x slower).")
@@ -152,7 +156,7 @@ def _driver_version() -> int:
                    "copy_to_host into pinned memory) in default's and numba_pool's workers, the pipeline in the "
                    "anchors' too; numba_pool's workers then run with NUMBA_POOL_HOST=1.")
 def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, rounds: int, repeat_run: int,
-          warm_up_rounds: int, core: int | None, baseline: str | None, part: str, plain_pool: bool,
+          warm_up_rounds: int, turns: bool, core: int | None, baseline: str | None, part: str, plain_pool: bool,
           host_rows: bool) -> None:
     """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors and the anchors.
 
@@ -181,7 +185,7 @@ def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, 
         flags += _bench_allocator(report, baseline, plain_pool, anchors, repeat_run, core, name, today)
     if part in ("all", "end-to-end"):
         flags += _bench_end_to_end(report, anchors, no_arena, rounds, baseline, core, name, today, host_rows,
-                                   repeat_run, warm_up_rounds)
+                                   repeat_run, warm_up_rounds, turns)
     report["checks_failed"] = [str(f) for f in flags]
     if json_path:
         with open(json_path, "w") as f:
@@ -235,7 +239,8 @@ def _bench_allocator(report: dict, baseline: str | None, plain_pool: bool, ancho
 
 
 def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, baseline: str | None, core: int,
-                      name: str, today: str, host_rows: bool = True, runs: int = 1, warm_up: int = 0) -> list:
+                      name: str, today: str, host_rows: bool = True, runs: int = 1, warm_up: int = 0,
+                      turns: bool = False) -> list:
     """Run the end-to-end part: ``warm_up`` untimed rounds, then ``runs`` runs of ``rounds``
     interleaved rounds, a process per manager and round; print each run's tables (with
     ``host_rows``, the pinned and batch-pipeline tables too) and, for two runs or more, their
@@ -245,14 +250,15 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
 
     managers, notes, host_notes = _end_to_end_managers(anchors, no_arena, baseline, host_rows)
     for round_ in range(warm_up):
-        _one_round(managers, core, notes, f"warm-up round {round_ + 1}/{warm_up} (not timed)")
+        _one_round(managers, core, notes, f"warm-up round {round_ + 1}/{warm_up} (not timed)", turns)
     flags, reports = [], []
     for run in range(runs):
         of_run = f"run {run + 1}/{runs}, " if runs > 1 else ""
         per_round = {m.label: [] for m in managers}
         seconds = {m.label: [] for m in managers}
         for round_ in range(rounds):
-            for label, (result, took) in _one_round(managers, core, notes, f"{of_run}round {round_ + 1}/{rounds}").items():
+            what = f"{of_run}round {round_ + 1}/{rounds}"
+            for label, (result, took) in _one_round(managers, core, notes, what, turns).items():
                 per_round[label].append(result)
                 seconds[label].append(took)
         for label in set(per_round) - {m.label for m in managers}:  # an anchor that failed in a later round
@@ -298,26 +304,38 @@ def _end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, ho
     return managers, notes, host_notes
 
 
-def _one_round(managers: list, core: int, notes: list[str], what: str) -> dict:
-    """Each manager's worker once, in order: ``{label: (result, seconds)}``.  An anchor whose
-    worker fails is noted and leaves ``managers``; any other failure is a :class:`Failure`."""
+def _one_round(managers: list, core: int, notes: list[str], what: str, turns: bool = False) -> dict:
+    """Each manager's worker once: all at once in lock-step turns (``turns``,
+    :func:`numba_pool.bench.measure_round`), else one after the other.  Returns ``{label:
+    (result, seconds)}`` (seconds: holding the turn, or the worker's whole run).  An anchor
+    whose worker fails is noted and leaves ``managers``; any other failure is a :class:`Failure`."""
     from . import anchors as anchor_module
     from . import bench as b
 
+    if turns:
+        click.echo(f"{what}: measuring {len(managers)} managers, taking turns ...", err=True)
+        outcomes = b.measure_round(managers, core)
+    else:
+        outcomes = {}
+        for manager in managers:
+            click.echo(f"{what}: measuring {manager.label} ...", err=True)
+            start = time.perf_counter()
+            try:
+                result = b.measure(manager, core)
+            except RuntimeError as err:
+                result = err
+            outcomes[manager.label] = (result, time.perf_counter() - start)
     anchor_labels = {a.label for a in b.ANCHORS}
     measured = {}
     for manager in list(managers):
-        click.echo(f"{what}: measuring {manager.label} ...", err=True)
-        start = time.perf_counter()
-        try:
-            result = b.measure(manager, core)
-        except RuntimeError as err:
+        result, seconds = outcomes[manager.label]
+        if isinstance(result, RuntimeError):
             if manager.label not in anchor_labels:
-                raise Failure(str(err)) from None
-            notes.append(anchor_module.failed_note(manager.label, err))  # optional: note it, go on
+                raise Failure(str(result)) from None
+            notes.append(anchor_module.failed_note(manager.label, result))  # optional: note it, go on
             managers.remove(manager)
             continue
-        measured[manager.label] = (result, round(time.perf_counter() - start, 1))
+        measured[manager.label] = (result, round(seconds, 1))
     return measured
 
 

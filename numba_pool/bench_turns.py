@@ -1,0 +1,192 @@
+"""Lock-step turns for the end-to-end bench: every worker of a round alive at once on one CPU
+core, one running at a time, taking turns timed block by timed block.
+
+Why: Numba binds the memory manager when it creates a context, so each manager is timed in its
+own process.  Timed one after the other, managers were tens of seconds apart, and this
+workplace's hosts have slow spells lasting seconds that hit whichever process is timing: on a
+lent H100 (2026-11-22) default's ``cuda.device_array`` figures read 1.4-1.6x slower in two rounds
+of three while its pinned figures, timed later in the same processes, did not, and every ratio
+to default moved with them (docs/perf-notes.md).  Taking turns block by block (a block is one
+timed repeat, 10-200 ms), the managers' repeats are a fraction of a second apart, so a spell
+hits them alike; the issue's in-process ABAB, across processes.
+
+Protocol: one byte at a time over two pipes per worker, whose descriptors the worker finds in
+:data:`TURNS_VARIABLE` (``"READ,WRITE"``).
+
+* The worker writes ``r`` once started (:meth:`Turn.begin`) and waits for ``g``: Python's start
+  and the imports of ``python -m numba_pool.bench`` run before any worker times anything.
+* Holding the turn it runs everything, untimed work included (its checks, compilations and
+  calibrations), so no other worker shares the core while one times.
+* After each timed block it writes ``y`` and waits for the next ``g`` (:meth:`Turn.pass_turn`);
+  when it exits it writes ``x`` (:meth:`Turn.end`).  A worker that dies closes its pipe: the
+  parent reads end of file and goes on with the others.
+
+The parent (:func:`run_in_turns`) starts every worker, waits for each ``r``, then gives the turn
+to each in order until all have exited.  Without :data:`TURNS_VARIABLE` a worker runs alone and
+every call here does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+TURNS_VARIABLE = "NUMBA_POOL_BENCH_TURNS"
+READY, GO, YIELD, EXIT = b"r", b"g", b"y", b"x"
+TURN_TIMEOUT_S = 300.0  # a worker holding the turn longer than this is killed
+
+
+class Turn:
+    """The worker's side: ``begin`` at its start, ``pass_turn`` after each timed block, ``end``
+    when it exits.  Inactive (every method a no-op) without :data:`TURNS_VARIABLE`.
+
+    :raises ValueError: when the variable is set but is not two descriptors, naming its value.
+    """
+
+    def __init__(self, environ=os.environ):
+        value = environ.get(TURNS_VARIABLE, "").strip()
+        self._fds = None
+        if value:
+            try:
+                read, write = (int(part) for part in value.split(","))
+            except ValueError:
+                raise ValueError(f"{TURNS_VARIABLE}={value!r}: expected two file descriptors, READ,WRITE") from None
+            self._fds = (read, write)
+
+    @property
+    def active(self) -> bool:
+        return self._fds is not None
+
+    def begin(self) -> None:
+        """Say this worker started, and wait for its first turn."""
+        if self._fds:
+            os.write(self._fds[1], READY)
+            self._wait()
+
+    def pass_turn(self) -> None:
+        """Give the turn back after a timed block, and wait for the next."""
+        if self._fds:
+            os.write(self._fds[1], YIELD)
+            self._wait()
+
+    def end(self) -> None:
+        """Leave the turns for good (at exit; once)."""
+        if self._fds:
+            fds, self._fds = self._fds, None
+            try:
+                os.write(fds[1], EXIT)
+            except OSError:  # the parent went away: nobody waits for us
+                pass
+
+    def _wait(self) -> None:
+        if os.read(self._fds[0], 1) != GO:  # the parent closed the pipe: it gave up on us
+            raise SystemExit("bench: the parent stopped giving turns")
+
+
+_turn: Turn | None = None
+
+
+def worker_turn() -> Turn:
+    """This process's :class:`Turn` (one per process, from the environment)."""
+    global _turn
+    if _turn is None:
+        _turn = Turn()
+    return _turn
+
+
+# -- the parent -------------------------------------------------------------------------------
+
+@dataclass
+class Worker:
+    """One worker of a round, as the parent sees it: its label, process, pipes, output files
+    and the seconds it held the turn."""
+
+    label: str
+    process: subprocess.Popen
+    to_worker: int
+    from_worker: int
+    stdout: object
+    stderr: object
+    busy_s: float = 0.0
+    turns: int = 0
+    problem: str = ""
+    finished: bool = field(default=False)
+
+
+def run_in_turns(commands: dict[str, tuple[list[str], dict, str | None]], pin=None,
+                 turn_timeout_s: float = TURN_TIMEOUT_S) -> dict[str, tuple[int, str, str, float]]:
+    """Run ``{label: (argv, env, cwd)}`` at once, in lock-step turns (this module's protocol);
+    return ``{label: (exit status, stdout, stderr, seconds holding the turn)}``.  ``pin`` runs
+    in each child before it executes (``preexec_fn``: the CPU core).  A worker that holds the
+    turn longer than ``turn_timeout_s`` seconds is killed; its stderr then says so.
+    """
+    workers = [_start(label, argv, env, cwd, pin) for label, (argv, env, cwd) in commands.items()]
+    try:
+        for worker in workers:
+            if _read(worker, turn_timeout_s, "start") != READY:
+                worker.finished = True
+        queue = deque(w for w in workers if not w.finished)
+        while queue:
+            worker = queue.popleft()
+            if _give_turn(worker, turn_timeout_s) == YIELD:
+                queue.append(worker)
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None and worker.problem:
+                worker.process.kill()
+            os.close(worker.to_worker)
+            os.close(worker.from_worker)
+    return {w.label: _collect(w) for w in workers}
+
+
+def _start(label: str, argv: list[str], env: dict, cwd: str | None, pin) -> Worker:
+    go_read, go_write = os.pipe()  # parent -> worker: g
+    say_read, say_write = os.pipe()  # worker -> parent: r, y, x
+    stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    env = {**env, TURNS_VARIABLE: f"{go_read},{say_write}"}
+    process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True,
+                               pass_fds=(go_read, say_write), preexec_fn=pin)
+    os.close(go_read)
+    os.close(say_write)
+    return Worker(label, process, go_write, say_read, stdout, stderr)
+
+
+def _give_turn(worker: Worker, timeout_s: float) -> bytes:
+    start = time.perf_counter()
+    try:
+        os.write(worker.to_worker, GO)
+    except BrokenPipeError:
+        worker.finished = True
+        return EXIT
+    said = _read(worker, timeout_s, "its turn")
+    worker.busy_s += time.perf_counter() - start
+    worker.turns += 1
+    if said != YIELD:
+        worker.finished = True
+    return said
+
+
+def _read(worker: Worker, timeout_s: float, during: str) -> bytes:
+    ready, _, _ = select.select([worker.from_worker], [], [], timeout_s)
+    if not ready:
+        worker.problem = f"killed: held {during} longer than {timeout_s:.0f} s"
+        worker.process.kill()
+        return EXIT
+    return os.read(worker.from_worker, 1) or EXIT  # end of file: it died
+
+
+def _collect(worker: Worker) -> tuple[int, str, str, float]:
+    status = worker.process.wait()
+    worker.stdout.seek(0)
+    worker.stderr.seek(0)
+    out, err = worker.stdout.read(), worker.stderr.read()
+    worker.stdout.close()
+    worker.stderr.close()
+    if worker.problem:
+        err = f"{err}\nbench: {worker.label}: {worker.problem}"
+    return status, out, err, worker.busy_s

@@ -1,0 +1,93 @@
+"""Lock-step turns between bench workers (numba_pool/bench_turns.py), with real processes: the
+protocol needs no GPU, so CI runs it for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from numba_pool import bench, cli
+from numba_pool.bench_turns import TURNS_VARIABLE, Turn, run_in_turns
+
+WORKER = """
+import json, sys, time
+from numba_pool.bench_turns import worker_turn
+turn = worker_turn()
+turn.begin()
+blocks = []
+try:
+    for i in range(int(sys.argv[2])):
+        if sys.argv[3] == "die" and i == 1:
+            sys.exit(3)
+        if sys.argv[3] == "hang" and i == 1:
+            time.sleep(60)
+        blocks.append([sys.argv[1], i, time.monotonic_ns()])
+        turn.pass_turn()
+    print(json.dumps(blocks))
+finally:
+    turn.end()
+"""
+
+
+def commands(tmp_path, *workers):
+    script = tmp_path / "turn_worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return {name: ([sys.executable, str(script), name, str(blocks), how], env, str(tmp_path))
+            for name, blocks, how in workers}
+
+
+def test_workers_take_turns_block_by_block_and_the_longer_one_finishes_alone(tmp_path):
+    outcomes = run_in_turns(commands(tmp_path, ("a", 4, "ok"), ("b", 2, "ok"), ("c", 3, "ok")))
+    assert {label: status for label, (status, *_) in outcomes.items()} == {"a": 0, "b": 0, "c": 0}
+    blocks = sorted((b for _, out, _, _ in outcomes.values() for b in json.loads(out)), key=lambda b: b[2])
+    assert [(name, i) for name, i, _ in blocks] == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1),
+                                                    ("a", 2), ("c", 2), ("a", 3)]
+    assert all(busy > 0 for *_, busy in outcomes.values())
+
+
+def test_a_worker_that_dies_leaves_the_others_to_finish(tmp_path):
+    outcomes = run_in_turns(commands(tmp_path, ("a", 3, "ok"), ("b", 3, "die")))
+    assert outcomes["b"][0] == 3 and outcomes["a"][0] == 0
+    assert [i for _, i, _ in json.loads(outcomes["a"][1])] == [0, 1, 2]
+
+
+def test_a_worker_that_keeps_the_turn_too_long_is_killed_and_named(tmp_path):
+    start = time.monotonic()
+    outcomes = run_in_turns(commands(tmp_path, ("a", 2, "ok"), ("b", 3, "hang")), turn_timeout_s=2)
+    assert time.monotonic() - start < 30
+    assert outcomes["a"][0] == 0 and outcomes["b"][0] != 0
+    assert "bench: b: killed: held its turn longer than 2 s" in outcomes["b"][2]
+
+
+def test_without_the_variable_a_worker_runs_alone_and_a_bad_value_is_named():
+    turn = Turn({})
+    assert not turn.active
+    turn.begin(), turn.pass_turn(), turn.end()  # no-ops
+    with pytest.raises(ValueError, match=rf"{TURNS_VARIABLE}='3': expected two file descriptors"):
+        Turn({TURNS_VARIABLE: "3"})
+
+
+def test_the_bench_takes_a_round_in_turns_and_an_anchor_that_failed_is_a_note(monkeypatch, capsys):
+    from numba_pool import anchors
+
+    asked = []
+
+    def measure_round(managers, core):
+        asked.append(([m.label for m in managers], core))
+        return {m.label: (RuntimeError("benchmark of cupy (pool) failed: exit 1:\nImportError: no cupy")
+                          if m.label == "cupy (pool)" else {"seed_loop_ms": 1.0}, 2.0) for m in managers}
+
+    monkeypatch.setattr(bench, "measure_round", measure_round)
+    monkeypatch.setattr(anchors, "installed", lambda label: True)
+    managers = [bench.DEFAULT, bench.NUMBA_POOL, bench.CUPY]
+    notes = []
+    measured = cli._one_round(managers, 4, notes, "round 1/1", turns=True)
+    assert asked == [(["default", "numba_pool", "cupy (pool)"], 4)]
+    assert list(measured) == ["default", "numba_pool"] and measured["default"] == ({"seed_loop_ms": 1.0}, 2.0)
+    assert [m.label for m in managers] == ["default", "numba_pool"] and "cupy (pool)" in notes[0]
+    assert "taking turns" in capsys.readouterr().err
