@@ -41,8 +41,10 @@ import numpy as np
 from numba import cuda
 
 from .bench import _elapsed, _median_times_taking_turns, quiet_host, size_label
+from .bench_turns import worker_turn
 
 PARTS = ("pinned", "pipeline")
+PINNED_PHASE, PIPELINE_PHASE = 1, 2  # their phases in lock-step turns (0: cuda.device_array)
 SIZES = [4 << 10, 1 << 20, 64 << 20]  # bytes: pinned arrays, and pipeline batches
 SMALL_TEMPORARY = 4 << 10  # bytes: the pipeline's small device temporary
 REPEATS = 9
@@ -237,10 +239,13 @@ def measure(parts: tuple, sizes: list[int] = SIZES, repeats: int = REPEATS, budg
     ``pinned_from`` (:func:`pinned_source`)."""
     flush = pending_frees()
     result: dict = {"repeats": repeats, "counts": {}}
+    turn = worker_turn()  # lock-step turns: each part is a phase (numba_pool.bench_turns)
     with quiet_host():
         if "pinned" in parts:
+            turn.enter_phase(PINNED_PHASE)
             _time_cells(result, _pinned_cells(sizes, flush), repeats, budget_s)
         if "pipeline" in parts:
+            turn.enter_phase(PIPELINE_PHASE)
             _time_cells(result, _pipeline_cells(sizes, flush), repeats, budget_s)
     manager = getattr(cuda.current_context(), "memory_manager", None)
     result["host_cache"] = getattr(manager, "_host", None) is not None

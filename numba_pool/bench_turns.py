@@ -20,6 +20,12 @@ Protocol: one byte at a time over two pipes per worker, whose descriptors the wo
 * After each timed block it writes ``y`` and waits for the next ``g`` (:meth:`Turn.pass_turn`);
   when it exits it writes ``x`` (:meth:`Turn.end`).  A worker that dies closes its pipe: the
   parent reads end of file and goes on with the others.
+* **Phases.** The workers do not all time the same parts (the floors have no host rows, the
+  anchors only the pipeline).  A worker starting a part writes its phase, a digit, and waits
+  (:meth:`Turn.enter_phase`); the parent gives turns only to the workers in the lowest phase
+  any worker is still in, so each part is timed by all the workers that have it, taking turns
+  among themselves (without phases, the anchors' pipeline would take turns with default's
+  pinned arrays).
 
 The parent (:func:`run_in_turns`) starts every worker, waits for each ``r``, then gives the turn
 to each in order until all have exited.  Without :data:`TURNS_VARIABLE` a worker runs alone and
@@ -74,6 +80,15 @@ class Turn:
             os.write(self._fds[1], YIELD)
             self._wait()
 
+    def enter_phase(self, phase: int) -> None:
+        """Give the turn back before starting part ``phase`` (0-9; 0 at the start), and wait
+        until every worker has left the phases before it."""
+        if self._fds:
+            if not 0 <= phase <= 9:
+                raise ValueError(f"phase {phase}: expected 0 to 9")
+            os.write(self._fds[1], str(phase).encode())
+            self._wait()
+
     def end(self) -> None:
         """Leave the turns for good (at exit; once)."""
         if self._fds:
@@ -114,6 +129,7 @@ class Worker:
     stderr: object
     busy_s: float = 0.0
     turns: int = 0
+    phase: int = 0
     problem: str = ""
     finished: bool = field(default=False)
 
@@ -132,8 +148,11 @@ def run_in_turns(commands: dict[str, tuple[list[str], dict, str | None]], pin=No
                 worker.finished = True
         queue = deque(w for w in workers if not w.finished)
         while queue:
-            worker = queue.popleft()
-            if _give_turn(worker, turn_timeout_s) == YIELD:
+            worker = _next_in_phase(queue)
+            said = _give_turn(worker, turn_timeout_s)
+            if said.isdigit():
+                worker.phase = int(said)
+            if not worker.finished:
                 queue.append(worker)
     finally:
         for worker in workers:
@@ -156,6 +175,17 @@ def _start(label: str, argv: list[str], env: dict, cwd: str | None, pin) -> Work
     return Worker(label, process, go_write, say_read, stdout, stderr)
 
 
+def _next_in_phase(queue: deque) -> Worker:
+    """Take from ``queue`` the first worker in the lowest phase of those queued."""
+    lowest = min(w.phase for w in queue)
+    for _ in range(len(queue)):
+        worker = queue.popleft()
+        if worker.phase == lowest:
+            return worker
+        queue.append(worker)
+    raise AssertionError("unreachable: some queued worker is in the lowest phase")
+
+
 def _give_turn(worker: Worker, timeout_s: float) -> bytes:
     start = time.perf_counter()
     try:
@@ -166,7 +196,7 @@ def _give_turn(worker: Worker, timeout_s: float) -> bytes:
     said = _read(worker, timeout_s, "its turn")
     worker.busy_s += time.perf_counter() - start
     worker.turns += 1
-    if said != YIELD:
+    if said != YIELD and not said.isdigit():
         worker.finished = True
     return said
 

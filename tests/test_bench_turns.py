@@ -19,13 +19,16 @@ from numba_pool.bench_turns import worker_turn
 turn = worker_turn()
 turn.begin()
 blocks = []
+phases = [int(p) for p in sys.argv[4].split(",")] if len(sys.argv) > 4 else None
 try:
     for i in range(int(sys.argv[2])):
+        if phases and phases[i] != (phases[i - 1] if i else 0):
+            turn.enter_phase(phases[i])
         if sys.argv[3] == "die" and i == 1:
             sys.exit(3)
         if sys.argv[3] == "hang" and i == 1:
             time.sleep(60)
-        blocks.append([sys.argv[1], i, time.monotonic_ns()])
+        blocks.append([sys.argv[1], i, time.monotonic_ns(), phases[i] if phases else 0])
         turn.pass_turn()
     print(json.dumps(blocks))
 finally:
@@ -37,23 +40,35 @@ def commands(tmp_path, *workers):
     script = tmp_path / "turn_worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return {name: ([sys.executable, str(script), name, str(blocks), how], env, str(tmp_path))
-            for name, blocks, how in workers}
+    return {name: ([sys.executable, str(script), name, str(blocks), how, *phases], env, str(tmp_path))
+            for name, blocks, how, *phases in workers}
 
 
 def test_workers_take_turns_block_by_block_and_the_longer_one_finishes_alone(tmp_path):
     outcomes = run_in_turns(commands(tmp_path, ("a", 4, "ok"), ("b", 2, "ok"), ("c", 3, "ok")))
     assert {label: status for label, (status, *_) in outcomes.items()} == {"a": 0, "b": 0, "c": 0}
     blocks = sorted((b for _, out, _, _ in outcomes.values() for b in json.loads(out)), key=lambda b: b[2])
-    assert [(name, i) for name, i, _ in blocks] == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1),
+    assert [(name, i) for name, i, *_ in blocks] == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1),
                                                     ("a", 2), ("c", 2), ("a", 3)]
     assert all(busy > 0 for *_, busy in outcomes.values())
+
+
+def test_each_phase_is_timed_by_the_workers_that_have_it_taking_turns_among_themselves(tmp_path):
+    # a: cuda.device_array, pinned, pipeline; b (an anchor): device_array then pipeline; c (a floor):
+    # device_array only.  b's pipeline must wait until a has left the pinned phase.
+    outcomes = run_in_turns(commands(tmp_path, ("a", 6, "ok", "0,0,1,1,2,2"), ("b", 4, "ok", "0,0,2,2"),
+                                     ("c", 3, "ok", "0,0,0")))
+    assert all(status == 0 for status, *_ in outcomes.values())
+    blocks = sorted((b for _, out, _, _ in outcomes.values() for b in json.loads(out)), key=lambda b: b[2])
+    assert [(name, phase) for name, _, _, phase in blocks] == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 0), ("b", 0), ("c", 0), ("c", 0),
+        ("a", 1), ("a", 1), ("b", 2), ("a", 2), ("b", 2), ("a", 2)]
 
 
 def test_a_worker_that_dies_leaves_the_others_to_finish(tmp_path):
     outcomes = run_in_turns(commands(tmp_path, ("a", 3, "ok"), ("b", 3, "die")))
     assert outcomes["b"][0] == 3 and outcomes["a"][0] == 0
-    assert [i for _, i, _ in json.loads(outcomes["a"][1])] == [0, 1, 2]
+    assert [i for _, i, *_ in json.loads(outcomes["a"][1])] == [0, 1, 2]
 
 
 def test_a_worker_that_keeps_the_turn_too_long_is_killed_and_named(tmp_path):
