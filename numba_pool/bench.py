@@ -39,7 +39,6 @@ can cost).  numba_pool releases its memory without ``weakref.finalize``
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 import os
@@ -50,7 +49,7 @@ import time
 from dataclasses import dataclass
 
 from . import bench_checks as checks
-from .bench_turns import run_in_turns, worker_turn
+from .bench_turns import TURNS_VARIABLE, pinned_thread, run_in_turns, worker_turn
 
 SEED_ELEMENTS = 1 << 20
 SEED_ITERATIONS = 100
@@ -272,13 +271,16 @@ def measure_round(managers: list[Manager], core: int) -> dict[str, tuple[dict | 
         argv, env, cwd = _command("numba_pool.bench", list(manager.args), {**manager.env, CORE_VARIABLE: str(core)},
                                   manager.cwd)
         commands[manager.label] = (argv, env, cwd)
-    outcomes = run_in_turns(commands, pin=functools.partial(os.sched_setaffinity, 0, {core}))
     measured = {}
-    for label, (status, out, err, busy_s) in outcomes.items():
+    for label, outcome in run_in_turns(commands, core).items():
         try:
-            measured[label] = (_last_json(status, out, err), busy_s)
+            result = _last_json(outcome.status, outcome.stdout, outcome.stderr)
+            if not outcome.took_turns:
+                raise RuntimeError("it took no turns (a numba_pool from before lock-step turns, as a --baseline "
+                                   "may be): its figures were timed while the others started; use --no-turns")
+            measured[label] = (result, outcome.busy_s)
         except RuntimeError as error:
-            measured[label] = (RuntimeError(f"benchmark of {label} failed: {error}"), busy_s)
+            measured[label] = (RuntimeError(f"benchmark of {label} failed: {error}"), outcome.busy_s)
     return measured
 
 
@@ -291,13 +293,14 @@ def run_module(module: str, args: list[str], env: dict | None = None, cwd: str |
     core = env.get(CORE_VARIABLE, "").strip()
     # Pinned from its first instruction, not only once it times: the memory it allocates while
     # it imports and creates its context is then placed for the core it is timed on.
-    pin = functools.partial(os.sched_setaffinity, 0, {int(core)}) if core else None
-    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, preexec_fn=pin)
+    with pinned_thread(int(core) if core else None):
+        proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
     return _last_json(proc.returncode, proc.stdout, proc.stderr)
 
 
 def _command(module: str, args: list[str], env: dict, cwd: str | None) -> tuple[list[str], dict, str]:
     env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    env.pop(TURNS_VARIABLE, None)  # only run_in_turns gives a worker its pipes
     # Start in the folder holding the numba_pool we are, so that the worker imports the same
     # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
     here = cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -350,8 +353,11 @@ def ratios_to_default(results: dict[str, dict]) -> dict[str, dict[str, float]]:
 def paired_ratio(default_rounds: list[float], row_rounds: list[float]) -> float:
     """Default's time over a row's, round by round, and the median of those ratios: the two
     workers of a round ran minutes apart at most, so a slow spell of the machine that lasts
-    longer cancels in their ratio, where a ratio of the medians over rounds keeps it.  Rounds
-    past the shorter list are left out; one round gives its ratio."""
+    longer cancels in their ratio, where a ratio of the medians over rounds keeps it.  Lists of
+    different lengths cannot be paired (a round missing from one of them would shift every
+    later pair): then the ratio of their medians."""
+    if len(default_rounds) != len(row_rounds):
+        return statistics.median(default_rounds) / statistics.median(row_rounds)
     return statistics.median(d / r for d, r in zip(default_rounds, row_rounds))
 
 

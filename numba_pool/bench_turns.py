@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 TURNS_VARIABLE = "NUMBA_POOL_BENCH_TURNS"
 READY, GO, YIELD, EXIT = b"r", b"g", b"y", b"x"
@@ -70,15 +70,11 @@ class Turn:
 
     def begin(self) -> None:
         """Say this worker started, and wait for its first turn."""
-        if self._fds:
-            os.write(self._fds[1], READY)
-            self._wait()
+        self._say(READY)
 
     def pass_turn(self) -> None:
         """Give the turn back after a timed block, and wait for the next."""
-        if self._fds:
-            os.write(self._fds[1], YIELD)
-            self._wait()
+        self._say(YIELD)
 
     def enter_phase(self, phase: int) -> None:
         """Give the turn back before starting part ``phase`` (0-9; 0 at the start), and wait
@@ -86,8 +82,7 @@ class Turn:
         if self._fds:
             if not 0 <= phase <= 9:
                 raise ValueError(f"phase {phase}: expected 0 to 9")
-            os.write(self._fds[1], str(phase).encode())
-            self._wait()
+            self._say(str(phase).encode())
 
     def end(self) -> None:
         """Leave the turns for good (at exit; once)."""
@@ -98,8 +93,20 @@ class Turn:
             except OSError:  # the parent went away: nobody waits for us
                 pass
 
-    def _wait(self) -> None:
-        if os.read(self._fds[0], 1) != GO:  # the parent closed the pipe: it gave up on us
+    def _say(self, message: bytes) -> None:
+        """Write ``message`` and wait for the next turn.
+
+        :raises SystemExit: when the parent is gone (a closed pipe): nobody gives turns.
+        """
+        if not self._fds:
+            return
+        try:
+            os.write(self._fds[1], message)
+            go = os.read(self._fds[0], 1)
+        except OSError:
+            go = b""
+        if go != GO:
+            self._fds = None
             raise SystemExit("bench: the parent stopped giving turns")
 
 
@@ -118,8 +125,8 @@ def worker_turn() -> Turn:
 
 @dataclass
 class Worker:
-    """One worker of a round, as the parent sees it: its label, process, pipes, output files
-    and the seconds it held the turn."""
+    """One worker of a round, as the parent sees it: its label, process, pipes, output files,
+    the seconds it held the turn, and whether it took part in the turns at all."""
 
     label: str
     process: subprocess.Popen
@@ -130,49 +137,101 @@ class Worker:
     busy_s: float = 0.0
     turns: int = 0
     phase: int = 0
+    started: bool = False  # it wrote r: a worker that never does ran without turns
     problem: str = ""
-    finished: bool = field(default=False)
+    finished: bool = False
 
 
-def run_in_turns(commands: dict[str, tuple[list[str], dict, str | None]], pin=None,
-                 turn_timeout_s: float = TURN_TIMEOUT_S) -> dict[str, tuple[int, str, str, float]]:
-    """Run ``{label: (argv, env, cwd)}`` at once, in lock-step turns (this module's protocol);
-    return ``{label: (exit status, stdout, stderr, seconds holding the turn)}``.  ``pin`` runs
-    in each child before it executes (``preexec_fn``: the CPU core).  A worker that holds the
-    turn longer than ``turn_timeout_s`` seconds is killed; its stderr then says so.
+@dataclass(frozen=True)
+class Outcome:
+    """What a worker left: exit status, standard output and error, the seconds it held the
+    turn, and whether it took turns (a ``numba_pool.bench`` from before this protocol does not:
+    it ran alone while the others started, so its figures are not comparable)."""
+
+    status: int
+    stdout: str
+    stderr: str
+    busy_s: float
+    took_turns: bool
+
+
+def run_in_turns(commands: dict[str, tuple[list[str], dict, str | None]], core: int | None = None,
+                 turn_timeout_s: float = TURN_TIMEOUT_S) -> dict[str, Outcome]:
+    """Run ``{label: (argv, env, cwd)}`` at once, in lock-step turns (this module's protocol),
+    each started on CPU core ``core`` if given (inherited from the starting thread, which is
+    pinned around each start: no ``preexec_fn`` in a process with CUDA's threads); return
+    ``{label: Outcome}``.  A worker that holds the turn, or takes to exit, longer than
+    ``turn_timeout_s`` seconds is killed; its stderr then says so.  On any exception here
+    (an interrupt, a failed start) every worker is killed and reaped before it propagates.
     """
-    workers = [_start(label, argv, env, cwd, pin) for label, (argv, env, cwd) in commands.items()]
+    workers: list[Worker] = []
     try:
+        for label, (argv, env, cwd) in commands.items():
+            workers.append(_start(label, argv, env, cwd, core))
         for worker in workers:
-            if _read(worker, turn_timeout_s, "start") != READY:
-                worker.finished = True
+            worker.started = _read(worker, turn_timeout_s, "start") == READY
+            if not worker.started:
+                _finish(worker, turn_timeout_s)
         queue = deque(w for w in workers if not w.finished)
         while queue:
             worker = _next_in_phase(queue)
             said = _give_turn(worker, turn_timeout_s)
             if said.isdigit():
                 worker.phase = int(said)
-            if not worker.finished:
+            if worker.finished:
+                _finish(worker, turn_timeout_s)  # its exit must not overlap the next worker's turn
+            else:
                 queue.append(worker)
+    except BaseException:
+        for worker in workers:
+            worker.process.kill()
+            worker.process.wait()
+        raise
     finally:
         for worker in workers:
-            if worker.process.poll() is None and worker.problem:
-                worker.process.kill()
             os.close(worker.to_worker)
             os.close(worker.from_worker)
     return {w.label: _collect(w) for w in workers}
 
 
-def _start(label: str, argv: list[str], env: dict, cwd: str | None, pin) -> Worker:
+def _start(label: str, argv: list[str], env: dict, cwd: str | None, core: int | None) -> Worker:
     go_read, go_write = os.pipe()  # parent -> worker: g
-    say_read, say_write = os.pipe()  # worker -> parent: r, y, x
-    stdout, stderr = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    say_read, say_write = os.pipe()  # worker -> parent: r, y, x, a phase
+    stdout = tempfile.TemporaryFile("w+", errors="replace")
+    stderr = tempfile.TemporaryFile("w+", errors="replace")
     env = {**env, TURNS_VARIABLE: f"{go_read},{say_write}"}
-    process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True,
-                               pass_fds=(go_read, say_write), preexec_fn=pin)
+    try:
+        with pinned_thread(core):
+            process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True,
+                                       pass_fds=(go_read, say_write))
+    except BaseException:
+        for fd in (go_read, go_write, say_read, say_write):
+            os.close(fd)
+        stdout.close()
+        stderr.close()
+        raise
     os.close(go_read)
     os.close(say_write)
     return Worker(label, process, go_write, say_read, stdout, stderr)
+
+
+class pinned_thread:
+    """Inside: the calling thread on CPU core ``core`` (Linux: a thread's own affinity), so that
+    a process it starts inherits the core from its first instruction; restored after.  Nothing
+    for ``None``."""
+
+    def __init__(self, core: int | None):
+        self.core = core
+
+    def __enter__(self):
+        if self.core is not None:
+            self.before = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, {self.core})
+        return self
+
+    def __exit__(self, *exc):
+        if self.core is not None:
+            os.sched_setaffinity(0, self.before)
 
 
 def _next_in_phase(queue: deque) -> Worker:
@@ -210,7 +269,19 @@ def _read(worker: Worker, timeout_s: float, during: str) -> bytes:
     return os.read(worker.from_worker, 1) or EXIT  # end of file: it died
 
 
-def _collect(worker: Worker) -> tuple[int, str, str, float]:
+def _finish(worker: Worker, timeout_s: float) -> None:
+    """Wait until ``worker`` has exited (its interpreter's and CUDA's teardown run on the
+    shared core: it must not overlap another worker's turn); kill it after ``timeout_s``."""
+    worker.finished = True
+    try:
+        worker.process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        worker.problem = worker.problem or f"killed: took longer than {timeout_s:.0f} s to exit"
+        worker.process.kill()
+        worker.process.wait()
+
+
+def _collect(worker: Worker) -> Outcome:
     status = worker.process.wait()
     worker.stdout.seek(0)
     worker.stderr.seek(0)
@@ -219,4 +290,4 @@ def _collect(worker: Worker) -> tuple[int, str, str, float]:
     worker.stderr.close()
     if worker.problem:
         err = f"{err}\nbench: {worker.label}: {worker.problem}"
-    return status, out, err, worker.busy_s
+    return Outcome(status, out, err, worker.busy_s, worker.started)

@@ -264,7 +264,8 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
         for label in set(per_round) - {m.label for m in managers}:  # an anchor that failed in a later round
             del per_round[label], seconds[label]
         run_report = report if runs == 1 else {}
-        flags += _end_to_end_tables(run_report, per_round, seconds, managers, notes, rounds, core, name,
+        run_notes = list(notes)  # this run's: the warm-up's and earlier runs' notes plus its own
+        flags += _end_to_end_tables(run_report, per_round, seconds, managers, run_notes, rounds, core, name,
                                     f"{today}; {of_run.rstrip(', ')}" if runs > 1 else today)
         if host_rows:
             flags += _bench_host_tables(run_report, per_round, managers, host_notes, rounds, core, name, today)

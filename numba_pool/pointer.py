@@ -52,6 +52,8 @@ class PoolPointer(MemoryPointer):
     :param release: returns the memory to its pool; called at most once.
     """
 
+    _release = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
+
     def __init__(self, context, pointer, size: int, release: Callable[[], None]):
         # MemoryPointer.__init__'s attributes, set here rather than through super().__init__(),
         # which costs 0.25 µs more per allocation (measured: docs/perf-notes.md).  A CI test
@@ -93,8 +95,8 @@ class PoolPointer(MemoryPointer):
 
 
 class PooledPinnedMemory(PinnedMemory):
-    """A Numba ``PinnedMemory`` (what ``cuda.pinned_array`` and ``cuda.pinned()`` wrap in a
-    NumPy array) for a block of numba_pool's host cache, calling ``release()`` (no arguments,
+    """A Numba ``PinnedMemory`` (what ``cuda.pinned_array`` wraps in a NumPy array; ``mempin``,
+    behind ``cuda.pinned()``, keeps Numba's own) for a block of numba_pool's host cache, calling ``release()`` (no arguments,
     must not raise) exactly once, when the object is collected; never while the interpreter
     exits (as :class:`PoolPointer`).
 
@@ -109,6 +111,8 @@ class PooledPinnedMemory(PinnedMemory):
     :param size: bytes requested.
     :param release: gives the block back to the host cache; called at most once.
     """
+
+    _release = None  # until __init__ ran
 
     def __init__(self, context, pointer: int, size: int, release: Callable[[], None]):
         # PinnedMemory.__init__'s attributes, set here (a CI test checks the list stays the one

@@ -282,3 +282,14 @@ def test_repeat_run_end_to_end_warms_up_untimed_then_flags_ratios_that_move_betw
     assert "x faster than default, run by run" in out and "date: today; run 2/2" in out
     assert len(report["end_to_end_runs"]) == 2 and report["results"] == report["end_to_end_runs"][0]["results"]
     assert report["results"]["numba_pool"]["rounds_alloc_free_us"]["256"] == [10.0, 10.0]  # no warm-up figure
+
+
+def test_each_run_keeps_its_own_notes(monkeypatch, capsys):
+    from numba_pool import anchors
+
+    monkeypatch.setattr(bench, "measure", fake_worker())
+    monkeypatch.setattr(anchors, "installed", lambda label: False)
+    report = {}
+    cli._bench_end_to_end(report, True, False, 1, None, 0, "GPU", "today", host_rows=False, runs=2)
+    for run in report["end_to_end_runs"]:
+        assert sum("one round" in note for note in run["end_to_end_notes"]) == 1
