@@ -220,15 +220,19 @@ def _allocate_and_free(n: int):
     import numpy as np
     from numba import cuda
 
-    device_array, float32, synchronize = cuda.device_array, np.float32, cuda.synchronize
+    return pairs_body(cuda.device_array, n, np.float32, PAIRS_PER_REPEAT, cuda.synchronize)
 
-    def pairs():
-        for _ in range(PAIRS_PER_REPEAT):
-            arr = device_array(n, dtype=float32)
-            del arr
-        synchronize()
 
-    return pairs
+def pairs_body(allocate, n: int, dtype, count: int, flush):
+    """A body: ``count`` x (``allocate(n, dtype=dtype)``, drop it), then ``flush()``."""
+
+    def body():
+        for _ in range(count):
+            a = allocate(n, dtype=dtype)
+            del a
+        flush()
+
+    return body
 
 
 def _driver_pair_us(pool) -> float:
@@ -332,22 +336,28 @@ def median_over_rounds(rounds: list[dict]) -> dict:
 
 
 def ratios_to_default(results: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Per manager, how many times faster than default (:func:`paired_ratio`): ``seed loop``
+    """Per manager, how many times faster than default (:func:`ratio_to_default`): ``seed loop``
     and each allocate+free size (bytes, as a string); empty without a default row."""
     default = results.get(DEFAULT.label)
     if default is None:
         return {}
-
-    def ratio(r: dict, field: str, key: str | None = None) -> float:
-        pick = (lambda d: d) if key is None else (lambda d: d[key])
-        rounds = f"rounds_{field}"
-        if rounds in r and rounds in default:
-            return paired_ratio(pick(default[rounds]), pick(r[rounds]))
-        return pick(default[field]) / pick(r[field])
-
-    return {label: {checks.SEED_LOOP: ratio(r, "seed_loop_ms"),
-                    **{k: ratio(r, "alloc_free_us", k) for k in r["alloc_free_us"]}}
+    return {label: {checks.SEED_LOOP: ratio_to_default(default, r, "seed_loop_ms"),
+                    **{k: ratio_to_default(default, r, "alloc_free_us", k) for k in r["alloc_free_us"]}}
             for label, r in results.items()}
+
+
+def ratio_to_default(default: dict, row: dict, field: str, key: str | None = None) -> float:
+    """How many times faster ``row`` is than ``default`` at ``field`` (``field[key]`` with a
+    ``key``): :func:`paired_ratio` of their ``rounds_<field>`` where both kept their rounds,
+    else the ratio of their figures (medians)."""
+    def at(figures: dict, name: str):
+        value = figures.get(name)
+        return value if key is None or value is None else value.get(key)
+
+    default_rounds, row_rounds = at(default, f"rounds_{field}"), at(row, f"rounds_{field}")
+    if default_rounds is not None and row_rounds is not None:
+        return paired_ratio(default_rounds, row_rounds)
+    return at(default, field) / at(row, field)
 
 
 def paired_ratio(default_rounds: list[float], row_rounds: list[float]) -> float:

@@ -40,7 +40,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from .bench import _elapsed, _median_times_taking_turns, quiet_host, size_label
+from .bench import _elapsed, _median_times_taking_turns, pairs_body, quiet_host, size_label
 from .bench_turns import worker_turn
 
 PARTS = ("pinned", "pipeline")
@@ -102,19 +102,6 @@ def pending_frees():
     manager = getattr(cuda.current_context(), "memory_manager", None)
     pending = getattr(manager, "deallocations", None)
     return pending.clear if pending is not None else (lambda: None)
-
-
-def _pairs(allocate, nbytes: int, count: int, flush):
-    """A body: ``count`` x (``allocate(nbytes, dtype=uint8)``, drop it), then ``flush()``."""
-    uint8 = np.uint8
-
-    def body():
-        for _ in range(count):
-            a = allocate(nbytes, dtype=uint8)
-            del a
-        flush()
-
-    return body
 
 
 @cuda.jit
@@ -268,7 +255,7 @@ def pinned_source(manager) -> str:
 
 
 def _pinned_cells(sizes: list[int], flush) -> dict:
-    return {(field, nbytes): functools.partial(_pairs, allocate, nbytes, flush=flush)
+    return {(field, nbytes): functools.partial(pairs_body, allocate, nbytes, np.uint8, flush=flush)
             for field, allocate in ((PINNED, cuda.pinned_array), (MAPPED, cuda.mapped_array)) for nbytes in sizes}
 
 

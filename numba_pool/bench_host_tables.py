@@ -178,21 +178,14 @@ def median_over_rounds(rounds: list[dict]) -> dict:
 def ratios_to_default(results: dict[str, dict]) -> dict[str, dict[str, dict[str, float]]]:
     """Per manager, ``{field: {size: x faster than default}}`` for the cells default has too:
     the median over rounds of default's time over the manager's in the same round
-    (:func:`numba_pool.bench.paired_ratio`), or the ratio of the medians where rounds are not
+    (:func:`numba_pool.bench.ratio_to_default`), or the ratio of the medians where rounds are not
     kept; empty without a default row."""
-    from .bench import paired_ratio
+    from .bench import ratio_to_default
 
     default = results.get(checks.DEFAULT)
     if default is None:
         return {}
-
-    def ratio(r: dict, field: str, size: str) -> float:
-        rounds = f"rounds_{field}"
-        if size in r.get(rounds, {}) and size in default.get(rounds, {}):
-            return paired_ratio(default[rounds][size], r[rounds][size])
-        return default[field][size] / r[field][size]
-
-    return {label: {field: {s: ratio(r, field, s) for s in r[field] if s in default[field]}
+    return {label: {field: {s: ratio_to_default(default, r, field, s) for s in r[field] if s in default[field]}
                     for field in FIELDS if field in r and field in default}
             for label, r in results.items()}
 

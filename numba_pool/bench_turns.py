@@ -34,6 +34,7 @@ every call here does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -135,7 +136,6 @@ class Worker:
     stdout: object
     stderr: object
     busy_s: float = 0.0
-    turns: int = 0
     phase: int = 0
     started: bool = False  # it wrote r: a worker that never does ran without turns
     problem: str = ""
@@ -215,23 +215,20 @@ def _start(label: str, argv: list[str], env: dict, cwd: str | None, core: int | 
     return Worker(label, process, go_write, say_read, stdout, stderr)
 
 
-class pinned_thread:
+@contextlib.contextmanager
+def pinned_thread(core: int | None):
     """Inside: the calling thread on CPU core ``core`` (Linux: a thread's own affinity), so that
     a process it starts inherits the core from its first instruction; restored after.  Nothing
     for ``None``."""
-
-    def __init__(self, core: int | None):
-        self.core = core
-
-    def __enter__(self):
-        if self.core is not None:
-            self.before = os.sched_getaffinity(0)
-            os.sched_setaffinity(0, {self.core})
-        return self
-
-    def __exit__(self, *exc):
-        if self.core is not None:
-            os.sched_setaffinity(0, self.before)
+    if core is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _next_in_phase(queue: deque) -> Worker:
@@ -254,7 +251,6 @@ def _give_turn(worker: Worker, timeout_s: float) -> bytes:
         return EXIT
     said = _read(worker, timeout_s, "its turn")
     worker.busy_s += time.perf_counter() - start
-    worker.turns += 1
     if said != YIELD and not said.isdigit():
         worker.finished = True
     return said
