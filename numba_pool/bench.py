@@ -11,11 +11,15 @@ Measured, after checking the kernel's output:
 * benchmark loop (``seed_loop_ms`` in the JSON): 100 x (``cuda.device_array(2**20, float32)``, sqrt kernel, drop the array) on the
   default stream, bracketed by ``cuda.synchronize()``; milliseconds per 100 iterations.
 * allocate + free: ``cuda.device_array`` of 256 B, 64 KiB, 4 MiB and 64 MiB (float32) and
-  dropping it, in a loop ended by one ``cuda.synchronize()``; microseconds per pair.
+  dropping it, in a loop ended by one ``cuda.synchronize()``; microseconds per pair.  A repeat
+  of a size does :data:`MIN_PAIRS` to :data:`MAX_PAIRS` pairs, as many as take about
+  :data:`PAIRS_BUDGET_S` (:func:`calibrated`): a pool's pair costs ~13 µs, so 1000, Numba's own
+  ~200 µs at 64 MiB, so 100.  1000 pairs of every size cost default's worker about 5 s a round,
+  and two runs of five rounds no longer fitted in one 10-minute call (docs/perf-notes.md).
 
-Each figure is the median of :data:`REPEATS` timed repeats after a warm-up, within one
-process.  The sizes take turns inside each repeat (256 B, 64 KiB, 4 MiB, 64 MiB, 256 B, ...),
-and the managers run in interleaved rounds (default, numba_pool, ..., default, ...; at least
+Each figure is the median of :data:`REPEATS` timed repeats after a warm-up, within one process
+(:data:`REPEATS_VARIABLE` sets another count: the parent's warm-up rounds ask for 1).  The sizes
+take turns inside each repeat (256 B, 64 KiB, 4 MiB, 64 MiB, 256 B, ...), and the managers run in interleaved rounds (default, numba_pool, ..., default, ...; at least
 :data:`ROUNDS` by default); the table shows the median over rounds.  Both so that a slow spell of
 the machine hits every cell alike: timed one size after the other, the first size measured read
 up to 0.6 µs slower on the floor.  Every worker runs on one CPU core, the same for every manager
@@ -39,8 +43,10 @@ can cost).  numba_pool releases its memory without ``weakref.finalize``
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -55,9 +61,11 @@ SEED_ELEMENTS = 1 << 20
 SEED_ITERATIONS = 100
 SIZES = [256, 64 << 10, 4 << 20, 64 << 20]
 REPEATS = 15
-PAIRS_PER_REPEAT = 1000
+PAIRS_BUDGET_S = 0.015  # seconds a repeat of a device_array size aims at
+MIN_PAIRS, MAX_PAIRS = 100, 1000  # allocate+free pairs per repeat of a size
 ROUNDS = 5
 CORE_VARIABLE = "NUMBA_POOL_BENCH_CORE"  # the CPU core every worker pins itself to
+REPEATS_VARIABLE = "NUMBA_POOL_BENCH_REPEATS"  # timed repeats per figure, when not the default
 
 
 @dataclass(frozen=True)
@@ -109,13 +117,18 @@ def chosen_core(requested: int | None, allowed: set[int]) -> int:
     return requested
 
 
+def worker_core(environ=os.environ) -> int:
+    """The CPU core a worker times on: :data:`CORE_VARIABLE`, else the lowest it may use."""
+    value = environ.get(CORE_VARIABLE, "").strip()
+    return chosen_core(int(value) if value else None, os.sched_getaffinity(0))
+
+
 @contextlib.contextmanager
 def quiet_host(environ=os.environ):
-    """Inside: this process on one CPU core (:data:`CORE_VARIABLE`, else the lowest allowed)
-    and the collector off after a full collection.  Yields the core; restores both after."""
+    """Inside: this process on one CPU core (:func:`worker_core`) and the collector off after a
+    full collection.  Yields the core; restores both after."""
     before = os.sched_getaffinity(0)
-    value = environ.get(CORE_VARIABLE, "").strip()
-    core = chosen_core(int(value) if value else None, before)
+    core = worker_core(environ)
     os.sched_setaffinity(0, {core})
     gc.collect()
     was_enabled = gc.isenabled()
@@ -144,6 +157,58 @@ def _median_time(body, repeats: int) -> float:
     return statistics.median(_elapsed(body) for _ in range(repeats))
 
 
+def count_for(seconds_per_op: float, budget_s: float, low: int, high: int) -> int:
+    """Operations per repeat so that a repeat takes about ``budget_s`` seconds at
+    ``seconds_per_op`` each, within ``[low, high]``."""
+    if seconds_per_op <= 0:
+        return high
+    return max(low, min(high, math.ceil(budget_s / seconds_per_op)))
+
+
+def calibrated(make, budget_s: float, low: int, high: int) -> tuple[int, object]:
+    """``(count, body)``: ``make(count)`` is a body doing ``count`` operations.  Runs
+    ``make(low)`` twice, a warm-up (caches fill, kernels compile, the pool reserves) then timed,
+    and returns the count :func:`count_for` picks with the body that does it."""
+    probe = make(low)
+    probe()
+    count = count_for(_elapsed(probe) / low, budget_s, low, high)
+    return count, make(count)
+
+
+def cached_jit(func):
+    """``cuda.jit(cache=True)(func)``: compiled once into Numba's on-disk cache, then loaded.  A
+    round's eight workers each compiled the bench's kernels again, about 2 s of every worker's
+    turn on an H100 host (2026-11-22); the machine code is the same.  Falls back to ``cuda.jit``
+    where Numba finds no writable cache folder (it raises ``RuntimeError``)."""
+    from numba import cuda
+
+    try:
+        return cuda.jit(cache=True)(func)
+    except RuntimeError:
+        return cuda.jit(func)
+
+
+@functools.cache
+def seed_kernels() -> tuple:
+    """``(fill_kernel, sqrt_kernel)`` of :mod:`numba_pool.kernels`, through :func:`cached_jit`."""
+    from numba_pool.kernels import fill_kernel, sqrt_kernel
+
+    return cached_jit(fill_kernel.py_func), cached_jit(sqrt_kernel.py_func)
+
+
+def worker_repeats(default: int, environ=os.environ) -> int:
+    """Timed repeats per figure in a worker: :data:`REPEATS_VARIABLE` if set, else ``default``.
+
+    :raises SystemExit: (one line) when the variable is not a positive integer, naming it and its value.
+    """
+    value = environ.get(REPEATS_VARIABLE, "").strip()
+    if not value:
+        return default
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        raise SystemExit(f"bench: {REPEATS_VARIABLE}={value!r}: expected a positive number of repeats")
+    return int(value)
+
+
 def _median_times_taking_turns(bodies: dict, repeats: int) -> dict:
     """The median time of each body, the bodies taking turns inside each repeat."""
     times: dict = {key: [] for key in bodies}
@@ -157,6 +222,7 @@ def run_worker(host_parts: tuple = ()) -> dict:
     """Check, then time, under whatever manager the environment selected. Returns medians:
     ``seed_loop_ms`` and ``alloc_free_us`` keyed by the size in bytes as a string (JSON); with
     ``host_parts`` (:data:`numba_pool.bench_host.PARTS`), their figures under ``"host"``."""
+    repeats = worker_repeats(REPEATS)  # a bad value ends the worker before it touches CUDA
     import numpy as np
     from numba import cuda
 
@@ -164,7 +230,7 @@ def run_worker(host_parts: tuple = ()) -> dict:
         from numba_pool.anchors import prepare_rmm
 
         prepare_rmm(os.environ["NUMBA_POOL_BENCH_RMM"])
-    from numba_pool.kernels import fill_kernel, sqrt_kernel
+    fill_kernel, sqrt_kernel = seed_kernels()
 
     threads = 256
     blocks = (SEED_ELEMENTS + threads - 1) // threads
@@ -198,29 +264,49 @@ def run_worker(host_parts: tuple = ()) -> dict:
 
     with quiet_host() as core:
         seed_loop()  # warm-up
-        result = {"seed_loop_ms": _median_time(seed_loop, REPEATS) * 1e3, "core": core}
+        result = {"seed_loop_ms": _median_time(seed_loop, repeats) * 1e3, "core": core}
 
-        pairs = {str(nbytes): _allocate_and_free(nbytes // 4) for nbytes in SIZES}
-        for body in pairs.values():
-            body()  # warm-up: the pool reserves, Numba caches
-        medians = _median_times_taking_turns(pairs, REPEATS)
-        result["alloc_free_us"] = {key: t / PAIRS_PER_REPEAT * 1e6 for key, t in medians.items()}
+        counts, pairs = {}, {}
+        for nbytes in SIZES:
+            make = functools.partial(_allocate_and_free, nbytes // 4)
+            counts[str(nbytes)], pairs[str(nbytes)] = calibrated(make, PAIRS_BUDGET_S, MIN_PAIRS, MAX_PAIRS)
+        medians = _median_times_taking_turns(pairs, repeats)
+        result["alloc_free_us"] = {key: t / counts[key] * 1e6 for key, t in medians.items()}
+        result["pairs"] = counts
         manager = cuda.current_context().memory_manager
         result["manager"] = type(manager).__module__
         if getattr(getattr(manager, "_pool", None), "handle", None) is not None:
-            result["driver_pair_us"] = _driver_pair_us(manager._pool.handle)
+            result["driver_pair_us"] = _driver_pair_us(manager._pool.handle, repeats)
     if host_parts:
-        result["host"] = bench_host.measure(host_parts)
+        result["host"] = bench_host.measure(host_parts, repeats=worker_repeats(bench_host.REPEATS))
     return result
 
 
-def _allocate_and_free(n: int):
-    """A body that allocates and drops a float32 device array of ``n`` elements
-    :data:`PAIRS_PER_REPEAT` times, then synchronizes."""
+def _allocate_and_free(n: int, count: int):
+    """A body that allocates and drops a float32 device array of ``n`` elements ``count``
+    times, then carries out the frees Numba holds back (:func:`pending_frees`) and
+    synchronizes: each repeat pays for its own frees, not for up to ten of the size before."""
     import numpy as np
     from numba import cuda
 
-    return pairs_body(cuda.device_array, n, np.float32, PAIRS_PER_REPEAT, cuda.synchronize)
+    flush_pending = pending_frees()
+
+    def flush():
+        flush_pending()
+        cuda.synchronize()
+
+    return pairs_body(cuda.device_array, n, np.float32, count, flush)
+
+
+def pending_frees():
+    """A function that carries out the frees the current context's manager holds back (Numba's
+    pending deallocations, ``cuMemFree`` and ``cuMemFreeHost`` ten at a time under its own
+    manager); a no-op for a manager without them (and under the simulator)."""
+    from numba import cuda
+
+    manager = getattr(cuda.current_context(), "memory_manager", None)
+    pending = getattr(manager, "deallocations", None)
+    return pending.clear if pending is not None else (lambda: None)
 
 
 def pairs_body(allocate, n: int, dtype, count: int, flush):
@@ -235,7 +321,7 @@ def pairs_body(allocate, n: int, dtype, count: int, flush):
     return body
 
 
-def _driver_pair_us(pool) -> float:
+def _driver_pair_us(pool, repeats: int) -> float:
     """What a ``cuMemAllocFromPoolAsync`` + ``cuMemFreeAsync`` pair of 256 B costs from Python
     alone (legacy default stream): the part of numba_pool's cost no Python code can remove."""
     from cuda.bindings import driver as cu
@@ -244,36 +330,42 @@ def _driver_pair_us(pool) -> float:
     alloc, free = cu.cuMemAllocFromPoolAsync, cu.cuMemFreeAsync
 
     def pairs():
-        for _ in range(PAIRS_PER_REPEAT):
+        for _ in range(MAX_PAIRS):
             free(alloc(256, pool, stream)[1], stream)
         cu.cuCtxSynchronize()
 
     pairs()
-    return _median_time(pairs, REPEATS) / PAIRS_PER_REPEAT * 1e6
+    return _median_time(pairs, repeats) / MAX_PAIRS * 1e6
 
 
 # -- the parent -------------------------------------------------------------------------------
 
-def measure(manager: Manager, core: int | None = None) -> dict:
-    """Run the worker for ``manager`` in a fresh Python process, pinned to ``core`` if given.
+WARM_UP = {REPEATS_VARIABLE: "1"}  # a warm-up round's workers: every figure once, untimed by the parent
+
+
+def measure(manager: Manager, core: int | None = None, warm_up: bool = False) -> dict:
+    """Run the worker for ``manager`` in a fresh Python process, pinned to ``core`` if given
+    (``warm_up``: one repeat of each figure, :data:`WARM_UP`).
 
     :raises RuntimeError: when the worker fails, with its standard error.
     """
-    env = manager.env if core is None else {**manager.env, CORE_VARIABLE: str(core)}
+    env = {**manager.env, **(WARM_UP if warm_up else {})}
+    env = env if core is None else {**env, CORE_VARIABLE: str(core)}
     try:
         return run_module("numba_pool.bench", list(manager.args), env, manager.cwd)
     except RuntimeError as err:
         raise RuntimeError(f"benchmark of {manager.label} failed: {err}") from None
 
 
-def measure_round(managers: list[Manager], core: int) -> dict[str, tuple[dict | RuntimeError, float]]:
+def measure_round(managers: list[Manager], core: int,
+                  warm_up: bool = False) -> dict[str, tuple[dict | RuntimeError, float]]:
     """Every manager's worker of one round at once, in lock-step turns on CPU core ``core``
-    (:mod:`numba_pool.bench_turns`): ``{label: (result or the RuntimeError of a failed
-    worker, seconds it held the turn)}``."""
+    (:mod:`numba_pool.bench_turns`; ``warm_up``: one repeat of each figure): ``{label: (result
+    or the RuntimeError of a failed worker, seconds it held the turn)}``."""
     commands = {}
     for manager in managers:
-        argv, env, cwd = _command("numba_pool.bench", list(manager.args), {**manager.env, CORE_VARIABLE: str(core)},
-                                  manager.cwd)
+        env = {**manager.env, **(WARM_UP if warm_up else {}), CORE_VARIABLE: str(core)}
+        argv, env, cwd = _command("numba_pool.bench", list(manager.args), env, manager.cwd)
         commands[manager.label] = (argv, env, cwd)
     measured = {}
     for label, outcome in run_in_turns(commands, core).items():
@@ -303,7 +395,8 @@ def run_module(module: str, args: list[str], env: dict | None = None, cwd: str |
 
 
 def _command(module: str, args: list[str], env: dict, cwd: str | None) -> tuple[list[str], dict, str]:
-    env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    inherited = {k: v for k, v in os.environ.items() if k != REPEATS_VARIABLE}  # only warm-up rounds set it
+    env = {**inherited, **env, "PYTHONUNBUFFERED": "1"}
     env.pop(TURNS_VARIABLE, None)  # only run_in_turns gives a worker its pipes
     # Start in the folder holding the numba_pool we are, so that the worker imports the same
     # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
@@ -332,6 +425,8 @@ def median_over_rounds(rounds: list[dict]) -> dict:
         merged["driver_pair_us"] = statistics.median(pairs)
     if "core" in rounds[0]:
         merged["core"] = rounds[0]["core"]
+    if all("pairs" in r for r in rounds):
+        merged["rounds_pairs"] = [r["pairs"] for r in rounds]  # pairs per repeat, by size
     return merged
 
 
@@ -436,11 +531,14 @@ def render(results: dict[str, dict], flags: list = ()) -> str:
 
 
 if __name__ == "__main__":
+    # Through the imported module, not this __main__ copy: bench_host imports numba_pool.bench,
+    # and one module keeps one set of cached kernels (seed_kernels).
+    from numba_pool import bench
     from numba_pool.bench_host import parse_parts
 
     turn = worker_turn()
-    turn.begin()
+    turn.begin(bench.worker_core())
     try:
-        print(json.dumps(run_worker(parse_parts(sys.argv[1:]))), flush=True)
+        print(json.dumps(bench.run_worker(parse_parts(sys.argv[1:]))), flush=True)
     finally:
         turn.end()

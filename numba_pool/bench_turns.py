@@ -7,19 +7,25 @@ workplace's hosts have slow spells lasting seconds that hit whichever process is
 lent H100 (2026-11-22) default's ``cuda.device_array`` figures read 1.4-1.6x slower in two rounds
 of three while its pinned figures, timed later in the same processes, did not, and every ratio
 to default moved with them (docs/perf-notes.md).  Taking turns block by block (a block is one
-timed repeat, 10-200 ms), the managers' repeats are a fraction of a second apart, so a spell
+timed repeat, 1-200 ms), the managers' repeats are a fraction of a second apart, so a spell
 hits them alike; the issue's in-process ABAB, across processes.
 
 Protocol: one byte at a time over two pipes per worker, whose descriptors the worker finds in
 :data:`TURNS_VARIABLE` (``"READ,WRITE"``).
 
-* The worker writes ``r`` once started (:meth:`Turn.begin`) and waits for ``g``: Python's start
-  and the imports of ``python -m numba_pool.bench`` run before any worker times anything.
+* The worker writes ``R`` once started (:meth:`Turn.begin`) and waits for ``g``: Python's start
+  and the imports of ``python -m numba_pool.bench`` run before any worker times anything, on
+  every allowed core of the timing core's NUMA node at once (:func:`startup_cores`: the memory
+  they touch is placed as it would be from the timing core); ``begin`` then pins the worker to
+  the timing core.
 * Holding the turn it runs everything, untimed work included (its checks, compilations and
   calibrations), so no other worker shares the core while one times.
 * After each timed block it writes ``y`` and waits for the next ``g`` (:meth:`Turn.pass_turn`);
-  when it exits it writes ``x`` (:meth:`Turn.end`).  A worker that dies closes its pipe: the
-  parent reads end of file and goes on with the others.
+  when it is done it writes ``x`` and waits for ``q`` (:meth:`Turn.end`), back on the startup
+  cores.  The parent says ``q`` to all once every worker is done, so their teardowns (the
+  interpreter's, CUDA's: ~1 s each) run at once, while nobody times.  A worker that dies closes
+  its pipe: the parent reads end of file and goes on with the others.  A worker from before
+  ``q`` writes ``r`` and exits after ``x``; the parent waits for that exit before the next turn.
 * **Phases.** The workers do not all time the same parts (the floors have no host rows, the
   anchors only the pipeline).  A worker starting a part writes its phase, a digit, and waits
   (:meth:`Turn.enter_phase`); the parent gives turns only to the workers in the lowest phase
@@ -27,8 +33,8 @@ Protocol: one byte at a time over two pipes per worker, whose descriptors the wo
   among themselves (without phases, the anchors' pipeline would take turns with default's
   pinned arrays).
 
-The parent (:func:`run_in_turns`) starts every worker, waits for each ``r``, then gives the turn
-to each in order until all have exited.  Without :data:`TURNS_VARIABLE` a worker runs alone and
+The parent (:func:`run_in_turns`) starts every worker, waits for each ``R`` (or ``r``), gives
+the turn to each in order until all are done, then says ``q`` to all and waits for their exits.  Without :data:`TURNS_VARIABLE` a worker runs alone and
 every call here does nothing.
 """
 
@@ -44,7 +50,9 @@ from collections import deque
 from dataclasses import dataclass
 
 TURNS_VARIABLE = "NUMBA_POOL_BENCH_TURNS"
-READY, GO, YIELD, EXIT = b"r", b"g", b"y", b"x"
+READY, GO, YIELD, EXIT, QUIT = b"R", b"g", b"y", b"x", b"q"
+READY_EXITS_AT_ONCE = b"r"  # a worker from before QUIT: it exits as soon as it is done
+DIED = b""  # what the parent reads from a worker that died or that it killed
 TURN_TIMEOUT_S = 300.0  # a worker holding the turn longer than this is killed
 
 
@@ -58,6 +66,7 @@ class Turn:
     def __init__(self, environ=os.environ):
         value = environ.get(TURNS_VARIABLE, "").strip()
         self._fds = None
+        self._startup_cores: set[int] | None = None
         if value:
             try:
                 read, write = (int(part) for part in value.split(","))
@@ -69,8 +78,12 @@ class Turn:
     def active(self) -> bool:
         return self._fds is not None
 
-    def begin(self) -> None:
-        """Say this worker started, and wait for its first turn."""
+    def begin(self, core: int | None = None) -> None:
+        """Pin this thread to CPU ``core`` if given (the startup cores are kept for :meth:`end`),
+        say this worker started, and wait for its first turn."""
+        if self._fds and core is not None:
+            self._startup_cores = os.sched_getaffinity(0)
+            _pin_threads(os.getpid(), {core})
         self._say(READY)
 
     def pass_turn(self) -> None:
@@ -86,11 +99,15 @@ class Turn:
             self._say(str(phase).encode())
 
     def end(self) -> None:
-        """Leave the turns for good (at exit; once)."""
+        """Leave the turns for good (at exit; once): back on the startup cores, wait until the
+        parent says every worker is done, so that this one's teardown overlaps nobody's turn."""
         if self._fds:
             fds, self._fds = self._fds, None
+            if self._startup_cores:
+                _pin_threads(os.getpid(), self._startup_cores)
             try:
                 os.write(fds[1], EXIT)
+                os.read(fds[0], 1)  # QUIT, or end of file when the parent went away
             except OSError:  # the parent went away: nobody waits for us
                 pass
 
@@ -109,6 +126,21 @@ class Turn:
         if go != GO:
             self._fds = None
             raise SystemExit("bench: the parent stopped giving turns")
+
+
+def _pin_threads(pid: int, cores: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cores`` (Linux's affinity is a thread's own: numpy's
+    BLAS threads exist before :meth:`Turn.begin`, CUDA's are made after it); only the thread
+    ``pid`` itself where ``/proc`` cannot be read."""
+    try:
+        threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        threads = [pid]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:  # the thread ended meanwhile
+            pass
 
 
 _turn: Turn | None = None
@@ -137,7 +169,8 @@ class Worker:
     stderr: object
     busy_s: float = 0.0
     phase: int = 0
-    started: bool = False  # it wrote r: a worker that never does ran without turns
+    started: bool = False  # it wrote R or r: a worker that never does ran without turns
+    waits_for_quit: bool = False  # it wrote R: it exits when told (QUIT), not as soon as it is done
     problem: str = ""
     finished: bool = False
 
@@ -158,30 +191,36 @@ class Outcome:
 def run_in_turns(commands: dict[str, tuple[list[str], dict, str | None]], core: int | None = None,
                  turn_timeout_s: float = TURN_TIMEOUT_S) -> dict[str, Outcome]:
     """Run ``{label: (argv, env, cwd)}`` at once, in lock-step turns (this module's protocol),
-    each started on CPU core ``core`` if given (inherited from the starting thread, which is
-    pinned around each start: no ``preexec_fn`` in a process with CUDA's threads); return
+    each started, if ``core`` is given, on :func:`startup_cores` (inherited from the starting
+    thread, which is pinned around each start: no ``preexec_fn`` in a process with CUDA's
+    threads) and pinned to ``core`` by :meth:`Turn.begin` (the worker passes it); return
     ``{label: Outcome}``.  A worker that holds the turn, or takes to exit, longer than
     ``turn_timeout_s`` seconds is killed; its stderr then says so.  On any exception here
     (an interrupt, a failed start) every worker is killed and reaped before it propagates.
     """
     workers: list[Worker] = []
     try:
+        cores = None if core is None else startup_cores(core, os.sched_getaffinity(0))
         for label, (argv, env, cwd) in commands.items():
-            workers.append(_start(label, argv, env, cwd, core))
+            workers.append(_start(label, argv, env, cwd, cores))
         for worker in workers:
-            worker.started = _read(worker, turn_timeout_s, "start") == READY
+            said = _read(worker, turn_timeout_s, "start")
+            worker.started, worker.waits_for_quit = said in (READY, READY_EXITS_AT_ONCE), said == READY
             if not worker.started:
                 _finish(worker, turn_timeout_s)
+            elif said == READY_EXITS_AT_ONCE and core is not None:  # it does not pin itself in begin()
+                _pin_threads(worker.process.pid, {core})
         queue = deque(w for w in workers if not w.finished)
         while queue:
             worker = _next_in_phase(queue)
             said = _give_turn(worker, turn_timeout_s)
             if said.isdigit():
                 worker.phase = int(said)
-            if worker.finished:
-                _finish(worker, turn_timeout_s)  # its exit must not overlap the next worker's turn
-            else:
+            if not worker.finished:
                 queue.append(worker)
+            elif not (said == EXIT and worker.waits_for_quit):  # it exits now, or is dying, or was killed:
+                _finish(worker, turn_timeout_s)  # its teardown must not overlap the next worker's turn
+        _quit_all([w for w in workers if w.waits_for_quit], turn_timeout_s)
     except BaseException:
         for worker in workers:
             worker.process.kill()
@@ -194,14 +233,57 @@ def run_in_turns(commands: dict[str, tuple[list[str], dict, str | None]], core: 
     return {w.label: _collect(w) for w in workers}
 
 
-def _start(label: str, argv: list[str], env: dict, cwd: str | None, core: int | None) -> Worker:
+def startup_cores(core: int, allowed: set[int], nodes_folder: str = "/sys/devices/system/node") -> set[int]:
+    """The CPU cores a worker starts on: those of ``allowed`` in ``core``'s NUMA node (Linux's
+    ``nodeN/cpulist``), so that its imports run beside the others' and what they allocate lies
+    in the timing core's node; ``{core}`` where the nodes cannot be read."""
+    try:
+        lists = [os.path.join(nodes_folder, name, "cpulist") for name in os.listdir(nodes_folder)
+                 if name.startswith("node") and name[4:].isdigit()]
+        for path in lists:
+            with open(path) as f:
+                node = parse_cpulist(f.read())
+            if core in node:
+                return (node & allowed) | {core}
+    except (OSError, ValueError):
+        pass
+    return {core}
+
+
+def parse_cpulist(text: str) -> set[int]:
+    """Linux's CPU list format: ``"0-3,8,10-11"`` -> ``{0, 1, 2, 3, 8, 10, 11}``.
+
+    :raises ValueError: for text not in that format.
+    """
+    cores: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return cores
+
+
+def _quit_all(workers: list[Worker], timeout_s: float) -> None:
+    """Tell every done worker to exit, then wait for all: their teardowns run at once, on their
+    startup cores, after the last timed block of the round."""
+    for worker in workers:
+        try:
+            os.write(worker.to_worker, QUIT)
+        except OSError:  # it died: nothing to tell
+            pass
+    for worker in workers:
+        _finish(worker, timeout_s)
+
+
+def _start(label: str, argv: list[str], env: dict, cwd: str | None, cores: set[int] | None) -> Worker:
     go_read, go_write = os.pipe()  # parent -> worker: g
     say_read, say_write = os.pipe()  # worker -> parent: r, y, x, a phase
     stdout = tempfile.TemporaryFile("w+", errors="replace")
     stderr = tempfile.TemporaryFile("w+", errors="replace")
     env = {**env, TURNS_VARIABLE: f"{go_read},{say_write}"}
     try:
-        with pinned_thread(core):
+        with pinned_thread(cores):
             process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True,
                                        pass_fds=(go_read, say_write))
     except BaseException:
@@ -216,15 +298,15 @@ def _start(label: str, argv: list[str], env: dict, cwd: str | None, core: int | 
 
 
 @contextlib.contextmanager
-def pinned_thread(core: int | None):
-    """Inside: the calling thread on CPU core ``core`` (Linux: a thread's own affinity), so that
-    a process it starts inherits the core from its first instruction; restored after.  Nothing
-    for ``None``."""
-    if core is None:
+def pinned_thread(cores: int | set[int] | None):
+    """Inside: the calling thread on CPU core ``cores`` (one, or a set; Linux: a thread's own
+    affinity), so that a process it starts inherits them from its first instruction; restored
+    after.  Nothing for ``None``."""
+    if cores is None:
         yield
         return
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
+    os.sched_setaffinity(0, {cores} if isinstance(cores, int) else cores)
     try:
         yield
     finally:
@@ -248,7 +330,7 @@ def _give_turn(worker: Worker, timeout_s: float) -> bytes:
         os.write(worker.to_worker, GO)
     except BrokenPipeError:
         worker.finished = True
-        return EXIT
+        return DIED
     said = _read(worker, timeout_s, "its turn")
     worker.busy_s += time.perf_counter() - start
     if said != YIELD and not said.isdigit():
@@ -261,8 +343,8 @@ def _read(worker: Worker, timeout_s: float, during: str) -> bytes:
     if not ready:
         worker.problem = f"killed: held {during} longer than {timeout_s:.0f} s"
         worker.process.kill()
-        return EXIT
-    return os.read(worker.from_worker, 1) or EXIT  # end of file: it died
+        return DIED
+    return os.read(worker.from_worker, 1)  # DIED (end of file) when it died
 
 
 def _finish(worker: Worker, timeout_s: float) -> None:

@@ -138,8 +138,8 @@ def _driver_version() -> int:
                    "timed block (a slow spell of the host hits every manager alike); --no-turns runs them one "
                    "after the other.")
 @click.option("--warm-up-rounds", type=click.IntRange(0, 5), default=1, show_default=True,
-              help="End to end: untimed rounds of all managers before the first run (a machine just started "
-                   "timed its first rounds up to 1.6x slower).")
+              help="End to end: untimed rounds of all managers, each figure once, before the first run (a "
+                   "machine just started timed its first rounds up to 1.6x slower).")
 @click.option("--core", type=click.IntRange(0), default=None, metavar="N",
               help="The CPU core every measuring process pins itself to (default: the lowest this process may use).")
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False),
@@ -250,7 +250,7 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
 
     managers, notes, host_notes = _end_to_end_managers(anchors, no_arena, baseline, host_rows)
     for round_ in range(warm_up):
-        _one_round(managers, core, notes, f"warm-up round {round_ + 1}/{warm_up} (not timed)", turns)
+        _one_round(managers, core, notes, f"warm-up round {round_ + 1}/{warm_up} (not timed)", turns, warm_up=True)
     flags, reports = [], []
     for run in range(runs):
         of_run = f"run {run + 1}/{runs}, " if runs > 1 else ""
@@ -305,9 +305,10 @@ def _end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, ho
     return managers, notes, host_notes
 
 
-def _one_round(managers: list, core: int, notes: list[str], what: str, turns: bool = False) -> dict:
-    """Each manager's worker once: all at once in lock-step turns (``turns``,
-    :func:`numba_pool.bench.measure_round`), else one after the other.  Returns ``{label:
+def _one_round(managers: list, core: int, notes: list[str], what: str, turns: bool = False,
+               warm_up: bool = False) -> dict:
+    """Each manager's worker once (``warm_up``: one repeat of each figure): all at once in
+    lock-step turns (``turns``, :func:`numba_pool.bench.measure_round`), else one after the other.  Returns ``{label:
     (result, seconds)}`` (seconds: holding the turn, or the worker's whole run).  An anchor
     whose worker fails is noted and leaves ``managers``; any other failure is a :class:`Failure`."""
     from . import anchors as anchor_module
@@ -315,14 +316,14 @@ def _one_round(managers: list, core: int, notes: list[str], what: str, turns: bo
 
     if turns:
         click.echo(f"{what}: measuring {len(managers)} managers, taking turns ...", err=True)
-        outcomes = b.measure_round(managers, core)
+        outcomes = b.measure_round(managers, core, warm_up)
     else:
         outcomes = {}
         for manager in managers:
             click.echo(f"{what}: measuring {manager.label} ...", err=True)
             start = time.perf_counter()
             try:
-                result = b.measure(manager, core)
+                result = b.measure(manager, core, warm_up)
             except RuntimeError as err:
                 result = err
             outcomes[manager.label] = (result, time.perf_counter() - start)
@@ -357,7 +358,8 @@ def _end_to_end_tables(report: dict, per_round: dict, seconds: dict, managers: l
     host_rows = any(m.args for m in managers)
     host_variable = "; numba_pool rows with NUMBA_POOL_HOST=1, which these figures do not use" if host_rows else ""
     click.echo(f"device: {name}; date: {today}; cuda.device_array end to end (CPU core {core}, collector off"
-               f"{host_variable}): medians of {b.REPEATS} repeats, median over {rounds} rounds")
+               f"{host_variable}): medians of {b.REPEATS} repeats of {b.MIN_PAIRS} to {b.MAX_PAIRS} pairs (about "
+               f"{b.PAIRS_BUDGET_S * 1e3:.0f} ms a repeat), median over {rounds} rounds")
     click.echo(b.render(results, flags))
     if b.DEFAULT.label in results:
         click.echo(b.render_ratios(results, flags))

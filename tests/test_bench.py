@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
+from conftest import PACKAGE_PARENT
 from numba_pool import bench, noop
 from numba_pool.config import ConfigError
 
@@ -54,7 +59,6 @@ def test_bad_floor_variable_is_named():
 # -- checks of the end-to-end table, pinning, the collector, ratios to default ---------------------
 
 import gc  # noqa: E402
-import os  # noqa: E402
 
 from numba_pool import bench_checks  # noqa: E402
 from numba_pool import cli  # noqa: E402
@@ -168,7 +172,7 @@ def fake_worker(slow_round=None, failing=()):
     """A bench.measure stand-in: clean figures, numba_pool 20 % slower in round ``slow_round``."""
     calls = {}
 
-    def measure(manager, core=None):
+    def measure(manager, core=None, warm_up=False):
         if manager.label in failing:
             raise RuntimeError(f"benchmark of {manager.label} failed: exit 1:\nTraceback (most recent call last):\n"
                                "  File \"x\", line 1\nImportError: librmm.so: cannot open shared object file")
@@ -260,10 +264,11 @@ def test_repeat_run_end_to_end_warms_up_untimed_then_flags_ratios_that_move_betw
     measure = fake_worker()
     calls = []
 
-    def worker(manager, core=None):
+    def worker(manager, core=None, warm_up=False):
         calls.append(manager.label)
         r = measure(manager, core)
         n = calls.count(manager.label)
+        assert warm_up == (n == 1)  # the warm-up round's workers, and only they, time each figure once
         if n == 1:  # the warm-up round: far off, and must not count
             r = {**r, "alloc_free_us": {k: us * 5 for k, us in r["alloc_free_us"].items()}}
         if manager.label == bench.NUMBA_POOL.label and n > 3:  # run 2 (rounds 4, 5): 20 % slower
@@ -293,3 +298,85 @@ def test_each_run_keeps_its_own_notes(monkeypatch, capsys):
     cli._bench_end_to_end(report, True, False, 1, None, 0, "GPU", "today", host_rows=False, runs=2)
     for run in report["end_to_end_runs"]:
         assert sum("one round" in note for note in run["end_to_end_notes"]) == 1
+
+
+@pytest.mark.parametrize("seconds_per_pair, pairs", [(205e-6, bench.MIN_PAIRS), (44e-6, 341), (13e-6, bench.MAX_PAIRS)])
+def test_device_array_pairs_per_repeat_follow_the_time_budget(seconds_per_pair, pairs):
+    # Numba's own 64 MiB pair (~205 us) gets the minimum, a pool's (~13 us) the maximum.
+    assert bench.count_for(seconds_per_pair, bench.PAIRS_BUDGET_S, bench.MIN_PAIRS, bench.MAX_PAIRS) == pairs
+
+
+def test_worker_repeats_come_from_their_variable_else_the_default():
+    assert bench.worker_repeats(15, {}) == 15
+    assert bench.worker_repeats(15, {bench.REPEATS_VARIABLE: " 1 "}) == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many", "1.5", "\u00b2"])
+def test_a_bad_repeats_value_is_one_line_naming_the_variable(value):
+    with pytest.raises(SystemExit) as exc:
+        bench.worker_repeats(15, {bench.REPEATS_VARIABLE: value})
+    assert str(exc.value) == f"bench: {bench.REPEATS_VARIABLE}={value!r}: expected a positive number of repeats"
+
+
+def test_only_warm_up_workers_get_one_repeat_and_an_inherited_count_is_dropped(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench, "run_module", lambda module, args, env, cwd: seen.append(env) or {})
+    bench.measure(bench.DEFAULT, 2, warm_up=True)
+    bench.measure(bench.DEFAULT, 2)
+    assert seen[0][bench.REPEATS_VARIABLE] == "1" and bench.REPEATS_VARIABLE not in seen[1]
+    monkeypatch.setenv(bench.REPEATS_VARIABLE, "3")  # left in the user's shell: must not reach timed rounds
+    argv, env, cwd = bench._command("numba_pool.bench", [], {bench.CORE_VARIABLE: "2"}, None)
+    assert bench.REPEATS_VARIABLE not in env and env[bench.CORE_VARIABLE] == "2"
+
+
+def test_cached_jit_falls_back_to_plain_jit_where_numba_cannot_cache(monkeypatch):
+    from numba import cuda
+
+    asked = []
+
+    def jit(func=None, **options):
+        asked.append(options)
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function 'f': no locator available for file '<stdin>'")
+        return ("compiled", func)
+
+    monkeypatch.setattr(cuda, "jit", jit)
+
+    def f():
+        pass
+
+    assert bench.cached_jit(f) == ("compiled", f) and asked == [{"cache": True}, {}]
+
+
+def test_seed_kernels_through_cached_jit_compute_what_the_seed_kernels_do(tmp_path):
+    # Under the simulator (no GPU in CI), which compiles nothing and so caches nothing: this
+    # checks that the kernels are the seed kernels; on a GPU the bench's own checks run them.
+    code = ("import numpy as np; from numba_pool import bench\n"
+            "fill, sqrt = bench.seed_kernels()\n"
+            "a = np.arange(64, dtype=np.float32); sqrt[1, 64](a)\n"
+            "b = np.zeros(64, dtype=np.float32); fill[1, 64](b, np.float32(3))\n"
+            "assert np.allclose(a, np.sqrt(np.arange(64))) and (b == 3).all() and bench.seed_kernels()[0] is fill\n")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=PACKAGE_PARENT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_each_device_array_repeat_carries_out_the_frees_numba_holds_back_then_synchronizes(monkeypatch):
+    from types import SimpleNamespace
+
+    from numba import cuda
+
+    done = []
+    pending = SimpleNamespace(clear=lambda: done.append("pending frees"))
+    monkeypatch.setattr(cuda, "current_context", lambda: SimpleNamespace(memory_manager=SimpleNamespace(
+        deallocations=pending)))
+    monkeypatch.setattr(cuda, "device_array", lambda n, dtype: done.append(n))
+    monkeypatch.setattr(cuda, "synchronize", lambda: done.append("synchronize"))
+    bench._allocate_and_free(64, 3)()
+    assert done == [64, 64, 64, "pending frees", "synchronize"]
+
+
+def test_pairs_per_repeat_of_each_round_are_kept():
+    rounds = [{**result(4.0, 11.0, 11.0, 11.0, 11.0), "manager": "m", "pairs": {"256": 1000, "67108864": 100}}] * 2
+    assert bench.median_over_rounds(rounds)["rounds_pairs"] == [{"256": 1000, "67108864": 100}] * 2

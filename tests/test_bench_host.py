@@ -47,13 +47,13 @@ def test_the_worker_module_refuses_an_unknown_part_before_touching_cuda():
 @pytest.mark.parametrize("seconds_per_op, count", [(1.3e-3, 24), (46e-3, h.MIN_COUNT), (5e-6, h.MAX_COUNT),
                                                    (0.0, h.MAX_COUNT), (0.01, 3), (0.0075, 4)])
 def test_count_per_repeat_is_time_budgeted_within_bounds(seconds_per_op, count):
-    assert h.count_for(seconds_per_op) == count
+    assert bench.count_for(seconds_per_op, h.BUDGET_S, h.MIN_COUNT, h.MAX_COUNT) == count
 
 
 def test_calibration_warms_up_then_times_the_minimum_count(monkeypatch):
     made = []
-    monkeypatch.setattr(h, "_elapsed", lambda body: body() or 3 * 2e-3)  # 2 ms per operation
-    count, body = h.calibrated(lambda n: made.append(n) or (lambda: None), budget_s=0.03)
+    monkeypatch.setattr(bench, "_elapsed", lambda body: body() or 3 * 2e-3)  # 2 ms per operation
+    count, body = bench.calibrated(lambda n: made.append(n) or (lambda: None), 0.03, h.MIN_COUNT, h.MAX_COUNT)
     assert made == [h.MIN_COUNT, 15] and count == 15
 
 
@@ -351,7 +351,7 @@ def fake_worker(slow_round=None, uncached=False):
     seen, calls = [], {}
     rows = {"default": DEFAULT, "numba_pool": POOL, "numba_pool arena": POOL}
 
-    def measure(manager, core=None):
+    def measure(manager, core=None, warm_up=False):
         seen.append(manager)
         n = calls[manager.label] = calls.get(manager.label, 0) + 1
         r = {**clean_results().get(manager.label, result(4.0, 11.0, 11.0, 11.0, 11.0)), "manager": "m", "core": core}

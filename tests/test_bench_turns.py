@@ -11,13 +11,22 @@ import time
 import pytest
 
 from numba_pool import bench, cli
-from numba_pool.bench_turns import TURNS_VARIABLE, Turn, run_in_turns
+from numba_pool.bench_turns import TURNS_VARIABLE, Turn, parse_cpulist, run_in_turns, startup_cores
 
 WORKER = """
-import json, sys, time
+import json, os, sys, threading, time
+from numba_pool import bench_turns
 from numba_pool.bench_turns import worker_turn
 turn = worker_turn()
-turn.begin()
+if sys.argv[3] == "old-slow-exit":  # a worker from before QUIT: says r, exits as soon as it is done
+    bench_turns.READY = bench_turns.READY_EXITS_AT_ONCE
+    turn.end = lambda: os.write(turn._fds[1], bench_turns.EXIT)
+helper = threading.Thread(target=time.sleep, args=(60,), daemon=True)  # as numpy's BLAS threads
+helper.start()
+affinity = {"start": sorted(os.sched_getaffinity(0))}
+turn.begin(int(os.environ["CORE"]) if "CORE" in os.environ else None)
+affinity["turn"] = sorted(os.sched_getaffinity(0))
+affinity["helper in turn"] = sorted(os.sched_getaffinity(helper.native_id))
 blocks = []
 phases = [int(p) for p in sys.argv[4].split(",")] if len(sys.argv) > 4 else None
 try:
@@ -26,14 +35,24 @@ try:
             turn.enter_phase(phases[i])
         if sys.argv[3] == "die" and i == 1:
             sys.exit(3)
+        if sys.argv[3] == "slow-death" and i == 1:  # its pipe closes at once, its teardown takes 0.5 s
+            os.close(turn._fds[0]), os.close(turn._fds[1])
+            time.sleep(0.5)
+            sys.stderr.write(f"exited {time.monotonic_ns()}\\n")
+            os._exit(3)
         if sys.argv[3] == "hang" and i == 1:
             time.sleep(60)
+        if sys.argv[3] == "slow-blocks":
+            time.sleep(0.3)
         blocks.append([sys.argv[1], i, time.monotonic_ns(), phases[i] if phases else 0])
         turn.pass_turn()
     print(json.dumps(blocks))
 finally:
     turn.end()
-if sys.argv[3] == "slow-exit":
+affinity["end"] = sorted(os.sched_getaffinity(0))
+affinity["helper at end"] = sorted(os.sched_getaffinity(helper.native_id))
+sys.stderr.write(json.dumps(affinity) + "\\n")
+if sys.argv[3].endswith("slow-exit"):
     time.sleep(0.5)
     sys.stderr.write(f"exited {time.monotonic_ns()}\\n")
 """
@@ -83,13 +102,66 @@ def test_a_worker_that_keeps_the_turn_too_long_is_killed_and_named(tmp_path):
     assert "bench: b: killed: held its turn longer than 2 s" in outcomes["b"].stderr
 
 
-def test_a_worker_has_exited_before_the_next_turn_is_given(tmp_path):
-    # Its teardown (the interpreter's, CUDA's) runs on the shared core: it must not overlap a
-    # block of another worker.
-    outcomes = run_in_turns(commands(tmp_path, ("a", 1, "slow-exit"), ("b", 4, "ok")))
+def test_a_done_worker_exits_only_after_every_worker_is_done(tmp_path):
+    # Its teardown (the interpreter's, CUDA's) must not overlap a block of another worker;
+    # the teardowns of a round run at once, after its last block.
+    outcomes = run_in_turns(commands(tmp_path, ("a", 1, "slow-exit"), ("b", 4, "slow-blocks"), ("c", 1, "slow-exit")))
+    exited = [int(outcomes[w].stderr.split("exited ")[1].split()[0]) for w in ("a", "c")]
+    blocks = [t for _, i, t, _ in json.loads(outcomes["b"].stdout)]
+    assert all(o.status == 0 for o in outcomes.values()) and min(exited) > max(blocks)
+
+
+def test_a_worker_from_before_quit_has_exited_before_the_next_turn_is_given(tmp_path):
+    outcomes = run_in_turns(commands(tmp_path, ("a", 1, "old-slow-exit"), ("b", 4, "ok")))
     exited = int(outcomes["a"].stderr.split("exited ")[1].split()[0])
     later = [t for _, i, t, _ in json.loads(outcomes["b"].stdout) if i >= 1]
-    assert later and all(t > exited for t in later)
+    assert outcomes["a"].took_turns and later and all(t > exited for t in later)
+
+
+def test_workers_start_on_the_node_s_cores_time_on_one_and_leave_on_the_node_s_again(tmp_path):
+    allowed = os.sched_getaffinity(0)
+    core = max(allowed)
+    cmds = {label: (argv, {**env, "CORE": str(core)}, cwd)
+            for label, (argv, env, cwd) in commands(tmp_path, ("a", 2, "ok"), ("b", 1, "ok")).items()}
+    outcomes = run_in_turns(cmds, core)
+    startup = sorted(startup_cores(core, allowed))
+    for outcome in outcomes.values():
+        affinity = json.loads(outcome.stderr.strip().splitlines()[-1])
+        assert affinity == {"start": startup, "turn": [core], "helper in turn": [core], "end": startup,
+                            "helper at end": startup}
+
+
+def test_a_worker_from_before_quit_is_pinned_by_the_parent(tmp_path):
+    core = max(os.sched_getaffinity(0))
+    outcomes = run_in_turns(commands(tmp_path, ("old", 2, "old-slow-exit")), core)
+    affinity = json.loads(outcomes["old"].stderr.strip().splitlines()[-2])
+    assert affinity["turn"] == [core] and affinity["helper in turn"] == [core]
+
+
+def test_a_worker_that_dies_has_exited_before_the_next_turn_is_given(tmp_path):
+    outcomes = run_in_turns(commands(tmp_path, ("a", 3, "slow-death"), ("b", 4, "ok")))
+    exited = int(outcomes["a"].stderr.split("exited ")[1].split()[0])
+    later = [t for _, i, t, _ in json.loads(outcomes["b"].stdout) if i >= 2]
+    assert outcomes["a"].status == 3 and later and all(t > exited for t in later)
+
+
+def test_startup_cores_are_the_allowed_ones_of_the_core_s_node(tmp_path):
+    for node, cpulist in (("node0", "0-3\n"), ("node1", "4-5,7\n"), ("has_memory", "0-7\n")):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "cpulist").write_text(cpulist)
+    assert startup_cores(5, set(range(8)), str(tmp_path)) == {4, 5, 7}
+    assert startup_cores(5, {5, 7, 1}, str(tmp_path)) == {5, 7}
+    assert startup_cores(2, {0, 2}, str(tmp_path)) == {0, 2}
+    assert startup_cores(6, set(range(8)), str(tmp_path)) == {6}  # in no node's list
+    assert startup_cores(3, {3}, str(tmp_path / "missing")) == {3}
+    (tmp_path / "node0" / "cpulist").write_text("zero-three")
+    assert startup_cores(1, {1, 2}, str(tmp_path)) == {1}
+
+
+def test_cpu_lists_read_as_linux_writes_them():
+    assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11} and parse_cpulist("\n") == set()
+    with pytest.raises(ValueError):
+        parse_cpulist("0-x")
 
 
 def test_a_worker_that_takes_no_turns_is_told_apart(tmp_path):
@@ -122,8 +194,8 @@ def test_the_bench_takes_a_round_in_turns_and_an_anchor_that_failed_is_a_note(mo
 
     asked = []
 
-    def measure_round(managers, core):
-        asked.append(([m.label for m in managers], core))
+    def measure_round(managers, core, warm_up=False):
+        asked.append(([m.label for m in managers], core, warm_up))
         return {m.label: (RuntimeError("benchmark of cupy (pool) failed: exit 1:\nImportError: no cupy")
                           if m.label == "cupy (pool)" else {"seed_loop_ms": 1.0}, 2.0) for m in managers}
 
@@ -132,7 +204,21 @@ def test_the_bench_takes_a_round_in_turns_and_an_anchor_that_failed_is_a_note(mo
     managers = [bench.DEFAULT, bench.NUMBA_POOL, bench.CUPY]
     notes = []
     measured = cli._one_round(managers, 4, notes, "round 1/1", turns=True)
-    assert asked == [(["default", "numba_pool", "cupy (pool)"], 4)]
+    assert asked == [(["default", "numba_pool", "cupy (pool)"], 4, False)]
     assert list(measured) == ["default", "numba_pool"] and measured["default"] == ({"seed_loop_ms": 1.0}, 2.0)
     assert [m.label for m in managers] == ["default", "numba_pool"] and "cupy (pool)" in notes[0]
     assert "taking turns" in capsys.readouterr().err
+
+
+def test_a_warm_up_round_in_turns_asks_every_worker_for_one_repeat(monkeypatch):
+    seen = {}
+
+    def run_in_turns(commands, core):
+        seen.update({label: env for label, (argv, env, cwd) in commands.items()})
+        return {}
+
+    monkeypatch.setattr(bench, "run_in_turns", run_in_turns)
+    bench.measure_round([bench.DEFAULT, bench.NUMBA_POOL], 3, warm_up=True)
+    assert {label: env.get(bench.REPEATS_VARIABLE) for label, env in seen.items()} == {"default": "1", "numba_pool": "1"}
+    bench.measure_round([bench.DEFAULT], 3)
+    assert bench.REPEATS_VARIABLE not in seen["default"] and seen["default"][bench.CORE_VARIABLE] == "3"
