@@ -19,8 +19,9 @@ Measured, after checking the kernel's output:
 
 Each figure is the median of :data:`REPEATS` timed repeats after a warm-up, within one process
 (:data:`REPEATS_VARIABLE` sets another count: the parent's warm-up rounds ask for 1).  The sizes
-take turns inside each repeat (256 B, 64 KiB, 4 MiB, 64 MiB, 256 B, ...), and the managers run in interleaved rounds (default, numba_pool, ..., default, ...; at least
-:data:`ROUNDS` by default); the table shows the median over rounds.  Both so that a slow spell of
+take turns inside each repeat (256 B, 64 KiB, 4 MiB, 64 MiB, 256 B, ...), and the managers run in
+interleaved rounds (default, numba_pool, ..., default, ...; at least :data:`ROUNDS` by default);
+the table shows the median over rounds.  Both so that a slow spell of
 the machine hits every cell alike: timed one size after the other, the first size measured read
 up to 0.6 µs slower on the floor.  Every worker runs on one CPU core, the same for every manager
 (:data:`CORE_VARIABLE`, else the lowest the parent may use), with the collector off while it
@@ -349,10 +350,8 @@ def measure(manager: Manager, core: int | None = None, warm_up: bool = False) ->
 
     :raises RuntimeError: when the worker fails, with its standard error.
     """
-    env = {**manager.env, **(WARM_UP if warm_up else {})}
-    env = env if core is None else {**env, CORE_VARIABLE: str(core)}
     try:
-        return run_module("numba_pool.bench", list(manager.args), env, manager.cwd)
+        return run_module("numba_pool.bench", list(manager.args), _worker_env(manager, core, warm_up), manager.cwd)
     except RuntimeError as err:
         raise RuntimeError(f"benchmark of {manager.label} failed: {err}") from None
 
@@ -362,11 +361,8 @@ def measure_round(managers: list[Manager], core: int,
     """Every manager's worker of one round at once, in lock-step turns on CPU core ``core``
     (:mod:`numba_pool.bench_turns`; ``warm_up``: one repeat of each figure): ``{label: (result
     or the RuntimeError of a failed worker, seconds it held the turn)}``."""
-    commands = {}
-    for manager in managers:
-        env = {**manager.env, **(WARM_UP if warm_up else {}), CORE_VARIABLE: str(core)}
-        argv, env, cwd = _command("numba_pool.bench", list(manager.args), env, manager.cwd)
-        commands[manager.label] = (argv, env, cwd)
+    commands = {m.label: _command("numba_pool.bench", list(m.args), _worker_env(m, core, warm_up), m.cwd)
+                for m in managers}
     measured = {}
     for label, outcome in run_in_turns(commands, core).items():
         try:
@@ -378,6 +374,13 @@ def measure_round(managers: list[Manager], core: int,
         except RuntimeError as error:
             measured[label] = (RuntimeError(f"benchmark of {label} failed: {error}"), outcome.busy_s)
     return measured
+
+
+def _worker_env(manager: Manager, core: int | None, warm_up: bool) -> dict:
+    """The variables a worker for ``manager`` gets on top of this process's: the manager's,
+    :data:`WARM_UP` in a warm-up round, and :data:`CORE_VARIABLE` where a core is given."""
+    env = {**manager.env, **(WARM_UP if warm_up else {})}
+    return env if core is None else {**env, CORE_VARIABLE: str(core)}
 
 
 def run_module(module: str, args: list[str], env: dict | None = None, cwd: str | None = None) -> dict:

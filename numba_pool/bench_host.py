@@ -16,18 +16,19 @@ Two parts, each checked before it is timed (wrong data: the worker exits, refusi
 
 Method: a figure at a size is a *cell*.  Each cell's count of operations per repeat is chosen
 from the time of a few after a warm-up so that a repeat takes about :data:`BUDGET_S` seconds,
-between :data:`MIN_COUNT` and :data:`MAX_COUNT` (:func:`numba_pool.bench.calibrated`): Numba's own
-manager pays about 1.3 ms per pinned pair at 4 KiB and 46 ms at 64 MiB, numba_pool's host cache microseconds.
+between :data:`MIN_COUNT` and :data:`MAX_COUNT` (:func:`numba_pool.bench.calibrated`): Numba's
+own manager pays about 1.3 ms per pinned pair at 4 KiB and 46 ms at 64 MiB, numba_pool's host
+cache microseconds.
 Then :data:`REPEATS` repeats, the cells of a part taking turns inside each repeat, on one CPU
 core with the collector off (:func:`numba_pool.bench.quiet_host`).  Each repeat of a cell ends by
 carrying out the frees Numba holds back (its manager's pending deallocations: Numba's own frees
 ``cuMemFree`` and ``cuMemFreeHost`` ten at a time), so that a repeat pays for its own frees and
 no other's.  A figure is the median repeat divided by the count.
 
-Expected time for the default manager, from the driver's figures (measured on an H100: about
-6 s): about 10 s on top of the ``cuda.device_array`` part, that is 9 repeats of 2 x 30 ms + 3 x 46 ms
-for each kind of pinned memory and of about 30 + 30 + 3 x 130 ms of batches, plus the
-calibrations.  A cell's repeats cost at most ``MIN_COUNT`` operations or about ``BUDGET_S``,
+Expected time for the default manager, from the driver's figures: about 10 s on top of the
+``cuda.device_array`` part, that is 9 repeats of 2 x 30 ms + 3 x 46 ms for each kind of pinned
+memory and of about 30 + 30 + 3 x 130 ms of batches, plus the calibrations (measured on an H100:
+about 6 s).  A cell's repeats cost at most ``MIN_COUNT`` operations or about ``BUDGET_S``,
 whichever is longer, so an operation twice as slow as expected only lengthens the 64 MiB cells.
 """
 

@@ -79,8 +79,8 @@ class Turn:
         return self._fds is not None
 
     def begin(self, core: int | None = None) -> None:
-        """Pin this thread to CPU ``core`` if given (the startup cores are kept for :meth:`end`),
-        say this worker started, and wait for its first turn."""
+        """Pin every thread of this process to CPU ``core`` if given (the startup cores are kept
+        for :meth:`end`), say this worker started, and wait for its first turn."""
         if self._fds and core is not None:
             self._startup_cores = os.sched_getaffinity(0)
             _pin_threads(os.getpid(), {core})

@@ -308,8 +308,9 @@ def _end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, ho
 def _one_round(managers: list, core: int, notes: list[str], what: str, turns: bool = False,
                warm_up: bool = False) -> dict:
     """Each manager's worker once (``warm_up``: one repeat of each figure): all at once in
-    lock-step turns (``turns``, :func:`numba_pool.bench.measure_round`), else one after the other.  Returns ``{label:
-    (result, seconds)}`` (seconds: holding the turn, or the worker's whole run).  An anchor
+    lock-step turns (``turns``, :func:`numba_pool.bench.measure_round`), else one after the
+    other.  Returns ``{label: (result, seconds)}`` (seconds: holding the turn, or the worker's
+    whole run).  An anchor
     whose worker fails is noted and leaves ``managers``; any other failure is a :class:`Failure`."""
     from . import anchors as anchor_module
     from . import bench as b
