@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import PACKAGE_PARENT
+from helpers import PACKAGE_PARENT
 from numba_pool import bench, noop
 from numba_pool.config import ConfigError
 

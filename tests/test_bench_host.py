@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from numba.cuda import HostOnlyCUDAMemoryManager
 
-from conftest import PACKAGE_PARENT
+from helpers import PACKAGE_PARENT
 from numba_pool import bench, bench_checks, cli
 from numba_pool import bench_host as h
 from numba_pool import bench_host_tables as t

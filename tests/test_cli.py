@@ -17,7 +17,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from conftest import GPU, PACKAGE_PARENT
+from helpers import GPU, PACKAGE_PARENT
 from numba_pool.cli import main
 
 HEADER = b"Thread,Time,Action,Pointer,Size,Stream\n"

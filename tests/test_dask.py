@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import GPU, run_python
+from helpers import GPU, run_python
 
 pytest.importorskip("distributed")
 

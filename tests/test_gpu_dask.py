@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import GPU
+from helpers import GPU
 
 pytestmark = pytest.mark.gpu
 

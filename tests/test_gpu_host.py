@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_json
+from helpers import run_json
 
 pytestmark = pytest.mark.gpu
 

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import GPU, run_json, run_python
+from helpers import GPU, run_json, run_python
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import GPU, run_json
+from helpers import GPU, run_json
 
 pytestmark = pytest.mark.gpu
 

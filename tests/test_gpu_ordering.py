@@ -11,7 +11,7 @@ import gc
 import numpy as np
 import pytest
 
-from conftest import GPU, run_json
+from helpers import GPU, run_json
 
 pytestmark = pytest.mark.gpu
 

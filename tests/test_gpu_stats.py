@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import GPU, run_json
+from helpers import GPU, run_json
 
 pytestmark = pytest.mark.gpu
 

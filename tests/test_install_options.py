@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_python
+from helpers import run_python
 
 REPO = Path(__file__).resolve().parent.parent
 SETUP = configparser.ConfigParser()

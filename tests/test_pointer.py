@@ -10,7 +10,7 @@ import pytest
 from cuda.bindings import driver as cu
 from numba.cuda import MemoryPointer
 
-from conftest import run_python
+from helpers import run_python
 from numba_pool.pointer import PoolPointer
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import PACKAGE_PARENT
+from helpers import PACKAGE_PARENT
 from numba_pool import alloclog
 from numba_pool.alloclog import AllocationLog
 from numba_pool.replay import LogError, Operation, ParsedLog, parse_log, read_log, replay

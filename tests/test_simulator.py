@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import PACKAGE_PARENT, run_python
+from helpers import PACKAGE_PARENT, run_python
 
 SIM = {"NUMBA_ENABLE_CUDASIM": "1"}
 SIM_WITH_PLUGIN = {**SIM, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"}

@@ -1,0 +1,36 @@
+"""What many tests share: whether a GPU is here, and running code in a fresh interpreter.
+
+Importable from every test folder: ``pyproject.toml`` puts ``tests/`` on ``sys.path``
+(pytest's ``pythonpath``).  Kept apart from ``conftest.py``, which pytest imports under a name
+of its own: a second import of it as ``conftest`` would run its set-up twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from numba import cuda
+
+import numba_pool
+
+GPU = cuda.is_available()
+# Subprocesses start here so that they import the numba_pool under test (the installed one),
+# not a source checkout in the current directory.
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(numba_pool.__file__)))
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (Numba binds the memory manager per process)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-c", code], env=full_env, cwd=PACKAGE_PARENT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_json(code: str, env: dict | None = None) -> dict:
+    """Run ``code``, which prints one JSON object last, and return that object."""
+    proc = run_python(code, env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
