@@ -30,13 +30,14 @@ from typing import Any, Callable, Mapping
 
 import humanfriendly
 
-from .arena import ALIGNMENT
-
 #: Release threshold meaning "keep every byte cached" (``UINT64_MAX``), the seeds' point: a
 #: mempool that never gives memory back on synchronization serves each allocation from cache.
 KEEP_ALL = 2**64 - 1
 #: The largest size accepted anywhere (bytes): the driver's attributes are 64-bit unsigned.
 MAX_BYTES = 2**64 - 1
+#: The alignment of every block numba_pool hands out (bytes): what ``cuMemAlloc`` guarantees.
+#: The arena's block and slab sizes are multiples of it.
+ALIGNMENT = 256
 
 #: Default largest block served by the arena (bytes).  Measured (README, arena section): on the
 #: shipped logs, blocks of 200 KiB in the arena raise peak reserved / peak requested to 1.22,
@@ -126,6 +127,12 @@ class PoolConfig:
                      f"{'keep all' if self.host_release_threshold == KEEP_ALL else size(self.host_release_threshold)}"
                      if self.host else "off: Numba's cuMemHostAlloc/cuMemFreeHost per buffer"),
         }
+
+
+def release_limit(threshold: int) -> int | None:
+    """A release threshold (bytes) as the allocator's caches take it: the bytes they keep, or
+    None for :data:`KEEP_ALL` (keep every byte)."""
+    return None if threshold == KEEP_ALL else threshold
 
 
 # -- parsing of single values -------------------------------------------------------------

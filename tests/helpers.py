@@ -17,6 +17,10 @@ from numba import cuda
 import numba_pool
 
 GPU = cuda.is_available()
+#: The tests' folder, the logs recorded from the kernel scripts in it, and the checkout.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(TESTS, "data")
+REPO = os.path.dirname(TESTS)
 # Subprocesses start here so that they import the numba_pool under test (the installed one),
 # not a source checkout in the current directory.
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(numba_pool.__file__)))

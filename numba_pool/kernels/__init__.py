@@ -1,16 +1,20 @@
-"""Source-checkout shim for ``numba_pool.kernels`` (never installed: setup.cfg maps that package
-to the top-level ``kernels/`` folder, so this folder is not part of a wheel).
+"""Example kernels (from CUDA's memory-pool tutorials) as Numba CUDA kernels, each also a
+small script: ``python -m numba_pool.kernels.increment`` (from an install or a checkout alike).
 
-From inside a checkout, ``python -m numba_pool.kernels.sqrt`` imports ``numba_pool`` from the
-checkout (the current directory comes first on ``sys.path``), and the checkout's ``numba_pool/``
-had no ``kernels``: the import failed unless an editable install's finder stepped in.  This
-module makes the package's path the checkout's ``kernels/`` folder and runs its ``__init__``.
+Every script is plain Numba: run it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` to use the
+plugin, without it for Numba's default manager.
 """
 
-import os as _os
+import importlib
 
-__path__ = [_os.path.join(_os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))), "kernels")]
-_init = _os.path.join(__path__[0], "__init__.py")
-with open(_init) as _f:
-    exec(compile(_f.read(), _init, "exec"))
-del _f, _init
+# kernel -> module; distinct names, so that a kernel is never shadowed by its module.
+_KERNELS = {"fill_kernel": "fill", "increment_kernel": "increment", "sqrt_kernel": "sqrt"}
+__all__ = list(_KERNELS)
+
+
+def __getattr__(name):
+    # Imported on first use, so that `python -m numba_pool.kernels.sqrt` does not find its own
+    # module already imported by the package (runpy warns about that).
+    if name in _KERNELS:
+        return getattr(importlib.import_module(f".{_KERNELS[name]}", __name__), name)
+    raise AttributeError(name)

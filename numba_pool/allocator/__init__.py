@@ -1,0 +1,101 @@
+"""The allocator: the one place that decides when memory may be handed out again.
+
+The rule
+--------
+**A block is never handed to work that can run before the last use of its previous owner has
+finished, and a block whose next owner is the CPU waits until the host has observed that.**
+
+Every block is allocated on an *allocation stream* S: the thread's :func:`numba_pool.using_stream`
+stream, else the legacy default stream.  Its owner's work may run on S; on any blocking stream
+when S is the legacy stream (the legacy stream orders with every blocking stream, both ways:
+CUDA Runtime API, "stream synchronization behavior"); and on any stream registered with
+:func:`numba_pool.record_stream`.  Other use must be ordered by the program (README, "Stream
+semantics"), as with any stream-ordered allocator.
+
+Invariants, kept by the modules named and checked in CI by a model of CUDA's stream ordering
+that runs this code against random legal programs (the test package ``cuda_model`` and
+``tests/allocator/test_fuzz.py``); ``docs/architecture.md`` maps each to its function and test:
+
+1. **A block never changes stream** (:mod:`.arena`, :mod:`.domains`).  Free arena blocks belong
+   to the *domain* of one stream, their previous owner's allocation stream, and an allocation on
+   S takes blocks of S's domain only.  Memory moves between streams only through the mempool,
+   whose driver orders it: a wholly free slab goes back with ``cuMemFreeAsync`` and the pool
+   hands it to another stream only after that free ("Stream Ordered Memory Allocator", reuse
+   policies).  The rule of PyTorch's caching allocator and CuPy's pool.
+2. **Releases wait for recorded streams** (:mod:`.waits`).  Before a block leaves its owner, S
+   waits on the device (``cuStreamWaitEvent``) for an event recorded on each stream registered
+   for it.  Then everything its owner's work did is ordered before S's later work.  A release
+   also waits for the *holds* registered for its block (an IPC export's leases,
+   :mod:`numba_pool.ipc`): it runs once the last lets go.
+3. **A block of a domain other than the legacy one is free for S at once** (:mod:`.arena`): S
+   runs the next owner's work after the previous owner's.
+4. **The legacy domain fences** (:mod:`.quarantine`, :mod:`.arena`).  A block freed on the
+   legacy stream may still be read by work on a blocking stream that the next owner's work, on
+   another blocking stream, would not wait for.  It waits in *quarantine* until a *fence*, one
+   operation on the legacy stream (an event record), which runs after all earlier work of every
+   blocking stream and before all later work.  **The snapshot comes before the barrier**: a
+   fence releases only the blocks it took out of quarantine before it was recorded; a block
+   freed meanwhile waits for the next fence.  Barriers that synchronize (trim, out of memory,
+   reset) take their snapshot first too.
+5. **A domain's event covers every block in it** (:mod:`.domains`, :mod:`.arena`).  The domain
+   of a stream S other than the legacy one has an event, recorded on S after each release (and
+   after each slab taken on S) and before the block is published.  A slab goes back to the
+   mempool on the legacy stream after waiting for that event, so numba_pool never enqueues on S
+   after its last release: S may be destroyed by then.
+6. **Domains are keyed by the driver's stream id** (``cuStreamGetId``, unique for the life of
+   the process), never by handle value (:mod:`.domains`): a new stream that gets a destroyed
+   stream's handle gets a new domain.
+7. **Mempool blocks** (arena off, or larger than its largest block) are freed with
+   ``cuMemFreeAsync`` on their allocation stream after rule 2 (:mod:`.mempool_blocks`); the
+   driver's pool keeps the rule from there.
+8. **A release never raises** (:mod:`.waits`).  Where it cannot order (a stream was destroyed,
+   a per-thread default stream belongs to another thread, the driver refused), it falls back to
+   the default manager's guarantee: ``cuCtxSynchronize``, after which no earlier work remains,
+   then the block is free; a warning says so.  Inside ``defer_cleanup`` releases are held back
+   and done, by these rules, when the outermost block exits.
+9. **Host blocks wait for the host** (pinned and mapped memory, ``NUMBA_POOL_HOST``;
+   :mod:`.host_blocks`, kept apart because it shares no domain, arena or mempool with the rules
+   above).  The next owner of a host block is the CPU, which writes it at once, so stream order
+   is not enough: at release an event is recorded on the legacy stream (after all work of
+   blocking streams) and on each stream registered with ``record_stream`` (non-blocking streams
+   need it, as for device blocks), and the block is handed out again only once every one of
+   those events has *completed as the host observes it* (``cuEventQuery`` returns
+   ``CUDA_SUCCESS``); otherwise a new block is allocated.  Blocks are freed (``cuMemFreeHost``)
+   only after their events completed (``cuEventSynchronize`` when over the cap) or after
+   ``cuCtxSynchronize`` (reset).
+10. **A release runs in its owner's context** (:class:`numba_pool.cuda.context.OwnerContext`).
+    A finalizer may run in a thread with no current context (one that never used CUDA), or with
+    another device's (there handle 0 is *that* device's legacy stream, which orders nothing
+    here).  A release that fails for want of a context, and where the process sees two devices
+    or more every release that makes a driver call and finds another context current, pushes the
+    owner's context first.  The arena's legacy releases make no driver call: their fence runs
+    at an allocation, in the context.
+
+Threads
+-------
+Releases run in finalizers: in any thread, and even inside an allocation of the same thread
+that the garbage collector interrupted.  So **the release path takes no lock**: a lock held by
+the interrupted allocation would deadlock it (the locks are not reentrant, and a reentrant one
+would let the release see the allocation's half-made state), and a lock costs as much as the
+rest of the release.  Instead, each step a release takes is **one operation on a built-in
+container**, atomic under CPython's global interpreter lock (GIL): ``dict`` get, set,
+``setdefault``, ``pop``, ``popitem`` and ``copy``; ``list`` ``append``, ``pop`` and ``del
+lst[:n]``; ``deque`` ``append`` and ``popleft``.  Their keys are ints or ``CUdeviceptr``
+objects, whose hashing and comparison run no Python code that could release the GIL.  Work
+that needs a lock (the arena's heaps, the host cache's bins) is published to a queue that the
+next allocation, under the lock, applies.  The lock rule: a lock is taken only by allocation,
+statistics, trim and reset, never by a release, and never two of them at once except the
+manager's initialization lock before the arena's.
+
+A Python built without the GIL (``python3.13t`` with ``PYTHON_GIL=0``) keeps single container
+operations atomic with per-object locks, but nothing here has been run or checked there, and
+the ordering argument above has not been made for it; :func:`.threads.require_gil` makes
+``install()`` and the plugin refuse such a process with one line.
+
+Modules, bottom up: :mod:`.usage` (lock-free usage events), :mod:`.free_list` (one domain's heap),
+:mod:`.waits` (rules 2 and 8), :mod:`.sources` (what both block sources share),
+:mod:`.mempool_blocks` (rule 7), :mod:`.quarantine` and :mod:`.domains` (rules 4-6),
+:mod:`.arena` (rules 1, 3-6), :mod:`.scratch` (a bump-allocated block), :mod:`.host_blocks`
+(rule 9), :mod:`.device` (one device's allocator: the block sources, the barriers that
+synchronize, ``record_stream``), :mod:`.threads` (the GIL check).
+"""

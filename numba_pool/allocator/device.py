@@ -1,0 +1,202 @@
+"""One device's allocator: its block sources, what their releases wait for, and the barriers
+that synchronize (trim, out of memory, reset).
+
+A :class:`DeviceAllocator` lives for one *generation* of a device's memory: from the manager's
+initialization to its reset, which frees everything and drops the allocator whole; a release
+that outlives it finds nothing to free.  The plugin (:mod:`numba_pool.plugin`) makes a new one
+at the next allocation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import humanfriendly
+
+from ..config import PoolConfig, release_limit
+from ..cuda.context import OwnerContext
+from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
+from ..cuda.frontend import CudaAPIError
+from ..cuda.mempool import MemPool, device_memory_info
+from ..cuda.pointers import PoolPointer
+from ..cuda.streams import LEGACY, StreamRef
+from .arena import ArenaBlocks
+from .mempool_blocks import PooledBlocks
+from .usage import UsageTracker
+from .waits import Hold, StreamWaits
+
+
+def _fmt(nbytes: int) -> str:
+    return f"{humanfriendly.format_size(nbytes, binary=True)} ({nbytes} bytes)"
+
+
+class DeviceAllocator:
+    """One generation of one device's memory: the mempool blocks (rule 7), the arena when it
+    is on (rules 1, 3-6), live scratch blocks, ``record_stream`` and IPC holds (rule 2), and the
+    barriers that synchronize.
+
+    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
+    :param pool: the device's mempool.
+    :param context: the Numba context the pointers belong to.
+    :param usage: the usage tracker allocations and frees append their events to.
+    :param config: the options in effect (``arena``, its sizes, ``release_threshold``).
+    :param before_retry: called before an allocation that ran out of memory is retried (Numba's
+        pending deallocations).
+    """
+
+    def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
+                 before_retry: Callable[[], None] = lambda: None):
+        self.cu = cu  # the driver object (IPC exports through it)
+        self._cu = cu
+        self.pool = pool
+        self.context = context
+        self._usage = usage
+        self._before_retry = before_retry
+        self.waits = StreamWaits(cu, OwnerContext.of(cu, context))
+        # Live numba_pool.scratch blocks by start address (atomic dict operations only).
+        self.scratch_blocks: dict[int, object] = {}
+        self.mempool_blocks = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory)
+        self.arena: ArenaBlocks | None = None
+        if config.arena:
+            self.arena = ArenaBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
+                                     slab_size=config.arena_slab_size, max_block=config.arena_max_block,
+                                     release_threshold=release_limit(config.release_threshold),
+                                     delegate=self.mempool_blocks.allocate)
+        #: Where every request starts: the arena when it is on, else the mempool blocks.  Its
+        #: ``allocate(size)`` is the allocation path with no adaptor (:mod:`numba_pool.plugin.path`).
+        self.source = self.arena if self.arena is not None else self.mempool_blocks
+
+    def allocate(self, size: int) -> PoolPointer:
+        """``size`` bytes from the block source on the thread's allocation stream, with no
+        adaptor (the scratch blocks reserve and overflow through this)."""
+        return self.source.allocate(size)
+
+    # -- what a release waits for (rule 2) --------------------------------------------------
+
+    def _block_at(self, address: int) -> int | None:
+        start = self.mempool_blocks.containing_block(address)
+        if start is None and self.arena is not None:
+            start = self.arena.containing_block(address)
+        return start
+
+    def record_stream(self, address: int, stream: StreamRef) -> bool:
+        """Rule 2 for the block holding ``address``; False when no live block holds it.  In a
+        scratch block the record belongs to the array carved from it, which applies it when it
+        is dropped (:meth:`StreamWaits.order_now`): the block is released later, when the
+        stream may be gone."""
+        start = self._block_at(address)
+        if start is None:
+            return False
+        scratch = self.scratch_blocks.get(start)
+        if scratch is not None:
+            return scratch.record(address, stream)
+        self.waits.record(start, stream)
+        return True
+
+    def hold(self, address: int, hold: Hold) -> bool:
+        """Keep the block holding ``address`` (the carved array, in a scratch block) from reuse
+        after its release until ``hold`` lets go (an IPC export's leases); False when no live
+        block holds it."""
+        start = self._block_at(address)
+        if start is None:
+            return False
+        scratch = self.scratch_blocks.get(start)
+        if scratch is not None:
+            return scratch.hold(address, hold)
+        self.waits.hold(start, hold)
+        return True
+
+    def allocation_of(self, address: int) -> tuple[int, int] | None:
+        """``(base, size)`` in bytes of the mempool allocation that holds the live block at
+        ``address``: the block itself on the mempool path, its slab in the arena (what
+        ``cuMemPoolExportPointer`` accepts); None when no live block holds it."""
+        start = self.mempool_blocks.containing_block(address)
+        if start is not None:
+            return start, self.mempool_blocks.block_size(start)
+        if self.arena is not None and self.arena.containing_block(address) is not None:
+            return self.arena.slab_of(address)
+        return None
+
+    # -- figures ----------------------------------------------------------------------------
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes that allocations can still get: the device's free memory
+        (``cuMemGetInfo``) plus what the pool and the arena hold unused; with a cap, at most
+        the cap minus what the pool has handed out, and *total* is the cap."""
+        free, total = device_memory_info(self._cu)
+        usage = self.pool.usage()
+        free += usage.reserved - usage.used
+        if self.arena is not None:
+            arena = self.arena.statistics()
+            free += arena.reserved - arena.in_use
+        cap = self.pool.max_size
+        if cap:
+            total = cap
+            free = min(free, cap - usage.used)
+        return free, total
+
+    def describe_out_of_memory(self, size: int) -> str:
+        """The one line of an allocation of ``size`` bytes that failed after the retry: the
+        pool's reserved and used bytes, its cap, the arena's slabs, the device's free memory."""
+        pool = self.pool
+        usage = pool.usage()
+        free, total = device_memory_info(self._cu)
+        kind = "private mempool" if pool.is_private else "device default mempool"
+        cap = f" (capped at {_fmt(pool.max_size)})" if pool.max_size else ""
+        arena = ""
+        if self.arena is not None:
+            a = self.arena.statistics()
+            arena = f", arena slabs {_fmt(a.reserved)} of which {_fmt(a.in_use)} in blocks"
+        return (f"numba_pool: out of memory allocating {_fmt(size)} on device {pool.device_id} "
+                f"after synchronizing, trimming and retrying once: {kind}{cap} reserves {_fmt(usage.reserved)}, "
+                f"of which {_fmt(usage.used)} used{arena}; device has {_fmt(free)} free of {_fmt(total)}")
+
+    # -- barriers -----------------------------------------------------------------------------
+
+    def out_of_memory(self, size: int, retry: Callable):
+        """An allocation of ``size`` bytes ran out of memory: make room, ``retry()`` once.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with :meth:`describe_out_of_memory`'s
+            line when the retry fails too.
+        """
+        self._usage.count_oom(failed=False)
+        self._before_retry()
+        self.trim(0)
+        try:
+            return retry()
+        except CudaAPIError as err:
+            self._usage.count_oom(failed=True)
+            if err.code != OUT_OF_MEMORY:
+                raise
+            raise CudaAPIError(err.code, self.describe_out_of_memory(size)) from None
+
+    def trim(self, keep_bytes: int) -> None:
+        """Give the arena's empty slabs back (rule 4's snapshot and fence first, then
+        stream-ordered frees), synchronize so that every stream-ordered free has completed, and
+        release the pool's unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``)."""
+        if self.arena is not None:
+            self.arena.release_cached()
+        check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        self.pool.trim(keep_bytes)
+
+    def reset(self) -> None:
+        """Free everything and destroy the pool.  The snapshot (every live pointer, every slab)
+        is taken before the synchronize; finalizers that run later find nothing to free."""
+        pointers = self.mempool_blocks.take_all()
+        if self.arena is not None:
+            pointers += [self._cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
+        self.waits.recorded.clear()
+        while self.scratch_blocks:  # popitem, not a copy: a finalizer may pop one meanwhile
+            try:
+                self.scratch_blocks.popitem()[1].forget()
+            except KeyError:
+                break
+        report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
+        self.waits.flush()  # held-back mempool frees: issued now, before the pool goes
+        self.waits.release_held()  # and those an IPC export's leases keep
+        for ptr in pointers:
+            report_failure(self._cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")
+        report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
+        with contextlib.suppress(CudaAPIError):
+            self.pool.destroy()

@@ -1,0 +1,161 @@
+"""The arena's domains and their slabs: rules 1, 5 and 6 of :mod:`numba_pool.allocator`.
+
+A *domain* holds the free blocks of one stream (rule 1), as a heap of slabs
+(:class:`~numba_pool.allocator.free_list.Heap`).  A slab is one mempool allocation taken on the
+domain's stream; a wholly free slab goes back to the mempool, which is the only way memory moves
+between streams.  Every method runs under the arena's lock.
+"""
+
+from __future__ import annotations
+
+from ..cuda.driver import EVENT_FLAGS, check
+from ..cuda.streams import LEGACY, StreamRef
+from .free_list import Heap
+
+#: The first slab's size (bytes), unless the largest slab is smaller.
+FIRST_SLAB = 64 << 10
+#: A new slab is about 1/GROWTH of what the arena reserves already: slabs grow with the arena,
+#: so the last, partly used slab stays a small fraction of the total (~3%).
+GROWTH = 32
+#: A new slab holds at least this many blocks of the request that needs it, so that a workload
+#: of one block size does not fence (or take a slab) at every allocation.
+BLOCKS_PER_SLAB = 64
+
+
+class Domain:
+    """The free blocks of one stream (rule 1): a heap of its slabs and, but for the legacy
+    domain, the event of rule 5."""
+
+    __slots__ = ("key", "heap", "event")
+
+    def __init__(self, key, event=None):
+        self.key = key  # the stream's driver id (rule 6), or LEGACY.key
+        self.heap = Heap()  # its slabs and free blocks
+        self.event = event  # rule 5: recorded on the stream after each release and slab; None for legacy
+
+
+class Domains:
+    """Every domain of one arena, by stream key, and the bytes of their slabs.
+
+    :param cu: the driver object.
+    :param pool_handle: the mempool slabs come from.
+    :param slab_size: the largest slab (bytes).
+    :param release_threshold: bytes of slabs kept when one becomes empty (None: all).
+    """
+
+    def __init__(self, cu, pool_handle, *, slab_size: int, release_threshold: int | None):
+        self._cu = cu
+        self._alloc_async = cu.cuMemAllocFromPoolAsync
+        self._pool = pool_handle
+        self.slab_size = slab_size
+        self.release_threshold = release_threshold
+        self.legacy = Domain(LEGACY.key)
+        self._by_key: dict = {LEGACY.key: self.legacy}  # stream key -> Domain
+        self.reserved = 0  # bytes of slabs held, every domain
+
+    def __iter__(self):
+        return iter(list(self._by_key.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def of_stream(self, stream: StreamRef) -> Domain:
+        """The domain of ``stream`` (not the legacy one), made at its first use with the event
+        of rule 5; keyed by the driver's stream id, never the handle's value (rule 6)."""
+        key = stream.key
+        if key is None:
+            key = stream.key = check(self._cu.cuStreamGetId(stream.handle), "cuStreamGetId")
+        domain = self._by_key.get(key)
+        if domain is None:
+            event = check(self._cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
+            domain = self._by_key[key] = Domain(key, event)
+        return domain
+
+    # -- slabs --------------------------------------------------------------------------------
+
+    def next_slab_size(self, need: int) -> int:
+        """The size of the next slab for a request of ``need`` bytes: the power of two nearest
+        above 1/GROWTH of the bytes reserved, or BLOCKS_PER_SLAB requests if more, between
+        FIRST_SLAB and ``slab_size``, and at least ``need``."""
+        target = 1 << max(0, (self.reserved // GROWTH - 1).bit_length())
+        return max(need, min(self.slab_size, max(FIRST_SLAB, target, BLOCKS_PER_SLAB * need)))
+
+    def add_slab(self, domain: Domain, stream: StreamRef, need: int) -> None:
+        """A new slab for ``domain``, allocated on its ``stream``, large enough for ``need`` bytes.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (or another driver error)."""
+        size = self.next_slab_size(need)
+        ptr = check(self._alloc_async(size, self._pool, stream.handle), f"cuMemAllocFromPoolAsync({size}) for an arena slab")
+        if domain.event is not None:  # rule 5: the slab is usable from this point of the stream on
+            check(self._cu.cuEventRecord(domain.event, stream.handle), "cuEventRecord (arena slab)")
+        domain.heap.add_slab(int(ptr), size)
+        self.reserved += size
+
+    def free(self, domain: Domain, start: int, size: int) -> None:
+        """Put a block back in ``domain``'s heap (coalescing); a slab that becomes wholly free
+        goes back to the mempool when the arena is over its release threshold, or when it is
+        not the only slab of a stream's domain."""
+        heap = domain.heap
+        start, size = heap.free(start, size)
+        if heap.is_empty_slab(start, size) and self._gives_back(domain):
+            self.return_slab(domain, start)
+
+    def _gives_back(self, domain: Domain) -> bool:
+        # An empty slab stays unless the arena is over its release threshold; a stream's domain
+        # keeps only its last one, so that streams that are gone hold at most one slab each.
+        if self.release_threshold is not None and self.reserved > self.release_threshold:
+            return True
+        return domain is not self.legacy and len(domain.heap.slabs) > 1
+
+    def return_slab(self, domain: Domain, start: int) -> None:
+        """A wholly free slab back to the mempool, ordered after its domain's last release."""
+        cu, legacy = self._cu, LEGACY.handle
+        if domain.event is not None:  # rule 5: wait for the event, never touch the stream
+            check(cu.cuStreamWaitEvent(legacy, domain.event, 0), "cuStreamWaitEvent (arena slab)")
+        check(cu.cuMemFreeAsync(cu.CUdeviceptr(start), legacy), "cuMemFreeAsync (arena slab)")
+        self.reserved -= domain.heap.remove_slab(start)
+        if domain is not self.legacy and not domain.heap.slabs:
+            del self._by_key[domain.key]
+            cu.cuEventDestroy(domain.event)  # the driver keeps it until pending waits are done
+
+    def return_empty_slabs(self) -> None:
+        """Every wholly free slab of every domain back to the mempool (stream-ordered)."""
+        for domain in self:
+            for start, _ in domain.heap.empty_slabs():
+                self.return_slab(domain, start)
+
+    def drop_all(self) -> list[tuple[int, int]]:
+        """Forget every domain (for a reset) and destroy their events: returns the slabs as
+        (start, size) for the caller to free."""
+        slabs = [slab for domain in self for slab in domain.heap.slabs.items()]
+        for domain in self:
+            if domain.event is not None:
+                self._cu.cuEventDestroy(domain.event)
+        self._by_key.clear()
+        self.reserved = 0
+        return slabs
+
+    def slab_of(self, address: int) -> tuple[int, int] | None:
+        """``(start, size)`` of the slab holding ``address``, else None."""
+        for domain in self:
+            for start, size in domain.heap.slabs.items():
+                if start <= address < start + size:
+                    return start, size
+        return None
+
+    def free_figures(self) -> dict[str, int]:
+        """What the heaps hold: ``free`` bytes, ``free_blocks``, the ``largest_free_block``,
+        ``slabs`` and ``domains``."""
+        heaps = [domain.heap for domain in self]
+        return {"free": sum(h.free_bytes() for h in heaps), "free_blocks": sum(len(h.free_blocks()) for h in heaps),
+                "largest_free_block": max([h.largest_free() for h in heaps] + [0]),
+                "slabs": sum(len(h.slabs) for h in heaps), "domains": len(heaps)}
+
+    def check_invariants(self, taken: dict[int, int]) -> None:
+        """Every heap tiled by its free blocks and the blocks of ``taken``; the reserved bytes
+        add up (tests).  :raises AssertionError: otherwise."""
+        for domain in self:
+            domain.heap.check_invariants(taken)
+        assert sum(d.heap.reserved for d in self) == self.reserved
+        in_slabs = sum(taken.values()) + sum(d.heap.free_bytes() for d in self)
+        assert in_slabs == self.reserved, f"{in_slabs} bytes in blocks, {self.reserved} in slabs"

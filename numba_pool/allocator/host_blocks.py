@@ -1,0 +1,320 @@
+"""Pinned and mapped host memory from a cache of ``cuMemHostAlloc`` blocks (``NUMBA_POOL_HOST``).
+
+Numba's ``cuda.pinned_array``, ``mapped_array`` and ``cuda.pinned()`` call the plugin's
+``memhostalloc``; Numba's own does ``cuMemHostAlloc`` + ``cuMemFreeHost`` per buffer (about
+1.3 ms at 4 KiB, 46 ms at 64 MiB on driver 580).  :class:`HostBlocks` keeps freed blocks and
+hands them out again, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool`` do:
+
+* a request of n bytes takes a block of the next power of two (at least :data:`MIN_BLOCK`
+  bytes), from a bin keyed by ``(flags, rounded size)``: mapped (``CU_MEMHOSTALLOC_DEVICEMAP``),
+  portable and write-combined blocks differ, so they never serve each other.  Not a host-located
+  mempool: ``cuMemHostGetDevicePointer`` fails on its memory, so it cannot serve ``mapped``;
+* **the host rule** (rule 9 of the stream rule, stated at the top of :mod:`numba_pool.allocator`):
+  the next owner of a host block is the *host*, which writes it with the CPU at once, so stream
+  order is not enough.  At release, an event is recorded on the legacy default stream (after all
+  earlier work of every blocking stream) and on each stream registered with
+  :func:`numba_pool.record_stream`; a cached block is handed out again only once every one of
+  its events has *completed as observed by the host* (``cuEventQuery`` returns
+  ``CUDA_SUCCESS``), else a new block is allocated;
+* over the cap (``NUMBA_POOL_HOST_MAX_SIZE``) an allocation first waits
+  (``cuEventSynchronize``) for the oldest cached blocks and frees them (``cuMemFreeHost``)
+  until the new block fits, else raises ``CUDA_ERROR_OUT_OF_MEMORY`` with the sizes; the cache
+  stays usable;
+* beyond ``NUMBA_POOL_HOST_RELEASE_THRESHOLD`` cached bytes, freed blocks whose events
+  completed are given back with ``cuMemFreeHost``.
+
+Threads: releases run in finalizers, in any thread, even inside an allocation that the garbage
+collector interrupted, so they take no lock: they record events (driver calls) and append the
+block to :attr:`HostBlocks.released` (one atomic ``deque`` operation); allocation, trim and
+reset move released blocks into the bins under the lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from cuda.bindings import driver as _cuda
+
+from ..cuda.context import OwnerContext
+from ..cuda.driver import EVENT_FLAGS, OUT_OF_MEMORY, SUCCESS, check, report_failure, warn
+from ..cuda.frontend import CudaAPIError
+from ..cuda.streams import LEGACY, StreamRef
+
+#: The smallest block (bytes): every request is rounded up to a power of two at least this.
+MIN_BLOCK = 512
+#: ``cuMemHostAlloc`` flags (CUDA Driver API, ``CU_MEMHOSTALLOC_*``).
+DEVICEMAP = int(_cuda.CU_MEMHOSTALLOC_DEVICEMAP)
+PORTABLE = int(_cuda.CU_MEMHOSTALLOC_PORTABLE)
+WRITECOMBINED = int(_cuda.CU_MEMHOSTALLOC_WRITECOMBINED)
+#: Cached blocks of one bin whose events are queried per allocation before a new block is made.
+QUERY_LIMIT = 8
+
+
+def host_flags(mapped: bool, portable: bool, wc: bool) -> int:
+    """The ``cuMemHostAlloc`` flags of Numba's ``memhostalloc(size, mapped, portable, wc)``."""
+    return (DEVICEMAP if mapped else 0) | (PORTABLE if portable else 0) | (WRITECOMBINED if wc else 0)
+
+
+def block_size(size: int) -> int:
+    """The block (bytes) that serves a request of ``size`` bytes: the next power of two, at
+    least :data:`MIN_BLOCK`."""
+    return max(MIN_BLOCK, 1 << (max(size, 1) - 1).bit_length())
+
+
+@dataclass(eq=False)
+class HostBlock:
+    """One ``cuMemHostAlloc`` block: host address, device address (mapped blocks; the host
+    address under unified addressing), size in bytes (rounded), the ``cuMemHostAlloc`` flags,
+    the events of its last release, and its release order."""
+
+    host: int
+    device: int | None
+    size: int
+    flags: int
+    events: list = field(default_factory=list)
+    order: int = 0
+    orphan: bool = False  # outlived reset(): cuMemFreeHost at release, as Numba does
+
+
+class HostBlocks:
+    """The cache of pinned host blocks of one manager.
+
+    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
+    :param max_size: cap on reserved bytes (None: no cap).
+    :param release_threshold: cached bytes kept; beyond it completed blocks are freed (None:
+        keep all).
+    """
+
+    def __init__(self, cu, *, max_size: int | None = None, release_threshold: int | None = None,
+                 owner: OwnerContext | None = None):
+        self._cu = cu
+        self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
+        self.max_size = max_size
+        self.release_threshold = release_threshold
+        self._lock = threading.Lock()
+        self.live: dict[int, HostBlock] = {}  # host address -> block handed out
+        self.recorded: dict[int, list[StreamRef]] = {}  # host address -> record_stream streams
+        self.released: deque[HostBlock] = deque()  # freed, not yet in a bin
+        self.bins: dict[tuple[int, int], deque[HostBlock]] = {}  # (flags, size) -> oldest first
+        self._free_events: list = []
+        self._order = itertools.count(1)
+        self.reserved = 0  # bytes from cuMemHostAlloc not yet freed (this generation)
+        self.cached = 0  # bytes of blocks in the bins
+
+    # -- allocation (under the lock) ---------------------------------------------------------
+
+    def allocate(self, size: int, flags: int) -> HostBlock:
+        """A block of at least ``size`` bytes with ``cuMemHostAlloc`` ``flags``.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (one line with the sizes) when the
+            cap or the host cannot give the block even after freeing every cached block; any
+            other driver error as returned.
+        """
+        rounded = block_size(size)
+        with self._lock:
+            self._take_released()
+            block = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
+            self.live[block.host] = block
+            return block
+
+    def _take_released(self) -> None:
+        while self.released:
+            block = self.released.popleft()
+            bin_ = self.bins.get((block.flags, block.size))
+            if bin_ is None:
+                bin_ = self.bins[(block.flags, block.size)] = deque()
+            bin_.append(block)
+            self.cached += block.size
+        if self.release_threshold is not None and self.cached > self.release_threshold:
+            self._free_completed(self.release_threshold)
+
+    def _take_cached(self, flags: int, rounded: int) -> HostBlock | None:
+        bin_ = self.bins.get((flags, rounded))
+        if not bin_:
+            return None
+        for block in itertools.islice(bin_, QUERY_LIMIT):
+            if self._completed(block):
+                bin_.remove(block)
+                self.cached -= block.size
+                self._recycle_events(block)
+                return block
+        return None
+
+    def _completed(self, block: HostBlock) -> bool:
+        """Every event of ``block``'s release has completed, as the host sees (``cuEventQuery``)."""
+        query = self._cu.cuEventQuery
+        return all(query(event)[0] == SUCCESS for event in block.events)
+
+    def _new_block(self, size: int, rounded: int, flags: int) -> HostBlock:
+        if self.max_size is not None and self.reserved + rounded > self.max_size:
+            self._free_oldest(self.max_size - rounded)
+        if self.max_size is not None and self.reserved + rounded > self.max_size:
+            raise self._out_of_memory(size, rounded, flags, "the cap")
+        err, host = self._cu.cuMemHostAlloc(rounded, flags)
+        if err == OUT_OF_MEMORY:
+            self._free_oldest(0)
+            err, host = self._cu.cuMemHostAlloc(rounded, flags)
+            if err == OUT_OF_MEMORY:
+                raise self._out_of_memory(size, rounded, flags, "the host (cuMemHostAlloc)")
+        check((err, host), f"cuMemHostAlloc({rounded}, flags={flags:#x})")
+        host = int(host)
+        device = None
+        if flags & DEVICEMAP:
+            result = self._cu.cuMemHostGetDevicePointer(host, 0)
+            if result[0] != SUCCESS:
+                report_failure(self._cu.cuMemFreeHost(host), "cuMemFreeHost")
+            device = int(check(result, "cuMemHostGetDevicePointer"))
+        self.reserved += rounded
+        return HostBlock(host, device, rounded, flags)
+
+    def _out_of_memory(self, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
+        cap = f"capped at {self.max_size} bytes (NUMBA_POOL_HOST_MAX_SIZE)" if self.max_size is not None else "uncapped"
+        in_use = sum(b.size for b in self.live.values())
+        return CudaAPIError(OUT_OF_MEMORY, (
+            f"numba_pool: out of pinned host memory allocating {size} bytes (a block of {rounded} bytes, "
+            f"cuMemHostAlloc flags {flags:#x}) after waiting for and freeing the cached blocks: refused by "
+            f"{refused_by}; host pool {cap} reserves {self.reserved} bytes, {in_use} in use, {self.cached} cached"))
+
+    # -- giving memory back (under the lock) -------------------------------------------------
+
+    def _cached_oldest_first(self) -> list[HostBlock]:
+        return sorted((b for bin_ in self.bins.values() for b in bin_), key=lambda b: b.order)
+
+    def _free_oldest(self, down_to: int) -> None:
+        """Wait for (``cuEventSynchronize``) and free the oldest cached blocks until reserved
+        bytes <= ``down_to``."""
+        for block in self._cached_oldest_first():
+            if self.reserved <= down_to:
+                return
+            for event in block.events:
+                check(self._cu.cuEventSynchronize(event), "cuEventSynchronize (host block)")
+            self._free_cached(block)
+
+    def _free_completed(self, keep: int) -> int:
+        """Free cached blocks whose events completed, oldest first, until cached <= ``keep``
+        bytes; return the bytes freed."""
+        freed = 0
+        for block in self._cached_oldest_first():
+            if self.cached <= keep:
+                break
+            if self._completed(block):
+                freed += block.size
+                self._free_cached(block)
+        return freed
+
+    def _free_cached(self, block: HostBlock) -> None:
+        self.bins[(block.flags, block.size)].remove(block)
+        self.cached -= block.size
+        self.reserved -= block.size
+        self._recycle_events(block)
+        report_failure(self._cu.cuMemFreeHost(block.host), "cuMemFreeHost")
+
+    def _recycle_events(self, block: HostBlock) -> None:
+        self._free_events.extend(block.events)
+        block.events = []
+
+    def trim(self) -> int:
+        """Free every cached block whose events completed; return the bytes freed."""
+        with self._lock:
+            self._take_released()
+            return self._free_completed(0)
+
+    def reset(self) -> None:
+        """Free every cached block after ``cuCtxSynchronize``; blocks still in use become
+        orphans, freed with ``cuMemFreeHost`` when their arrays go (their host memory stays
+        valid until then: freeing it under a live NumPy array would crash the process)."""
+        with self._lock:
+            report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (host reset)")
+            self._take_released()
+            for block in self._cached_oldest_first():
+                self._free_cached(block)
+            for block in self.live.values():
+                block.orphan = True
+            self.live, self.recorded = {}, {}
+            self.reserved = 0
+            for event in self._free_events:
+                report_failure(self._cu.cuEventDestroy(event), "cuEventDestroy")
+            self._free_events = []
+
+    # -- release (no lock: finalizers) ---------------------------------------------------------
+
+    def record_stream(self, address: int, stream: StreamRef) -> bool:
+        """Make the release of the live block holding host or device ``address`` wait for
+        ``stream``'s work; False when no live block holds it."""
+        for block in list(self.live.values()):
+            for base in (block.host, block.device):
+                if base is not None and base <= address < base + block.size:
+                    self.recorded.setdefault(block.host, []).append(stream)
+                    return True
+        return False
+
+    def release(self, block: HostBlock) -> None:
+        """Give ``block`` back: events on the legacy stream and every recorded stream, then
+        into :attr:`released`.  Never raises; where it cannot record, it synchronizes the
+        context (``cuCtxSynchronize``) and the block needs no event."""
+        if block.orphan or self.live.pop(block.host, None) is None:
+            if block.orphan:
+                self._free_orphan(block, True)
+            return
+        streams = [LEGACY] + self.recorded.pop(block.host, [])
+        block.order = next(self._order)
+        self.owner.enter(self._record_release, block, streams)  # rule 10
+
+    def _free_orphan(self, block: HostBlock, retry: bool) -> None:
+        result = self._cu.cuMemFreeHost(block.host)
+        if result[0] != SUCCESS and retry and self.owner.retry(self._free_orphan, block):  # rule 10
+            return
+        report_failure(result, "cuMemFreeHost (after reset)")
+
+    def _record_release(self, block: HostBlock, streams: list[StreamRef], retry: bool) -> None:
+        try:
+            block.events = [self._record(stream) for stream in streams]
+        except Exception as err:  # noqa: BLE001 - a release never raises
+            self._free_events.extend(block.events)
+            block.events = []
+            if retry and self.owner.retry(self._record_release, block, streams):  # rule 10
+                return
+            if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
+                return
+            warn(f"could not order the release of pinned block {block.host:#x} ({err}); "
+                 "synchronized the device instead")
+        self.released.append(block)
+
+    def _record(self, stream: StreamRef):
+        if stream.belongs_to_another_thread():
+            raise RuntimeError("a stream recorded for it is another thread's per-thread default stream")
+        try:
+            event = self._free_events.pop()
+        except IndexError:
+            event = check(self._cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate (host block)")
+        result = self._cu.cuEventRecord(event, stream.handle)
+        if result[0] != SUCCESS:
+            self._free_events.append(event)
+            check(result, "cuEventRecord (host block)")
+        return event
+
+    # -- figures ---------------------------------------------------------------------------
+
+    def statistics(self) -> dict:
+        """``host_reserved_bytes``, ``host_in_use_bytes``, ``host_cached_bytes`` (released
+        blocks not yet binned count as cached) and ``host_blocks`` (reserved blocks)."""
+        live = list(self.live.values())
+        pending = sum(b.size for b in list(self.released))
+        cached_blocks = sum(len(b) for b in list(self.bins.values())) + len(self.released)
+        return {"host_reserved_bytes": self.reserved, "host_in_use_bytes": sum(b.size for b in live),
+                "host_cached_bytes": self.cached + pending, "host_blocks": len(live) + cached_blocks}
+
+    def check_invariants(self) -> None:
+        """Every byte accounted for: in use + cached == reserved; no block both live and
+        cached, or twice in the bins.  :raises AssertionError: otherwise."""
+        with self._lock:
+            self._take_released()
+            cached = [b for bin_ in self.bins.values() for b in bin_]
+            hosts = [b.host for b in cached] + list(self.live)
+            assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
+            assert self.cached == sum(b.size for b in cached), (self.cached, cached)
+            in_use = sum(b.size for b in self.live.values())
+            assert in_use + self.cached == self.reserved, (in_use, self.cached, self.reserved)

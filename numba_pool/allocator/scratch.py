@@ -1,0 +1,160 @@
+"""A linear pool: one block, bump-allocated, freed all at once.
+
+For the allocate-everything-then-drop-everything pattern: inside ``with numba_pool.scratch(n):``
+every device allocation of the calling thread takes the next 256-byte-aligned piece of one
+block reserved on entry (an offset allocator, no per-array free).  A request larger than what
+is left takes the normal path.  The block is one mempool allocation: it goes back to the pool,
+stream-ordered like any other, once the scope has exited *and* every array carved from it is
+gone, so an array that outlives the scope stays valid.  Arrays in one scratch block never
+share memory (nothing is reused inside it), which is why the stream rule needs nothing more.
+``record_stream`` on a carved array belongs to that array: the block waits for the recorded
+streams when the array is dropped, since it is released later, when they may be destroyed.
+The allocation log (``NUMBA_POOL_LOG``) records the arrays, at their own addresses, and not the
+block they are carved from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from functools import partial
+from typing import Iterator
+
+from cuda.bindings import driver as cu
+
+from ..cuda.frontend import MemoryPointer
+from ..cuda.pointers import PoolPointer
+from ..cuda.streams import StreamRef, enter_scope, leave_scope, per_thread
+from .free_list import round_up
+from .waits import run_when_released, split_waiting
+
+
+class ScratchBlock:
+    """One reserved block and its bump offset (bytes).
+
+    :param block: the reserved block (a pointer from the device allocator's block source).
+    :param stream: the allocation stream the scope was opened on.
+    :param allocator: the :class:`~numba_pool.allocator.device.DeviceAllocator` the block came
+        from: its registry of scratch blocks and its release ordering.
+    :param overflow: serves the requests that do not fit (bytes -> pointer), on ``stream``:
+        the device's block source, with no adaptor (the path around us logs and counts the call).
+    """
+
+    def __init__(self, block: MemoryPointer, stream: StreamRef, allocator, overflow):
+        self.block = block  # our reference keeps the block allocated
+        self.base = int(block.device_pointer)
+        self.size = block.size
+        self.offset = 0  # bytes carved so far
+        self.stream = stream  # the allocation stream the scope was opened on (no scratch)
+        # Arrays carved out and still alive (address -> bytes), and what their releases wait
+        # for (address -> streams and holds): atomic dict operations only (finalizers, any thread).
+        self._outstanding: dict[int, int] = {}
+        self._recorded: dict[int, list] = {}
+        self._scope_open = True
+        self._release_token = deque([None])  # popped exactly once, by whoever releases the block
+        self._allocator = allocator  # None once a reset freed the block
+        self._overflow = overflow
+        allocator.scratch_blocks[self.base] = self
+
+    @property
+    def live_arrays(self) -> int:
+        """Arrays carved from the block and still alive."""
+        return len(self._outstanding)
+
+    def allocate(self, size: int) -> MemoryPointer:
+        """Carve ``size`` bytes (rounded up to 256) off the block, or take the normal path."""
+        need = round_up(size)
+        if self.offset + need > self.size:
+            with _on_stream(self.stream):
+                return self._overflow(size)
+        address = self.base + self.offset
+        self.offset += need
+        self._outstanding[address] = need
+        return PoolPointer(self.block.context, cu.CUdeviceptr(address), size, partial(self._drop, address))
+
+    def _carved(self, address: int) -> int | None:
+        for start, size in self._outstanding.copy().items():  # a finalizer may drop one meanwhile
+            if start <= address < start + size:
+                return start
+        return None
+
+    def record(self, address: int, stream: StreamRef) -> bool:
+        """``record_stream`` for the carved array holding ``address``; False when none does."""
+        return self._wait_for(address, stream)
+
+    def hold(self, address: int, hold) -> bool:
+        """Keep the carved array holding ``address`` from release until ``hold`` lets go (an
+        IPC export, :mod:`numba_pool.allocator.waits`); False when no carved array holds it."""
+        return self._wait_for(address, hold)
+
+    def _wait_for(self, address: int, what) -> bool:
+        start = self._carved(address)
+        if start is None:
+            return False
+        self._recorded.setdefault(start, []).append(what)
+        return True
+
+    def forget(self) -> None:
+        """A reset freed the block: the arrays still alive release nothing and order nothing."""
+        self._recorded.clear()
+        self._allocator = None
+
+    def _drop(self, address: int) -> None:
+        # Release of a carved-out array: any thread, must not raise.
+        streams, holds = split_waiting(self._recorded.pop(address, None) if self._recorded else None)
+        run_when_released(holds, partial(self._drop_now, address, streams))
+
+    def _drop_now(self, address: int, streams: list[StreamRef]) -> None:
+        allocator = self._allocator
+        if streams and allocator is not None:  # ordered now, before the block's release on self.stream
+            allocator.waits.order_now(streams, self.stream)
+        self._outstanding.pop(address, None)
+        if not self._scope_open and not self._outstanding:
+            self._release()
+
+    def close_scope(self) -> None:
+        self._scope_open = False
+        if not self._outstanding:
+            self._release()
+
+    def _release(self) -> None:
+        try:
+            self._release_token.pop()
+        except IndexError:  # another thread released it
+            return
+        allocator = self._allocator
+        if allocator is not None:
+            allocator.scratch_blocks.pop(self.base, None)
+        self.block = None  # the block's own finalizer frees it, stream-ordered
+
+
+@contextlib.contextmanager
+def _on_stream(stream: StreamRef) -> Iterator[None]:
+    previous = enter_scope(stream)
+    try:
+        yield
+    finally:
+        leave_scope(previous)
+
+
+@contextlib.contextmanager
+def scratch_scope(allocator, nbytes: int, allocate) -> Iterator[ScratchBlock]:
+    """The calling thread's scratch scope on ``allocator`` (a
+    :class:`~numba_pool.allocator.device.DeviceAllocator`): one block of ``nbytes`` bytes
+    reserved on the thread's allocation stream with ``allocate`` (the block source, no adaptor:
+    the block is neither logged nor counted, the arrays carved from it are), bump-allocated
+    until the scope exits, released once the scope has exited and every carved array is gone.
+    ``allocate`` also serves the requests that do not fit.
+
+    :raises CudaAPIError: when the block cannot be reserved.
+    """
+    current = per_thread.stream
+    plain = current.scratch.stream if current.scratch is not None else current
+    with _on_stream(plain):
+        block = ScratchBlock(allocate(nbytes), plain, allocator, allocate)
+    enter_scope(plain.with_scratch(block))
+    try:
+        yield block
+    finally:
+        leave_scope(current)
+        block.close_scope()

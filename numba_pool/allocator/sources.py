@@ -1,0 +1,33 @@
+"""What both block sources (:mod:`.mempool_blocks`, :mod:`.arena`) hold, bound once so that the
+hot paths read instance attributes only."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .usage import UsageTracker
+from .waits import StreamWaits
+
+
+class BlockSource:
+    """The base of the block sources: where memory comes from and what its releases share.
+
+    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
+    :param pool_handle: the device's mempool (``CUmemoryPool``).
+    :param context: the Numba context the pointers belong to.
+    :param waits: the device allocator's release ordering (rules 2 and 8).
+    :param usage: the usage tracker that allocations and frees append their events to.
+    :param on_out_of_memory: ``(size, retry)``: make room, then ``retry()`` once
+        (:meth:`numba_pool.allocator.device.DeviceAllocator.out_of_memory`).
+    """
+
+    def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage: UsageTracker,
+                 on_out_of_memory: Callable):
+        self._cu = cu
+        self._alloc_async = cu.cuMemAllocFromPoolAsync  # the hot path's driver call, bound once
+        self._pool = pool_handle
+        self._context = context
+        self._waits = waits
+        self._note = usage.events.append  # one usage event per allocation (bytes) and free (~bytes)
+        self._drain_if_due = usage.drain_if_due
+        self._on_out_of_memory = on_out_of_memory

@@ -1,0 +1,81 @@
+"""The seam between numba_pool and the CUDA driver.
+
+Every driver call numba_pool makes goes through a *driver object*: on a GPU, cuda-python's
+``cuda.bindings.driver`` module (:data:`cu`).  Each memory manager takes the object in effect when
+it initializes and hands it to the pool and the allocator (:mod:`numba_pool.allocator`), which
+bind the functions they call on their hot paths once.  The tests put a model of CUDA's stream
+ordering in its place (the test package ``cuda_model``, through :func:`use`), so that the real
+allocator code runs unchanged, and is checked, on a machine without a GPU; ``numba-pool replay``
+passes its own address-space stand-in (:mod:`numba_pool.replay`) to the arena the same way.
+
+Types, enums and constants (``CUstream``, ``CUresult`` ...) always come from cuda-python: a
+stand-in provides only functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any, Iterator
+
+from cuda.bindings import driver as cuda_driver
+from .frontend import CudaAPIError
+
+#: The driver object new managers use: cuda-python's driver module unless :func:`use` swapped it.
+cu: Any = cuda_driver
+
+SUCCESS = cuda_driver.CUresult.CUDA_SUCCESS
+OUT_OF_MEMORY = cuda_driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+#: Errors a late call meets when the context or driver is already gone (interpreter exit,
+#: ``cuda.close()``): the memory went with the context, so there is nothing to report.
+GONE = frozenset({cuda_driver.CUresult.CUDA_ERROR_DEINITIALIZED, cuda_driver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED,
+                  cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT})
+EVENT_FLAGS = cuda_driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
+
+
+@contextlib.contextmanager
+def use(driver: Any) -> Iterator[Any]:
+    """Make ``driver`` the driver object of managers initialized inside the block (tests).
+
+    :param driver: an object with the ``cu*`` functions numba_pool calls, returning cuda-python's
+        result tuples.
+    """
+    global cu
+    previous, cu = cu, driver
+    try:
+        yield driver
+    finally:
+        cu = previous
+
+
+def check(result: tuple, call: str):
+    """Unpack a cuda-python result tuple, raising Numba's ``CudaAPIError`` on failure.
+
+    :returns: the single value the call returned (or a tuple of several, or None).
+    :raises numba.cuda.cudadrv.driver.CudaAPIError: with the ``CUresult`` and ``call`` named.
+    """
+    err, *values = result
+    if err != SUCCESS:
+        raise CudaAPIError(err, f"numba_pool: {call} failed with {err.name}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def warn(message: str) -> None:
+    """Warn from a release or a finalizer: never raises, even under ``-W error``."""
+    try:
+        warnings.warn(f"numba_pool: {message}", RuntimeWarning, stacklevel=2)
+    except Exception:  # noqa: BLE001 - a finalizer must not raise; the warning is all we had
+        pass
+
+
+def report_failure(result: tuple, call: str) -> bool:
+    """For calls whose failure is reported, not raised (frees, resets): True on success; a
+    warning for any error but those of a context that is already gone."""
+    err = result[0]
+    if err == SUCCESS:
+        return True
+    if err not in GONE:
+        warn(f"{call} failed with {err.name}")
+    return False

@@ -1,0 +1,203 @@
+"""A CUDA stream-ordered memory pool (mempool) of one device, through cuda-python.
+
+The pool is either a private one made with ``cuMemPoolCreate`` (optionally capped with
+``CUmemPoolProps.maxSize``) or the device's default pool (``cuDeviceGetDefaultMemPool``), which
+CuPy's and PyTorch's ``cudaMallocAsync`` back ends share.  Allocation and free themselves
+(``cuMemAllocFromPoolAsync`` / ``cuMemFreeAsync``) are issued by :mod:`numba_pool.allocator`
+directly on :attr:`MemPool.handle`, to keep wrappers off the hot path; this module holds the
+rest: creation, attributes (CUDA Driver API, "Stream Ordered Memory Allocator"), trimming and
+destruction.  Every call goes through the driver object given (:mod:`numba_pool.cuda.driver`).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+from cuda.bindings import driver as cuda_driver
+
+from ..config import PoolConfig
+from . import driver as _driver
+from .driver import check
+
+_ATTR = cuda_driver.CUmemPool_attribute
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """The pool's own accounting (``CU_MEMPOOL_ATTR_*``), in bytes.
+
+    *reserved* is device memory the pool holds (mapped); *used* is the part of it handed out to
+    allocations not yet freed (stream-ordered frees count once issued).  The high watermarks
+    are the peaks since creation or the last :meth:`MemPool.reset_high_watermarks`.
+    """
+
+    reserved: int
+    reserved_high: int
+    used: int
+    used_high: int
+
+
+class MemPool:
+    """The mempool serving one device.
+
+    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
+    :param device_id: CUDA device ordinal.
+    :param config: the options in effect; ``use_default_pool``, ``max_size`` and
+        ``release_threshold`` are applied here.
+    :param device_total: the device's total memory in bytes (for a fractional ``max_size``).
+    :raises CudaAPIError: when the driver refuses to create or configure the pool.
+    """
+
+    def __init__(self, cu, device_id: int, config: PoolConfig, device_total: int):
+        self._cu = cu
+        self.device_id = device_id
+        self.is_private = not config.use_default_pool
+        self.max_size = None if config.use_default_pool else config.max_size_bytes(device_total)
+        self.exportable, self.not_exportable_because = False, "the device's default mempool is not exportable"
+        self._export_fd: int | None = None
+        if self.is_private:
+            props = cu.CUmemPoolProps()
+            props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+            props.handleTypes = self._handle_types(config.ipc)
+            props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            props.location.id = device_id
+            props.maxSize = self.max_size or 0
+            self.handle = check(cu.cuMemPoolCreate(props), "cuMemPoolCreate")
+        else:
+            self.handle = check(cu.cuDeviceGetDefaultMemPool(cu.CUdevice(device_id)), "cuDeviceGetDefaultMemPool")
+        self.set_release_threshold(config.release_threshold)
+        self.peers: list[int] = self.grant_peer_access() if config.peer_access == "all" else []
+
+    def _handle_types(self, wanted: bool):
+        """``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`` when IPC is wanted and the device's
+        mempools support it (``CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES``; not on
+        WSL2), else ``CU_MEM_HANDLE_TYPE_NONE``; sets :attr:`exportable` and why not."""
+        cu = self._cu
+        kinds = cu.CUmemAllocationHandleType
+        if not wanted:
+            self.not_exportable_because = "NUMBA_POOL_IPC is off"
+            return kinds.CU_MEM_HANDLE_TYPE_NONE
+        attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES
+        supported = int(check(cu.cuDeviceGetAttribute(attr, cu.CUdevice(self.device_id)),
+                              "cuDeviceGetAttribute(MEMPOOL_SUPPORTED_HANDLE_TYPES)"))
+        fd = kinds.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        if not supported & int(fd):
+            self.not_exportable_because = (f"device {self.device_id}'s mempools support no POSIX file descriptor "
+                                           f"handles (supported handle types: {supported:#x}; WSL2 has none)")
+            return kinds.CU_MEM_HANDLE_TYPE_NONE
+        self.exportable, self.not_exportable_because = True, ""
+        return fd
+
+    def grant_peer_access(self) -> list[int]:
+        """Let every device that can reach this one (``cuDeviceCanAccessPeer``) read and write
+        the pool's memory (``cuMemPoolSetAccess``, ``CU_MEM_ACCESS_FLAGS_PROT_READWRITE``), as
+        it may ``cuMemAlloc`` memory: needed for cross-device copies, and for kernels once the
+        program enables peer access.  Returns those devices' ordinals."""
+        cu = self._cu
+        count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        peers = [d for d in range(int(count)) if d != self.device_id
+                 and check(cu.cuDeviceCanAccessPeer(cu.CUdevice(d), cu.CUdevice(self.device_id)), "cuDeviceCanAccessPeer")]
+        if peers:
+            descs = [read_write_access(cu, d) for d in peers]
+            check(cu.cuMemPoolSetAccess(self.handle, descs, len(descs)), f"cuMemPoolSetAccess(peers {peers})")
+        return peers
+
+    def export_fd(self) -> int:
+        """The pool's POSIX file descriptor for other processes
+        (``cuMemPoolExportToShareableHandle``), made once and kept open with the pool.
+
+        :raises RuntimeError: when the pool is not exportable (the reason is in the message).
+        """
+        if not self.exportable:
+            raise RuntimeError(f"numba_pool: device {self.device_id}'s mempool cannot be shared with other "
+                               f"processes: {self.not_exportable_because}")
+        if self._export_fd is None:
+            kind = self._cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            self._export_fd = int(check(self._cu.cuMemPoolExportToShareableHandle(self.handle, kind, 0),
+                                        "cuMemPoolExportToShareableHandle"))
+            # Names this pool in importers' caches: a handle value or descriptor number can be
+            # reused after a reset, this cannot.
+            self.export_key = f"{os.getpid()}-{uuid.uuid4().hex}"
+        return self._export_fd
+
+    def set_release_threshold(self, nbytes: int) -> None:
+        """Bytes of reserved memory the pool keeps when a stream, event or context synchronizes
+        (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); ``config.KEEP_ALL`` keeps everything."""
+        check(self._cu.cuMemPoolSetAttribute(self.handle, _ATTR.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, self._cu.cuuint64_t(nbytes)),
+              "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")
+
+    def _get(self, attr) -> int:
+        return int(check(self._cu.cuMemPoolGetAttribute(self.handle, attr), f"cuMemPoolGetAttribute({attr.name})"))
+
+    def usage(self) -> PoolUsage:
+        """Reserved and used bytes with their high watermarks, read from the driver."""
+        return PoolUsage(
+            reserved=self._get(_ATTR.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            reserved_high=self._get(_ATTR.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
+            used=self._get(_ATTR.CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+            used_high=self._get(_ATTR.CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+        )
+
+    def release_threshold(self) -> int:
+        return self._get(_ATTR.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+
+    def reset_high_watermarks(self) -> None:
+        """Reset both high watermarks to the current values (setting them to 0 does that)."""
+        for attr in (_ATTR.CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, _ATTR.CU_MEMPOOL_ATTR_USED_MEM_HIGH):
+            check(self._cu.cuMemPoolSetAttribute(self.handle, attr, self._cu.cuuint64_t(0)), f"cuMemPoolSetAttribute({attr.name})")
+
+    def trim(self, keep_bytes: int = 0) -> None:
+        """Release reserved but unused memory until at most ``keep_bytes`` remain reserved
+        (``cuMemPoolTrimTo``).  Memory whose stream-ordered free has not completed yet is not
+        released: synchronize first to release it too."""
+        check(self._cu.cuMemPoolTrimTo(self.handle, keep_bytes), "cuMemPoolTrimTo")
+
+    def reserve(self, nbytes: int) -> None:
+        """Grow the pool's reserve to at least ``nbytes`` (the seeds' pre-allocation): allocate
+        that much, free it, and wait, so the memory stays reserved under the release threshold."""
+        if nbytes <= 0:
+            return
+        cu = self._cu
+        stream = cu.CUstream(cu.CU_STREAM_LEGACY)
+        ptr = check(cu.cuMemAllocFromPoolAsync(nbytes, self.handle, stream), f"cuMemAllocFromPoolAsync({nbytes})")
+        check(cu.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
+        check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def destroy(self) -> None:
+        """Destroy a private pool (``cuMemPoolDestroy``; the driver releases its memory once
+        every allocation from it is freed) or trim the shared default pool to 0."""
+        if self._export_fd is not None:
+            os.close(self._export_fd)
+            self._export_fd = None
+        if self.is_private:
+            check(self._cu.cuMemPoolDestroy(self.handle), "cuMemPoolDestroy")
+        else:
+            self.trim(0)
+
+
+def read_write_access(cu, device: int):
+    """A ``CUmemAccessDesc`` giving ``device`` read and write access (``cuMemPoolSetAccess``)."""
+    desc = cu.CUmemAccessDesc()
+    desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = device
+    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return desc
+
+
+def device_memory_info(cu=None) -> tuple[int, int]:
+    """(free, total) bytes of the current context's device (``cuMemGetInfo``).
+
+    :param cu: the driver object; the one in effect (:data:`numba_pool.cuda.driver.cu`) by default.
+    """
+    cu = _driver.cu if cu is None else cu
+    return check(cu.cuMemGetInfo(), "cuMemGetInfo")
+
+
+def pointer_mempool(pointer: int, cu=None) -> int:
+    """The handle (as int) of the mempool an address was allocated from, 0 if none
+    (``CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE``)."""
+    cu = _driver.cu if cu is None else cu
+    attr = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
+    return int(check(cu.cuPointerGetAttribute(attr, pointer), "cuPointerGetAttribute(MEMPOOL_HANDLE)"))

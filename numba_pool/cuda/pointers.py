@@ -1,0 +1,149 @@
+"""The pointers numba_pool hands to Numba, released from ``__del__``: device memory as a
+``MemoryPointer`` (:class:`PoolPointer`), pinned host memory from the host cache as a
+``PinnedMemory`` (:class:`PooledPinnedMemory`).
+
+Why not ``MemoryPointer(..., finalizer=f)``: Numba wraps every finalizer in ``weakref.finalize``,
+which registers the object in a process-wide registry, creates a weak reference with a callback
+and keeps an atexit record.  That costs 1.4 µs per allocation on a development machine and
+1.7-1.9 µs on a lent H100's host (docs/perf-notes.md), more than numba_pool's whole allocation
+path.  ``__del__`` runs at the same moment (when the last reference goes, or when the garbage
+collector frees a reference cycle, PEP 442) for about a tenth of that.
+
+What ``weakref.finalize`` gave that ``__del__`` does not, and how each is covered here:
+
+* ``MemoryPointer.free()`` runs the finalizer early.  :meth:`PoolPointer.free` does the same:
+  the release runs once, whichever of ``free()`` and ``__del__`` comes first.
+* ``weakref.finalize`` runs the finalizers still alive at exit, before modules are torn down; a
+  ``__del__`` may run during the teardown, when the driver bindings and our module globals may
+  be gone.  :meth:`PoolPointer.__del__` therefore releases nothing once the interpreter is
+  finalizing (``sys.is_finalizing()``, bound early): the memory goes with the CUDA context at
+  exit.  The same remedy as cuda-python's and CuPy's (cuda-python #973, CuPy #2809).
+* ``weakref.finalize`` belongs to one object: a copy of a Numba ``MemoryPointer`` shares it, and
+  it runs once.  A plain copy of our pointer would share ``_release`` and release twice, handing
+  one block to two owners.  :meth:`PoolPointer.__copy__` (and ``__deepcopy__``) therefore return
+  a non-owning view that keeps the original alive, as Numba's ``MemoryPointer.view`` does.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from .frontend import MemoryPointer, PinnedMemory
+
+
+class PoolPointer(MemoryPointer):
+    """A Numba ``MemoryPointer`` that owns numba_pool memory and calls ``release()`` (no
+    arguments, must not raise) exactly once: on :meth:`free` or when the pointer is collected.
+
+    :param context: the Numba context (Numba ignores it; kept for its interface).
+    :param pointer: the device address (``CUdeviceptr``).
+    :param size: bytes requested.
+    :param release: returns the memory to its pool; called at most once.
+    """
+
+    _release = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
+
+    def __init__(self, context, pointer, size: int, release: Callable[[], None]):
+        # MemoryPointer.__init__'s attributes, set here rather than through super().__init__(),
+        # which costs 0.25 µs more per allocation (measured: docs/perf-notes.md).  A CI test
+        # checks that this list stays the one numba-cuda's MemoryPointer sets.
+        self.context = context
+        self.device_pointer = self.handle = pointer
+        self.size = self._cuda_memsize_ = size
+        self.is_managed = True  # it owns its memory, as a MemoryPointer with a finalizer does
+        self.refct = 1
+        self._owner = None
+        self._release = release
+
+    def free(self) -> None:
+        """Release the memory now (Numba's ``MemoryPointer.free``); arrays on it must not be
+        used afterwards.
+
+        :raises RuntimeError: when the memory was already released ("Freeing dead memory",
+            Numba's message).
+        """
+        release = self._release
+        if release is None:
+            raise RuntimeError("Freeing dead memory")
+        self._release = None
+        release()
+
+    def __copy__(self) -> MemoryPointer:
+        """A view of the whole allocation that owns nothing and keeps this pointer alive: the
+        memory is released once, when the last of them goes."""
+        return self.view(0)
+
+    def __deepcopy__(self, memo) -> MemoryPointer:
+        """As :meth:`__copy__`: device memory is not duplicated by copying its pointer."""
+        return self.view(0)
+
+    def __del__(self, _finalizing=sys.is_finalizing) -> None:
+        release = self._release
+        if release is not None and not _finalizing():
+            release()
+
+
+class PooledPinnedMemory(PinnedMemory):
+    """A Numba ``PinnedMemory`` (what ``cuda.pinned_array`` wraps in a NumPy array; ``mempin``,
+    behind ``cuda.pinned()``, keeps Numba's own) for a block of numba_pool's host cache, calling ``release()`` (no arguments,
+    must not raise) exactly once, when the object is collected; never while the interpreter
+    exits (as :class:`PoolPointer`).
+
+    ``PinnedMemory(..., finalizer=f)`` wraps ``f`` in ``weakref.finalize`` (1.7-1.9 µs on a lent
+    H100's host, :class:`PoolPointer`'s reasons); Numba's ``PinnedMemory`` has no ``free()``, so
+    collection is the only release.  A copy would share ``release`` and give the block back
+    twice, so :meth:`__copy__` and :meth:`__deepcopy__` return the object itself: host memory
+    is not duplicated by copying its pointer, as for Numba's own.
+
+    :param context: the Numba context (a weak proxy, as Numba's ``memhostalloc`` passes).
+    :param pointer: the host address (int).
+    :param size: bytes requested.
+    :param release: gives the block back to the host cache; called at most once.
+    """
+
+    _release = None  # until __init__ ran
+
+    def __init__(self, context, pointer: int, size: int, release: Callable[[], None]):
+        # PinnedMemory.__init__'s attributes, set here (a CI test checks the list stays the one
+        # numba-cuda's PinnedMemory sets).  _buflen_/_bufptr_ serve the buffer protocol.
+        self.context = context
+        self.owned = None
+        self.size = self._buflen_ = size
+        self.host_pointer = self.handle = self._bufptr_ = pointer
+        self.is_managed = True
+        self._release = release
+
+    def __copy__(self) -> PooledPinnedMemory:
+        return self
+
+    def __deepcopy__(self, memo) -> PooledPinnedMemory:
+        return self
+
+    def __del__(self, _finalizing=sys.is_finalizing) -> None:
+        release = self._release
+        if release is not None and not _finalizing():
+            self._release = None
+            release()
+
+
+def data_address(array) -> int:
+    """The device address of an array's first byte (CUDA Array Interface) or of a
+    ``MemoryPointer``; for host memory (a pinned NumPy array, ``PinnedMemory``) its host
+    address.
+
+    :raises TypeError: for anything else, naming its type.
+    """
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0])
+    pointer = getattr(array, "device_pointer_value", None)
+    if pointer is not None:
+        return int(pointer)
+    interface = getattr(array, "__array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0])
+    pointer = getattr(array, "host_pointer", None)
+    if pointer is not None:
+        return int(pointer)
+    raise TypeError(f"numba_pool: {type(array).__name__} is neither a device array, a pinned host array nor a MemoryPointer")

@@ -1,0 +1,124 @@
+"""numba_pool under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``).
+
+The simulator runs kernels in Python on the CPU and keeps "device" arrays in host memory (NumPy
+arrays made by its ``FakeCUDAContext.memalloc``). It has no driver and no memory managers, and
+its ``numba.cuda`` lacks the EMM classes (``HostOnlyCUDAMemoryManager``, ``MemoryPointer``,
+``MemoryInfo``), which :mod:`numba_pool.cuda.frontend` then takes from here. numba-cuda ignores
+``NUMBA_CUDA_MEMORY_MANAGER`` under the simulator: its config parses the variable, but only the
+real driver (``cudadrv/driver.py``, ``_ensure_memory_manager``, on a context's creation) imports
+the module it names. So a program run with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` keeps
+running, on the simulator's own arrays.
+
+What numba_pool does under the simulator, so that test suites run with the production
+environment:
+
+* ``import numba_pool`` and the command line work: the managers derive from the stand-in bases
+  below, which refuse to be instantiated (:class:`RuntimeError`; Numba never tries).
+* :func:`numba_pool.install` checks its options (:class:`~numba_pool.ConfigError` as on a GPU),
+  warns once with :class:`SimulatorWarning` and returns the configuration: the program goes on.
+* ``import numba_pool`` with ``NUMBA_CUDA_MEMORY_MANAGER`` naming numba_pool warns once, never
+  raises (a warnings filter set to "error" cannot stop the import).
+* :func:`numba_pool.stats`, ``trim``, ``reset_peak`` and ``record_stream`` raise
+  :class:`RuntimeError`: numba_pool is not the memory manager, as on a GPU without ``install()``.
+
+Filter the warnings with ``warnings.filterwarnings("ignore", category=numba_pool.SimulatorWarning)``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections import namedtuple
+
+#: Why nothing is replaced; the tail of every message given under the simulator.
+NO_MEMORY_MANAGER = ("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it keeps device arrays in host memory "
+                     "and has no memory manager for numba_pool to replace")
+
+
+class SimulatorWarning(UserWarning):
+    """numba_pool was asked to serve Numba's allocations while the CUDA simulator is on."""
+
+
+def enabled() -> bool:
+    """Whether ``numba.cuda`` is the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` when it was
+    imported)."""
+    from numba import cuda
+
+    return bool(cuda.config.ENABLE_CUDASIM)
+
+
+def install_message() -> str:
+    """The one line :func:`numba_pool.install` warns with under the simulator."""
+    return f"numba_pool.install() does nothing: {NO_MEMORY_MANAGER}"
+
+
+def warn_install(stacklevel: int = 3) -> None:
+    """Warn (:class:`SimulatorWarning`) that ``install()`` changes nothing under the simulator."""
+    warnings.warn(install_message(), SimulatorWarning, stacklevel=stacklevel)
+
+
+_environment_noted = False
+
+
+def note_environment(environ=os.environ) -> None:
+    """Warn once per process when ``NUMBA_CUDA_MEMORY_MANAGER`` names numba_pool (or
+    ``numba_pool.noop``) under the simulator, which ignores the variable.  Never raises."""
+    global _environment_noted
+    value = environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip()
+    if _environment_noted or not (value == "numba_pool" or value.startswith("numba_pool.")):
+        return
+    _environment_noted = True
+    try:
+        warnings.warn(f"NUMBA_CUDA_MEMORY_MANAGER={value} is ignored: {NO_MEMORY_MANAGER}", SimulatorWarning,
+                      stacklevel=_importer_stacklevel())
+    except Warning:  # a filter turned the warning into an error: an import must not fail for a note
+        pass
+
+
+#: The command line's one line (exit status 2) for a command that needs a GPU under the simulator.
+NO_GPU = f"no CUDA GPU here: {NO_MEMORY_MANAGER}"
+
+
+def _importer_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by this module's caller point at the first
+    frame outside numba_pool (the user's ``import numba_pool``), counting frames as
+    ``warnings.warn`` does: importlib's bootstrap frames are skipped."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # numba_pool/
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):
+            if not os.path.abspath(name).startswith(package):
+                return level
+            level += 1
+        frame = frame.f_back
+    return level
+
+
+class _StandIn:
+    """Base of the stand-ins: a class numba_pool's classes can derive from under the simulator,
+    which raises :class:`RuntimeError` when instantiated."""
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(f"numba_pool: {type(self).__name__} cannot be used: {NO_MEMORY_MANAGER}")
+
+
+class HostOnlyCUDAMemoryManager(_StandIn):
+    """Stand-in for ``numba.cuda.HostOnlyCUDAMemoryManager``, absent under the simulator."""
+
+
+class MemoryPointer(_StandIn):
+    """Stand-in for ``numba.cuda.MemoryPointer``, absent under the simulator."""
+
+
+class IpcHandle(_StandIn):
+    """Stand-in for ``numba.cuda.cudadrv.driver.IpcHandle``, absent under the simulator."""
+
+
+class StandInMixin:
+    """Stand-in for ``numba.cuda.GetIpcHandleMixin``, absent under the simulator (adds nothing)."""
+
+
+#: Stand-in for ``numba.cuda.cudadrv.driver.MemoryInfo`` (bytes free and total).
+MemoryInfo = namedtuple("MemoryInfo", "free,total")

@@ -1,0 +1,1 @@
+"""Integrations of numba_pool with other frameworks: :mod:`.dask` (a Dask worker plugin)."""

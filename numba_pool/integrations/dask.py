@@ -1,0 +1,253 @@
+"""numba_pool on Dask workers: a ``distributed.WorkerPlugin`` that makes numba_pool Numba's
+memory manager on every worker, and numba_pool's statistics per worker.
+
+dask-cuda sets RMM up on each worker (``LocalCUDACluster(rmm_pool_size=...)``), but nothing sets
+Numba's memory manager up there::
+
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    import numba_pool.integrations.dask as npd
+
+    client = Client(LocalCUDACluster())
+    client.register_plugin(npd.NumbaPoolPlugin(arena=True))
+    ...  # tasks that use numba.cuda
+    npd.stats(client)  # {worker address: {"status": "ok", "current_bytes": ..., ...}}
+
+Register the plugin before Numba's first CUDA use on the workers (before any task used
+``numba.cuda``), as for :func:`numba_pool.install`; workers that join later get it when they
+start.  The CUDA context that dask-cuda creates on each worker at start (its preload,
+``dask_cuda.initialize``) does not count: Numba adopts that primary context later and binds
+numba_pool to it.  Do not also hand Numba to RMM (``rmm_allocator_external_lib_list`` with
+``"numba"``, or ``rmm.allocators.numba``): both set Numba's memory manager.
+
+Outcomes of the plugin's setup on a worker (each written to the worker's log, logger
+``distributed.worker.numba_pool``, which ``client.get_worker_logs()`` shows, and given by
+:func:`stats` as ``status`` and ``message``):
+
+* a GPU, no Numba CUDA context yet: numba_pool is installed (log level INFO);
+* no GPU on the worker, or the CUDA simulator: nothing installed, a warning (a cluster may mix
+  CPU and GPU workers; registration goes on);
+* Numba already used CUDA on the worker with another memory manager: nothing installed; the
+  setup raises :class:`RuntimeError`, so ``client.register_plugin`` raises it on the client
+  (the worker goes on, with Numba's own manager).  Registering again with the same options on
+  a worker where numba_pool is already in effect is not an error.
+
+Statistics are published through ``worker.metrics["numba_pool"]``: they appear in
+``client.scheduler_info()["workers"][address]["metrics"]["numba_pool"]`` (refreshed at each
+heartbeat); :func:`stats` asks the workers directly.  They never raise into the worker or the
+scheduler: a failure becomes ``{"status": "error", "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from typing import Any
+
+try:
+    from distributed import WorkerPlugin
+except ImportError as err:  # the missing one is distributed itself, not one of its needs
+    if err.name not in ("distributed", "dask"):
+        raise
+    raise ImportError("numba_pool.integrations.dask needs Dask's distributed: pip install 'numba-pool[dask]'") from None
+
+from .. import config as _config
+from ..cuda import simulator
+from ..plugin import settings
+from ..plugin.api import install
+from ..plugin.manager import NumbaPoolManager
+
+#: A child of the worker's logger, so that ``client.get_worker_logs()`` shows its lines.
+logger = logging.getLogger("distributed.worker.numba_pool")
+
+#: The key of numba_pool's statistics in ``worker.metrics`` and the plugin's name.
+METRIC = "numba_pool"
+
+
+class NumbaPoolPlugin(WorkerPlugin):
+    """Calls :func:`numba_pool.install` with ``options`` on each worker when it is registered
+    (or when a worker starts, for workers that join later), and publishes the worker's
+    statistics as ``worker.metrics["numba_pool"]``.
+
+    :param options: :func:`numba_pool.install`'s options (sizes in bytes or with units, e.g.
+        ``max_size="80%"``, ``arena=True``); on the workers they override the workers'
+        ``NUMBA_POOL_*`` environment variables.  ``log`` is one path for every worker: workers
+        on one host would share the file, so leave it to the workers' own environment.
+    :raises ConfigError: at construction, on the client, for an unknown option or a bad value.
+
+    Its ``setup`` raises :class:`RuntimeError` when Numba already used CUDA on the worker with
+    another memory manager (``client.register_plugin`` raises it); a worker without a GPU only
+    gets a warning in its log.  Removing the plugin removes the metric; numba_pool stays Numba's
+    memory manager in worker processes where it was installed.
+    """
+
+    name = METRIC
+    idempotent = False  # registering again with other options replaces the plugin (and tries them)
+
+    def __init__(self, **options: Any):
+        # Bad options fail here, not on every worker; the log's path is checked where it is written.
+        _config.load(environ={}, **{k: v for k, v in options.items() if k != "log"})
+        self.options = options
+        self.status = "not set up"
+        self.message: str | None = None
+
+    def setup(self, worker) -> None:
+        """Install numba_pool on ``worker`` (see the class).
+
+        :raises RuntimeError: when Numba already used CUDA on the worker under another memory
+            manager, or with other numba_pool options.
+        """
+        worker.metrics[METRIC] = self.metric
+        where = f"worker {getattr(worker, 'address', '?')}"
+        status, message = _install(self.options)
+        self.status, self.message = status, message and f"{where}: {message}"
+        if status == "installed":
+            logger.info("numba_pool is Numba's memory manager on %s (options %s)", where, self.options or "none")
+        elif status == "not installed":
+            logger.error("numba_pool.integrations.dask: %s", self.message)
+            raise RuntimeError(f"numba_pool.integrations.dask: {self.message}")
+        else:
+            logger.warning("numba_pool.integrations.dask: %s", self.message)
+
+    def teardown(self, worker) -> None:
+        """Remove the metric (numba_pool stays Numba's memory manager in this process)."""
+        if worker.metrics.get(METRIC) == self.metric:
+            del worker.metrics[METRIC]
+
+    def metric(self, worker=None) -> dict:
+        """The worker's numba_pool statistics (see :func:`worker_statistics`), with the
+        plugin's setup outcome when it installed nothing.  Never raises."""
+        result = worker_statistics()
+        if self.status != "installed" and result["status"] != "error":
+            result = {**result, "status": self.status, "message": self.message}
+        return result
+
+
+def _install(options: dict) -> tuple[str, str | None]:
+    """Install numba_pool in this process: ``(status, message)`` with status ``"installed"``,
+    ``"no GPU"`` (nothing to install) or ``"not installed"`` (CUDA already used: the message
+    says why)."""
+    from numba import cuda
+
+    if simulator.enabled():
+        return "no GPU", f"numba_pool not installed: {simulator.NO_MEMORY_MANAGER}"
+    if not cuda.is_available():  # initializes the driver, creates no context
+        return "no GPU", ("numba_pool not installed: no CUDA GPU on this worker "
+                          "(numba.cuda.is_available() is False)")
+    try:
+        install(**options)
+    except RuntimeError as err:
+        if _in_effect(options):
+            return "installed", None
+        return "not installed", (f"numba_pool not installed: {err}; register the plugin before the first "
+                                 "task that uses numba.cuda, or restart the workers (client.restart()) first")
+    return "installed", None
+
+
+def _in_effect(options: dict) -> bool:
+    """Whether numba_pool with these options is already Numba's memory manager here (a
+    plugin registered again, or ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` on the worker)."""
+    from numba.cuda.cudadrv import driver as numba_driver
+
+    contexts = _contexts()
+    return (settings.installed() == _config.load(**options)
+            and getattr(numba_driver, "_memory_manager", None) is NumbaPoolManager
+            and all(isinstance(getattr(c, "memory_manager", None), NumbaPoolManager) for c in contexts.values()))
+
+
+def _contexts() -> dict:
+    """Numba's contexts in this process, ``{device ordinal: Context}``; creates none."""
+    from numba.cuda.cudadrv.driver import driver
+
+    return {dev_id: dev.primary_context for dev_id, dev in sorted(driver.devices.items())
+            if getattr(dev, "primary_context", None) is not None}
+
+
+def worker_statistics() -> dict:
+    """numba_pool's statistics in this process (a worker), without creating a CUDA context.
+
+    Keys: ``status``, one of ``"ok"``, ``"no CUDA context yet"``, ``"other manager"`` (Numba's
+    context has another memory manager: ``manager`` names it), ``"not initialized"`` (numba_pool's
+    manager has no pool yet), ``"no GPU"`` (the simulator), ``"error"``; ``message``, one line,
+    unless ``"ok"``.  (:class:`NumbaPoolPlugin`'s metric adds its setup outcome: ``"no GPU"``,
+    ``"not installed"``.)  With ``"ok"``: ``device`` (the lowest
+    device ordinal where Numba has a context), ``manager`` (``"NumbaPoolManager"``) and the
+    statistics of :func:`numba_pool.stats` (:meth:`PoolStatistics.to_dict
+    <numba_pool.PoolStatistics.to_dict>`; bytes and counts); ``other_devices``, ``{ordinal as
+    str: the same}``, when Numba has contexts on more than one device.  Never raises.
+    """
+    try:
+        if simulator.enabled():
+            return {"status": "no GPU", "message": simulator.NO_MEMORY_MANAGER}
+        contexts = _contexts()
+        if not contexts:
+            return {"status": "no CUDA context yet",
+                    "message": "Numba has not used CUDA in this worker yet (no context, no allocation)"}
+        per_device = {dev_id: _context_statistics(dev_id, context) for dev_id, context in contexts.items()}
+        first, *others = per_device
+        result = dict(per_device[first])
+        if others:
+            result["other_devices"] = {str(dev_id): per_device[dev_id] for dev_id in others}
+        return result
+    except Exception as err:  # a metric must not raise into the worker or the scheduler
+        return {"status": "error", "message": f"{type(err).__name__}: {err}"}
+
+
+def _context_statistics(dev_id: int, context) -> dict:
+    mm = getattr(context, "memory_manager", None)
+    name = type(mm).__name__
+    if not isinstance(mm, NumbaPoolManager):
+        return {"status": "other manager", "device": dev_id, "manager": name,
+                "message": f"Numba's memory manager on device {dev_id} is {name}, not numba_pool"}
+    if mm.allocator is None:  # not initialized (or reset): statistics() would create the pool
+        return {"status": "not initialized", "device": dev_id, "manager": name,
+                "message": f"numba_pool has no pool on device {dev_id} yet (nothing allocated since start or reset)"}
+    # On the worker's event loop thread, where no context is current: the pool queries need one.
+    context.push()
+    try:
+        statistics = mm.statistics()
+    finally:
+        context.pop()
+    return {"status": "ok", "device": dev_id, "manager": name, **_as_dict(statistics)}
+
+
+def _as_dict(statistics) -> dict:
+    """:meth:`PoolStatistics.to_dict` (``dataclasses.asdict`` where it is absent)."""
+    to_dict = getattr(statistics, "to_dict", None)
+    return to_dict() if to_dict is not None else dataclasses.asdict(statistics)
+
+
+def _run_statistics(dask_worker=None) -> dict:
+    """:func:`stats`'s function on each worker: the plugin's metric when it is registered,
+    else :func:`worker_statistics` (numba_pool may be on through the workers' environment)."""
+    metric = dask_worker.metrics.get(METRIC) if dask_worker is not None else None
+    if metric is None:
+        return worker_statistics()
+    try:
+        return metric(dask_worker)
+    except Exception as err:
+        return {"status": "error", "message": f"{type(err).__name__}: {err}"}
+
+
+def stats(client) -> dict[str, dict]:
+    """numba_pool's statistics of every worker of ``client``'s cluster, asked of the workers now
+    (``client.run``), ``{worker address: dict}``; the dict is described by
+    :func:`worker_statistics` (bytes and counts).  A worker that could not answer gets
+    ``{"status": "error", "message": ...}``.  With an asynchronous client, returns an
+    awaitable of the same.
+    """
+    results = client.run(_run_statistics, on_error="return")
+    if inspect.isawaitable(results):
+        async def finish():
+            return _checked(await results)
+
+        return finish()
+    return _checked(results)
+
+
+def _checked(results: dict) -> dict[str, dict]:
+    return {address: (result if isinstance(result, dict)
+                      else {"status": "error", "message": f"{type(result).__name__}: {result}"})
+            for address, result in results.items()}

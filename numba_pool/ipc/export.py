@@ -1,0 +1,42 @@
+"""The exporter's side of IPC: an export's data (``cuMemPoolExportPointer``) and its handle."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+from ..cuda.driver import check
+from .handle import ExportData, PoolIpcHandle
+from .leases import Lease, LeaseHold, lease_folder
+
+_export_ids = itertools.count(1)
+
+
+def export(cu, allocator, memory, source_info) -> PoolIpcHandle:
+    """An IPC handle for ``memory`` (a numba_pool ``MemoryPointer`` or a view of one): the
+    EMM plugin's ``get_ipc_handle``.  The block is held from reuse while importers claim it
+    (:class:`~numba_pool.ipc.leases.LeaseHold`).
+
+    :param cu: the driver object.
+    :param allocator: the device's :class:`~numba_pool.allocator.device.DeviceAllocator`.
+    :param source_info: the device's identity (Numba's ``Device.get_device_identity()``).
+    :raises ValueError: when ``memory`` is not in a live numba_pool allocation of this device.
+    :raises RuntimeError: when the pool cannot be exported (IPC off, the device's default
+        mempool, or no POSIX file descriptor support), with the reason.
+    :raises CudaAPIError: when ``cuMemPoolExportPointer`` fails.
+    """
+    pool = allocator.pool
+    address = int(memory.device_pointer_value)
+    found = allocator.allocation_of(address)
+    if found is None:
+        raise ValueError(f"numba_pool.get_ipc_handle: address {address:#x} is not in a live allocation of "
+                         f"numba_pool on device {pool.device_id}")
+    fd = pool.export_fd()
+    base, _ = found
+    data = check(cu.cuMemPoolExportPointer(cu.CUdeviceptr(base)), "cuMemPoolExportPointer")
+    lease = Lease(lease_folder(), f"{os.getpid()}-{next(_export_ids)}")
+    allocator.hold(address, LeaseHold(lease))
+    return PoolIpcHandle(memory, ExportData.from_driver(data), memory.size, source_info, offset=address - base,
+                         pool_key=pool.export_key, fd=fd, lease=lease)
+
+

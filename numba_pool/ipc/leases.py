@@ -1,0 +1,137 @@
+"""IPC leases: the importers' claims on an export, as files, and the hold that keeps an exported
+block from reuse while a living importer claims it (:mod:`numba_pool.ipc`, "Lifetimes")."""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import tempfile
+import threading
+import time
+from typing import Callable
+
+#: How often the daemon thread looks at the leases of released exports (seconds).
+LEASE_CHECK_S = 0.05
+
+
+def lease_folder() -> str:
+    """Where leases live: ``/dev/shm`` (memory, gone at reboot) when writable, else the
+    temporary folder."""
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class Lease:
+    """The importers' claims on one export: files ``numba_pool-ipc-<export>-<pid>-<n>`` in
+    ``folder``."""
+
+    _opened = itertools.count(1)
+
+    def __init__(self, folder: str, export: str):
+        self.folder, self.export = folder, export
+
+    def take(self) -> str:
+        """An importer's claim (this process): returns the file to give back."""
+        path = os.path.join(self.folder, f"numba_pool-ipc-{self.export}-{os.getpid()}-{next(self._opened)}")
+        with open(path, "x"):
+            pass
+        return path
+
+    def held(self) -> bool:
+        """Whether a living process holds a claim; the claims of dead ones are removed."""
+        held = False
+        for path in glob.glob(os.path.join(self.folder, f"numba_pool-ipc-{self.export}-*")):
+            pid = int(path.rsplit("-", 2)[-2])
+            if _alive(pid):
+                held = True
+            else:
+                remove_lease(path)
+        return held
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_lease(path: str) -> None:
+    """Remove a lease file (gone already: nothing to do)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class LeaseHold:
+    """A hold (:mod:`numba_pool.allocator.waits`) on an exported block: its release waits while a
+    living importer claims the export's lease.
+
+    :param lease: the export's lease.
+    """
+
+    def __init__(self, lease: Lease):
+        self.lease = lease
+
+    def defer(self, release: Callable[[], None]) -> bool:
+        """From a finalizer, never raises: True (and ``release`` runs later, in the lease
+        thread) while the lease is held; False when it is not."""
+        if not self.lease.held():
+            return False
+        _deferred.add(_Pending(release, self.lease))
+        return True
+
+
+class _Pending:
+    """A release that waits for a lease to go."""
+
+    def __init__(self, release: Callable[[], None], lease: Lease):
+        self.release, self.lease = release, lease
+
+
+class _Deferred:
+    """Exported arrays released while importers hold them; a daemon thread retries them."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: list[_Pending] = []  # guarded by _lock
+        self._thread: threading.Thread | None = None
+
+    def add(self, release: _Pending) -> None:
+        with self._lock:
+            self._pending.append(release)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="numba_pool-ipc-leases", daemon=True)
+                self._thread.start()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(LEASE_CHECK_S)
+            with self._lock:
+                pending = list(self._pending)
+            due = [r for r in pending if not r.lease.held()]  # files: no lock
+            with self._lock:
+                self._pending = [r for r in self._pending if r not in due]
+                finished = not self._pending
+                if finished:
+                    self._thread = None
+            for release in due:
+                release.release()
+            if finished:
+                return
+
+
+_deferred = _Deferred()
+
+
+def pending_releases() -> int:
+    """Releases of exported arrays that wait for an importer to close (the lease thread's list)."""
+    return _deferred.pending()

@@ -1,0 +1,111 @@
+"""The allocation log: every allocate and free in RMM's logging format (CSV).
+
+Header ``Thread,Time,Action,Pointer,Size,Stream``; actions ``allocate``, ``free`` and
+``allocate failure``; pointer and stream in hex; time ``HH:MM:SS.ffffff`` (RMM's
+``logging_resource_adaptor`` pattern ``%t,%H:%M:%S.%f``).  Rows are buffered and written when
+the buffer fills, at :meth:`AllocationLog.flush` (called by ``reset``) and at exit.  With
+logging off nothing of this module runs: the logging adaptor (:class:`LoggedAllocations`) is in
+a device's allocation path (:mod:`numba_pool.plugin.path`) only when a log is configured.
+"""
+
+from __future__ import annotations
+
+import atexit
+import csv
+import datetime
+import threading
+from collections import deque
+from functools import partial
+from typing import Callable
+
+from ..cuda.frontend import CudaAPIError
+from ..cuda.pointers import PoolPointer
+from ..cuda.streams import per_thread
+
+HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
+ACTIONS = ("allocate", "free", "allocate failure")
+#: Rows buffered before they are written.
+FLUSH_EVERY = 4096
+
+
+class AllocationLog:
+    """Appends rows to a CSV file in RMM's logging format.
+
+    :param path: the file; truncated and given the header at once.
+    :raises OSError: when the file cannot be written.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._file = open(path, "w", newline="")
+        self._writer = csv.writer(self._file, lineterminator="\n")
+        self._writer.writerow(HEADER)
+        self._file.flush()
+        self._rows: deque = deque()
+        self._lock = threading.Lock()
+        atexit.register(self.flush)
+
+    def _add(self, action: str, pointer: int, size: int, stream: int) -> None:
+        now = datetime.datetime.now().strftime("%H:%M:%S.%f")
+        self._rows.append((threading.get_ident(), now, action, f"{pointer:#x}", size, f"{stream:#x}"))
+        if len(self._rows) >= FLUSH_EVERY:
+            self.flush(wait=False)
+
+    def allocate(self, pointer: int, size: int, stream: int) -> None:
+        """Log an allocation of ``size`` bytes at ``pointer`` on stream handle ``stream``."""
+        self._add("allocate", pointer, size, stream)
+
+    def free(self, pointer: int, size: int, stream: int) -> None:
+        self._add("free", pointer, size, stream)
+
+    def failure(self, size: int, stream: int) -> None:
+        self._add("allocate failure", 0, size, stream)
+
+    def flush(self, wait: bool = True) -> None:
+        """Write the buffered rows.  ``wait=False`` returns at once if another thread (or a
+        finalizer run inside this one) is writing."""
+        if not self._lock.acquire(blocking=wait):
+            return
+        try:
+            if self._file.closed:
+                return
+            rows = self._rows
+            while rows:
+                self._writer.writerow(rows.popleft())
+            self._file.flush()
+        finally:
+            self._lock.release()
+
+
+class LoggedAllocations:
+    """The logging adaptor: logs each allocation (or its failure), and its free when the memory
+    is released (``free()`` or collection), before the release, so that the free row precedes
+    the row of any later allocation at the same address.
+
+    :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
+    :param log: where the rows go.
+    """
+
+    def __init__(self, upstream: Callable[[int], PoolPointer], log: AllocationLog):
+        self._upstream = upstream
+        self._log = log
+
+    def allocate(self, size: int) -> PoolPointer:
+        """``size`` bytes from upstream, logged; the pointer Numba gets owns upstream's.
+
+        :raises CudaAPIError: upstream's, after logging an ``allocate failure`` row."""
+        stream = per_thread.stream.value
+        try:
+            mem = self._upstream(size)
+        except CudaAPIError:
+            self._log.failure(size, stream)
+            raise
+        address = mem.device_pointer_value
+        self._log.allocate(address, size, stream)
+        return PoolPointer(mem.context, mem.device_pointer, size,
+                           partial(self._log_then_free, address, size, stream, mem.free))
+
+    def _log_then_free(self, address: int, size: int, stream: int, free: Callable[[], None]) -> None:
+        # Any thread, from a finalizer: never raises (the log only appends to a deque).
+        self._log.free(address, size, stream)
+        free()

@@ -1,0 +1,142 @@
+"""A device's statistics: :class:`PoolStatistics`, collected by :func:`collect` from the
+allocator's usage events (:mod:`numba_pool.allocator.usage`), the mempool's own attributes, the
+arena and the pinned host cache.
+
+Byte counts are the sizes Numba requested; the pool's *reserved* and *used* bytes come from
+``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT/HIGH`` and ``CU_MEMPOOL_ATTR_USED_MEM_CURRENT/HIGH`` and
+include the driver's rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """A snapshot of one device's numba_pool memory manager (bytes and counts).
+
+    ``bytes_in_use``/``blocks_in_use``: arrays allocated and not yet freed, with their peaks
+    since start or :func:`numba_pool.reset_peak`.  ``total_allocations``/``total_frees``: since
+    start; ``total_bytes``: bytes of all allocations since start.  Bytes are the sizes Numba
+    requested.  ``pool_*``: the mempool's attributes (bytes, with the driver's rounding).
+    ``oom_retries``: allocations that hit ``CUDA_ERROR_OUT_OF_MEMORY`` once and were retried
+    after synchronizing and trimming; ``oom_errors``: those that failed again and raised.
+    ``arena_*``: the sub-allocating arena (zero, and ``arena_on`` false, when it is off): slab
+    bytes reserved from the mempool, bytes in live blocks (rounded to 256 B), free blocks and
+    the largest of them, bytes cached, quarantined and free in the slabs, and the slabs.
+    ``host_*``: pinned host blocks (``NUMBA_POOL_HOST``; zero, ``host_on`` false, when off):
+    bytes from ``cuMemHostAlloc`` (rounded to powers of two), in pinned/mapped arrays, cached
+    for reuse, and the blocks reserved.
+
+    The same figures under RMM's names (``rmm.statistics.Statistics``): :attr:`current_bytes`,
+    :attr:`current_count`, :attr:`peak_bytes`, :attr:`peak_count`, :attr:`total_bytes`,
+    :attr:`total_count`; :meth:`to_dict` gives those with the pool, arena and out-of-memory
+    figures.
+    """
+
+    bytes_in_use: int
+    peak_bytes_in_use: int
+    blocks_in_use: int
+    peak_blocks_in_use: int
+    total_allocations: int
+    total_frees: int
+    pool_reserved_bytes: int
+    pool_reserved_high: int
+    pool_used_bytes: int
+    pool_used_high: int
+    oom_retries: int
+    oom_errors: int
+    arena_reserved_bytes: int = 0
+    arena_in_use_bytes: int = 0
+    arena_free_blocks: int = 0
+    arena_largest_free_block: int = 0
+    total_bytes: int = 0
+    arena_on: bool = False
+    arena_cached_bytes: int = 0
+    arena_quarantined_bytes: int = 0
+    arena_free_bytes: int = 0
+    arena_slabs: int = 0
+    host_on: bool = False
+    host_reserved_bytes: int = 0
+    host_in_use_bytes: int = 0
+    host_cached_bytes: int = 0
+    host_blocks: int = 0
+
+    # -- RMM's names (rmm.statistics.Statistics) ------------------------------------------
+
+    @property
+    def current_bytes(self) -> int:
+        """Bytes of the allocations alive now (:attr:`bytes_in_use`)."""
+        return self.bytes_in_use
+
+    @property
+    def current_count(self) -> int:
+        """Allocations alive now (:attr:`blocks_in_use`)."""
+        return self.blocks_in_use
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes alive at once (:attr:`peak_bytes_in_use`)."""
+        return self.peak_bytes_in_use
+
+    @property
+    def peak_count(self) -> int:
+        """The most allocations alive at once (:attr:`peak_blocks_in_use`)."""
+        return self.peak_blocks_in_use
+
+    @property
+    def total_count(self) -> int:
+        """Allocations since start (:attr:`total_allocations`)."""
+        return self.total_allocations
+
+    def to_dict(self) -> dict[str, int | bool]:
+        """The figures as a flat dict: RMM's ``current/peak/total`` x ``bytes/count`` keys, then
+        ``total_frees``, the ``pool_*`` and ``oom_*`` keys, and the ``arena_*`` keys (all zero,
+        ``arena_on`` false, when the arena is off).  Bytes everywhere but the counts."""
+        rmm_style = {name: getattr(self, name) for name in RMM_KEYS}
+        rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RENAMED}
+        return {**rmm_style, **rest}
+
+
+#: RMM's statistics keys, in its order (``rmm.statistics.Statistics``).
+RMM_KEYS = ("current_bytes", "current_count", "peak_bytes", "peak_count", "total_bytes", "total_count")
+#: Fields that :meth:`PoolStatistics.to_dict` gives under RMM's names instead.
+_RENAMED = frozenset({"bytes_in_use", "blocks_in_use", "peak_bytes_in_use", "peak_blocks_in_use",
+                      "total_allocations", "total_bytes"})
+
+
+def collect(usage, allocator, host=None) -> PoolStatistics:
+    """The statistics of one device now.
+
+    :param usage: the manager's :class:`~numba_pool.allocator.usage.UsageTracker` (drained here).
+    :param allocator: the device's :class:`~numba_pool.allocator.device.DeviceAllocator`.
+    :param host: its :class:`~numba_pool.allocator.host_blocks.HostBlocks`, when the pinned host
+        cache is on.
+    """
+    pool = allocator.pool.usage()
+    usage.drain()
+    return PoolStatistics(
+        bytes_in_use=usage.bytes_in_use, peak_bytes_in_use=usage.peak_bytes_in_use,
+        blocks_in_use=usage.blocks_in_use, peak_blocks_in_use=usage.peak_blocks_in_use,
+        total_allocations=usage.total_allocations, total_frees=usage.total_frees, total_bytes=usage.total_bytes,
+        pool_reserved_bytes=pool.reserved, pool_reserved_high=pool.reserved_high,
+        pool_used_bytes=pool.used, pool_used_high=pool.used_high,
+        oom_retries=usage.oom_retries, oom_errors=usage.oom_errors,
+        **_arena_fields(allocator.arena), **_host_fields(host))
+
+
+def _arena_fields(arena) -> dict:
+    if arena is None:
+        return {}
+    a = arena.statistics()
+    return {"arena_reserved_bytes": a.reserved, "arena_in_use_bytes": a.in_use,
+            "arena_free_blocks": a.free_blocks, "arena_largest_free_block": a.largest_free_block,
+            "arena_on": True, "arena_cached_bytes": a.cached, "arena_quarantined_bytes": a.quarantined,
+            "arena_free_bytes": a.free, "arena_slabs": a.slabs}
+
+
+def _host_fields(host) -> dict:
+    if host is None:
+        return {}
+    return {"host_on": True, **host.statistics()}

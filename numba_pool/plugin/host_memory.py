@@ -1,0 +1,53 @@
+"""The pinned and mapped host memory objects Numba gets from the host cache
+(``NUMBA_POOL_HOST``, :mod:`numba_pool.allocator.host_blocks`)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from ..allocator.host_blocks import HostBlock, HostBlocks, host_flags
+from ..cuda.pointers import PooledPinnedMemory
+
+
+def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bool, wc: bool):
+    """``size`` bytes of page-locked host memory from ``host`` for ``manager``: a
+    ``PinnedMemory``, or with ``mapped`` the owned view of a ``MappedMemory``, whose release
+    gives the block back to the cache (held back inside ``defer_cleanup``).
+
+    :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes.
+    """
+    block = host.allocate(size, host_flags(mapped, portable, wc))
+    finalizer = partial(_release_host, manager, host, block, mapped)
+    if not mapped:
+        return PooledPinnedMemory(manager.context_proxy, block.host, size, finalizer)
+    mem = _pooled_mapped_memory(manager.context_proxy, block, size, finalizer)
+    manager.allocations[block.host] = mem
+    return mem.own()
+
+
+def _release_host(manager, host: HostBlocks, block: HostBlock, mapped: bool) -> None:
+    """The finalizer of pinned/mapped memory from the host cache: drop Numba's record of a
+    mapped block, then give the block back (held back inside ``defer_cleanup``)."""
+    if mapped:
+        manager.allocations.pop(block.host, None)
+    release = partial(host.release, block)
+    allocator = manager.allocator
+    if allocator is None or not allocator.waits.defer(release):
+        release()
+
+
+def _pooled_mapped_memory(context, block: HostBlock, size: int, finalizer):
+    """Numba's ``MappedMemory`` for a cached block, built as its constructor builds it but
+    with the device pointer the cache got (``cuMemHostGetDevicePointer`` through numba_pool's
+    driver object) instead of a second driver call."""
+    from cuda.bindings import driver as binding
+    from numba.cuda.cudadrv.driver import AutoFreePointer, MappedMemory
+
+    mem = MappedMemory.__new__(MappedMemory)
+    mem.owned = None
+    mem.host_pointer = block.host
+    mem._bufptr_ = block.host
+    AutoFreePointer.__init__(mem, context, binding.CUdeviceptr(block.device), size, finalizer=finalizer)
+    mem.handle = mem.host_pointer
+    mem._buflen_ = mem.size
+    return mem

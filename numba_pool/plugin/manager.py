@@ -1,0 +1,299 @@
+"""numba_pool's EMM plugin: Numba's device allocations served by a stream-ordered mempool.
+
+A thin class.  :meth:`NumbaPoolManager.initialize` makes the device's mempool and allocator
+(:mod:`numba_pool.allocator`, which owns the stream rule) and composes the allocation path
+(:mod:`numba_pool.plugin.path`); everything else forwards to the allocator, the pinned host
+cache or the statistics.
+
+Note [The path is the manager's memalloc]
+    Numba calls ``context.memory_manager.memalloc(size)``.  A method that forwarded to the path
+    would put one more Python call on every allocation, so :meth:`NumbaPoolManager._bind` makes
+    the composed path itself the instance's ``memalloc``, and it is the only code that sets or
+    removes it.  The class's :meth:`~NumbaPoolManager.memalloc` runs only when no path is bound:
+    before the first initialization and after a reset (Numba keeps the manager across a reset and
+    does not call ``initialize`` again), and initializes first.
+
+Note [Lifetimes across a reset]
+    An array may outlive :meth:`NumbaPoolManager.reset` (or its context).  Its release must then
+    neither raise nor free memory that a later allocation owns at the same address: the reset
+    drops the allocator whole (its ledger emptied, its arena marked dropped), and a late release
+    finds nothing to free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+
+from .. import config as _config
+from ..allocator import threads
+from ..allocator.device import DeviceAllocator
+from ..allocator.host_blocks import HostBlocks
+from ..allocator.scratch import scratch_scope
+from ..allocator.usage import UsageTracker
+from ..cuda import driver
+from ..cuda.context import OwnerContext
+from ..cuda.frontend import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+from ..cuda.mempool import MemPool, device_memory_info
+from ..cuda.pointers import data_address
+from ..cuda.streams import as_stream_ref
+from ..ipc import export
+from ..observe import scopes
+from ..observe.alloclog import AllocationLog
+from ..observe.statistics import PoolStatistics, collect
+from . import settings
+from .host_memory import host_memory
+from .path import Path, compose
+
+
+class NumbaPoolManager(HostOnlyCUDAMemoryManager):
+    """EMM plugin serving Numba's device allocations from a stream-ordered mempool.
+
+    Numba creates one instance per CUDA context, hence per device.  Pinned and mapped host
+    memory come from the host cache (:mod:`numba_pool.allocator.host_blocks`) when
+    ``NUMBA_POOL_HOST`` is on; otherwise, and for ``mempin`` and managed memory, Numba's own
+    handling (``HostOnlyCUDAMemoryManager``).
+
+    :param config: the options of this manager (tests and the benchmark); None: the process's
+        (:mod:`numba_pool.plugin.settings`), as Numba's ``context=`` alone gives.
+
+    Documented seams, for tests and tools: :attr:`allocator` (the device's
+    :class:`~numba_pool.allocator.device.DeviceAllocator`, None before initialization and after a
+    reset), :attr:`path` (the composed :class:`~numba_pool.plugin.path.Path`), :attr:`host` (the
+    pinned host cache, or None), :attr:`config` (the options in effect once initialized).
+    """
+
+    def __init__(self, *args, config: _config.PoolConfig | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._requested_config = config
+        self.config: _config.PoolConfig | None = None
+        self.allocator: DeviceAllocator | None = None
+        self.path: Path | None = None
+        self.host: HostBlocks | None = None  # kept across resets, as Numba keeps its own host memory
+        self._init_lock = threading.Lock()  # guards initialization, reset and composing the path
+        self._usage = UsageTracker()  # this device's usage events, across resets
+        self._log: AllocationLog | None = None
+        self.context_proxy = None  # what pinned memory holds, as Numba's memhostalloc passes
+
+    @property
+    def device_id(self) -> int:
+        """The context's device ordinal.  A context that Numba attached to a primary context
+        made by another library holds a raw ``CUdevice`` instead of a Numba ``Device``."""
+        device = self.context.device
+        return device.id if hasattr(device, "id") else int(device)
+
+    @property
+    def interface_version(self) -> int:
+        """Numba's EMM plugin interface version implemented: 1."""
+        return 1
+
+    def initialize(self) -> None:
+        """Create (or look up) the device's mempool with the process's configuration, set its
+        release threshold, pre-reserve ``initial_size`` bytes and compose the allocation path.
+        Idempotent: Numba calls it each time the context is pushed.
+
+        :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad (first context only).
+        :raises RuntimeError: when the interpreter runs without its GIL
+            (:func:`numba_pool.allocator.threads.require_gil`).
+        :raises CudaAPIError: when the driver refuses to create or configure the pool.
+        """
+        if self.allocator is not None:
+            return
+        with self._init_lock:
+            if self.allocator is not None:
+                return
+            threads.require_gil()
+            config = self._requested_config or settings.config_in_effect()
+            cu = driver.cu
+            OwnerContext.note_device(cu, self.device_id)
+            _, total = device_memory_info(cu)
+            pool = MemPool(cu, self.device_id, config, total)
+            pool.reserve(config.initial_size)
+            allocator = DeviceAllocator(cu, pool, self.context, self._usage, config,
+                                        before_retry=self.deallocations.clear)
+            self.config = config
+            if config.host and self.host is None:
+                self.host = HostBlocks(cu, max_size=config.host_max_size,
+                                       release_threshold=_config.release_limit(config.host_release_threshold),
+                                       owner=OwnerContext.of(cu, self.context))
+                self.context_proxy = weakref.proxy(self.context)
+            if config.log and self._log is None:
+                self._log = AllocationLog(config.log)
+            _register(self)  # before composing: a scope opening from now on recomposes this path
+            self._bind(allocator)
+            self.allocator = allocator  # last: initialize()'s check without the lock reads it
+
+    def _bind(self, allocator: DeviceAllocator | None) -> None:
+        """Compose ``allocator``'s path and make it this instance's ``memalloc``; None unbinds
+        it (Note [The path is the manager's memalloc]).  Under ``_init_lock``."""
+        if allocator is None:
+            self.path = None
+            self.__dict__.pop("memalloc", None)
+            return
+        self.path = compose(allocator, log=self._log, counting=scopes.counting())
+        self.memalloc = self.path.allocate
+
+    def recompose(self) -> None:
+        """Compose the allocation path again, for the adaptors switched on now."""
+        with self._init_lock:
+            if self.allocator is not None:  # else the next memalloc initializes and composes
+                self._bind(self.allocator)
+
+    def memalloc(self, size: int) -> MemoryPointer:
+        """Allocate ``size`` bytes of device memory, stream-ordered on the thread's allocation
+        stream; the returned pointer releases it, by the stream rule
+        (:mod:`numba_pool.allocator`), when Numba drops it or on ``free()``.  Once initialized,
+        the composed path serves this call (Note [The path is the manager's memalloc]).
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
+            after synchronizing and trimming the pool (the message gives the requested size, the
+            pool's reserved and used bytes and the device's free and total); any other driver
+            error as returned.
+        """
+        self.initialize()
+        return self.memalloc(size)
+
+    def allocate_unadapted(self, size: int) -> MemoryPointer:
+        """:meth:`memalloc` from the block source, without the adaptors (scratch blocks are
+        neither logged nor counted: the arrays carved from them are)."""
+        self.initialize()
+        return self.allocator.allocate(size)
+
+    def scratch(self, nbytes: int):
+        """This thread's scratch scope on this device (:func:`numba_pool.scratch`)."""
+        self.initialize()
+        return scratch_scope(self.allocator, nbytes, self.allocate_unadapted)
+
+    def memhostalloc(self, size: int, mapped: bool = False, portable: bool = False, wc: bool = False):
+        """``size`` bytes of page-locked host memory, as Numba's: a ``PinnedMemory``, or with
+        ``mapped`` the owned view of a ``MappedMemory`` whose device pointer kernels can use
+        (``cuMemHostGetDevicePointer``).  With ``NUMBA_POOL_HOST`` on, from the cache of
+        ``cuMemHostAlloc`` blocks (the block goes back to the cache, not to ``cuMemFreeHost``,
+        when Numba drops the memory); else, and for 0 bytes, Numba's.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes.
+        """
+        self.initialize()
+        if self.host is None or size <= 0:
+            return super().memhostalloc(size, mapped, portable, wc)
+        return host_memory(self, self.host, size, mapped, portable, wc)
+
+    def get_memory_info(self) -> MemoryInfo:
+        """``(free, total)`` bytes that allocations through this manager can still get.
+
+        For a pool, *free* is the device's free memory (``cuMemGetInfo``) plus the memory the
+        pool has reserved but not handed out (reserved - used), since the pool serves requests
+        from it first; with ``max_size`` it is at most ``max_size - used`` and *total* is
+        ``max_size``.  Other processes and libraries can take device memory at any moment, so
+        this is an estimate, as it is for Numba's default manager.
+        """
+        self.initialize()
+        free, total = self.allocator.memory_info()
+        return MemoryInfo(free=free, total=total)
+
+    def get_ipc_handle(self, memory):
+        """An IPC handle for ``memory`` (a pointer from this manager, or a view of one) that
+        another process opens with Numba's ``IpcHandle`` methods; see :mod:`numba_pool.ipc`
+        (``cuMemPoolExportPointer`` on an exportable pool) for the lifetimes.
+
+        :raises ValueError: when ``memory`` is not in a live numba_pool allocation.
+        :raises RuntimeError: when the pool cannot be exported, with the reason
+            (``NUMBA_POOL_IPC=0``, ``NUMBA_POOL_USE_DEFAULT_POOL``, or no support: WSL2).
+        """
+        self.initialize()
+        return export(self.allocator.cu, self.allocator, memory, self.context.device.get_device_identity())
+
+    def reset(self) -> None:
+        """Free every allocation of this context and destroy the private pool (trim the shared
+        default pool).  Safe before :meth:`initialize` and safe to repeat; arrays still alive
+        afterwards point to freed memory, as with Numba's default manager, and their releases
+        do nothing (Note [Lifetimes across a reset]).  The next allocation creates a new pool.
+        Also clears Numba's host allocations (``super().reset()``)."""
+        super().reset()
+        if self.host is not None:
+            self.host.reset()
+        with self._init_lock:
+            allocator = self.allocator
+            if allocator is None:
+                return
+            self.allocator = None
+            self._bind(None)  # the next allocation initializes again
+            allocator.reset()
+            self._usage.forget_in_use()  # arena and scratch blocks still alive count as freed
+            if self._log is not None:
+                self._log.flush()
+
+    @contextlib.contextmanager
+    def defer_cleanup(self):
+        """While active, hold back the stream-ordered frees of arrays dropped inside it; they
+        are issued (still without host synchronization) when the outermost block exits.
+
+        A stream-ordered free never blocks the host, and on the legacy default stream it waits
+        for the work of Numba's blocking streams anyway; deferring keeps Numba's promise that
+        no memory is released inside the block, which matters for work on non-blocking
+        streams.  Also defers Numba's cleanup of host allocations (``super()``)."""
+        self.initialize()
+        with super().defer_cleanup(), self.allocator.waits.holding_back():
+            yield
+
+    # -- numba_pool extensions ------------------------------------------------------------
+
+    def record_stream(self, array, stream) -> None:
+        """Keep ``array``'s block from reuse until the work queued on ``stream`` by the time
+        the array is freed has finished (an event recorded on ``stream`` at free time, waited
+        for by the allocation stream).
+
+        :raises ValueError: when the array's memory is not a live allocation of this manager.
+        :raises TypeError: when ``stream`` is not a stream, or ``array`` not an array.
+        """
+        ref = as_stream_ref(stream)
+        address = data_address(array)
+        self.initialize()
+        if not self.allocator.record_stream(address, ref) and not (
+                self.host is not None and self.host.record_stream(address, ref)):
+            raise ValueError(
+                f"numba_pool.record_stream: address {address:#x} is not in a live allocation of "
+                f"numba_pool on device {self.device_id}")
+
+    def statistics(self) -> PoolStatistics:
+        """A snapshot of this manager's usage and its pool's attributes."""
+        self.initialize()
+        return collect(self._usage, self.allocator, self.host)
+
+    def reset_peak(self) -> None:
+        """Reset the peaks (ours and the pool's high watermarks) to the current values."""
+        self.initialize()
+        self._usage.reset_peak()
+        self.allocator.pool.reset_high_watermarks()
+
+    def trim(self, keep_bytes: int = 0) -> None:
+        """Give the arena's empty slabs back, synchronize the context so every stream-ordered
+        free has completed, then release reserved but unused pool memory down to
+        ``keep_bytes`` (``cuMemPoolTrimTo``); with ``NUMBA_POOL_HOST``, free the cached pinned
+        blocks whose events completed (``cuMemFreeHost``)."""
+        self.initialize()
+        self.allocator.trim(keep_bytes)
+        if self.host is not None:
+            self.host.trim()
+
+
+# -- the managers of the process, composed again when an adaptor is switched on or off -----
+
+_registry_lock = threading.Lock()  # guards _managers; taken inside a manager's _init_lock, never around it
+_managers: "weakref.WeakSet[NumbaPoolManager]" = weakref.WeakSet()  # managers initialized at least once
+
+
+def _register(manager: NumbaPoolManager) -> None:
+    with _registry_lock:
+        _managers.add(manager)
+
+
+def _recompose_all() -> None:
+    with _registry_lock:
+        managers = list(_managers)
+    for manager in managers:
+        manager.recompose()
+
+
+scopes.on_counting_changed(_recompose_all)

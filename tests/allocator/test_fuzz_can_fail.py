@@ -1,0 +1,104 @@
+"""The fuzzer can fail: with one rule of the stream rule broken on purpose, the fuzzer's own state
+machine (tests/allocator/test_fuzz.py), narrowed to the streams and sizes where the broken rule
+matters, finds a violation the model names.  A clean run of the fuzzer then means something.
+
+Each planted bug is a copy of the allocator's function with the one step that keeps the rule
+left out.  The run is derandomized and stops at the first failure (no shrinking); its budget is
+far above what finding each bug takes (tens to a few hundred examples, measured).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
+
+from numba_pool.allocator import arena as arena_module
+from numba_pool.allocator import waits as waits_module
+from test_fuzz import LegalPrograms
+
+BUDGET = settings(max_examples=3000, stateful_step_count=30, deadline=None, derandomize=True, database=None,
+                  phases=[Phase.generate], suppress_health_check=list(HealthCheck), print_blob=False)
+
+
+def release_without_quarantine(self, start, size, rounded):
+    """Rule 4 broken: a legacy block is ready for reuse at once, with no fence."""
+    if self.dropped:
+        return
+    self._note(~size)
+    self.ready.setdefault(rounded, []).append(start)
+
+
+def take_another_streams_block(self, rounded, stream):
+    """Rule 1 broken: a stream with no free block takes another stream's, without waiting."""
+    self._publish_released()
+    domain = self._domains.of_stream(stream)
+    start = self._carve(domain, rounded)
+    if start is not None:
+        return start, domain
+    for other in self._domains:
+        if other is not domain and other is not self._legacy:
+            start = self._carve(other, rounded)
+            if start is not None:
+                return start, other
+    self._domains.add_slab(domain, stream, rounded)
+    return self._carve(domain, rounded), domain
+
+
+def wait_for_nothing(self, recorded, stream):
+    """Rule 2 broken: a release ignores the streams recorded for its block."""
+
+
+class Narrowed(LegalPrograms):
+    """The fuzzer's rules (allocate, launch, record_stream, drop) on streams made up front, one
+    size; the arena fences at every miss and keeps no ready cache (``eager``)."""
+
+    view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
+    scratch = trim = reset = create_stream = park = None
+    blocking: tuple = (True, True, False)
+    size = 1000
+
+    @initialize()
+    def start_narrowed(self):
+        LegalPrograms.start(self, preempt=0, eager=True)
+        for blocking in self.blocking:
+            self.streams.append(self.p.create_stream(blocking))
+
+    start = None
+
+    @rule(data=st.data(), scoped=st.booleans())
+    def allocate(self, data, scoped):
+        self.p.allocate(self.size, data.draw(st.sampled_from(self.streams)) if scoped else None)
+
+    @precondition(lambda self: self.families())
+    @rule(data=st.data())
+    def launch(self, data):
+        self.p.launch(data.draw(st.sampled_from(self.streams)), [data.draw(st.sampled_from(self.families()))])
+
+    @precondition(lambda self: self.p.families)
+    @rule(data=st.data(), legalize=st.sampled_from(["record", "wait"]))
+    def drop(self, data, legalize):
+        self.p.drop(data.draw(st.sampled_from(list(self.p.families.values()))), legalize=legalize)
+
+
+@pytest.mark.parametrize("owner, function, planted, arena, streams", [
+    (arena_module.ArenaBlocks, "_release_legacy", release_without_quarantine, True, (True, True)),
+    (arena_module.ArenaBlocks, "_take_scoped", take_another_streams_block, True, (False, False)),
+    (waits_module.StreamWaits, "_wait_for", wait_for_nothing, False, (True, False)),
+    (waits_module.StreamWaits, "_wait_for", wait_for_nothing, True, (True, False)),
+], ids=["arena: no quarantine", "arena: another stream's block", "mempool: no record_stream wait",
+        "arena: no record_stream wait"])
+def test_the_fuzzer_finds_a_planted_bug(monkeypatch, owner, function, planted, arena, streams):
+    monkeypatch.setattr(owner, function, planted)
+    machine = type("Planted", (Narrowed,), {"arena": arena, "threads": 1, "blocking": streams})
+    with pytest.raises(AssertionError, match="unordered reuse") as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    assert "previous owner" in str(caught.value) and "new owner" in str(caught.value)
+
+
+def test_the_narrowed_fuzzer_passes_on_the_real_allocator():
+    """The control: the same machines, nothing planted, a shorter run."""
+    for arena, streams in ((True, (True, True)), (True, (False, False)), (False, (True, False))):
+        machine = type("Real", (Narrowed,), {"arena": arena, "threads": 1, "blocking": streams})
+        run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))

@@ -1,0 +1,143 @@
+"""PoolPointer: a Numba MemoryPointer released from __del__, exactly once, never at exit.
+
+Numba's MemoryPointer needs no GPU to exist, so CI tests this for real."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from cuda.bindings import driver as cu
+from numba.cuda import MemoryPointer
+
+from helpers import run_python
+from numba_pool.cuda.pointers import PoolPointer
+
+
+class Releases:
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self):
+        self.count += 1
+
+
+def test_has_every_attribute_numba_memory_pointer_sets():
+    # PoolPointer sets MemoryPointer's attributes itself (for speed): a new attribute in a
+    # numba-cuda release must show up here, not as an AttributeError in a user's program.
+    numba_attributes = set(vars(MemoryPointer(None, cu.CUdeviceptr(256), 8, finalizer=lambda: None)))
+    ours = set(vars(PoolPointer(None, cu.CUdeviceptr(256), 8, Releases())))
+    assert numba_attributes - {"_finalizer"} <= ours
+    assert ours - numba_attributes == {"_release"}
+
+
+def test_behaves_as_an_owning_memory_pointer():
+    pointer = PoolPointer("context", cu.CUdeviceptr(0x1000), 300, Releases())
+    assert pointer.device_pointer_value == 0x1000 and int(pointer.handle) == 0x1000
+    assert pointer.size == pointer._cuda_memsize_ == 300
+    assert pointer.is_managed and pointer.refct == 1 and pointer.owner is pointer
+    view = pointer.view(256)
+    assert view.device_pointer_value == 0x1100 and view.size == 44
+
+
+def test_released_once_when_collected():
+    releases = Releases()
+    pointer = PoolPointer(None, cu.CUdeviceptr(256), 8, releases)
+    assert releases.count == 0
+    del pointer
+    assert releases.count == 1
+
+
+def test_released_once_when_collected_from_a_reference_cycle():
+    releases = Releases()
+    pointer = PoolPointer(None, cu.CUdeviceptr(256), 8, releases)
+    pointer.cycle = pointer
+    del pointer
+    gc.collect()
+    assert releases.count == 1
+
+
+def test_free_releases_now_and_only_once():
+    releases = Releases()
+    pointer = PoolPointer(None, cu.CUdeviceptr(256), 8, releases)
+    pointer.free()
+    assert releases.count == 1
+    with pytest.raises(RuntimeError, match="Freeing dead memory"):
+        pointer.free()
+    del pointer
+    assert releases.count == 1
+
+
+def test_nothing_is_released_or_reported_while_the_interpreter_exits():
+    # A pointer alive at exit is collected during the interpreter's teardown, when module
+    # globals may be gone; its release must not run (the context takes the memory).
+    code = """
+import sys
+from cuda.bindings import driver as cu
+from numba_pool.cuda.pointers import PoolPointer
+
+def release():
+    sys.stdout.write("released\\n")
+
+freed = PoolPointer(None, cu.CUdeviceptr(256), 8, release)
+del freed
+alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, release)
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "released\n"
+    assert proc.stderr == ""
+
+
+# -- PooledPinnedMemory: the host cache's PinnedMemory ---------------------------------------
+
+def _pinned(releases, size=64):
+    import ctypes
+
+    from numba_pool.cuda.pointers import PooledPinnedMemory
+
+    buffer = ctypes.create_string_buffer(size)
+    return buffer, PooledPinnedMemory("context", ctypes.addressof(buffer), size, releases)
+
+
+def test_pinned_has_every_attribute_numba_pinned_memory_sets():
+    from numba.cuda.cudadrv.driver import PinnedMemory
+
+    numba_attributes = set(vars(PinnedMemory(None, 0x1000, 8, finalizer=lambda: None)))
+    _, ours = _pinned(Releases())
+    assert numba_attributes <= set(vars(ours))
+    assert set(vars(ours)) - numba_attributes == {"_release"}
+
+
+def test_pinned_memory_backs_a_numpy_array_and_is_released_when_the_array_goes():
+    import numpy as np
+
+    releases = Releases()
+    buffer, memory = _pinned(releases)
+    array = np.ndarray(shape=(16,), dtype=np.float32, buffer=memory)
+    array[:] = 3.0
+    assert np.frombuffer(buffer.raw, dtype=np.float32).tolist() == [3.0] * 16
+    del memory
+    assert releases.count == 0  # the array holds it
+    del array
+    assert releases.count == 1
+
+
+def test_pinned_copies_are_the_object_itself_so_the_block_goes_back_once():
+    import copy
+
+    releases = Releases()
+    _, memory = _pinned(releases)
+    assert copy.copy(memory) is memory and copy.deepcopy(memory) is memory
+    del memory
+    gc.collect()
+    assert releases.count == 1
+
+
+def test_pinned_released_once_from_a_reference_cycle():
+    releases = Releases()
+    _, memory = _pinned(releases)
+    memory.cycle = memory
+    del memory
+    gc.collect()
+    assert releases.count == 1

@@ -1,0 +1,415 @@
+"""numba_pool's real manager running on the CUDA model (this package), driven as a legal program
+would drive it.
+
+"Legal" is what the README's stream-semantics section promises: an array allocated on stream A
+(the legacy stream outside ``using_stream``) may be used by work on any stream U that is ordered
+after the allocation (U is A, or the legacy stream orders them, or the program made U wait);
+when it is dropped, every use on a stream that A's next operation would not follow must be
+covered by ``record_stream`` or by the program's own ordering (an event, a synchronize).
+:meth:`Program.drop` makes each drop legal in one of those ways, chosen by the caller, and only
+then lets the last reference go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import itertools
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from cuda.bindings import driver as real_cu
+from numba.cuda.cudadrv.driver import CudaAPIError
+
+import numba_pool
+from numba_pool import config as pool_config
+from numba_pool.cuda import driver
+from numba_pool.plugin.manager import NumbaPoolManager
+
+from .calls import CONTEXT
+from .model import CudaModel
+
+LEGACY = 1
+OOM = real_cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+INVALID_VALUE = real_cu.CUresult.CUDA_ERROR_INVALID_VALUE
+
+
+@dataclass
+class Family:
+    """One allocation and the views on it: the references that keep its memory alive."""
+
+    id: int
+    refs: list  # the pointer and views (Numba MemoryPointer/OwnedPointer objects)
+    address: int
+    size: int
+    stream: int  # the allocation stream's handle
+    token: object  # the allocation stream's position right after the allocation
+    uses: list = field(default_factory=list)  # (stream handle, model op)
+    recorded: set = field(default_factory=set)
+    zombie: bool = False  # outlived a reset: never used again
+    scratch: bool = False  # carved from a scratch block
+
+    def _repr_pretty_(self, printer, cycle):
+        # Hypothesis prints a drawn Family in its "Draw N:" lines and its pretty-printer keeps
+        # every object it walks until the example ends: printing `refs` would keep the pointers
+        # alive, so a drop in the replay of a failing example released nothing (the teardown
+        # "leaks" seen when hypothesis shrank a failure).
+        printer.text(f"Family(id={self.id}, address={self.address:#x}, size={self.size}, "
+                     f"stream={self.stream:#x}, refs={len(self.refs)}, uses={len(self.uses)}, "
+                     f"recorded={sorted(self.recorded)}, zombie={self.zombie})")
+
+
+#: Where a use's stream is destroyed: its handle may name a new stream later, which orders
+#: nothing of the old one's work (legalizing then takes a synchronize).
+DESTROYED = -1
+
+
+class StreamObject:
+    """What a program passes to ``using_stream``: like Numba's ``cuda.stream()``, an object
+    with a ``CUstream`` handle that lives as long as the stream."""
+
+    def __init__(self, handle):
+        self.handle = real_cu.CUstream(int(handle))
+
+
+class _Context:
+    """The Numba context stand-in: a device with an id; weak-referenceable, as Numba's
+    pinned and mapped memory hold a ``weakref.proxy`` of their context."""
+
+    def __init__(self):
+        self.device = SimpleNamespace(id=0)
+        self.handle = CONTEXT  # the model's one context
+
+
+class Program:
+    """A manager on a fresh model, with streams, threads and arrays.
+
+    :param arena: arena mode.
+    :param threads: host threads the actions run in (each action in one of them, in turn).
+    :param max_size: the pool's cap (bytes), to reach out of memory.
+    """
+
+    def __init__(self, *, arena: bool, threads: int = 1, max_size: int | None = None,
+                 release_threshold: int | None = None, device_total: int = 64 << 20,
+                 host: bool = False, host_max_size: int | None = None,
+                 host_release_threshold: int | None = None, host_total: int = 1 << 30):
+        # Numba's import leaves a large heap that every full collection scans (about 60 ms
+        # each): freeze it, so that the collections the programs run (the collector freeing
+        # cycles is one of the fuzzed actions) scan only the objects the tests create.
+        gc.collect()
+        gc.freeze()
+        self.model = CudaModel(device_total=device_total, host_total=host_total)
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(driver.use(self.model))
+        options = {"arena": arena, "arena_max_block": 4096, "arena_slab_size": 16384}
+        if max_size is not None:
+            options["max_size"] = max_size
+        if release_threshold is not None:
+            options["release_threshold"] = release_threshold
+        if host:
+            options.update(host=True, host_max_size=host_max_size, host_release_threshold=host_release_threshold)
+        self.context = _Context()
+        self.mm = NumbaPoolManager(context=self.context, config=pool_config.load(environ={}, **options))
+        self.mm.initialize()
+        self.workers = [ThreadPoolExecutor(max_workers=1) for _ in range(threads)]
+        # A host thread that never used CUDA: no current context (a finalizer may run there).
+        self.bare = ThreadPoolExecutor(max_workers=1)
+        self.bare.submit(self.model.leave_context).result()
+        self._stack.callback(lambda: [w.shutdown() for w in self.workers + [self.bare]])
+        self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
+        self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
+        self.families: dict[int, Family] = {}
+        self.pending: list = []  # references whose release a preempt point runs
+        self.busy: set[int] = set()  # families a rule is working on: a parked action leaves them
+        self.parked: list = []  # (family, stream, driver call, "enter"/"exit"): see park()
+        self._ids = itertools.count(1)
+        self.operations = 0
+        self.problems: list[str] = []
+        self._stack.enter_context(self._catch_problems())
+
+    @contextlib.contextmanager
+    def _catch_problems(self):
+        hook = sys.unraisablehook
+        sys.unraisablehook = lambda u: self.problems.append(f"unraisable in {u.object!r}: {u.exc_value!r}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.warnings = caught  # the live list: check() reads it while the program runs
+            try:
+                yield
+            finally:
+                sys.unraisablehook = hook
+
+    def close(self) -> None:
+        self._stack.close()
+
+    # -- running in threads -----------------------------------------------------------------
+
+    def run(self, thread: int, fn, *args):
+        """Run ``fn(*args)`` in host thread ``thread`` and wait for it."""
+        return self.workers[thread % len(self.workers)].submit(fn, *args).result()
+
+    # -- streams ----------------------------------------------------------------------------
+
+    def create_stream(self, blocking: bool) -> int:
+        flags = 0 if blocking else real_cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+        err, handle = self.model.cuStreamCreate(flags)
+        assert not err
+        self.streams[int(handle)] = blocking
+        self.stream_objects[int(handle)] = StreamObject(handle)
+        self.operations += 1
+        return int(handle)
+
+    def using_stream(self, stream: int | None):
+        """``numba_pool.using_stream`` of the stream's object (one per created stream, as a
+        program holds its ``cuda.stream()``), or nothing for None."""
+        if stream is None:
+            return contextlib.nullcontext()
+        return numba_pool.using_stream(self.stream_objects.get(stream, stream))
+
+    def in_use(self, handle: int) -> bool:
+        return any(
+            f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
+
+    def destroy_stream(self, handle: int) -> bool:
+        """Destroy a created stream that no live array needs (legal); False when one does."""
+        self.release_pending()
+        if self.in_use(handle):
+            return False
+        gc.collect()
+        if self.in_use(handle):
+            return False
+        del self.streams[handle]
+        del self.stream_objects[handle]  # a new stream with this handle gets a new object
+        self.model.cuStreamDestroy(real_cu.CUstream(handle))
+        for f in self.families.values():  # the handle may come back for a new stream
+            f.uses = [(DESTROYED if used == handle else used, op) for used, op in f.uses]
+        self.operations += 1
+        return True
+
+    # -- arrays -----------------------------------------------------------------------------
+
+    def allocate(self, size: int, stream: int | None = None, thread: int = 0) -> Family | None:
+        """``size`` bytes in host thread ``thread``, inside ``using_stream(stream)`` if given;
+        None when the pool is out of memory (the error must be numba_pool's)."""
+        def body():
+            with self.using_stream(stream):
+                return self.mm.memalloc(size)
+        try:
+            pointer = self.run(thread, body)
+        except CudaAPIError as err:
+            if size == 0 and err.code == INVALID_VALUE:  # as cuMemAlloc(0) under Numba's default manager
+                return None
+            assert err.code == OOM and "out of memory allocating" in str(err), str(err)
+            self.operations += 1
+            return None
+        self.operations += 1
+        return self._track(pointer, size, stream if stream is not None else LEGACY)
+
+    def _track(self, pointer, size: int, stream: int) -> Family:
+        family = Family(next(self._ids), [pointer], pointer.device_pointer_value, size, stream,
+                        self.model.tail(stream))
+        self.families[family.id] = family
+        return family
+
+    def scratch(self, sizes: list[int], nbytes: int, stream: int | None = None, thread: int = 0) -> list[Family]:
+        """Allocate ``sizes`` inside ``numba_pool.scratch(nbytes)`` (and ``using_stream``)."""
+        def body():
+            with self.using_stream(stream), numba_pool.scratch(nbytes, manager=self.mm):
+                return [self.mm.memalloc(n) for n in sizes]
+        try:
+            pointers = self.run(thread, body)
+        except CudaAPIError as err:
+            assert err.code == OOM, str(err)
+            return []
+        self.operations += 1 + len(sizes)
+        families = [self._track(p, n, stream if stream is not None else LEGACY) for p, n in zip(pointers, sizes)]
+        for f in families:
+            if f is not None:
+                f.scratch = True
+        return families
+
+    def view(self, family: Family, start: int) -> None:
+        family.refs.append(family.refs[0].view(min(start, family.size)))
+        self.operations += 1
+
+    @contextlib.contextmanager
+    def _busy(self, families):
+        ids = {f.id for f in families} - self.busy
+        self.busy |= ids
+        try:
+            yield
+        finally:
+            self.busy -= ids
+
+    def launch(self, stream: int, families: list[Family], thread: int = 0) -> None:
+        with self._busy(families):
+            self._launch(stream, families, thread)
+
+    def _launch(self, stream: int, families: list[Family], thread: int = 0) -> None:
+        """A kernel on ``stream`` using the arrays, ordered after their allocation (legal)."""
+        families = [f for f in families if not f.zombie]
+        for f in families:
+            if not self.model.would_follow(stream, f.token):
+                self.run(thread, self.model.wait, stream, f.stream)  # the program's own ordering
+        op = self.run(thread, self.model.launch, stream, [(f.address, f.size, f.id) for f in families])
+        for f in families:
+            f.uses.append((stream, op))
+        self.operations += 1
+
+    def record_stream(self, family: Family, stream: int) -> None:
+        with self._busy([family]):
+            self._record_stream(family, stream)
+
+    def _record_stream(self, family: Family, stream: int) -> None:
+        if not family.zombie:
+            self.mm.record_stream(family.refs[0], stream)
+            family.recorded.add(stream)
+            self.operations += 1
+
+    def drop(self, family: Family, *, legalize: str = "record", how: str = "del", thread: int = 0) -> None:
+        """Drop one reference; before the last goes, make the release legal by ``legalize``
+        ("record": record_stream, "wait": the program's event, "sync": a context synchronize)
+        and let it go by ``how`` ("del", "free", "cycle": garbage collected later, "pending":
+        released at a later preempt point, "bare": in a thread with no current CUDA context)."""
+        if family.id not in self.families:  # a parked action dropped it while a rule ran
+            return
+        with self._busy([family]):
+            self._drop(family, legalize=legalize, how=how, thread=thread)
+
+    def _drop(self, family: Family, *, legalize: str, how: str, thread: int) -> None:
+        if len(family.refs) > 1:
+            self.run(thread, family.refs.pop)
+            self.operations += 1
+            return
+        if not family.zombie:
+            self._legalize(family, legalize, thread)
+        del self.families[family.id]
+        holder = [family.refs.pop()]  # the only reference left: dropped in `thread`
+        if how == "free" and not family.zombie:
+            self.run(thread, _free, holder)
+        elif how == "cycle":
+            holder[0].cycle = holder[0]
+        elif how == "pending":
+            self.pending.append(holder[0])
+        elif how == "bare":
+            self.bare.submit(_drop_reference, holder).result()
+        self.run(thread, _drop_reference, holder)
+        self.operations += 1
+
+    def _legalize(self, family: Family, legalize: str, thread: int) -> None:
+        for stream, op in family.uses:
+            if stream in family.recorded or self.model.would_follow(family.stream, op):
+                continue
+            if stream != LEGACY and stream not in self.streams:  # destroyed: only a synchronize orders it now
+                self.model.cuCtxSynchronize()
+            elif legalize == "record":
+                self.record_stream(family, stream)
+            elif legalize == "wait":
+                self.run(thread, self.model.wait, family.stream, stream)
+            else:
+                self.model.cuCtxSynchronize()
+
+    def release_pending(self) -> None:
+        while self.pending:
+            self.pending.pop()
+
+    def preempt_every(self, period: int) -> None:
+        """Release a pending reference (and collect garbage) at every ``period``-th driver call
+        (0: never), in the thread that makes it: a finalizer running between two of the
+        allocator's steps.  Parked actions (:meth:`park`) run at their driver call too."""
+        counter = itertools.count(1)
+
+        def hook(phase, name):
+            calls = next(counter)
+            if period and calls % period == 0:
+                if self.pending:
+                    self.pending.pop()
+                if calls % (period * 8) == 0:
+                    gc.collect(0)  # the youngest generation, where fresh cycles are
+            if self.parked:
+                self._run_parked(phase, name)
+        self.model.preempt = hook
+
+    def park(self, family: Family, stream: int, call: str, when: str) -> None:
+        """What another host thread may do between two driver calls of the allocator: at the
+        allocator's next ``call`` ("enter" or "exit" of it, from numba_pool's code), a kernel on
+        ``stream`` uses ``family``'s array, which is then dropped (legally: the allocation stream
+        waits for the uses it would not follow, by the program's own event), in the thread
+        making the call.  The
+        pending releases cannot open these windows: their uses all came before, in host order,
+        whatever the allocator does at that point."""
+        self.parked.append((family, stream, call, when))
+
+    def _run_parked(self, phase: str, name: str) -> None:
+        family, stream, call, when = self.parked[-1]
+        if (call, when) != (name, phase) or family.id in self.busy:
+            return
+        if not any("numba_pool" in f.f_code.co_filename for f in _frames(sys._getframe())):
+            return  # a driver call of the harness itself, not of the allocator
+        self.parked.pop()
+        if family.id in self.families and family.refs and not family.zombie and (
+                stream == LEGACY or stream in self.streams):
+            if not self.model.would_follow(stream, family.token):
+                self.model.wait(stream, family.stream)
+            family.uses.append((stream, self.model.launch(stream, [(family.address, family.size, family.id)])))
+            # Legal by the program's own ordering (an event its allocation stream waits for),
+            # not record_stream: that takes the arena's lock, which the allocator may hold here.
+            for used, op in family.uses:
+                if used in family.recorded or self.model.would_follow(family.stream, op):
+                    continue
+                if used != LEGACY and used not in self.streams:  # destroyed: as _legalize does
+                    self.model.cuCtxSynchronize()
+                else:
+                    self.model.wait(family.stream, used)
+            del self.families[family.id]
+            family.refs.clear()
+        self.operations += 1
+
+    def reset(self) -> None:
+        self.release_pending()
+        with self._busy(list(self.families.values())):  # no parked use of memory being freed
+            self.mm.reset()
+        for f in self.families.values():
+            f.zombie = True
+        self.operations += 1
+
+    def check(self) -> None:
+        """No violation, no exception in a release, no warning but the documented fallback."""
+        self.model.assert_no_violations()
+        assert not self.problems, self.problems
+        unexpected = [str(w.message) for w in self.warnings if "synchronized the device instead" not in str(w.message)]
+        assert not unexpected, unexpected
+        arena = self.mm.allocator.arena if self.mm.allocator is not None else None
+        if arena is not None:
+            arena.check_invariants()
+
+    def finish(self) -> dict:
+        """Drop everything, trim, and check that every byte is accounted for."""
+        for family in list(self.families.values()):
+            while family.refs:
+                self.drop(family, legalize="sync")
+        self.release_pending()
+        gc.collect()
+        self.mm.trim()
+        self.check()
+        stats = self.mm.statistics()
+        assert stats.bytes_in_use == 0 and stats.blocks_in_use == 0, stats
+        assert stats.pool_used_bytes == 0, stats
+        return self.model.stats()
+
+
+def _drop_reference(refs: list) -> None:
+    refs.clear()
+
+
+def _free(refs: list) -> None:
+    refs[0].free()
+
+
+def _frames(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back

@@ -1,0 +1,202 @@
+"""Happens-before over GPU operations: operations with vector clocks, streams (legacy,
+per-thread, blocking, non-blocking) and events (CUDA Driver API, "Stream synchronization
+behavior")."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from .base import LEGACY_HANDLES, PER_THREAD_HANDLE
+
+# --------------------------------------------------------------------------- happens-before
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """One GPU operation: the ``seq``-th on the stream with id ``stream_id``; ``vc`` is its
+    vector clock (stream id -> highest seq of that stream ordered before or at this op)."""
+
+    stream_id: int
+    seq: int
+    vc: dict
+    kind: str
+    handle: int
+
+    def __repr__(self) -> str:
+        return f"Op({self.kind} #{self.seq} on stream id {self.stream_id})"
+
+
+def join(into: dict, other: dict) -> None:
+    """``into`` := the component-wise maximum of ``into`` and ``other``."""
+    for key, seq in other.items():
+        if into.get(key, 0) < seq:
+            into[key] = seq
+
+
+def op_a_precedes(op: Op, vc: dict) -> bool:
+    """True when ``op`` happens before (or is) the operation whose vector clock is ``vc``."""
+    return vc.get(op.stream_id, 0) >= op.seq
+
+
+@dataclass(eq=False)
+class _Stream:
+    id: int
+    handle: int
+    blocking: bool
+    legacy: bool = False
+    per_thread: bool = False
+    seq: int = 0
+    last: Optional[Op] = None
+    alive: bool = True
+
+    @property
+    def last_vc(self) -> dict:
+        return self.last.vc if self.last is not None else {}
+
+
+#: The pseudo stream of host (CPU) uses of pinned memory: its id and handle are never a stream's.
+HOST_ID = 0
+HOST_HANDLE = -1
+
+
+def describe_stream(handle: Optional[int], stream_id: Optional[int]) -> str:
+    if handle is None:
+        return "?"
+    if handle == HOST_HANDLE:
+        return "the host (CPU)"
+    if handle in LEGACY_HANDLES:
+        return f"legacy stream (id {stream_id})"
+    if handle == PER_THREAD_HANDLE:
+        return f"per-thread stream (id {stream_id})"
+    return f"stream {handle:#x} (id {stream_id})"
+
+
+class _Streams:
+    """Stream handles and ids, the per-stream last operation and the host's vector clock.
+
+    Ordering rules (CUDA Driver API, "Stream synchronization behavior"): a new op on stream S
+    is ordered after S's last op, after everything the host has seen complete, and
+
+    * on the legacy stream: after the last op of every blocking stream (``CU_STREAM_DEFAULT``
+      streams and every per-thread default stream);
+    * on a blocking stream: after the legacy stream's last op;
+    * on a non-blocking stream: nothing more.
+    """
+
+    FIRST_HANDLE, HANDLE_STEP = 0x1000, 0x10
+
+    def __init__(self, tls: threading.local, legacy_waits_for_destroyed: bool):
+        self._tls = tls
+        self._waits_for_destroyed = legacy_waits_for_destroyed
+        self.host_vc: dict = {}
+        self.by_id: dict[int, _Stream] = {}
+        self._blocking: dict[int, _Stream] = {}  # the streams a legacy-stream op waits for
+        self._by_handle: dict[int, _Stream] = {}
+        self._free_handles: list[int] = []
+        self._next_handle = self.FIRST_HANDLE
+        self._next_id = 1
+        self.legacy = self._new(LEGACY_HANDLES[1], blocking=True, legacy=True)
+
+    def _new(self, handle: int, blocking: bool, **kind: bool) -> _Stream:
+        stream = _Stream(self._next_id, handle, blocking, **kind)
+        self._next_id += 1
+        self.by_id[stream.id] = stream
+        if blocking and not stream.legacy:
+            self._blocking[stream.id] = stream
+        return stream
+
+    def create(self, blocking: bool) -> _Stream:
+        """A new stream, on the most recently freed handle if any (LIFO)."""
+        if self._free_handles:
+            handle = self._free_handles.pop()
+        else:
+            handle, self._next_handle = self._next_handle, self._next_handle + self.HANDLE_STEP
+        stream = self._by_handle[handle] = self._new(handle, blocking)
+        return stream
+
+    def destroy(self, stream: _Stream) -> None:
+        """Its handle becomes free; its enqueued work stays in the relation."""
+        stream.alive = False
+        del self._by_handle[stream.handle]
+        if not self._waits_for_destroyed:
+            self._blocking.pop(stream.id, None)
+        self._free_handles.append(stream.handle)
+
+    def resolve(self, handle: int) -> Optional[_Stream]:
+        """The stream a handle means for the calling thread now; None when invalid."""
+        if handle in LEGACY_HANDLES:
+            return self.legacy
+        if handle == PER_THREAD_HANDLE:
+            stream = getattr(self._tls, "per_thread", None)
+            if stream is None:  # one per host thread (threading.local: a new thread, a new one)
+                stream = self._tls.per_thread = self._new(PER_THREAD_HANDLE, blocking=True, per_thread=True)
+            return stream
+        return self._by_handle.get(handle)
+
+    def _implicit(self, stream: _Stream) -> Iterable[_Stream]:
+        if stream.legacy:
+            return self._blocking.values()
+        return [self.legacy] if stream.blocking else []
+
+    def next_vc(self, stream: _Stream) -> dict:
+        """The vector clock (less its own component) of an op enqueued on ``stream`` now."""
+        vc = dict(stream.last_vc)
+        join(vc, self.host_vc)
+        for other in self._implicit(stream):
+            join(vc, other.last_vc)
+        return vc
+
+    def new_op(self, stream: _Stream, kind: str, extra: Iterable[dict] = ()) -> Op:
+        """Enqueue one op on ``stream``, also ordered after each vector clock in ``extra``."""
+        vc = self.next_vc(stream)
+        for other in extra:
+            join(vc, other)
+        stream.seq += 1
+        vc[stream.id] = stream.seq
+        stream.last = Op(stream.id, stream.seq, vc, kind, stream.handle)
+        return stream.last
+
+    def host_learns(self, vc: dict) -> None:
+        """The host has seen every op ordered before ``vc`` complete."""
+        join(self.host_vc, vc)
+
+    def host_learns_all(self) -> None:
+        for stream in self.by_id.values():
+            join(self.host_vc, stream.last_vc)
+
+    def complete(self, op: Op) -> bool:
+        return op_a_precedes(op, self.host_vc)
+
+
+@dataclass(eq=False)
+class _Event:
+    handle: int
+    record: Optional[Op] = None
+
+
+class _Events:
+    """Event handles (reused LIFO) and each event's most recent record."""
+
+    FIRST_HANDLE, HANDLE_STEP = 0x50000, 0x10
+
+    def __init__(self):
+        self._by_handle: dict[int, _Event] = {}
+        self._free_handles: list[int] = []
+        self._next_handle = self.FIRST_HANDLE
+
+    def create(self) -> _Event:
+        if self._free_handles:
+            handle = self._free_handles.pop()
+        else:
+            handle, self._next_handle = self._next_handle, self._next_handle + self.HANDLE_STEP
+        event = self._by_handle[handle] = _Event(handle)
+        return event
+
+    def resolve(self, handle: int) -> Optional[_Event]:
+        return self._by_handle.get(handle)
+
+    def destroy(self, event: _Event) -> None:
+        del self._by_handle[event.handle]
+        self._free_handles.append(event.handle)

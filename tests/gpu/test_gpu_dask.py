@@ -1,0 +1,100 @@
+"""numba_pool on a dask-cuda cluster, one worker per GPU: Numba kernels in ``client.map`` are
+served by numba_pool on every worker, as its per-worker statistics show.
+
+Needs two GPUs or more and dask-cuda.  Run with ``pytest -s tests/gpu/test_gpu_dask.py`` to see
+the statistics of each worker; ``NUMBA_POOL_ARENA=1`` runs it with the arena (the workers
+inherit the environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import GPU
+
+pytestmark = pytest.mark.gpu
+
+N_ELEMENTS = 1 << 16
+TASKS_PER_WORKER = 8
+
+
+def _gpu_count() -> int:
+    if not GPU:
+        return 0
+    from numba import cuda
+
+    return len(cuda.gpus)  # creates no context
+
+
+def allocate_and_checksum(seed: int) -> dict:
+    """On a worker: to_device, device_array, a kernel, copy back; the checksum and which
+    manager served the arrays."""
+    from numba import cuda
+
+    from numba_pool.kernels import fill_kernel
+
+    n = N_ELEMENTS
+    x = cuda.to_device(np.arange(n, dtype=np.float32))
+    y = cuda.device_array(n, dtype=np.float32)
+    fill_kernel[(n + 255) // 256, 256](y, np.float32(seed))
+    total = float(y.copy_to_host().sum()) + float(x.copy_to_host().sum())
+    context = cuda.current_context()
+    return {"checksum": total, "manager": type(context.memory_manager).__name__,
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid()}
+
+
+def expected_checksum(seed: int) -> float:
+    return float(seed) * N_ELEMENTS + float(np.arange(N_ELEMENTS, dtype=np.float32).sum())
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs 2 GPUs or more")
+def test_local_cuda_cluster_workers_allocate_through_numba_pool():
+    dask_cuda = pytest.importorskip("dask_cuda")
+    import cloudpickle
+    from distributed import Client
+
+    import numba_pool.integrations.dask as npd
+
+    # The workers need not import this test module: send its functions by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with dask_cuda.LocalCUDACluster(threads_per_worker=1, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        workers = sorted(client.scheduler_info()["workers"])
+        assert len(workers) == _gpu_count()
+        responses = client.register_plugin(npd.NumbaPoolPlugin())  # options: the workers' NUMBA_POOL_*
+        assert list(responses.values()) == [{"status": "OK"}] * len(workers), responses
+        futures = {address: client.map(allocate_and_checksum, range(TASKS_PER_WORKER), workers=[address],
+                                       allow_other_workers=False, pure=False)
+                   for address in workers}
+        results = {address: client.gather(fs, errors="raise") for address, fs in futures.items()}
+        statistics = npd.stats(client)
+        print("\nnumba_pool statistics per worker:")
+        print(json.dumps(statistics, indent=1, sort_keys=True))
+
+        gpus = set()
+        for address in workers:
+            for seed, result in enumerate(results[address]):
+                assert result["manager"] == "NumbaPoolManager", result
+                assert result["checksum"] == expected_checksum(seed)
+            gpus.add(results[address][0]["visible"].split(",")[0])
+            s = statistics[address]
+            assert s["status"] == "ok" and s["manager"] == "NumbaPoolManager", s
+            total = s.get("total_count", s.get("total_allocations"))
+            assert total >= 2 * TASKS_PER_WORKER, s  # two arrays per task
+        assert len(gpus) == len(workers)  # one GPU per worker
+
+        # The same figures reach the scheduler through worker.metrics, with a heartbeat.
+        deadline = time.monotonic() + 30
+        while True:
+            metrics = {a: w["metrics"].get("numba_pool", {}) for a, w in client.scheduler_info()["workers"].items()}
+            if all(m.get("status") == "ok" for m in metrics.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        for address, m in metrics.items():
+            assert m.get("status") == "ok" and m.get("total_count", m.get("total_allocations", 0)) > 0, (address, m)

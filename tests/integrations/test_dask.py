@@ -1,0 +1,202 @@
+"""numba_pool.integrations.dask without a GPU: the plugin's registration gives a clear outcome and never
+hangs, the statistics never raise, and a missing distributed is one clear line.
+
+Clusters run in a fresh interpreter with a time limit: install() changes the process's Numba,
+and a hang must fail the test, not stall the suite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+
+import pytest
+
+from helpers import GPU, run_python
+
+pytest.importorskip("distributed")
+
+import numba_pool  # noqa: E402
+import numba_pool.integrations.dask as npd  # noqa: E402
+
+CLUSTER_TIMEOUT = 180  # seconds for a whole subprocess: start, register, query, close
+
+CLUSTER_PROGRAM = """
+import json, time
+from distributed import Client, LocalCluster
+import numba_pool.integrations.dask as npd
+
+def main():
+    out = {}
+    with LocalCluster(n_workers=1, processes=PROCESSES, threads_per_worker=1, dashboard_address=None) as cluster, \\
+            Client(cluster) as client:
+        out["before"] = list(npd.stats(client).values())
+        try:
+            out["register"] = list(client.register_plugin(npd.NumbaPoolPlugin(arena=True)).values())
+        except RuntimeError as err:
+            out["register"] = "RuntimeError: " + str(err)
+        out["stats"] = list(npd.stats(client).values())
+        deadline = time.monotonic() + 30  # the metric reaches the scheduler with a heartbeat
+        while True:
+            metrics = [w["metrics"].get("numba_pool") for w in client.scheduler_info()["workers"].values()]
+            if all(metrics) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        out["metrics"] = metrics
+        out["logs"] = [m for logs in client.get_worker_logs().values() for _, m in logs if "numba_pool" in m]
+        out["task"] = client.submit(sum, [1, 2], pure=False).result(timeout=60)  # the worker goes on
+    print(json.dumps(out))
+
+if __name__ == "__main__":
+    main()
+"""
+
+# Numba "already used CUDA" on the worker, for install()'s own check, on a machine without one:
+# a device holding a context in Numba's device table, and a driver that says a GPU is there.
+CUDA_ALREADY_USED = """
+from numba import cuda
+from numba.cuda.cudadrv.driver import driver
+
+class UsedDevice:
+    id = 0
+    primary_context = object()
+
+driver.devices[0] = UsedDevice()
+cuda.is_available = lambda: True
+"""
+
+
+def run_cluster(processes: bool, prelude: str = "", env: dict | None = None) -> dict:
+    code = prelude + CLUSTER_PROGRAM.replace("PROCESSES", repr(processes))
+    proc = run_python(code, env, timeout=CLUSTER_TIMEOUT)  # subprocess.TimeoutExpired fails the test
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(GPU, reason="checks a worker without a GPU")
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_registration_without_gpu_says_so_and_goes_on(processes):
+    out = run_cluster(processes)
+    no_gpu = "numba_pool not installed: no CUDA GPU on this worker (numba.cuda.is_available() is False)"
+    assert out["before"] == [{"status": "no CUDA context yet",
+                              "message": "Numba has not used CUDA in this worker yet (no context, no allocation)"}]
+    assert out["register"] == [{"status": "OK"}]  # a cluster may mix CPU and GPU workers
+    for where in ("stats", "metrics"):
+        [result] = out[where]
+        assert result["status"] == "no GPU" and result["message"].endswith(no_gpu), (where, result)
+    assert any("WARNING" in line and no_gpu in line for line in out["logs"]), out["logs"]
+    assert out["task"] == 3
+
+
+def test_registration_after_cuda_was_used_raises_on_the_client():
+    out = run_cluster(False, prelude=CUDA_ALREADY_USED)
+    assert str(out["register"]).startswith("RuntimeError: numba_pool.integrations.dask: worker inproc://"), out["register"]
+    for part in ("numba_pool not installed: numba_pool.install: CUDA context(s) already exist on device(s) [0]",
+                 "register the plugin before the first task that uses numba.cuda"):
+        assert part in out["register"]
+    [result] = out["stats"]
+    assert result["status"] == "not installed" and "already exist" in result["message"], result
+    assert any("ERROR" in line and "already exist" in line for line in out["logs"]), out["logs"]
+    assert out["task"] == 3
+
+
+def test_under_the_simulator_nothing_is_installed():
+    out = run_cluster(False, env={"NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
+    assert out["before"] == [{"status": "no GPU", "message": (
+        "the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it keeps device arrays in host memory and has no "
+        "memory manager for numba_pool to replace")}]
+    assert out["register"] == [{"status": "OK"}]
+    [result] = out["stats"]
+    assert result["status"] == "no GPU" and "numba_pool not installed: the CUDA simulator is on" in result["message"]
+    assert out["task"] == 3
+
+
+def test_bad_options_fail_on_the_client():
+    with pytest.raises(numba_pool.ConfigError, match="unknown option"):
+        npd.NumbaPoolPlugin(arena_size=1)
+    with pytest.raises(numba_pool.ConfigError, match="max_size"):
+        npd.NumbaPoolPlugin(max_size="lots")
+    assert npd.NumbaPoolPlugin(max_size="50%", arena=True).options == {"max_size": "50%", "arena": True}
+
+
+def test_missing_distributed_is_one_clear_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # "import distributed" fails
+    monkeypatch.delitem(sys.modules, "numba_pool.integrations.dask")
+    with pytest.raises(ImportError) as caught:
+        importlib.import_module("numba_pool.integrations.dask")
+    assert str(caught.value) == "numba_pool.integrations.dask needs Dask's distributed: pip install 'numba-pool[dask]'"
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+class FakeContext:
+    """A Numba context as worker_statistics sees it: a memory manager, push and pop."""
+
+    def __init__(self, memory_manager):
+        self.memory_manager = memory_manager
+        self.pushed = 0
+
+    def push(self):
+        self.pushed += 1
+
+    def pop(self):
+        self.pushed -= 1
+
+
+def fake_manager(statistics):
+    mm = object.__new__(numba_pool.NumbaPoolManager)  # no CUDA: only what worker_statistics reads
+    mm.allocator = object()
+    mm.statistics = lambda: statistics
+    return mm
+
+
+def test_statistics_of_a_numba_pool_context_and_another(monkeypatch):
+    figures = numba_pool.PoolStatistics(**{f.name: 3 for f in dataclasses.fields(numba_pool.PoolStatistics)
+                                           if f.default is dataclasses.MISSING})
+    ours, theirs = FakeContext(fake_manager(figures)), FakeContext(object())
+    monkeypatch.setattr(npd, "_contexts", lambda: {0: ours, 2: theirs})
+    result = npd.worker_statistics()
+    expected = figures.to_dict() if hasattr(figures, "to_dict") else dataclasses.asdict(figures)
+    assert result == {"status": "ok", "device": 0, "manager": "NumbaPoolManager", **expected, "other_devices": {
+        "2": {"status": "other manager", "device": 2, "manager": "object",
+              "message": "Numba's memory manager on device 2 is object, not numba_pool"}}}
+    assert ours.pushed == 0  # pushed for the pool queries, popped again
+    json.dumps(result)  # goes to the scheduler as it is
+
+
+def test_statistics_without_to_dict_use_asdict():
+    @dataclasses.dataclass
+    class Old:
+        total_allocations: int = 5
+
+    assert npd._as_dict(Old()) == {"total_allocations": 5}
+
+
+def test_statistics_never_raise(monkeypatch):
+    def broken():
+        raise OSError("driver gone")
+
+    monkeypatch.setattr(npd, "_contexts", broken)
+    assert npd.worker_statistics() == {"status": "error", "message": "OSError: driver gone"}
+    failing = FakeContext(fake_manager(None))
+    failing.memory_manager.statistics = broken
+    monkeypatch.setattr(npd, "_contexts", lambda: {1: failing})
+    assert npd.worker_statistics() == {"status": "error", "message": "OSError: driver gone"}
+    assert failing.pushed == 0
+
+
+def test_plugin_metric_adds_the_setup_outcome(monkeypatch):
+    class Worker:
+        address = "tcp://worker:1"
+        metrics: dict = {}
+
+    monkeypatch.setattr(npd, "_install", lambda options: ("no GPU", "numba_pool not installed: no CUDA GPU"))
+    monkeypatch.setattr(npd, "_contexts", lambda: {})
+    plugin, worker = npd.NumbaPoolPlugin(), Worker()
+    plugin.setup(worker)
+    assert worker.metrics[npd.METRIC](worker) == {
+        "status": "no GPU", "message": "worker tcp://worker:1: numba_pool not installed: no CUDA GPU"}
+    assert npd._run_statistics(worker) == worker.metrics[npd.METRIC](worker)
+    plugin.teardown(worker)
+    assert npd.METRIC not in worker.metrics

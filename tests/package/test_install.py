@@ -1,0 +1,134 @@
+"""Packaging: what ``pip install numba-pool`` pulls in, what the wheel carries, and that the
+imports of the package agree with the declared dependencies.  Reads setup.cfg; builds nothing."""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import glob
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO as CHECKOUT
+from helpers import run_python
+
+REPO = Path(CHECKOUT)
+SETUP = configparser.ConfigParser()
+SETUP.read(REPO / "setup.cfg")
+
+#: import name -> distribution, for the third-party modules the package may import.
+DISTRIBUTIONS = {
+    "numba": "numba", "numba_cuda": "numba-cuda", "cuda": "cuda-bindings", "numpy": "numpy", "click": "click",
+    "humanfriendly": "humanfriendly", "tabulate": "tabulate", "tqdm": "tqdm", "matplotlib": "matplotlib",
+    "distributed": "distributed", "dask": "distributed",
+}
+#: Imported only where the user asks for them and never declared: ``numba-pool bench`` measures
+#: the anchors (RMM, CuPy) when they are installed, for the comparison rows only.
+UNDECLARED_OPTIONAL = {"rmm", "cupy"}
+
+
+def requirement_names(text: str) -> list[str]:
+    names = []
+    for line in text.splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            names.append(re.split(r"[\s\[<>=!~;]", line, maxsplit=1)[0].lower())
+    return names
+
+
+CORE = requirement_names(SETUP["options"]["install_requires"])
+EXTRAS = {name: requirement_names(text) for name, text in SETUP["options.extras_require"].items()}
+
+
+def test_core_dependencies_are_small():
+    assert CORE == ["numba", "numba-cuda", "numpy", "cuda-bindings", "click", "humanfriendly", "tabulate", "tqdm"]
+    assert "numba-cuda[cu13]" in SETUP["options"]["install_requires"]
+    assert re.search(r"numpy>=[\d.]+,<2\.5", SETUP["options"]["install_requires"])
+
+
+def test_heavy_packages_are_extras():
+    assert EXTRAS["plot"] == ["matplotlib"]
+    assert EXTRAS["dask"] == ["distributed"]
+    assert {"pytest", "hypothesis", "distributed", "matplotlib"} <= set(EXTRAS["test"])
+
+
+def test_driver_requirement_and_license_are_stated():
+    metadata = SETUP["metadata"]
+    assert "Environment :: GPU :: NVIDIA CUDA :: 13" in metadata["classifiers"]
+    assert "driver >= 580" in metadata["description"]
+    assert metadata["license"] == "Apache-2.0"
+    license_text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text  # the full text, not a stub
+    assert "project_urls" not in metadata  # none until the project has a real address
+
+
+def test_package_data_exists():
+    """Every package_data pattern matches a file (a pattern matching nothing ships nothing)."""
+    data = SETUP["options.package_data"]
+    assert data, "package_data is empty: py.typed would not ship"
+    for package, patterns in data.items():
+        folder = REPO / package.replace(".", "/")
+        for pattern in patterns.split():
+            assert glob.glob(str(folder / pattern)), f"package_data {package} = {pattern} matches nothing"
+    assert "py.typed" in data["numba_pool"].split()
+    assert (REPO / "numba_pool" / "py.typed").is_file()
+
+
+def third_party_imports() -> dict[str, tuple[str, bool]]:
+    """module -> (first file importing it, whether at module level), over the shipped code."""
+    stdlib = set(sys.stdlib_module_names)
+    found: dict[str, tuple[str, bool]] = {}
+    for folder in ("numba_pool",):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            top_level = {id(node) for node in tree.body}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules = [node.module]
+                else:
+                    continue
+                for module in modules:
+                    root = module.split(".")[0]
+                    if root in stdlib or root in ("numba_pool", "__future__"):
+                        continue
+                    where, at_top = found.get(root, (str(path.relative_to(REPO)), False))
+                    found[root] = (where, at_top or id(node) in top_level)
+    return found
+
+
+def test_every_import_is_declared():
+    declared = set(CORE) | {name for names in EXTRAS.values() for name in names}
+    for module, (where, _) in third_party_imports().items():
+        if module in UNDECLARED_OPTIONAL:
+            continue
+        assert module in DISTRIBUTIONS, f"{where} imports {module}: declare it in setup.cfg and here"
+        assert DISTRIBUTIONS[module] in declared, f"{where} imports {module} ({DISTRIBUTIONS[module]}), not in setup.cfg"
+
+
+def test_extras_are_imported_lazily():
+    """A package from an extra (or undeclared) is imported inside the function that needs it,
+    so the core install works without it."""
+    optional = {m for m, dist in DISTRIBUTIONS.items() if dist.lower() not in CORE} | UNDECLARED_OPTIONAL
+    for module, (where, at_top) in third_party_imports().items():
+        if module in optional:
+            assert not at_top, f"{where} imports {module} at module level, but it is an optional extra"
+
+
+@pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="imports the real numba.cuda")
+def test_core_install_imports_without_the_extras():
+    """``import numba_pool`` and the CLI work when matplotlib, distributed and rmm are absent."""
+    code = (
+        "import sys\n"
+        "for name in ('matplotlib', 'distributed', 'dask', 'rmm'): sys.modules[name] = None\n"
+        "import numba_pool, numba_pool.cli, numba_pool.config\n"
+        "print('ok')\n"
+    )
+    proc = run_python(code, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
