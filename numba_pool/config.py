@@ -394,7 +394,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
 #: ``NUMBA_POOL_*`` variables read elsewhere than :func:`load`; every other ``NUMBA_POOL_*``
 #: name in the environment is reported as a probable typo.
 OTHER_VARIABLES = {
-    "NUMBA_POOL_NOOP_FINALIZER": "numba_pool.noop: the no-op manager keeps (1) or drops (0) its finalizer",
+    "NUMBA_POOL_NOOP_FINALIZER": "numba_pool.bench.noop: the no-op manager keeps (1) or drops (0) its finalizer",
     "NUMBA_POOL_BENCH_RMM": "set by numba-pool bench in the child process that measures rmm",
     "NUMBA_POOL_BENCH_CORE": "set by numba-pool bench: the CPU core its end-to-end workers pin themselves to",
     "NUMBA_POOL_BENCH_TURNS": "set by numba-pool bench: the pipes its end-to-end workers take turns through",

@@ -81,7 +81,8 @@ def test_install_warns_once_and_the_program_goes_on():
 import json, warnings
 from numba import cuda
 import numba_pool
-from numba_pool import manager, noop
+from numba_pool import manager
+from numba_pool.bench import noop
 
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -164,7 +165,8 @@ def test_real_path_uses_numbas_classes():
     from numba import cuda
 
     import numba_pool
-    from numba_pool import _simulator, manager, noop, pointer
+    from numba_pool import _simulator, manager, pointer
+    from numba_pool.bench import noop
 
     scratch = sys.modules["numba_pool.scratch"]  # numba_pool.scratch is the function
     assert not _simulator.enabled()

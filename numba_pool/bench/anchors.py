@@ -7,7 +7,7 @@
 * ``cupy (pool)``: :class:`CupyNumbaManager`, a plugin on CuPy's device pool written as Numba's
   EMM documentation describes one (a ``HostOnlyCUDAMemoryManager`` whose ``memalloc`` returns a
   ``MemoryPointer`` with a finalizer that hands the block back); bench-only, a comparison.
-  Select it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.anchors``.
+  Select it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.anchors``.
 
 An anchor not installed, or failing to start, is left out with a one-line note.
 """
@@ -21,18 +21,18 @@ try:
     from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryPointer
     from numba.cuda.cudadrv.driver import MemoryInfo
 except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: stand-ins
-    from . import _simulator
+    from .. import _simulator
 
     if not _simulator.enabled():
         raise
-    from ._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+    from .._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
 
     class GetIpcHandleMixin:  # noqa: D101 - unused under the simulator
         pass
 
 from cuda.bindings.driver import CUdeviceptr
 
-from .bench_checks import CUPY, RMM_ASYNC, RMM_POOL
+from .checks import CUPY, RMM_ASYNC, RMM_POOL
 
 #: The package each anchor needs, and the pip name to suggest.
 PACKAGES = {RMM_POOL: ("rmm", "rmm-cu13"), RMM_ASYNC: ("rmm", "rmm-cu13"), CUPY: ("cupy", "cupy-cuda13x")}

@@ -22,6 +22,8 @@ from numba_pool.cli import main
 
 HEADER = b"Thread,Time,Action,Pointer,Size,Stream\n"
 GOOD = HEADER + b"1,t,allocate,0x20,8,0x1\n1,t,free,0x20,8,0x1\n"
+#: The source checkout this file is in (tests/tools/ is two levels below it).
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def numba_pool_cli(*args, env=None, cwd=PACKAGE_PARENT, prelude=None):
@@ -198,7 +200,7 @@ def test_info_without_gpu_prints_versions_and_configuration_first():
 def test_kernel_scripts_without_gpu_one_line_and_exit_2(module):
     # From the source checkout's top level: numba_pool comes from the checkout there, whose
     # numba_pool/kernels is a shim onto kernels/.
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = CHECKOUT
     proc = subprocess.run([sys.executable, "-m", module, "--iterations", "1"], cwd=checkout, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
@@ -208,7 +210,7 @@ def test_kernel_scripts_without_gpu_one_line_and_exit_2(module):
 
 
 def test_kernel_scripts_name_a_bad_variable_in_one_line_before_anything_runs():
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = CHECKOUT
     env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA_MAX_BLOCK": "1000"}
     proc = subprocess.run([sys.executable, "-m", "numba_pool.kernels.sqrt", "--iterations", "1"], cwd=checkout,
                           env=env, capture_output=True, text=True, timeout=300)
@@ -220,7 +222,7 @@ def test_kernel_scripts_name_a_bad_variable_in_one_line_before_anything_runs():
 def test_kernels_import_from_a_checkout_without_the_editable_finder():
     """``python -m numba_pool.kernels.sqrt`` inside a checkout with a plain (not editable)
     install or none: only sys.path's finder, and numba_pool is the checkout's."""
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = CHECKOUT
     code = ("import sys, os; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in repr(f)]\n"
             "sys.path.insert(0, os.getcwd())\n"
             "import numba_pool, numba_pool.kernels.sqrt as s\n"

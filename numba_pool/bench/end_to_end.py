@@ -55,8 +55,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import bench_checks as checks
-from .bench_turns import TURNS_VARIABLE, pinned_thread, run_in_turns, worker_turn
+from . import checks
+from .turns import TURNS_VARIABLE, pinned_thread, run_in_turns, worker_turn
 
 SEED_ELEMENTS = 1 << 20
 SEED_ITERATIONS = 100
@@ -67,6 +67,8 @@ MIN_PAIRS, MAX_PAIRS = 100, 1000  # allocate+free pairs per repeat of a size
 ROUNDS = 5
 CORE_VARIABLE = "NUMBA_POOL_BENCH_CORE"  # the CPU core every worker pins itself to
 REPEATS_VARIABLE = "NUMBA_POOL_BENCH_REPEATS"  # timed repeats per figure, when not the default
+#: The folder holding the numba_pool we are (numba_pool/bench/ is two levels below it).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass(frozen=True)
@@ -82,14 +84,14 @@ class Manager:
 DEFAULT = Manager(checks.DEFAULT, {"NUMBA_CUDA_MEMORY_MANAGER": "default"})
 NUMBA_POOL = Manager("numba_pool", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "0"})
 ARENA = Manager("numba_pool arena", {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "1"})
-FLOOR = Manager(checks.NOOP_FLOOR, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "1"})
-BARE_FLOOR = Manager(checks.REFERENCE, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.noop", "NUMBA_POOL_NOOP_FINALIZER": "0"})
+FLOOR = Manager(checks.NOOP_FLOOR, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.bench.noop", "NUMBA_POOL_NOOP_FINALIZER": "1"})
+BARE_FLOOR = Manager(checks.REFERENCE, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.bench.noop", "NUMBA_POOL_NOOP_FINALIZER": "0"})
 RMM = Manager(checks.RMM_POOL, {"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba", "NUMBA_POOL_BENCH_RMM": "pool"})
 RMM_ASYNC = Manager(checks.RMM_ASYNC, {"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba",
                                        "NUMBA_POOL_BENCH_RMM": "cuda_async"})
-CUPY = Manager(checks.CUPY, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.anchors"})
+CUPY = Manager(checks.CUPY, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool.bench.anchors"})
 MANAGERS = [DEFAULT, NUMBA_POOL, ARENA, FLOOR, BARE_FLOOR]
-ANCHORS = [RMM, RMM_ASYNC, CUPY]  # rows when installed (numba_pool.anchors)
+ANCHORS = [RMM, RMM_ASYNC, CUPY]  # rows when installed (numba_pool.bench.anchors)
 
 
 def baselines(folder: str) -> list[Manager]:
@@ -228,7 +230,7 @@ def run_worker(host_parts: tuple = ()) -> dict:
     from numba import cuda
 
     if os.environ.get("NUMBA_POOL_BENCH_RMM"):
-        from numba_pool.anchors import prepare_rmm
+        from .anchors import prepare_rmm
 
         prepare_rmm(os.environ["NUMBA_POOL_BENCH_RMM"])
     fill_kernel, sqrt_kernel = seed_kernels()
@@ -251,9 +253,9 @@ def run_worker(host_parts: tuple = ()) -> dict:
             raise SystemExit(f"bench: fill kernel output is wrong at {nbytes} bytes: refusing to time")
         del a
     if host_parts:
-        from numba_pool import bench_host
+        from . import host_worker
 
-        bench_host.check(host_parts)
+        host_worker.check(host_parts)
 
     def seed_loop():
         cuda.synchronize()
@@ -279,7 +281,7 @@ def run_worker(host_parts: tuple = ()) -> dict:
         if getattr(getattr(manager, "_pool", None), "handle", None) is not None:
             result["driver_pair_us"] = _driver_pair_us(manager._pool.handle, repeats)
     if host_parts:
-        result["host"] = bench_host.measure(host_parts, repeats=worker_repeats(bench_host.REPEATS))
+        result["host"] = host_worker.measure(host_parts, repeats=worker_repeats(host_worker.REPEATS))
     return result
 
 
@@ -403,7 +405,7 @@ def _command(module: str, args: list[str], env: dict, cwd: str | None) -> tuple[
     env.pop(TURNS_VARIABLE, None)  # only run_in_turns gives a worker its pipes
     # Start in the folder holding the numba_pool we are, so that the worker imports the same
     # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
-    here = cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = cwd or PACKAGE_PARENT
     return [sys.executable, "-m", module, *args], env, here
 
 
@@ -532,16 +534,3 @@ def render(results: dict[str, dict], flags: list = ()) -> str:
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
-
-if __name__ == "__main__":
-    # Through the imported module, not this __main__ copy: bench_host imports numba_pool.bench,
-    # and one module keeps one set of cached kernels (seed_kernels).
-    from numba_pool import bench
-    from numba_pool.bench_host import parse_parts
-
-    turn = worker_turn()
-    turn.begin(bench.worker_core())
-    try:
-        print(json.dumps(bench.run_worker(parse_parts(sys.argv[1:]))), flush=True)
-    finally:
-        turn.end()

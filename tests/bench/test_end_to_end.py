@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from helpers import PACKAGE_PARENT
-from numba_pool import bench, noop
+from numba_pool.bench import end_to_end as bench
+from numba_pool.bench import noop
 from numba_pool.config import ConfigError
 
 
@@ -60,7 +61,7 @@ def test_bad_floor_variable_is_named():
 
 import gc  # noqa: E402
 
-from numba_pool import bench_checks  # noqa: E402
+from numba_pool.bench import checks as bench_checks  # noqa: E402
 from numba_pool import cli  # noqa: E402
 
 
@@ -186,7 +187,7 @@ def fake_worker(slow_round=None, failing=()):
 
 
 def test_end_to_end_flags_a_planted_slow_round_and_notes_missing_anchors(monkeypatch, capsys):
-    from numba_pool import anchors
+    from numba_pool.bench import anchors
 
     monkeypatch.setattr(bench, "measure", fake_worker(slow_round=2))
     monkeypatch.setattr(anchors, "installed", lambda label: False)
@@ -201,7 +202,7 @@ def test_end_to_end_flags_a_planted_slow_round_and_notes_missing_anchors(monkeyp
 
 
 def test_end_to_end_anchor_that_fails_is_a_one_line_note(monkeypatch, capsys):
-    from numba_pool import anchors
+    from numba_pool.bench import anchors
 
     monkeypatch.setattr(bench, "measure", fake_worker(failing=("rmm (pool)",)))
     monkeypatch.setattr(anchors, "installed", lambda label: True)
@@ -259,7 +260,7 @@ def test_workers_are_pinned_to_the_core_from_their_start(tmp_path):
 
 
 def test_repeat_run_end_to_end_warms_up_untimed_then_flags_ratios_that_move_between_runs(monkeypatch, capsys):
-    from numba_pool import anchors
+    from numba_pool.bench import anchors
 
     measure = fake_worker()
     calls = []
@@ -290,7 +291,7 @@ def test_repeat_run_end_to_end_warms_up_untimed_then_flags_ratios_that_move_betw
 
 
 def test_each_run_keeps_its_own_notes(monkeypatch, capsys):
-    from numba_pool import anchors
+    from numba_pool.bench import anchors
 
     monkeypatch.setattr(bench, "measure", fake_worker())
     monkeypatch.setattr(anchors, "installed", lambda label: False)
@@ -351,7 +352,7 @@ def test_cached_jit_falls_back_to_plain_jit_where_numba_cannot_cache(monkeypatch
 def test_seed_kernels_through_cached_jit_compute_what_the_seed_kernels_do(tmp_path):
     # Under the simulator (no GPU in CI), which compiles nothing and so caches nothing: this
     # checks that the kernels are the seed kernels; on a GPU the bench's own checks run them.
-    code = ("import numpy as np; from numba_pool import bench\n"
+    code = ("import numpy as np; from numba_pool.bench import end_to_end as bench\n"
             "fill, sqrt = bench.seed_kernels()\n"
             "a = np.arange(64, dtype=np.float32); sqrt[1, 64](a)\n"
             "b = np.zeros(64, dtype=np.float32); fill[1, 64](b, np.float32(3))\n"

@@ -51,7 +51,7 @@ class Flag:
 
 def figure_label(figure: str) -> str:
     """``'65536'`` -> ``'64 KiB'``; other figures as they are."""
-    from .bench import size_label
+    from .end_to_end import size_label
 
     return size_label(int(figure)) if figure.isdigit() else figure
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numba_pool import allocator_cost as a
+from numba_pool.bench import allocator_cost as a
 
 
 def test_allocators_take_turns_in_rotated_order_after_one_warm_up_each():
@@ -82,7 +82,8 @@ def test_baseline_is_imported_beside_ours_not_over_it():
 
 # -- ratios to the floor's overhead, and the checks of the allocator tables -------------------------
 
-from numba_pool import anchors, bench_checks  # noqa: E402
+from numba_pool.bench import anchors  # noqa: E402
+from numba_pool.bench import checks as bench_checks  # noqa: E402
 
 
 def test_ratio_is_the_overhead_over_the_floors_per_repeat():

@@ -14,7 +14,7 @@ import time
 
 import click
 
-from . import config as _config
+from .. import config as _config
 
 
 class Failure(click.ClickException):
@@ -55,7 +55,7 @@ def _load_config() -> _config.PoolConfig:
 def _require_gpu() -> None:
     from numba import cuda
 
-    from . import _simulator
+    from .. import _simulator
 
     if _simulator.enabled():  # where cuda.is_available() is True
         raise Failure(_simulator.NO_GPU)
@@ -123,7 +123,7 @@ def _driver_version() -> int:
               help="Also write the raw medians, the notes and the failed checks to this JSON file.")
 @click.option("--anchors/--no-anchors", default=True, show_default=True,
               help="Rows for the anchors where installed: RMM's plugin on its pool and on cuda_async, "
-                   "a plugin on CuPy's pool (numba_pool.anchors); one note per anchor left out.")
+                   "a plugin on CuPy's pool (numba_pool.bench.anchors); one note per anchor left out.")
 @click.option("--with-rmm", is_flag=True, hidden=True, help="Kept for old scripts: the anchors are rows by default.")
 @click.option("--no-arena", is_flag=True, help="Leave out the arena row.")
 @click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True,
@@ -160,15 +160,15 @@ def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, 
           host_rows: bool) -> None:
     """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors and the anchors.
 
-    Every table is checked (numba_pool.bench_checks): a row below a floor, or rounds or runs more
+    Every table is checked (numba_pool.bench.checks): a row below a floor, or rounds or runs more
     than 10 % apart, is marked '!' and named under the table; exit status 1 if any check failed.
     """
     _load_config()
     _require_gpu()
     from numba import cuda
 
-    from . import bench as b
-    from . import bench_checks as checks
+    from ..bench import checks
+    from ..bench import end_to_end as b
 
     anchors = anchors or with_rmm
     try:
@@ -206,16 +206,16 @@ def _bench_allocator(report: dict, baseline: str | None, plain_pool: bool, ancho
                      name: str, today: str) -> list:
     """Run the allocator part ``runs`` times, each in a fresh process; print each run's table,
     then the runs' ratios side by side; fill ``report``; return the failed checks."""
-    from . import allocator_cost as a
-    from . import bench as b
-    from . import bench_checks as checks
+    from ..bench import allocator_cost as a
+    from ..bench import checks
+    from ..bench import end_to_end as b
 
     args = ([baseline] if baseline else []) + (["--plain"] if plain_pool else []) + (["--anchors"] if anchors else [])
     outputs = []
     for run in range(runs):
         click.echo(f"measuring the allocators in one process (run {run + 1}/{runs}) ...", err=True)
         try:
-            outputs.append(b.run_module("numba_pool.allocator_cost", args, {b.CORE_VARIABLE: str(core)}))
+            outputs.append(b.run_module("numba_pool.bench.allocator_cost", args, {b.CORE_VARIABLE: str(core)}))
         except RuntimeError as err:
             raise Failure(str(err)) from None
     tables = [o["sizes"] for o in outputs]
@@ -245,8 +245,8 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
     interleaved rounds, a process per manager and round; print each run's tables (with
     ``host_rows``, the pinned and batch-pipeline tables too) and, for two runs or more, their
     ratios to default side by side; fill ``report``; return the failed checks."""
-    from . import bench as b
-    from . import bench_checks as checks
+    from ..bench import checks
+    from ..bench import end_to_end as b
 
     managers, notes, host_notes = _end_to_end_managers(anchors, no_arena, baseline, host_rows)
     for round_ in range(warm_up):
@@ -286,9 +286,9 @@ def _bench_end_to_end(report: dict, anchors: bool, no_arena: bool, rounds: int, 
 def _end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, host_rows: bool):
     """The end-to-end workers (the anchors that are installed, the baselines, host parts
     planned), the notes on anchors left out, and the host tables' notes."""
-    from . import anchors as anchor_module
-    from . import bench as b
-    from . import bench_host_tables as host_tables
+    from ..bench import anchors as anchor_module
+    from ..bench import end_to_end as b
+    from ..bench import host_tables
 
     managers = [m for m in b.MANAGERS if not (no_arena and m is b.ARENA)]
     notes = []
@@ -308,12 +308,12 @@ def _end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, ho
 def _one_round(managers: list, core: int, notes: list[str], what: str, turns: bool = False,
                warm_up: bool = False) -> dict:
     """Each manager's worker once (``warm_up``: one repeat of each figure): all at once in
-    lock-step turns (``turns``, :func:`numba_pool.bench.measure_round`), else one after the
+    lock-step turns (``turns``, :func:`numba_pool.bench.end_to_end.measure_round`), else one after the
     other.  Returns ``{label: (result, seconds)}`` (seconds: holding the turn, or the worker's
     whole run).  An anchor
     whose worker fails is noted and leaves ``managers``; any other failure is a :class:`Failure`."""
-    from . import anchors as anchor_module
-    from . import bench as b
+    from ..bench import anchors as anchor_module
+    from ..bench import end_to_end as b
 
     if turns:
         click.echo(f"{what}: measuring {len(managers)} managers, taking turns ...", err=True)
@@ -345,8 +345,8 @@ def _one_round(managers: list, core: int, notes: list[str], what: str, turns: bo
 def _end_to_end_tables(report: dict, per_round: dict, seconds: dict, managers: list, notes: list[str], rounds: int,
                        core: int, name: str, today: str) -> list:
     """Print the ``cuda.device_array`` tables of one run; fill ``report``; return the failed checks."""
-    from . import bench as b
-    from . import bench_checks as checks
+    from ..bench import checks
+    from ..bench import end_to_end as b
 
     slowest = max(((max(s), label) for label, s in seconds.items() if s), default=None)
     if slowest:
@@ -377,8 +377,8 @@ def _end_to_end_tables(report: dict, per_round: dict, seconds: dict, managers: l
 
 def _ratios_of(report: dict) -> dict[tuple[str, str, str], float]:
     """One run's ratios to default, ``{(table, figure, row): x faster}``, default's own left out."""
-    from . import bench_checks as checks
-    from . import bench_host_tables as t
+    from ..bench import checks
+    from ..bench import host_tables as t
 
     ratios = {("end to end", figure, label): ratio
               for label, r in report.get("results", {}).items() if label != checks.DEFAULT
@@ -394,9 +394,9 @@ def _ratios_of(report: dict) -> dict[tuple[str, str, str], float]:
 def _bench_host_tables(report: dict, per_round: dict, managers: list, notes: list[str], rounds: int, core: int,
                        name: str, today: str) -> list:
     """Print the pinned and batch-pipeline tables from the workers' host figures
-    (:mod:`numba_pool.bench_host_tables`); fill ``report``; return the failed checks."""
-    from . import bench_host as h
-    from . import bench_host_tables as t
+    (:mod:`numba_pool.bench.host_tables`); fill ``report``; return the failed checks."""
+    from ..bench import host_tables as t
+    from ..bench import host_worker as h
 
     host_rounds, unread = t.collect(per_round, {m.label for m in managers if m.args})
     notes = notes + unread
@@ -469,7 +469,7 @@ def replay(trace, slab_size, max_block, release_threshold, plot_path, skip_bad_l
     from tabulate import tabulate
     from tqdm import tqdm
 
-    from . import replay as r
+    from .. import replay as r
 
     try:  # everything the user typed is checked before a long read
         r.check_options(slab_size, max_block, release_threshold,
@@ -477,7 +477,7 @@ def replay(trace, slab_size, max_block, release_threshold, plot_path, skip_bad_l
     except ValueError as err:
         raise Failure(str(err)) from None
     if plot_path:
-        from . import replay_plot
+        from .. import replay_plot
 
         try:
             plot_path = replay_plot.plot_path(plot_path, option="--plot")
@@ -518,6 +518,3 @@ def replay(trace, slab_size, max_block, release_threshold, plot_path, skip_bad_l
             raise Failure(f"--plot {plot_path!r}: cannot write it ({err.strerror or err})") from None
         click.echo(f"plot written to {written}")
 
-
-if __name__ == "__main__":
-    main()

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import bench_checks as checks
-from .bench import quiet_host, size_label
+from . import checks
+from .end_to_end import quiet_host, size_label
 
 SIZES = [256, 64 << 10, 4 << 20]
 REPEATS = 201
@@ -127,7 +127,7 @@ def allocators(context, baseline: str | None = None, plain: bool = False) -> dic
     """The ``memalloc`` of each allocator measured, by label; ``plain`` adds numba_pool on a
     pool that is neither exportable nor reachable from peers."""
     import numba_pool
-    from numba_pool.noop import BareNoopManager, NoopManager
+    from .noop import BareNoopManager, NoopManager
 
     chosen = {}
     packages = [(numba_pool, "")]

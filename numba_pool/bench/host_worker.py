@@ -40,9 +40,9 @@ import functools
 import numpy as np
 from numba import cuda
 
-from .bench import (_median_times_taking_turns, cached_jit, calibrated, pairs_body, pending_frees, quiet_host,
+from .end_to_end import (_median_times_taking_turns, cached_jit, calibrated, pairs_body, pending_frees, quiet_host,
                     seed_kernels, size_label)
-from .bench_turns import worker_turn
+from .turns import worker_turn
 
 PARTS = ("pinned", "pipeline")
 PINNED_PHASE, PIPELINE_PHASE = 1, 2  # their phases in lock-step turns (0: cuda.device_array)

@@ -30,9 +30,9 @@ import dataclasses
 import math
 import statistics
 
-from . import bench_checks as checks
-from .bench import size_label
-from .bench_host import FIELDS, MAPPED, PARTS, PINNED, PIPELINE, SIZES
+from . import checks
+from .end_to_end import size_label
+from .host_worker import FIELDS, MAPPED, PARTS, PINNED, PIPELINE, SIZES
 
 HOST_TABLE = "pinned alloc+free"
 PIPELINE_TABLE = "batch pipeline"
@@ -180,7 +180,7 @@ def ratios_to_default(results: dict[str, dict]) -> dict[str, dict[str, dict[str,
     the median over rounds of default's time over the manager's in the same round
     (:func:`numba_pool.bench.ratio_to_default`), or the ratio of the medians where rounds are not
     kept; empty without a default row."""
-    from .bench import ratio_to_default
+    from .end_to_end import ratio_to_default
 
     default = results.get(checks.DEFAULT)
     if default is None:

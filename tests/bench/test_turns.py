@@ -1,4 +1,4 @@
-"""Lock-step turns between bench workers (numba_pool/bench_turns.py), with real processes: the
+"""Lock-step turns between bench workers (numba_pool/bench/turns.py), with real processes: the
 protocol needs no GPU, so CI runs it for real."""
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import time
 
 import pytest
 
-from numba_pool import bench, cli
-from numba_pool.bench_turns import TURNS_VARIABLE, Turn, parse_cpulist, run_in_turns, startup_cores
+from numba_pool import cli
+from numba_pool.bench import end_to_end as bench
+from numba_pool.bench.turns import TURNS_VARIABLE, Turn, parse_cpulist, run_in_turns, startup_cores
 
 WORKER = """
 import json, os, sys, threading, time
-from numba_pool import bench_turns
-from numba_pool.bench_turns import worker_turn
+from numba_pool.bench import turns as bench_turns
+from numba_pool.bench.turns import worker_turn
 turn = worker_turn()
 if sys.argv[3] == "old-slow-exit":  # a worker from before QUIT: says r, exits as soon as it is done
     bench_turns.READY = bench_turns.READY_EXITS_AT_ONCE
@@ -190,7 +191,7 @@ def test_without_the_variable_a_worker_runs_alone_and_a_bad_value_is_named():
 
 
 def test_the_bench_takes_a_round_in_turns_and_an_anchor_that_failed_is_a_note(monkeypatch, capsys):
-    from numba_pool import anchors
+    from numba_pool.bench import anchors
 
     asked = []
 

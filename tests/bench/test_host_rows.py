@@ -15,9 +15,11 @@ import pytest
 from numba.cuda import HostOnlyCUDAMemoryManager
 
 from helpers import PACKAGE_PARENT
-from numba_pool import bench, bench_checks, cli
-from numba_pool import bench_host as h
-from numba_pool import bench_host_tables as t
+from numba_pool import cli
+from numba_pool.bench import checks as bench_checks
+from numba_pool.bench import end_to_end as bench
+from numba_pool.bench import host_tables as t
+from numba_pool.bench import host_worker as h
 
 S4K, S1M, S64M = (str(s) for s in h.SIZES)
 
@@ -111,7 +113,7 @@ def test_where_pinned_memory_comes_from_is_said_in_words():
 
 SIMULATED = """
 import json, sys
-from numba_pool import bench_host as h
+from numba_pool.bench import host_worker as h
 if sys.argv[1] == "planted":
     from numba import cuda
 
@@ -346,7 +348,7 @@ def test_measure_hands_the_worker_its_arguments(monkeypatch):
 def fake_worker(slow_round=None, uncached=False):
     """A bench.measure stand-in whose workers return host figures when asked (args), and records
     what each was given; numba_pool's 64 MiB batch 20 % slower in round ``slow_round``."""
-    from test_bench import clean_results, result
+    from test_end_to_end import clean_results, result
 
     seen, calls = [], {}
     rows = {"default": DEFAULT, "numba_pool": POOL, "numba_pool arena": POOL}
@@ -370,7 +372,7 @@ def fake_worker(slow_round=None, uncached=False):
 
 
 def test_end_to_end_prints_the_host_tables_and_fills_the_json_report(monkeypatch, capsys):
-    from numba_pool import anchors
+    from numba_pool.bench import anchors
 
     measure, seen = fake_worker(slow_round=2)
     monkeypatch.setattr(bench, "measure", measure)
@@ -399,7 +401,7 @@ def test_end_to_end_prints_the_host_tables_and_fills_the_json_report(monkeypatch
 
 
 def test_end_to_end_flags_a_numba_pool_row_whose_pinned_memory_was_numbas(monkeypatch, capsys):
-    from numba_pool import anchors
+    from numba_pool.bench import anchors
 
     measure, _ = fake_worker(uncached=True)
     monkeypatch.setattr(bench, "measure", measure)
@@ -412,7 +414,7 @@ def test_end_to_end_flags_a_numba_pool_row_whose_pinned_memory_was_numbas(monkey
 
 
 def test_no_host_rows_leaves_the_workers_as_they_were(monkeypatch, capsys):
-    from numba_pool import anchors
+    from numba_pool.bench import anchors
 
     measure, seen = fake_worker()
     monkeypatch.setattr(bench, "measure", measure)

@@ -6,7 +6,7 @@ array aliases one buffer) except for measuring.  Two floors:
 * :class:`NoopManager` gives each pointer a finalizer that does nothing: Numba's own overhead per
   device array plus the ``weakref.finalize`` that Numba wraps around the finalizer of every EMM
   plugin that passes one (RMM's and CuPy's do).  Select it with
-  ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.noop``.
+  ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.noop``.
 * :class:`BareNoopManager` passes no finalizer: Numba's own overhead alone, the least any
   plugin can cost.  Select it with ``NUMBA_POOL_NOOP_FINALIZER=0`` as well.
 """
@@ -19,18 +19,18 @@ try:
     from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
     from numba.cuda.cudadrv.driver import MemoryInfo
 except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: stand-ins
-    from . import _simulator
+    from .. import _simulator
 
     if not _simulator.enabled():
         raise
-    from ._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+    from .._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
 
     _simulator.note_environment()
 
 from cuda.bindings import driver as cu
 
-from .config import parse_bool
-from .mempool import check, device_memory_info
+from ..config import parse_bool
+from ..mempool import check, device_memory_info
 
 BUFFER_BYTES = 64 << 20
 
@@ -75,7 +75,7 @@ class NoopManager(HostOnlyCUDAMemoryManager):
         return MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory):
-        raise NotImplementedError("numba_pool.noop does not support IPC")
+        raise NotImplementedError("numba_pool.bench.noop does not support IPC")
 
     def reset(self) -> None:
         super().reset()
