@@ -16,7 +16,6 @@ from numba.cuda import HostOnlyCUDAMemoryManager
 
 from end_to_end_fakes import SETTING, clean_results, result
 from helpers import PACKAGE_PARENT
-from numba_pool import cli
 from numba_pool.bench import anchors, checks, end_to_end, launch, timing
 from numba_pool.bench import host_tables as t
 from numba_pool.bench import host_worker as h
@@ -313,7 +312,7 @@ def test_tables_without_default_have_no_ratios_and_missing_cells_show_a_dash():
     assert t.render_pipeline(merged({"numba_pool": [partial]})).count("\n") == 1  # headers only: no pipeline figures
 
 
-# -- which worker runs what, and the bench command with the workers faked ----------------------------
+# -- which worker runs what, and the end-to-end part with the workers faked ----------------------------
 
 def test_plan_gives_each_worker_its_parts_and_numba_pool_the_host_cache():
     managers = [end_to_end.DEFAULT, end_to_end.NUMBA_POOL, end_to_end.ARENA, end_to_end.FLOOR, end_to_end.BARE_FLOOR,
@@ -420,11 +419,3 @@ def test_no_host_rows_leaves_the_workers_as_they_were(monkeypatch, capsys):
     assert all(m.args == () and "NUMBA_POOL_HOST" not in m.env for m in seen)
     assert "pinned host memory" not in out and "NUMBA_POOL_HOST" not in out and "host_results" not in report
 
-
-def test_bench_help_offers_the_host_rows_switch():
-    from click.testing import CliRunner
-
-    result = CliRunner().invoke(cli.main, ["bench", "--help"])
-    text = " ".join(result.stdout.split())
-    assert result.exit_code == 0 and "--host-rows / --no-host-rows" in text and "NUMBA_POOL_HOST=1" in text
-    assert "seed" not in text.lower()
