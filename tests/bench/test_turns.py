@@ -16,12 +16,12 @@ from numba_pool.bench.turns import TURNS_VARIABLE, Turn, parse_cpulist, run_in_t
 
 WORKER = """
 import json, os, sys, threading, time
-from numba_pool.bench import turns as bench_turns
+from numba_pool.bench import turns
 from numba_pool.bench.turns import worker_turn
 turn = worker_turn()
 if sys.argv[3] == "old-slow-exit":  # a worker from before QUIT: says r, exits as soon as it is done
-    bench_turns.READY = bench_turns.READY_EXITS_AT_ONCE
-    turn.end = lambda: os.write(turn._fds[1], bench_turns.EXIT)
+    turns.READY = turns.READY_EXITS_AT_ONCE
+    turn.end = lambda: os.write(turn._fds[1], turns.EXIT)
 helper = threading.Thread(target=time.sleep, args=(60,), daemon=True)  # as numpy's BLAS threads
 helper.start()
 affinity = {"start": sorted(os.sched_getaffinity(0))}
