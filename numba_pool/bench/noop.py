@@ -17,7 +17,8 @@ import os
 
 from cuda.bindings import driver as cu
 
-from .core import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer, check, device_memory_info, parse_bool, simulator
+from .core import (HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer, check, device_memory_info, parse_bool,
+                   simulator)
 
 if simulator.enabled():  # Numba ignores NUMBA_CUDA_MEMORY_MANAGER under the simulator: say so, once
     simulator.note_environment()
