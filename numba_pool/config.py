@@ -75,7 +75,7 @@ class PoolConfig:
     whose allocations other processes can open (where the device supports it); ``peer_access``
     is ``"all"`` (other devices may reach the pool's memory) or ``"none"``.  ``host`` serves
     pinned and mapped host memory (``cuda.pinned_array``, ``mapped_array``) from a cache of
-    ``cuMemHostAlloc`` blocks (:mod:`numba_pool.host`); off by default: not yet validated on a
+    ``cuMemHostAlloc`` blocks (:mod:`numba_pool.allocator.host_blocks`); off by default: not yet validated on a
     GPU.  ``host_max_size`` caps its reserved bytes (None: no cap); beyond
     ``host_release_threshold`` cached bytes, completed blocks are freed.  Build it with :func:`load`,
     which checks every value; the constructor checks nothing.
@@ -401,7 +401,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
 #: ``NUMBA_POOL_*`` variables read elsewhere than :func:`load`; every other ``NUMBA_POOL_*``
 #: name in the environment is reported as a probable typo.
 OTHER_VARIABLES = {
-    "NUMBA_POOL_NOOP_FINALIZER": "numba_pool.noop: the no-op manager keeps (1) or drops (0) its finalizer",
+    "NUMBA_POOL_NOOP_FINALIZER": "numba_pool.bench.noop: the no-op manager keeps (1) or drops (0) its finalizer",
     "NUMBA_POOL_BENCH_RMM": "set by numba-pool bench in the child process that measures rmm",
     "NUMBA_POOL_BENCH_CORE": "set by numba-pool bench: the CPU core its end-to-end workers pin themselves to",
     "NUMBA_POOL_BENCH_TURNS": "set by numba-pool bench: the pipes its end-to-end workers take turns through",

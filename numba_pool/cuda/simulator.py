@@ -63,7 +63,7 @@ _environment_noted = False
 
 def note_environment(environ=os.environ) -> None:
     """Warn once per process when ``NUMBA_CUDA_MEMORY_MANAGER`` names numba_pool (or
-    ``numba_pool.noop``) under the simulator, which ignores the variable.  Never raises."""
+    ``numba_pool.bench.noop``) under the simulator, which ignores the variable.  Never raises."""
     global _environment_noted
     value = environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip()
     if _environment_noted or not (value == "numba_pool" or value.startswith("numba_pool.")):

@@ -4,7 +4,7 @@
 Ordered Memory Allocator": interprocess communication):
 
 * the pool is created exportable (``CUmemPoolProps.handleTypes =
-  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR``, :class:`numba_pool.mempool.MemPool`);
+  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR``, :class:`numba_pool.cuda.mempool.MemPool`);
 * the exporter exports the pool once (``cuMemPoolExportToShareableHandle``: a file descriptor)
   and each allocation (``cuMemPoolExportPointer``: 64 bytes of export data).  The driver
   refuses interior pointers, so a slice, an arena block or a scratch array exports the base of

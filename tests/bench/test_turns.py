@@ -1,4 +1,4 @@
-"""Lock-step turns between bench workers (numba_pool/bench_turns.py), with real processes: the
+"""Lock-step turns between bench workers (numba_pool/bench/turns.py), with real processes: the
 protocol needs no GPU, so CI runs it for real."""
 
 from __future__ import annotations
@@ -10,17 +10,18 @@ import time
 
 import pytest
 
-from numba_pool import bench, cli
-from numba_pool.bench_turns import TURNS_VARIABLE, Turn, parse_cpulist, run_in_turns, startup_cores
+from numba_pool.bench import anchors, end_to_end, timing, turns
+from numba_pool.bench import report as bench_report
+from numba_pool.bench.turns import TURNS_VARIABLE, Turn, parse_cpulist, run_in_turns, startup_cores
 
 WORKER = """
 import json, os, sys, threading, time
-from numba_pool import bench_turns
-from numba_pool.bench_turns import worker_turn
+from numba_pool.bench import turns
+from numba_pool.bench.turns import worker_turn
 turn = worker_turn()
 if sys.argv[3] == "old-slow-exit":  # a worker from before QUIT: says r, exits as soon as it is done
-    bench_turns.READY = bench_turns.READY_EXITS_AT_ONCE
-    turn.end = lambda: os.write(turn._fds[1], bench_turns.EXIT)
+    turns.READY = turns.READY_EXITS_AT_ONCE
+    turn.end = lambda: os.write(turn._fds[1], turns.EXIT)
 helper = threading.Thread(target=time.sleep, args=(60,), daemon=True)  # as numpy's BLAS threads
 helper.start()
 affinity = {"start": sorted(os.sched_getaffinity(0))}
@@ -190,8 +191,6 @@ def test_without_the_variable_a_worker_runs_alone_and_a_bad_value_is_named():
 
 
 def test_the_bench_takes_a_round_in_turns_and_an_anchor_that_failed_is_a_note(monkeypatch, capsys):
-    from numba_pool import anchors
-
     asked = []
 
     def measure_round(managers, core, warm_up=False):
@@ -199,11 +198,11 @@ def test_the_bench_takes_a_round_in_turns_and_an_anchor_that_failed_is_a_note(mo
         return {m.label: (RuntimeError("benchmark of cupy (pool) failed: exit 1:\nImportError: no cupy")
                           if m.label == "cupy (pool)" else {"seed_loop_ms": 1.0}, 2.0) for m in managers}
 
-    monkeypatch.setattr(bench, "measure_round", measure_round)
+    monkeypatch.setattr(end_to_end, "measure_round", measure_round)
     monkeypatch.setattr(anchors, "installed", lambda label: True)
-    managers = [bench.DEFAULT, bench.NUMBA_POOL, bench.CUPY]
+    managers = [end_to_end.DEFAULT, end_to_end.NUMBA_POOL, end_to_end.CUPY]
     notes = []
-    measured = cli._one_round(managers, 4, notes, "round 1/1", turns=True)
+    measured = bench_report.one_round(managers, 4, notes, "round 1/1", turns=True)
     assert asked == [(["default", "numba_pool", "cupy (pool)"], 4, False)]
     assert list(measured) == ["default", "numba_pool"] and measured["default"] == ({"seed_loop_ms": 1.0}, 2.0)
     assert [m.label for m in managers] == ["default", "numba_pool"] and "cupy (pool)" in notes[0]
@@ -217,8 +216,9 @@ def test_a_warm_up_round_in_turns_asks_every_worker_for_one_repeat(monkeypatch):
         seen.update({label: env for label, (argv, env, cwd) in commands.items()})
         return {}
 
-    monkeypatch.setattr(bench, "run_in_turns", run_in_turns)
-    bench.measure_round([bench.DEFAULT, bench.NUMBA_POOL], 3, warm_up=True)
-    assert {label: env.get(bench.REPEATS_VARIABLE) for label, env in seen.items()} == {"default": "1", "numba_pool": "1"}
-    bench.measure_round([bench.DEFAULT], 3)
-    assert bench.REPEATS_VARIABLE not in seen["default"] and seen["default"][bench.CORE_VARIABLE] == "3"
+    monkeypatch.setattr(turns, "run_in_turns", run_in_turns)
+    end_to_end.measure_round([end_to_end.DEFAULT, end_to_end.NUMBA_POOL], 3, warm_up=True)
+    repeats = {label: env.get(timing.REPEATS_VARIABLE) for label, env in seen.items()}
+    assert repeats == {"default": "1", "numba_pool": "1"}
+    end_to_end.measure_round([end_to_end.DEFAULT], 3)
+    assert timing.REPEATS_VARIABLE not in seen["default"] and seen["default"][timing.CORE_VARIABLE] == "3"

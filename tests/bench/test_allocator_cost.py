@@ -1,4 +1,4 @@
-"""The in-process allocator bench's host side: the rotation of turns, paired differences and
+"""The in-process allocator bench without a GPU: the rotation of turns, paired differences and
 their intervals, the baseline import and the table."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numba_pool import allocator_cost as a
+from numba_pool.bench import allocator_cost as a
 
 
 def test_allocators_take_turns_in_rotated_order_after_one_warm_up_each():
@@ -57,7 +57,7 @@ def test_differences_are_paired_within_a_repeat():
 
 def test_baseline_folder_without_a_package_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"--baseline {tmp_path}: no numba_pool/__init__.py"):
-        a._import_baseline(str(tmp_path))
+        a.import_baseline(str(tmp_path))
 
 
 def test_table_shows_the_differences_with_intervals():
@@ -71,18 +71,67 @@ def test_table_shows_the_differences_with_intervals():
 
 def test_baseline_is_imported_beside_ours_not_over_it():
     import numba_pool
-    from numba_pool import manager
 
-    baseline = a._import_baseline(os.path.dirname(os.path.dirname(numba_pool.__file__)))
-    other = importlib.import_module("numba_pool_baseline.manager")
+    baseline = a.import_baseline(os.path.dirname(os.path.dirname(numba_pool.__file__)))
+    ours, other = a.manager_module(numba_pool), a.manager_module(baseline)
     assert baseline.__name__ == "numba_pool_baseline"
-    assert other is not manager and other.NumbaPoolManager is not manager.NumbaPoolManager
-    assert other.__name__ == "numba_pool_baseline.manager"
+    assert other is not ours and other.NumbaPoolManager is not ours.NumbaPoolManager
+    assert other.__name__ == "numba_pool_baseline" + ours.__name__.removeprefix("numba_pool")
+
+
+#: A numba_pool whose manager takes its configuration as an argument (numba_pool.plugin.manager).
+PLUGIN_LAYOUT = {
+    "config.py": "def load(environ=None, **options):\n    return {'environ': environ, **options}\n",
+    "plugin/__init__.py": "",
+    "plugin/manager.py": (
+        "class NumbaPoolManager:\n"
+        "    def __init__(self, context, config):\n"
+        "        self.context, self.config, self.initialized = context, config, False\n"
+        "    def initialize(self):\n"
+        "        self.initialized = True\n"),
+}
+#: A numba_pool from before numba_pool.plugin: the configuration is process-wide (_set_config).
+MANAGER_LAYOUT = {
+    "config.py": PLUGIN_LAYOUT["config.py"],
+    "manager.py": (
+        "_installed = None\n"
+        "def _set_config(config):\n"
+        "    global _installed\n"
+        "    _installed = config\n"
+        "class NumbaPoolManager:\n"
+        "    def __init__(self, context):\n"
+        "        self.context, self.config, self.initialized = context, None, False\n"
+        "    def initialize(self):\n"
+        "        self.config, self.initialized = _installed, True\n"),
+}
+
+
+def fake_numba_pool(folder, name: str, files: dict):
+    """A package ``name`` in ``folder`` made of ``files`` ({path: text}), imported."""
+    for path, text in files.items():
+        (folder / name / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name / path).write_text(text)
+    (folder / name / "__init__.py").write_text("")
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("name, layout, manager_module", [
+    ("plugin", PLUGIN_LAYOUT, "plugin.manager"),
+    ("before_plugin", MANAGER_LAYOUT, "manager"),
+    ("plugin_beside_an_old_manager", {**PLUGIN_LAYOUT, "manager.py": "NumbaPoolManager = None\n"}, "plugin.manager"),
+])
+def test_a_pool_manager_gets_its_configuration_in_either_layout(tmp_path, monkeypatch, name, layout, manager_module):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    package = fake_numba_pool(tmp_path, f"fake_numba_pool_{name}", layout)
+    manager = a.pool_manager(package, "the context", arena=True, ipc=False)
+    assert type(manager).__module__ == f"{package.__name__}.{manager_module}"
+    assert manager.context == "the context" and manager.initialized
+    assert manager.config == {"environ": {}, "arena": True, "ipc": False}  # the defaults, not this environment
 
 
 # -- ratios to the floor's overhead, and the checks of the allocator tables -------------------------
 
-from numba_pool import anchors, bench_checks  # noqa: E402
+from numba_pool.bench import anchors, checks  # noqa: E402
 
 
 def test_ratio_is_the_overhead_over_the_floors_per_repeat():
@@ -127,13 +176,13 @@ def table(arena_ratio=0.70, pool_ratio=1.90, floor_above=0.50, arena_above=0.35,
 
 
 def test_a_clean_allocator_table_raises_no_flag():
-    assert bench_checks.allocator_floor_flags(table()) == []
+    assert checks.allocator_floor_flags(table()) == []
 
 
 def test_planted_floor_inversions_are_each_flagged():
     # The no-op floor below Numba alone, numba_pool's arena below Numba alone, CuPy's plugin
     # (a finalizer, like the no-op floor) below the no-op floor.
-    flags = bench_checks.allocator_floor_flags(table(floor_above=-0.2, arena_above=-0.05, cupy_above_floor=-0.3))
+    flags = checks.allocator_floor_flags(table(floor_above=-0.2, arena_above=-0.05, cupy_above_floor=-0.3))
     assert {(f.label, f.table) for f in flags} == {("no-op floor", "allocator"), ("numba_pool arena", "allocator"),
                                                    ("cupy (pool)", "allocator")}
     arena = next(f for f in flags if f.label == "numba_pool arena")
@@ -142,21 +191,21 @@ def test_planted_floor_inversions_are_each_flagged():
 
 def test_planted_disagreement_between_runs_is_flagged_and_agreement_is_not():
     # mempool path 1.86 vs 2.03 (9 %: agrees), the arena 0.70 vs 0.78 (11 %: flagged).
-    flags = bench_checks.runs_flags([table(0.70, 1.86), table(0.78, 2.03)])
+    flags = checks.runs_flags([table(0.70, 1.86), table(0.78, 2.03)])
     assert [(f.table, f.label) for f in flags] == [("allocator runs", "numba_pool arena")]
     assert "disagree by 11 %" in flags[0].message and "0.7, 0.78" in flags[0].message
-    assert bench_checks.runs_flags([table(0.70, 1.86), table(0.70, 1.86), table(0.75, 2.0)]) == []
-    assert bench_checks.runs_flags([table()]) == []  # one run: nothing to compare
+    assert checks.runs_flags([table(0.70, 1.86), table(0.70, 1.86), table(0.75, 2.0)]) == []
+    assert checks.runs_flags([table()]) == []  # one run: nothing to compare
 
 
 def test_a_ratio_that_is_not_positive_cannot_agree():
-    flags = bench_checks.runs_flags([table(arena_ratio=-0.1), table(arena_ratio=0.1)])
+    flags = checks.runs_flags([table(arena_ratio=-0.1), table(arena_ratio=0.1)])
     assert [f.label for f in flags] == ["numba_pool arena"] and "not all positive" in flags[0].message
 
 
 def test_table_shows_the_ratio_and_marks_a_flagged_row():
     results = table(arena_above=-0.05)
-    flags = bench_checks.allocator_floor_flags(results)
+    flags = checks.allocator_floor_flags(results)
     lines = a.render(results, flags).splitlines()
     assert "overhead / no-op floor's [95% CI]" in lines[0]
     arena = next(line for line in lines if "numba_pool arena" in line)
@@ -166,7 +215,7 @@ def test_table_shows_the_ratio_and_marks_a_flagged_row():
 
 def test_runs_side_by_side_with_their_spread():
     runs = [table(0.70, 1.86), table(0.78, 2.03)]
-    text = a.render_runs(runs, bench_checks.runs_flags(runs))
+    text = a.render_runs(runs, checks.runs_flags(runs))
     arena = next(line for line in text.splitlines() if "arena" in line)
     assert "numba_pool arena !" in arena and "0.70" in arena and "0.78" in arena and "1.114" in arena
     assert "run 2" in text.splitlines()[0]
@@ -188,8 +237,8 @@ def test_an_anchor_that_fails_to_start_is_one_line_not_a_traceback(monkeypatch):
         raise RuntimeError("Traceback (most recent call last):\n  File x\nImportError: libcudart.so.13: cannot open")
 
     monkeypatch.setattr(anchors, "installed", lambda label: True)
-    monkeypatch.setattr(anchors, "_rmm_in_process", broken)
-    monkeypatch.setattr(anchors, "_cupy_in_process", lambda context: {"cupy (pool)": (len, None)})
+    monkeypatch.setattr(anchors, "rmm_in_process", broken)
+    monkeypatch.setattr(anchors, "cupy_in_process", lambda context: {"cupy (pool)": (len, None)})
     memallocs, prepare, notes = anchors.in_process(context=None)
     assert memallocs == {"cupy (pool)": len} and prepare == {}
     assert notes == ["rmm (pool): row skipped, it failed: ImportError: libcudart.so.13: cannot open",
@@ -199,11 +248,11 @@ def test_an_anchor_that_fails_to_start_is_one_line_not_a_traceback(monkeypatch):
 def test_rows_keep_the_old_fields_and_add_the_floor_and_the_ratio():
     alone = [1.0 + 0.01 * i for i in range(9)]
     times = {"numba_pool": [t + 1.0 for t in alone], "no-op floor": [t + 0.5 for t in alone], "Numba alone": alone}
-    rows = a._rows(times)
+    rows = a.rows_of(times)
     assert set(rows["numba_pool"]) == {"median_us", "above_reference", "vs_baseline", "vs_plain", "above_floor",
                                        "ratio_to_floor"}
     assert rows["numba_pool"]["above_reference"]["median"] == pytest.approx(1.0)
     assert rows["numba_pool"]["above_floor"]["median"] == pytest.approx(0.5)
     assert rows["numba_pool"]["ratio_to_floor"]["median"] == pytest.approx(2.0)
     assert rows["no-op floor"]["ratio_to_floor"] is None and rows["Numba alone"]["above_reference"] is None
-    assert bench_checks.allocator_floor_flags({"256": rows}) == []
+    assert checks.allocator_floor_flags({"256": rows}) == []

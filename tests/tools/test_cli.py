@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import json
 import os
+import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -22,6 +25,8 @@ from numba_pool.cli import main
 
 HEADER = b"Thread,Time,Action,Pointer,Size,Stream\n"
 GOOD = HEADER + b"1,t,allocate,0x20,8,0x1\n1,t,free,0x20,8,0x1\n"
+#: The source checkout this file is in (tests/tools/ is two levels below it).
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def numba_pool_cli(*args, env=None, cwd=PACKAGE_PARENT, prelude=None):
@@ -198,7 +203,7 @@ def test_info_without_gpu_prints_versions_and_configuration_first():
 def test_kernel_scripts_without_gpu_one_line_and_exit_2(module):
     # From the source checkout's top level: numba_pool comes from the checkout there, whose
     # numba_pool/kernels is a shim onto kernels/.
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = CHECKOUT
     proc = subprocess.run([sys.executable, "-m", module, "--iterations", "1"], cwd=checkout, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
@@ -208,7 +213,7 @@ def test_kernel_scripts_without_gpu_one_line_and_exit_2(module):
 
 
 def test_kernel_scripts_name_a_bad_variable_in_one_line_before_anything_runs():
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = CHECKOUT
     env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA_MAX_BLOCK": "1000"}
     proc = subprocess.run([sys.executable, "-m", "numba_pool.kernels.sqrt", "--iterations", "1"], cwd=checkout,
                           env=env, capture_output=True, text=True, timeout=300)
@@ -220,14 +225,14 @@ def test_kernel_scripts_name_a_bad_variable_in_one_line_before_anything_runs():
 def test_kernels_import_from_a_checkout_without_the_editable_finder():
     """``python -m numba_pool.kernels.sqrt`` inside a checkout with a plain (not editable)
     install or none: only sys.path's finder, and numba_pool is the checkout's."""
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkout = CHECKOUT
     code = ("import sys, os; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in repr(f)]\n"
             "sys.path.insert(0, os.getcwd())\n"
             "import numba_pool, numba_pool.kernels.sqrt as s\n"
             "print(os.path.dirname(numba_pool.__file__), s.__file__)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [os.path.join(checkout, "numba_pool"), os.path.join(checkout, "kernels", "sqrt.py")]
+    assert proc.stdout.split() == [os.path.join(checkout, "numba_pool"), os.path.join(checkout, "numba_pool", "kernels", "sqrt.py")]
 
 
 def test_help_lists_the_commands():
@@ -235,3 +240,104 @@ def test_help_lists_the_commands():
     assert proc.returncode == 0
     for command in ("bench", "info", "replay"):
         assert command in proc.stdout
+
+
+def test_bench_help_offers_the_host_rows_switch():
+    result = CliRunner().invoke(main, ["bench", "--help"])
+    text = " ".join(result.stdout.split())
+    assert result.exit_code == 0 and "--host-rows / --no-host-rows" in text and "NUMBA_POOL_HOST=1" in text
+    assert "seed" not in text.lower()
+
+
+# -- the commands on a GPU, faked: what they show and hand on ----------------------------------------
+
+def _as_rows(table: str) -> dict[str, str]:
+    """A plain two-column table as ``{name: value}``."""
+    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in table.strip().splitlines())
+
+
+def test_info_shows_the_device_and_the_pools_bytes_from_numba_pool_stats(monkeypatch):
+    import numba_pool
+    from cuda.bindings import driver
+    from numba import cuda
+
+    from numba_pool.cli import info
+
+    device = SimpleNamespace(id=1, name=b"Fake GPU", compute_capability=(9, 0))
+    monkeypatch.setattr(info, "gpu_available", lambda: True)
+    monkeypatch.setattr(numba_pool, "install", lambda: None)
+    monkeypatch.setattr(cuda, "current_context", lambda: SimpleNamespace(device=device))
+    monkeypatch.setattr(driver, "cuDriverGetVersion", lambda: (0, 13020))
+    monkeypatch.setattr(numba_pool, "stats", lambda: SimpleNamespace(
+        pool_reserved_bytes=2 << 20, pool_reserved_high=4 << 20, pool_used_bytes=1024, pool_used_high=3000))
+    result = CliRunner().invoke(main, ["info"])
+    assert result.exit_code == 0, result.output
+    rows = _as_rows(result.stdout)
+    assert list(rows)[:4] == ["device", "compute capability", "driver (CUDA version)", "python"]
+    assert rows["device"] == "1: Fake GPU" and rows["compute capability"] == "9.0"
+    assert rows["driver (CUDA version)"] == "13.2" and "config: arena" in rows
+    assert list(rows)[-4:] == ["pool reserved", "pool reserved high", "pool used", "pool used high"]
+    assert rows["pool reserved"] == "2 MiB (2097152 bytes)" and rows["pool reserved high"] == "4 MiB (4194304 bytes)"
+    assert rows["pool used"] == "1 KiB (1024 bytes)" and rows["pool used high"] == "2.93 KiB (3000 bytes)"
+
+
+@pytest.fixture
+def fake_gpu_bench(monkeypatch):
+    """``numba-pool bench`` on a fake GPU, its parts replaced: yields what ``report.run`` was given
+    and lets a test set what it returns or raises."""
+    from numba import cuda
+
+    from numba_pool.bench import report
+    from numba_pool.cli import bench
+
+    asked = {"returns": ({"device": "Fake GPU"}, [])}
+
+    def run(setting, **options):
+        asked.update(setting=setting, options=options)
+        if isinstance(asked["returns"], Exception):
+            raise asked["returns"]
+        return asked["returns"]
+
+    monkeypatch.setattr(bench, "require_gpu", lambda: None)
+    monkeypatch.setattr(cuda, "get_current_device", lambda: SimpleNamespace(name=b"Fake GPU"))
+    monkeypatch.setattr(report, "run", run)
+    yield asked
+
+
+def test_bench_hands_its_options_to_the_parts_and_writes_their_report(fake_gpu_bench, tmp_path):
+    core = min(os.sched_getaffinity(0))
+    result = CliRunner().invoke(main, ["bench", "--no-anchors", "--with-rmm", "--part", "end-to-end", "--rounds", "3",
+                                       "--core", str(core), "--baseline", str(tmp_path), "--json",
+                                       str(tmp_path / "out.json")])
+    assert result.exit_code == 0, result.output
+    setting, options = fake_gpu_bench["setting"], fake_gpu_bench["options"]
+    assert (setting.device, setting.core) == ("Fake GPU", core)
+    assert options == {"part": "end-to-end", "baseline": str(tmp_path), "anchors": True, "plain_pool": False,
+                       "no_arena": False, "rounds": 3, "runs": 1, "warm_up": 1, "turns": True, "host_rows": True}
+    assert json.loads((tmp_path / "out.json").read_text()) == {"device": "Fake GPU"}
+    assert result.stdout.strip().splitlines()[-1].startswith("self-checks passed")
+
+
+def test_bench_exits_1_when_a_check_failed(fake_gpu_bench):
+    from numba_pool.bench.checks import Flag
+
+    fake_gpu_bench["returns"] = ({}, [Flag("end to end", "256", "numba_pool", "rounds disagree")])
+    result = CliRunner().invoke(main, ["bench"])
+    assert result.exit_code == 1 and result.stdout.strip().splitlines()[-1].startswith("SELF-CHECKS: 1 FAILED")
+
+
+def test_a_bench_part_that_cannot_go_on_is_one_line_and_exit_2(fake_gpu_bench):
+    from numba_pool.bench.report import BenchError
+
+    fake_gpu_bench["returns"] = BenchError("benchmark of numba_pool failed: exit 1:\nImportError: libcuda.so")
+    result = CliRunner().invoke(main, ["bench"])
+    assert result.exit_code == 2
+    _check_one_line(result.stderr, result.stdout, "Error: benchmark of numba_pool failed: exit 1: ImportError: libcuda.so")
+
+
+def test_bench_refuses_a_core_it_may_not_run_on_in_one_line(fake_gpu_bench):
+    result = CliRunner().invoke(main, ["bench", "--core", str(max(os.sched_getaffinity(0)) + 1)])
+    assert result.exit_code == 2
+    _check_one_line(result.stderr, result.stdout, "not a CPU core this process may run on")
+    assert "setting" not in fake_gpu_bench
+

@@ -6,7 +6,7 @@ array aliases one buffer) except for measuring.  Two floors:
 * :class:`NoopManager` gives each pointer a finalizer that does nothing: Numba's own overhead per
   device array plus the ``weakref.finalize`` that Numba wraps around the finalizer of every EMM
   plugin that passes one (RMM's and CuPy's do).  Select it with
-  ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.noop``.
+  ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.noop``.
 * :class:`BareNoopManager` passes no finalizer: Numba's own overhead alone, the least any
   plugin can cost.  Select it with ``NUMBA_POOL_NOOP_FINALIZER=0`` as well.
 """
@@ -15,22 +15,13 @@ from __future__ import annotations
 
 import os
 
-try:
-    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer
-    from numba.cuda.cudadrv.driver import MemoryInfo
-except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: stand-ins
-    from . import _simulator
-
-    if not _simulator.enabled():
-        raise
-    from ._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
-
-    _simulator.note_environment()
-
 from cuda.bindings import driver as cu
 
-from .config import parse_bool
-from .mempool import check, device_memory_info
+from .core import (HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer, check, device_memory_info, parse_bool,
+                   simulator)
+
+if simulator.enabled():  # Numba ignores NUMBA_CUDA_MEMORY_MANAGER under the simulator: say so, once
+    simulator.note_environment()
 
 BUFFER_BYTES = 64 << 20
 
@@ -75,7 +66,7 @@ class NoopManager(HostOnlyCUDAMemoryManager):
         return MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory):
-        raise NotImplementedError("numba_pool.noop does not support IPC")
+        raise NotImplementedError("numba_pool.bench.noop does not support IPC")
 
     def reset(self) -> None:
         super().reset()
@@ -91,7 +82,7 @@ class BareNoopManager(NoopManager):
     finalizer = None
 
 
-def _chosen_manager(environ=os.environ) -> type:
+def chosen_manager(environ=os.environ) -> type:
     """:class:`NoopManager`, or :class:`BareNoopManager` when ``NUMBA_POOL_NOOP_FINALIZER`` is
     false.
 
@@ -102,4 +93,4 @@ def _chosen_manager(environ=os.environ) -> type:
     return NoopManager if with_finalizer else BareNoopManager
 
 
-_numba_memory_manager = _chosen_manager()
+_numba_memory_manager = chosen_manager()

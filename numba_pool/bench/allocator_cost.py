@@ -5,8 +5,8 @@ processes of the same program differ by up to ±4 µs on a lent GPU host (placem
 more than the differences between allocators.  Here every allocator runs in one process, on
 the context Numba made, called directly as Numba calls it (``memalloc(size)``, then the
 pointer is dropped): numba_pool in mempool and arena mode, the two floors of
-:mod:`numba_pool.noop`, optionally another installed numba_pool (a baseline, imported under
-another name), and the anchors of :mod:`numba_pool.anchors` (RMM's plugin on its pool and on
+:mod:`numba_pool.bench.noop`, optionally another installed numba_pool (a baseline, imported under
+another name), and the anchors of :mod:`numba_pool.bench.anchors` (RMM's plugin on its pool and on
 ``cuda_async``, a plugin on CuPy's pool) where installed.  Numba's own ``DeviceNDArray`` cost is
 not part of these figures.
 
@@ -21,7 +21,7 @@ The host's speed changes between runs (``Numba alone`` read 1.04 µs, then 0.53 
 H100 in one session) and the µs with it; what holds is the ratio of an allocator's overhead to
 the no-op floor's, both above ``Numba alone``: per repeat ``(t_x - t_alone) / (t_floor - t_alone)``,
 reported as the median with its 95 % interval by the same method (:func:`paired_ratios`).  The
-tables are checked (:mod:`numba_pool.bench_checks`): a row below a floor is flagged, and so are
+tables are checked (:mod:`numba_pool.bench.checks`): a row below a floor is flagged, and so are
 ratios of runs (``numba-pool bench --repeat-run N``) more than 10 % apart.
 """
 
@@ -37,16 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import bench_checks as checks
-from .bench import quiet_host, size_label
+from . import checks
+from .labels import ARENA, BASELINE_SUFFIX, NOOP_FLOOR, NUMBA_POOL, PLAIN_SUFFIX, REFERENCE, size_label
+from .timing import quiet_host
 
 SIZES = [256, 64 << 10, 4 << 20]
 REPEATS = 201
 PAIRS = 200
-REFERENCE = checks.REFERENCE
-FLOOR = checks.NOOP_FLOOR
-BASELINE_SUFFIX = " (baseline)"
-PLAIN_SUFFIX = " (plain pool)"  # not exportable, no peer access: what IPC and peers cost
+FLOOR = NOOP_FLOOR
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ def paired_ratios(times: dict[str, list[float]], reference: str = REFERENCE,
     return ratios
 
 
-def _import_baseline(folder: str):
+def import_baseline(folder: str):
     """The ``numba_pool`` package installed in ``folder``, imported as ``numba_pool_baseline``
     (its imports inside the package are relative, so it does not mix with ours)."""
     init = Path(folder) / "numba_pool" / "__init__.py"
@@ -112,34 +110,50 @@ def _import_baseline(folder: str):
     return package
 
 
-def _pool_manager(package, context, arena: bool, **options):
-    """A numba_pool manager of ``package`` on ``context``, its own private pool, initialized
-    with the defaults, ``arena`` and ``options``."""
-    manager_module = importlib.import_module(package.__name__ + ".manager")
-    config_module = importlib.import_module(package.__name__ + ".config")
-    manager_module._set_config(config_module.load(environ={}, arena=arena, **options))
-    manager = manager_module.NumbaPoolManager(context=context)
+def pool_manager(package, context, arena: bool, **options):
+    """A numba_pool manager of ``package`` (ours, or a baseline's) on ``context``, its own
+    private pool, initialized with the defaults, ``arena`` and ``options``
+    (``package.config.load``).  A package with ``plugin/manager.py`` takes the configuration as
+    the manager's argument; one from before it, as a process-wide setting (``_set_config``)."""
+    config = importlib.import_module(f"{package.__name__}.config").load(environ={}, arena=arena, **options)
+    module = manager_module(package)
+    if _has_plugin_manager(package):
+        manager = module.NumbaPoolManager(context=context, config=config)
+    else:
+        module._set_config(config)
+        manager = module.NumbaPoolManager(context=context)
     manager.initialize()
     return manager
+
+
+def manager_module(package):
+    """The module of ``package`` (a numba_pool) that defines ``NumbaPoolManager``:
+    ``plugin.manager`` where the package has one, else ``manager`` (a numba_pool from before)."""
+    suffix = "plugin.manager" if _has_plugin_manager(package) else "manager"
+    return importlib.import_module(f"{package.__name__}.{suffix}")
+
+
+def _has_plugin_manager(package) -> bool:
+    return (Path(package.__file__).parent / "plugin" / "manager.py").is_file()
 
 
 def allocators(context, baseline: str | None = None, plain: bool = False) -> dict[str, Callable[[int], object]]:
     """The ``memalloc`` of each allocator measured, by label; ``plain`` adds numba_pool on a
     pool that is neither exportable nor reachable from peers."""
     import numba_pool
-    from numba_pool.noop import BareNoopManager, NoopManager
+    from .noop import BareNoopManager, NoopManager
 
     chosen = {}
     packages = [(numba_pool, "")]
     if baseline:
-        packages.append((_import_baseline(baseline), BASELINE_SUFFIX))
+        packages.append((import_baseline(baseline), BASELINE_SUFFIX))
     for package, suffix in packages:
-        for arena, label in ((False, "numba_pool"), (True, "numba_pool arena")):
-            chosen[label + suffix] = _pool_manager(package, context, arena).memalloc
+        for arena, label in ((False, NUMBA_POOL), (True, ARENA)):
+            chosen[label + suffix] = pool_manager(package, context, arena).memalloc
             if plain and not suffix:
-                chosen[label + PLAIN_SUFFIX] = _pool_manager(package, context, arena, ipc=False,
+                chosen[label + PLAIN_SUFFIX] = pool_manager(package, context, arena, ipc=False,
                                                              peer_access="none").memalloc
-    for cls, label in ((NoopManager, "no-op floor"), (BareNoopManager, REFERENCE)):
+    for cls, label in ((NoopManager, NOOP_FLOOR), (BareNoopManager, REFERENCE)):
         floor = cls(context=context)
         floor.initialize()
         chosen[label] = floor.memalloc
@@ -184,7 +198,7 @@ def _nothing() -> None:
 def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain: bool = False,
         anchors: bool = False) -> dict:
     """Measure in this process (it creates the CUDA context), on one CPU core with the collector
-    off (:func:`numba_pool.bench.quiet_host`).  Returns ``{"sizes": {size: {label: row}},
+    off (:func:`numba_pool.bench.timing.quiet_host`).  Returns ``{"sizes": {size: {label: row}},
     "notes": [...], "core": n}``: per size, each allocator's median µs per pair, its paired
     difference (µs) from :data:`REFERENCE` and from :data:`FLOOR`, its ratio to the floor's
     overhead (:func:`paired_ratios`), and its paired difference from its counterpart without the
@@ -200,12 +214,14 @@ def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain:
         extra, prepare, notes = anchor_module.in_process(context)
         memallocs.update(extra)
     with quiet_host() as core:
-        results = {str(size): _rows(time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize,
+        results = {str(size): rows_of(time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize,
                                                   prepare=prepare)) for size in sizes}
     return {"sizes": results, "notes": notes, "core": core}
 
 
-def _rows(times: dict[str, list[float]]) -> dict[str, dict]:
+def rows_of(times: dict[str, list[float]]) -> dict[str, dict]:
+    """One size's table rows from its times (µs per pair, per allocator and repeat): per
+    allocator, the median and its paired differences and ratio (:func:`run`)."""
     above, over_floor, ratios = paired_differences(times, REFERENCE), paired_differences(times, FLOOR), paired_ratios(times)
     return {label: {"median_us": statistics.median(samples),
                     "above_reference": _as_dict(above.get(label)),
@@ -231,7 +247,7 @@ def render(results: dict, flags: list = ()) -> str:
     """The table: per size and allocator, the median µs per pair, the paired difference from
     Numba alone, the ratio of its overhead to the no-op floor's, and the paired difference from
     the baseline where there is one, each with its 95 % interval.  A row that a check flagged
-    (:mod:`numba_pool.bench_checks`) has ``!`` after its allocator."""
+    (:mod:`numba_pool.bench.checks`) has ``!`` after its allocator."""
     from tabulate import tabulate
 
     def cell(d: dict | None) -> str:

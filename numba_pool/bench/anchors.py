@@ -7,7 +7,7 @@
 * ``cupy (pool)``: :class:`CupyNumbaManager`, a plugin on CuPy's device pool written as Numba's
   EMM documentation describes one (a ``HostOnlyCUDAMemoryManager`` whose ``memalloc`` returns a
   ``MemoryPointer`` with a finalizer that hands the block back); bench-only, a comparison.
-  Select it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.anchors``.
+  Select it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.anchors``.
 
 An anchor not installed, or failing to start, is left out with a one-line note.
 """
@@ -17,23 +17,12 @@ from __future__ import annotations
 import importlib.util
 from typing import Callable
 
-try:
-    from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryPointer
-    from numba.cuda.cudadrv.driver import MemoryInfo
-except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: stand-ins
-    from . import _simulator
-
-    if not _simulator.enabled():
-        raise
-    from ._simulator import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
-
-    class GetIpcHandleMixin:  # noqa: D101 - unused under the simulator
-        pass
-
 from cuda.bindings.driver import CUdeviceptr
 
-from .bench_checks import CUPY, RMM_ASYNC, RMM_POOL
+from .core import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+from .labels import CUPY, RMM_ASYNC, RMM_POOL
 
+RMM_VARIABLE = "NUMBA_POOL_BENCH_RMM"  # set in the workers of RMM's rows: the resource its plugin allocates from
 #: The package each anchor needs, and the pip name to suggest.
 PACKAGES = {RMM_POOL: ("rmm", "rmm-cu13"), RMM_ASYNC: ("rmm", "rmm-cu13"), CUPY: ("cupy", "cupy-cuda13x")}
 
@@ -44,6 +33,7 @@ def installed(label: str) -> bool:
 
 
 def missing_note(label: str) -> str:
+    """One line for an anchor whose package is not installed, with what to install."""
     module, pip_name = PACKAGES[label]
     return f"{label}: row skipped, {module} is not installed (pip install {pip_name})"
 
@@ -108,7 +98,7 @@ def in_process(context) -> tuple[dict[str, Callable], dict[str, Callable[[], Non
     ``memalloc``; what to call (untimed) before each block of it (RMM's current resource is
     one per device, so the two RMM rows switch it); and one note per anchor left out."""
     memallocs, prepare, notes = {}, {}, []
-    for label, start in ((RMM_POOL, _rmm_in_process), (CUPY, _cupy_in_process)):
+    for label, start in ((RMM_POOL, rmm_in_process), (CUPY, cupy_in_process)):
         if not installed(label):
             notes.append(missing_note(label))
             if label == RMM_POOL:
@@ -126,7 +116,9 @@ def in_process(context) -> tuple[dict[str, Callable], dict[str, Callable[[], Non
     return memallocs, prepare, notes
 
 
-def _rmm_in_process(context) -> dict:
+def rmm_in_process(context) -> dict:
+    """RMM's plugin on ``context`` (RMM's pool made current): per RMM row, its ``memalloc`` and
+    what makes that row's resource current."""
     import rmm
     from rmm.allocators.numba import RMMNumbaManager
 
@@ -138,7 +130,8 @@ def _rmm_in_process(context) -> dict:
             for label, mr in resources.items()}
 
 
-def _cupy_in_process(context) -> dict:
+def cupy_in_process(context) -> dict:
+    """:class:`CupyNumbaManager` on ``context``: its ``memalloc``, nothing to do before a block."""
     manager = CupyNumbaManager(context=context)
     manager.initialize()
     return {CUPY: (manager.memalloc, None)}

@@ -1,7 +1,7 @@
 """The host tables of ``numba-pool bench --part end-to-end``, in the parent process: which
 workers run the host rows, their figures read back, medians over rounds, ratios to default,
-self-checks and the two tables.  The rows are measured by :mod:`numba_pool.bench_host`, inside
-the workers of :mod:`numba_pool.bench`.
+self-checks and the two tables.  The rows are measured by :mod:`numba_pool.bench.host_worker`,
+inside the workers of :mod:`numba_pool.bench.worker`.
 
 * **Which workers** (:func:`parts_for`): default and numba_pool's (mempool, arena, baselines)
   run both host parts (``--host pinned,pipeline``); numba_pool's run with ``NUMBA_POOL_HOST=1``
@@ -18,7 +18,7 @@ the workers of :mod:`numba_pool.bench`.
   ``{size: [one per round]}``; ``host_cache`` (every round's pinned memory came from
   numba_pool's cache); ``pinned_from`` (in words, from the first round); ``vs_default``
   (``{field: {size: default's time / the row's}}``).
-* **Self-checks** (:class:`numba_pool.bench_checks.Flag`): rounds more than 10 % apart, as for
+* **Self-checks** (:class:`numba_pool.bench.checks.Flag`): rounds more than 10 % apart, as for
   the ``cuda.device_array`` table; and a row run with ``NUMBA_POOL_HOST=1`` whose pinned memory
   did not come from the cache (then its figures are Numba's, not numba_pool's).  There is no
   floor in these tables, hence no floor check.  A flagged cell ends in ``!``.
@@ -30,9 +30,10 @@ import dataclasses
 import math
 import statistics
 
-from . import bench_checks as checks
-from .bench import size_label
-from .bench_host import FIELDS, MAPPED, PARTS, PINNED, PIPELINE, SIZES
+from . import checks
+from .device_tables import ratio_to_default
+from .host_worker import FIELDS, MAPPED, PARTS, PINNED, PIPELINE, SIZES
+from .labels import ANCHORS, BASELINE_SUFFIX, DEFAULT, NOOP_FLOOR, REFERENCE, size_label
 
 HOST_TABLE = "pinned alloc+free"
 PIPELINE_TABLE = "batch pipeline"
@@ -40,7 +41,7 @@ TABLE_OF = {PINNED: HOST_TABLE, MAPPED: HOST_TABLE, PIPELINE: PIPELINE_TABLE}
 NAME_OF = {PINNED: "pinned_array", MAPPED: "mapped_array", PIPELINE: "batch"}
 HOST_VARIABLE = "NUMBA_POOL_HOST"
 EVERY_SIZE = "every size"  # a flag's figure when it concerns a whole row
-FLOORS = (checks.NOOP_FLOOR, checks.REFERENCE)
+FLOORS = (NOOP_FLOOR, REFERENCE)
 FLOORS_NOTE = ("no-op floor, Numba alone: no host rows: their pinned memory is Numba's own, as default's, "
                "and their device arrays all alias one buffer, so the pipeline's output could not be right")
 ANCHORS_NOTE = ("{labels}: batch pipeline only: their pinned memory is Numba's own, as default's "
@@ -50,16 +51,16 @@ ANCHORS_NOTE = ("{labels}: batch pipeline only: their pinned memory is Numba's o
 def parts_for(label: str) -> tuple[str, ...]:
     """The host parts the worker of ``label`` runs: none for the floors, the pipeline for the
     anchors, both for the others (default, numba_pool's rows and their baselines)."""
-    row = label.removesuffix(" (baseline)")
+    row = label.removesuffix(BASELINE_SUFFIX)
     if row in FLOORS:
         return ()
-    if row in checks.ANCHORS:
+    if row in ANCHORS:
         return ("pipeline",)
     return PARTS
 
 
 def plan(managers: list) -> tuple[list, list[str]]:
-    """``managers`` (:class:`numba_pool.bench.Manager`) with their host parts as worker
+    """``managers`` (:class:`numba_pool.bench.end_to_end.Manager`) with their host parts as worker
     arguments (``--host PARTS``, :func:`parts_for`), numba_pool's with ``NUMBA_POOL_HOST=1``;
     and a note for the floors and one for the anchors, where there are any."""
     planned, floors, anchors = [], False, []
@@ -89,7 +90,7 @@ def figure_name(field: str, size: str | int) -> str:
 
 def host_figures(result: dict) -> dict | None:
     """The host part of one worker's result (its JSON line), checked: ``None`` when it has none
-    (no host part asked for, or a numba_pool without :mod:`numba_pool.bench_host`); else
+    (no host part asked for, or a numba_pool from before the host rows); else
     ``{field: {size: time}, "counts": {field: {size: count}}, "repeats", "host_cache",
     "pinned_from"}``.
 
@@ -178,11 +179,9 @@ def median_over_rounds(rounds: list[dict]) -> dict:
 def ratios_to_default(results: dict[str, dict]) -> dict[str, dict[str, dict[str, float]]]:
     """Per manager, ``{field: {size: x faster than default}}`` for the cells default has too:
     the median over rounds of default's time over the manager's in the same round
-    (:func:`numba_pool.bench.ratio_to_default`), or the ratio of the medians where rounds are not
+    (:func:`numba_pool.bench.device_tables.ratio_to_default`), or the ratio of the medians where rounds are not
     kept; empty without a default row."""
-    from .bench import ratio_to_default
-
-    default = results.get(checks.DEFAULT)
+    default = results.get(DEFAULT)
     if default is None:
         return {}
     return {label: {field: {s: ratio_to_default(default, r, field, s) for s in r[field] if s in default[field]}
@@ -191,7 +190,7 @@ def ratios_to_default(results: dict[str, dict]) -> dict[str, dict[str, dict[str,
 
 
 def rounds_flags(results: dict[str, dict]) -> list[checks.Flag]:
-    """Cells whose rounds disagree by more than :data:`numba_pool.bench_checks.TOLERANCE`."""
+    """Cells whose rounds disagree by more than :data:`numba_pool.bench.checks.TOLERANCE`."""
     flags = []
     for label, merged in results.items():
         for field in FIELDS:

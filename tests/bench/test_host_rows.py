@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 from numba.cuda import HostOnlyCUDAMemoryManager
 
+from end_to_end_fakes import SETTING, clean_results, result
 from helpers import PACKAGE_PARENT
-from numba_pool import bench, bench_checks, cli
-from numba_pool import bench_host as h
-from numba_pool import bench_host_tables as t
+from numba_pool.bench import anchors, checks, end_to_end, launch, timing
+from numba_pool.bench import host_tables as t
+from numba_pool.bench import host_worker as h
+from numba_pool.bench import report as bench_report
 
 S4K, S1M, S64M = (str(s) for s in h.SIZES)
 
@@ -47,13 +49,13 @@ def test_the_worker_module_refuses_an_unknown_part_before_touching_cuda():
 @pytest.mark.parametrize("seconds_per_op, count", [(1.3e-3, 24), (46e-3, h.MIN_COUNT), (5e-6, h.MAX_COUNT),
                                                    (0.0, h.MAX_COUNT), (0.01, 3), (0.0075, 4)])
 def test_count_per_repeat_is_time_budgeted_within_bounds(seconds_per_op, count):
-    assert bench.count_for(seconds_per_op, h.BUDGET_S, h.MIN_COUNT, h.MAX_COUNT) == count
+    assert timing.count_for(seconds_per_op, h.BUDGET_S, h.MIN_COUNT, h.MAX_COUNT) == count
 
 
 def test_calibration_warms_up_then_times_the_minimum_count(monkeypatch):
     made = []
-    monkeypatch.setattr(bench, "_elapsed", lambda body: body() or 3 * 2e-3)  # 2 ms per operation
-    count, body = bench.calibrated(lambda n: made.append(n) or (lambda: None), 0.03, h.MIN_COUNT, h.MAX_COUNT)
+    monkeypatch.setattr(timing, "elapsed", lambda body: body() or 3 * 2e-3)  # 2 ms per operation
+    count, body = timing.calibrated(lambda n: made.append(n) or (lambda: None), 0.03, h.MIN_COUNT, h.MAX_COUNT)
     assert made == [h.MIN_COUNT, 15] and count == 15
 
 
@@ -64,7 +66,7 @@ def test_cells_are_calibrated_then_take_turns_and_report_per_operation():
         return lambda count: (lambda: order.append((name, count)))
 
     result = {"counts": {}}
-    h._time_cells(result, {(h.PINNED, 4096): cell("a"), (h.PIPELINE, 4096): cell("b")}, repeats=3, budget_s=0.0)
+    h.time_cells(result, {(h.PINNED, 4096): cell("a"), (h.PIPELINE, 4096): cell("b")}, repeats=3, budget_s=0.0)
     assert order[:4] == [("a", 3), ("a", 3), ("b", 3), ("b", 3)]  # warm-up, then timed, per cell
     assert order[4:] == [("a", 3), ("b", 3)] * 3  # the cells take turns in each repeat
     assert result["counts"] == {h.PINNED: {"4096": 3}, h.PIPELINE: {"4096": 3}}
@@ -72,7 +74,7 @@ def test_cells_are_calibrated_then_take_turns_and_report_per_operation():
 
 
 def _batch_by_hand(x):
-    """The two kernels, element by element, as written in bench_host."""
+    """The two kernels, element by element, as written in numba_pool/bench/host_worker.py."""
     small_n = h.SMALL_TEMPORARY // 4
     n = len(x)
     full = [2.0 * x[i] for i in range(n)]
@@ -104,14 +106,14 @@ def test_where_pinned_memory_comes_from_is_said_in_words():
     from types import SimpleNamespace
 
     assert h.pinned_source(None) == "no memory manager (the CUDA simulator)"
-    assert h.pinned_source(SimpleNamespace(_host=object())) == "numba_pool host cache"
+    assert h.pinned_source(SimpleNamespace(host=object())) == "numba_pool host cache"
     assert h.pinned_source(_Overrides()) == f"{__name__}._Overrides.memhostalloc"
     assert h.pinned_source(_Numba.__new__(_Numba)) == "cuMemHostAlloc per array"
 
 
 SIMULATED = """
 import json, sys
-from numba_pool import bench_host as h
+from numba_pool.bench import host_worker as h
 if sys.argv[1] == "planted":
     from numba import cuda
 
@@ -283,7 +285,7 @@ def test_pinned_table_rows_cells_and_ratios():
 
 def test_pipeline_table_has_the_anchors_and_marks_flagged_cells():
     results = merged({"default": [DEFAULT], "numba_pool": [POOL], "cupy (pool)": [ANCHOR]})
-    flags = [bench_checks.Flag(t.PIPELINE_TABLE, "batch 1 MiB", "numba_pool", "rounds disagree")]
+    flags = [checks.Flag(t.PIPELINE_TABLE, "batch 1 MiB", "numba_pool", "rounds disagree")]
     table = t.render_pipeline(results, flags)
     assert "batch 4 KiB ms (x faster)" in table.splitlines()[0]
     assert cells(table, "numba_pool")[2:] == ["0.2000 (15.5x)", "0.6000 (7.00x) !", "14.90 (8.79x)"]
@@ -310,11 +312,12 @@ def test_tables_without_default_have_no_ratios_and_missing_cells_show_a_dash():
     assert t.render_pipeline(merged({"numba_pool": [partial]})).count("\n") == 1  # headers only: no pipeline figures
 
 
-# -- which worker runs what, and the bench command with the workers faked ----------------------------
+# -- which worker runs what, and the end-to-end part with the workers faked ----------------------------
 
 def test_plan_gives_each_worker_its_parts_and_numba_pool_the_host_cache():
-    managers = [bench.DEFAULT, bench.NUMBA_POOL, bench.ARENA, bench.FLOOR, bench.BARE_FLOOR, bench.CUPY,
-                *bench.baselines("/elsewhere")]
+    managers = [end_to_end.DEFAULT, end_to_end.NUMBA_POOL, end_to_end.ARENA, end_to_end.FLOOR, end_to_end.BARE_FLOOR,
+                end_to_end.CUPY,
+                *end_to_end.baselines("/elsewhere")]
     planned, notes = t.plan(managers)
     by_label = {m.label: m for m in planned}
     assert by_label["default"].args == ("--host", "pinned,pipeline")
@@ -323,31 +326,29 @@ def test_plan_gives_each_worker_its_parts_and_numba_pool_the_host_cache():
         assert by_label[label].args == ("--host", "pinned,pipeline") and by_label[label].env["NUMBA_POOL_HOST"] == "1"
     assert by_label["numba_pool arena"].env["NUMBA_POOL_ARENA"] == "1"
     assert by_label["numba_pool (baseline)"].cwd == "/elsewhere"
-    assert by_label["no-op floor"] is bench.FLOOR and by_label["Numba alone"] is bench.BARE_FLOOR
+    assert by_label["no-op floor"] is end_to_end.FLOOR and by_label["Numba alone"] is end_to_end.BARE_FLOOR
     assert by_label["cupy (pool)"].args == ("--host", "pipeline")
     assert "NUMBA_POOL_HOST" not in by_label["cupy (pool)"].env
-    assert bench.NUMBA_POOL.args == () and "NUMBA_POOL_HOST" not in bench.NUMBA_POOL.env  # the constants unchanged
+    assert end_to_end.NUMBA_POOL.args == () and "NUMBA_POOL_HOST" not in end_to_end.NUMBA_POOL.env  # constants unchanged
     assert notes == [t.FLOORS_NOTE, "cupy (pool): batch pipeline only: their pinned memory is Numba's own, as "
                      "default's (pinned_array and mapped_array rows would time default's path again)"]
-    assert t.plan([bench.DEFAULT, bench.NUMBA_POOL])[1] == []
+    assert t.plan([end_to_end.DEFAULT, end_to_end.NUMBA_POOL])[1] == []
 
 
 def test_measure_hands_the_worker_its_arguments(monkeypatch):
     seen = []
-    monkeypatch.setattr(bench, "run_module", lambda module, args, env, cwd: seen.append((module, args, env)) or {})
-    planned, _ = t.plan([bench.ARENA, bench.FLOOR])
+    monkeypatch.setattr(launch, "run_module", lambda module, args, env, cwd: seen.append((module, args, env)) or {})
+    planned, _ = t.plan([end_to_end.ARENA, end_to_end.FLOOR])
     for manager in planned:
-        bench.measure(manager, core=2)
+        end_to_end.measure(manager, core=2)
     assert [(m, a) for m, a, _ in seen] == [("numba_pool.bench", ["--host", "pinned,pipeline"]),
                                             ("numba_pool.bench", [])]
     assert seen[0][2]["NUMBA_POOL_HOST"] == "1" and "NUMBA_POOL_HOST" not in seen[1][2]
 
 
 def fake_worker(slow_round=None, uncached=False):
-    """A bench.measure stand-in whose workers return host figures when asked (args), and records
+    """An end_to_end.measure stand-in whose workers return host figures when asked (args), and records
     what each was given; numba_pool's 64 MiB batch 20 % slower in round ``slow_round``."""
-    from test_bench import clean_results, result
-
     seen, calls = [], {}
     rows = {"default": DEFAULT, "numba_pool": POOL, "numba_pool arena": POOL}
 
@@ -370,13 +371,11 @@ def fake_worker(slow_round=None, uncached=False):
 
 
 def test_end_to_end_prints_the_host_tables_and_fills_the_json_report(monkeypatch, capsys):
-    from numba_pool import anchors
-
     measure, seen = fake_worker(slow_round=2)
-    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(end_to_end, "measure", measure)
     monkeypatch.setattr(anchors, "installed", lambda label: label == "cupy (pool)")
     report = {}
-    flags = cli._bench_end_to_end(report, True, False, 3, None, 0, "GPU", "today")
+    flags = bench_report.end_to_end_part(report, SETTING, anchors=True, no_arena=False, rounds=3, baseline=None)
     out = capsys.readouterr().out
     assert [(f.table, f.figure, f.label) for f in flags] == [("batch pipeline", "batch 64 MiB", "numba_pool")]
     assert "numba_pool rows with NUMBA_POOL_HOST=1, which these figures do not use" in out
@@ -399,12 +398,10 @@ def test_end_to_end_prints_the_host_tables_and_fills_the_json_report(monkeypatch
 
 
 def test_end_to_end_flags_a_numba_pool_row_whose_pinned_memory_was_numbas(monkeypatch, capsys):
-    from numba_pool import anchors
-
     measure, _ = fake_worker(uncached=True)
-    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(end_to_end, "measure", measure)
     monkeypatch.setattr(anchors, "installed", lambda label: False)
-    flags = cli._bench_end_to_end({}, True, False, 2, None, 0, "GPU", "today")
+    flags = bench_report.end_to_end_part({}, SETTING, anchors=True, no_arena=False, rounds=2, baseline=None)
     assert {(f.table, f.figure, f.label) for f in flags} == {("pinned alloc+free", "every size", "numba_pool arena"),
                                                              ("batch pipeline", "every size", "numba_pool arena")}
     out = capsys.readouterr().out
@@ -412,22 +409,13 @@ def test_end_to_end_flags_a_numba_pool_row_whose_pinned_memory_was_numbas(monkey
 
 
 def test_no_host_rows_leaves_the_workers_as_they_were(monkeypatch, capsys):
-    from numba_pool import anchors
-
     measure, seen = fake_worker()
-    monkeypatch.setattr(bench, "measure", measure)
+    monkeypatch.setattr(end_to_end, "measure", measure)
     monkeypatch.setattr(anchors, "installed", lambda label: False)
     report = {}
-    assert cli._bench_end_to_end(report, True, False, 2, None, 0, "GPU", "today", host_rows=False) == []
+    assert bench_report.end_to_end_part(report, SETTING, anchors=True, no_arena=False, rounds=2, baseline=None,
+                                        host_rows=False) == []
     out = capsys.readouterr().out
     assert all(m.args == () and "NUMBA_POOL_HOST" not in m.env for m in seen)
     assert "pinned host memory" not in out and "NUMBA_POOL_HOST" not in out and "host_results" not in report
 
-
-def test_bench_help_offers_the_host_rows_switch():
-    from click.testing import CliRunner
-
-    result = CliRunner().invoke(cli.main, ["bench", "--help"])
-    text = " ".join(result.stdout.split())
-    assert result.exit_code == 0 and "--host-rows / --no-host-rows" in text and "NUMBA_POOL_HOST=1" in text
-    assert "seed" not in text.lower()

@@ -1,5 +1,6 @@
 """The host rows of ``numba-pool bench --part end-to-end``, measured inside the per-manager
-worker (``python -m numba_pool.bench --host pinned,pipeline``, :func:`numba_pool.bench.run_worker`).
+worker (``python -m numba_pool.bench --host pinned,pipeline``,
+:func:`numba_pool.bench.worker.run_worker`).
 
 Two parts, each checked before it is timed (wrong data: the worker exits, refusing to time):
 
@@ -16,11 +17,11 @@ Two parts, each checked before it is timed (wrong data: the worker exits, refusi
 
 Method: a figure at a size is a *cell*.  Each cell's count of operations per repeat is chosen
 from the time of a few after a warm-up so that a repeat takes about :data:`BUDGET_S` seconds,
-between :data:`MIN_COUNT` and :data:`MAX_COUNT` (:func:`numba_pool.bench.calibrated`): Numba's
+between :data:`MIN_COUNT` and :data:`MAX_COUNT` (:func:`numba_pool.bench.timing.calibrated`): Numba's
 own manager pays about 1.3 ms per pinned pair at 4 KiB and 46 ms at 64 MiB, numba_pool's host
 cache microseconds.
 Then :data:`REPEATS` repeats, the cells of a part taking turns inside each repeat, on one CPU
-core with the collector off (:func:`numba_pool.bench.quiet_host`).  Each repeat of a cell ends by
+core with the collector off (:func:`numba_pool.bench.timing.quiet_host`).  Each repeat of a cell ends by
 carrying out the frees Numba holds back (its manager's pending deallocations: Numba's own frees
 ``cuMemFree`` and ``cuMemFreeHost`` ten at a time), so that a repeat pays for its own frees and
 no other's.  A figure is the median repeat divided by the count.
@@ -40,9 +41,11 @@ import functools
 import numpy as np
 from numba import cuda
 
-from .bench import (_median_times_taking_turns, cached_jit, calibrated, pairs_body, pending_frees, quiet_host,
-                    seed_kernels, size_label)
-from .bench_turns import worker_turn
+from .core import has_host_cache
+from .labels import size_label
+from .timing import (cached_jit, calibrated, median_times_taking_turns, pairs_body, pending_frees, quiet_host,
+                     seed_kernels)
+from .turns import worker_turn
 
 PARTS = ("pinned", "pipeline")
 PINNED_PHASE, PIPELINE_PHASE = 1, 2  # their phases in lock-step turns (0: cuda.device_array)
@@ -199,16 +202,16 @@ def measure(parts: tuple, sizes: list[int] = SIZES, repeats: int = REPEATS, budg
     ``pinned_from`` (:func:`pinned_source`)."""
     flush = pending_frees()
     result: dict = {"repeats": repeats, "counts": {}}
-    turn = worker_turn()  # lock-step turns: each part is a phase (numba_pool.bench_turns)
+    turn = worker_turn()  # lock-step turns: each part is a phase (numba_pool.bench.turns)
     with quiet_host():
         if "pinned" in parts:
             turn.enter_phase(PINNED_PHASE)
-            _time_cells(result, _pinned_cells(sizes, flush), repeats, budget_s)
+            time_cells(result, _pinned_cells(sizes, flush), repeats, budget_s)
         if "pipeline" in parts:
             turn.enter_phase(PIPELINE_PHASE)
-            _time_cells(result, _pipeline_cells(sizes, flush), repeats, budget_s)
+            time_cells(result, _pipeline_cells(sizes, flush), repeats, budget_s)
     manager = getattr(cuda.current_context(), "memory_manager", None)
-    result["host_cache"] = getattr(manager, "_host", None) is not None
+    result["host_cache"] = has_host_cache(manager)
     result["pinned_from"] = pinned_source(manager)
     return result
 
@@ -219,7 +222,7 @@ def pinned_source(manager) -> str:
     its cache off); or the class whose ``memhostalloc`` overrides Numba's."""
     if manager is None:
         return "no memory manager (the CUDA simulator)"
-    if getattr(manager, "_host", None) is not None:
+    if has_host_cache(manager):
         return "numba_pool host cache"
     owner = next((c for c in type(manager).__mro__ if "memhostalloc" in vars(c)), type(manager))
     if owner.__module__.split(".")[0] in ("numba", "numba_cuda", "numba_pool"):
@@ -238,13 +241,13 @@ def _pipeline_cells(sizes: list[int], flush) -> dict:
             for nbytes in sizes}
 
 
-def _time_cells(result: dict, cells: dict, repeats: int, budget_s: float) -> None:
+def time_cells(result: dict, cells: dict, repeats: int, budget_s: float) -> None:
     """Calibrate every cell ``{(field, size): make}``, time them taking turns, and store the
     median per operation (the field's unit) and the count in ``result``."""
     counts, bodies = {}, {}
     for key, make in cells.items():
         counts[key], bodies[key] = calibrated(make, budget_s, MIN_COUNT, MAX_COUNT)
-    for (field, nbytes), seconds in _median_times_taking_turns(bodies, repeats).items():
+    for (field, nbytes), seconds in median_times_taking_turns(bodies, repeats).items():
         count = counts[(field, nbytes)]
         result.setdefault(field, {})[str(nbytes)] = seconds / count * UNITS[field]
         result["counts"].setdefault(field, {})[str(nbytes)] = count

@@ -23,16 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .labels import BASELINE_SUFFIX, NOOP_FLOOR, REFERENCE, SEED_LOOP, WITH_FINALIZER, figure_label
+
 TOLERANCE = 0.10
-REFERENCE = "Numba alone"
-NOOP_FLOOR = "no-op floor"
-DEFAULT = "default"
-RMM_POOL = "rmm (pool)"
-RMM_ASYNC = "rmm (cuda_async)"
-CUPY = "cupy (pool)"
-ANCHORS = (RMM_POOL, RMM_ASYNC, CUPY)
-WITH_FINALIZER = (DEFAULT, *ANCHORS)  # Numba wraps their finalizers in weakref.finalize
-SEED_LOOP = "benchmark loop"
 
 
 @dataclass(frozen=True)
@@ -49,19 +42,12 @@ class Flag:
         return f"CHECK FAILED [{self.table}] {figure_label(self.figure)}, {self.label}: {self.message}"
 
 
-def figure_label(figure: str) -> str:
-    """``'65536'`` -> ``'64 KiB'``; other figures as they are."""
-    from .bench import size_label
-
-    return size_label(int(figure)) if figure.isdigit() else figure
-
-
 def floors_of(label: str) -> list[str]:
     """The floors ``label`` cannot measure below: none for ``Numba alone``; ``Numba alone`` for
     every other row; the no-op floor as well for rows that pass a finalizer."""
     if label == REFERENCE:
         return []
-    if label.removesuffix(" (baseline)") in WITH_FINALIZER:
+    if label.removesuffix(BASELINE_SUFFIX) in WITH_FINALIZER:
         return [REFERENCE, NOOP_FLOOR]
     return [REFERENCE]
 

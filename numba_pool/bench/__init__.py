@@ -1,0 +1,37 @@
+"""``numba-pool bench``: how fast Numba's allocations are under each memory manager.
+
+Two parts.  The **allocator** part times ``memalloc`` + release of every allocator in one
+process, taking turns in short blocks.  The **end-to-end** part times ``cuda.device_array`` (and
+pinned host memory, and a batch pipeline) under each manager in a process of its own, since
+Numba binds the manager when it creates a context; the processes of a round take lock-step turns
+on one CPU core.  Every table is self-checked.
+
+The modules, lowest first (each imports only modules above it in this list):
+
+=====================  ================================================================================
+``labels``             the rows' labels (default, numba_pool, the floors, the anchors) and size names
+``turns``              lock-step turns between a round's workers: the worker's side and the parent's
+``core``               what the bench takes from numba_pool's allocator core, in one place
+``timing``             how a bench process times: one core, collector off, turns, calibrated counts
+``checks``             the self-checks: floor inversions, rounds and runs that disagree
+``noop``               the no-op floors, EMM plugins (``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.noop``)
+``anchors``            the other plugins measured beside numba_pool: RMM's, and one on CuPy's pool
+                       (``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.anchors``)
+``launch``             running a bench module in a fresh process and reading its JSON line (parent)
+``host_worker``        worker: the host rows (pinned and mapped allocate+free, the batch pipeline)
+``worker``             worker: the ``cuda.device_array`` rows; ``__main__`` is the worker's entry
+                       (``python -m numba_pool.bench``)
+``end_to_end``         parent: the managers measured end to end, and their workers run, round by round
+``device_tables``      parent: the ``cuda.device_array`` figures over rounds, ratios to default, tables
+``host_tables``        parent: the host figures read back, over rounds, checks and tables
+``allocator_cost``     the allocator part, in its own process (``python -m numba_pool.bench.allocator_cost``)
+                       and its tables in the parent
+``report``             parent: both parts run, printed and put in the JSON report (for ``numba_pool.cli``)
+=====================  ================================================================================
+
+Worker side: ``worker``, ``host_worker`` and ``__main__`` run inside each end-to-end process,
+``allocator_cost.run`` inside each allocator process, with ``timing``, ``turns``, ``noop`` and
+``anchors`` beneath them.  Parent side: ``report`` over ``end_to_end``, ``device_tables``,
+``host_tables``, ``launch`` and ``allocator_cost``'s tables.  Nothing here imports
+:mod:`numba_pool.cli`; this package imports none of its modules.
+"""

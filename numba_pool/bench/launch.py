@@ -1,0 +1,59 @@
+"""Running a bench module in a fresh Python process, from the parent: its command line and
+environment, and the JSON line it prints last.
+
+Numba binds the memory manager when it creates a context, so each end-to-end worker
+(``python -m numba_pool.bench``) and each allocator run (``python -m
+numba_pool.bench.allocator_cost``) is a process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from .timing import CORE_VARIABLE, REPEATS_VARIABLE
+from .turns import TURNS_VARIABLE, pinned_thread
+
+#: The folder holding the numba_pool we are (numba_pool/bench/ is two levels below it).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_module(module: str, args: list[str], env: dict | None = None, cwd: str | None = None) -> dict:
+    """Run ``python -m module args`` in a fresh process and parse the JSON line it prints last.
+
+    :raises RuntimeError: when it fails, with its exit status and standard error.
+    """
+    argv, env, cwd = command(module, args, env or {}, cwd)
+    core = env.get(CORE_VARIABLE, "").strip()
+    # Pinned from its first instruction, not only once it times: the memory it allocates while
+    # it imports and creates its context is then placed for the core it is timed on.
+    with pinned_thread(int(core) if core else None):
+        proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    return last_json(proc.returncode, proc.stdout, proc.stderr)
+
+
+def command(module: str, args: list[str], env: dict, cwd: str | None) -> tuple[list[str], dict, str]:
+    """``(argv, env, cwd)`` of ``python -m module args``: this process's variables with ``env``
+    over them, less :data:`REPEATS_VARIABLE` (only warm-up rounds set it, through ``env``) and
+    the turns' pipes (only :func:`numba_pool.bench.turns.run_in_turns` gives them); started in
+    ``cwd``, else in :data:`PACKAGE_PARENT`."""
+    inherited = {k: v for k, v in os.environ.items() if k != REPEATS_VARIABLE}
+    env = {**inherited, **env, "PYTHONUNBUFFERED": "1"}
+    env.pop(TURNS_VARIABLE, None)
+    # Start in the folder holding the numba_pool we are, so that the worker imports the same
+    # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
+    return [sys.executable, "-m", module, *args], env, cwd or PACKAGE_PARENT
+
+
+def last_json(status: int, stdout: str, stderr: str) -> dict:
+    """The JSON line a process printed last.
+
+    :raises RuntimeError: when it exited with a non-zero ``status`` or printed nothing, with the
+        end of its standard error.
+    """
+    lines = stdout.strip().splitlines()
+    if status != 0 or not lines:
+        raise RuntimeError(f"exit {status}:\n{stderr.strip()[-3000:]}")
+    return json.loads(lines[-1])

@@ -1,0 +1,26 @@
+"""The ``numba-pool`` command line (also ``python -m numba_pool``).
+
+Exit status 2, with one line on standard error and no traceback, for bad configuration, bad
+options, bad input files, and machines without a CUDA GPU (:mod:`numba_pool.cli.errors`).
+
+One module per command: :mod:`~numba_pool.cli.info`, :mod:`~numba_pool.cli.replay` and
+:mod:`~numba_pool.cli.bench` (whose measuring is :mod:`numba_pool.bench`'s).
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import bench, info, replay
+from .errors import OneLineErrors
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="numba-pool")
+def main() -> None:
+    """numba-pool: Numba's CUDA allocations served by a stream-ordered memory pool."""
+
+
+main.add_command(info.info)
+main.add_command(bench.bench)
+main.add_command(replay.replay)

@@ -1,0 +1,103 @@
+"""``numba-pool bench``: the command line of the benchmark (:mod:`numba_pool.bench`).
+
+The options are read and checked here, the device named, and the parts run by
+:func:`numba_pool.bench.report.run`; a :class:`~numba_pool.bench.report.BenchError` becomes the
+command's one-line error (exit status 2), a failed self-check exit status 1.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+import click
+
+from .errors import Failure, load_config, require_gpu
+
+
+@click.command()
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
+              help="Also write the raw medians, the notes and the failed checks to this JSON file.")
+@click.option("--anchors/--no-anchors", default=True, show_default=True,
+              help="Rows for the anchors where installed: RMM's plugin on its pool and on cuda_async, "
+                   "a plugin on CuPy's pool (numba_pool.bench.anchors); one note per anchor left out.")
+@click.option("--with-rmm", is_flag=True, hidden=True, help="Kept for old scripts: the anchors are rows by default.")
+@click.option("--no-arena", is_flag=True, help="Leave out the arena row.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True,
+              help="End to end: interleaved rounds of all managers; the table shows medians over rounds, "
+                   "and flags figures whose rounds disagree by more than 10 %.")
+@click.option("--repeat-run", type=click.IntRange(1, 10), default=1, show_default=True,
+              help="Run each part this many times (allocator: the in-process measurement, each in a fresh "
+                   "process; end to end: all its rounds); shows each run's tables, then their ratios side by side, "
+                   "and flags ratios that disagree between runs by more than 10 %.")
+@click.option("--turns/--no-turns", default=True, show_default=True,
+              help="End to end: the workers of a round run at once on one CPU core, taking turns timed block by "
+                   "timed block (a slow spell of the host hits every manager alike); --no-turns runs them one "
+                   "after the other.")
+@click.option("--warm-up-rounds", type=click.IntRange(0, 5), default=1, show_default=True,
+              help="End to end: untimed rounds of all managers, each figure once, before the first run (a "
+                   "machine just started timed its first rounds up to 1.6x slower).")
+@click.option("--core", type=click.IntRange(0), default=None, metavar="N",
+              help="The CPU core every measuring process pins itself to (default: the lowest this process may use).")
+@click.option("--baseline", type=click.Path(exists=True, file_okay=False),
+              help="A folder holding another installed numba_pool: add its rows, to compare versions in one run.")
+@click.option("--part", type=click.Choice(["all", "allocator", "end-to-end"]), default="all", show_default=True,
+              help="allocator: memalloc+release timed in one process, managers taking turns; "
+                   "end-to-end: cuda.device_array per manager, each in its own process.")
+@click.option("--plain-pool", is_flag=True,
+              help="Allocator part: add numba_pool on a pool neither exportable (IPC) nor reachable from peers, "
+                   "to show what those cost.")
+@click.option("--host-rows/--no-host-rows", default=True, show_default=True,
+              help="End to end: also time cuda.pinned_array and mapped_array allocate+free (4 KiB, 1 MiB, 64 MiB) "
+                   "and a batch pipeline (pinned staging, to_device on a stream, device temporaries, two kernels, "
+                   "copy_to_host into pinned memory) in default's and numba_pool's workers, the pipeline in the "
+                   "anchors' too; numba_pool's workers then run with NUMBA_POOL_HOST=1.")
+def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, rounds: int, repeat_run: int,
+          warm_up_rounds: int, turns: bool, core: int | None, baseline: str | None, part: str, plain_pool: bool,
+          host_rows: bool) -> None:
+    """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors and the anchors.
+
+    Every table is checked (numba_pool.bench.checks): a row below a floor, or rounds or runs more
+    than 10 % apart, is marked '!' and named under the table; exit status 1 if any check failed.
+    """
+    load_config()
+    require_gpu()
+    from ..bench import checks
+    from ..bench import report as bench_report
+
+    setting = _setting(core)
+    try:
+        report, flags = bench_report.run(
+            setting, part=part, baseline=os.path.abspath(baseline) if baseline else None,  # the workers start elsewhere
+            anchors=anchors or with_rmm, plain_pool=plain_pool, no_arena=no_arena, rounds=rounds, runs=repeat_run,
+            warm_up=warm_up_rounds, turns=turns, host_rows=host_rows)
+    except bench_report.BenchError as err:
+        raise Failure(str(err)) from None
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    click.echo(checks.summary(flags))
+    if flags:
+        raise SystemExit(1)
+
+
+def _setting(core: int | None):
+    """Where and when the bench runs (:class:`numba_pool.bench.report.Setting`): the current
+    device's name, today's date, and ``core`` (``--core``), else the lowest CPU core this process
+    may use.
+
+    :raises Failure: for a core this process may not run on, naming the ones it may.
+    """
+    from numba import cuda
+
+    from ..bench.report import Setting
+    from ..bench.timing import chosen_core
+
+    try:
+        core = chosen_core(core, os.sched_getaffinity(0))
+    except ValueError as err:
+        raise Failure(str(err)) from None
+    name = cuda.get_current_device().name
+    return Setting(device=name.decode() if isinstance(name, bytes) else name, date=datetime.date.today().isoformat(),
+                   core=core)

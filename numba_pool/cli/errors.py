@@ -1,0 +1,69 @@
+"""The command line's errors, one line each (``Error: ...``, exit status 2, no traceback), and the
+checks that raise them before a command does anything: the configuration of the environment, and
+a CUDA GPU for the commands that need one.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..cuda import simulator
+from .. import config as _config
+
+
+class Failure(click.ClickException):
+    """A user-facing error: printed as ``Error: ...``, exit status 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).splitlines()))  # one line, whatever the cause said
+
+
+class OneLineErrors(click.Group):
+    """Usage errors (a bad option value, a missing file, an unknown command) as one line,
+    ``Error: ...``, without Click's usage lines: the culprit is in the line."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as err:
+            err.ctx = None  # UsageError.show prints the usage and a hint only with a context
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as err:  # from the subcommand's arguments
+            err.ctx = None
+            raise
+
+
+def load_config() -> _config.PoolConfig:
+    """The configuration of the ``NUMBA_POOL_*`` environment.
+
+    :raises Failure: naming the variable and its value, for a bad one.
+    """
+    try:
+        return _config.load()
+    except _config.ConfigError as err:
+        raise Failure(str(err)) from None
+
+
+def gpu_available() -> bool:
+    """Whether a real CUDA GPU is here (not the CUDA simulator, where ``cuda.is_available()`` is
+    true too)."""
+    from numba import cuda
+
+    return not simulator.enabled() and cuda.is_available()
+
+
+def require_gpu() -> None:
+    """:raises Failure: when there is no CUDA GPU here, or only the CUDA simulator, saying which."""
+    from numba import cuda
+
+    if simulator.enabled():  # where cuda.is_available() is True
+        raise Failure(simulator.NO_GPU)
+    if not cuda.is_available():
+        raise Failure("no CUDA GPU is available here (numba.cuda.is_available() is False): "
+                      "numba-pool needs one for this command")
