@@ -85,26 +85,22 @@ class DeviceAllocator:
         scratch block the record belongs to the array carved from it, which applies it when it
         is dropped (:meth:`StreamWaits.order_now`): the block is released later, when the
         stream may be gone."""
-        start = self._block_at(address)
-        if start is None:
-            return False
-        scratch = self.scratch_blocks.get(start)
-        if scratch is not None:
-            return scratch.record(address, stream)
-        self.waits.record(start, stream)
-        return True
+        return self._wait_for(address, stream)
 
     def hold(self, address: int, hold: Hold) -> bool:
         """Keep the block holding ``address`` (the carved array, in a scratch block) from reuse
         after its release until ``hold`` lets go (an IPC export's leases); False when no live
         block holds it."""
+        return self._wait_for(address, hold)
+
+    def _wait_for(self, address: int, what) -> bool:
         start = self._block_at(address)
         if start is None:
             return False
         scratch = self.scratch_blocks.get(start)
         if scratch is not None:
-            return scratch.hold(address, hold)
-        self.waits.hold(start, hold)
+            return scratch.wait_for(address, what)
+        self.waits.wait_for(start, what)
         return True
 
     def allocation_of(self, address: int) -> tuple[int, int] | None:

@@ -78,16 +78,10 @@ class ScratchBlock:
                 return start
         return None
 
-    def record(self, address: int, stream: StreamRef) -> bool:
-        """``record_stream`` for the carved array holding ``address``; False when none does."""
-        return self._wait_for(address, stream)
-
-    def hold(self, address: int, hold) -> bool:
-        """Keep the carved array holding ``address`` from release until ``hold`` lets go (an
-        IPC export, :mod:`numba_pool.allocator.waits`); False when no carved array holds it."""
-        return self._wait_for(address, hold)
-
-    def _wait_for(self, address: int, what) -> bool:
+    def wait_for(self, address: int, what) -> bool:
+        """Make the release of the carved array holding ``address`` wait for ``what`` (a stream
+        given to ``record_stream``, or a hold: :mod:`numba_pool.allocator.waits`); False when no
+        carved array holds it."""
         start = self._carved(address)
         if start is None:
             return False

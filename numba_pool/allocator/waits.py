@@ -67,13 +67,10 @@ class StreamWaits:
         self.held: dict[int, Callable[[], None]] = {}  # block start -> its release, kept by a hold
         self._lock = threading.Lock()
 
-    def record(self, start: int, stream: StreamRef) -> None:
-        """Make the release of the block starting at ``start`` wait for ``stream``'s work."""
-        self.recorded.setdefault(start, []).append(stream)
-
-    def hold(self, start: int, hold: Hold) -> None:
-        """Make the release of the block starting at ``start`` wait until ``hold`` lets go."""
-        self.recorded.setdefault(start, []).append(hold)
+    def wait_for(self, start: int, what: StreamRef | Hold) -> None:
+        """Make the release of the block starting at ``start`` wait for ``what``: the work
+        queued on a stream by then (``record_stream``), or a hold until it lets go."""
+        self.recorded.setdefault(start, []).append(what)
 
     def release(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
         """Release a block allocated on ``stream``: now or, inside ``defer_cleanup``, at its

@@ -1,7 +1,9 @@
 """The fuzzer: random legal programs run by numba_pool's real manager on the CUDA model.
 
 A hypothesis state machine mixes blocking, non-blocking and destroyed streams; ``using_stream``,
-``record_stream``, ``defer_cleanup`` and ``scratch``; trim, reset and out of memory under a
+``record_stream``, ``defer_cleanup``, ``scratch`` and holds (what an IPC export registers: the
+block is kept after its release until the hold lets go, in a thread with no CUDA context or the
+main one); trim, reset and out of memory under a
 small ``max_size``; views, frees from other host threads, frees by the garbage collector, and
 releases run *between two driver calls of the allocator* (the model's preempt points: what a
 finalizer in another thread, or the collector, does at that moment), and another thread's
@@ -138,6 +140,19 @@ class LegalPrograms(RuleBasedStateMachine):
         """Another thread's launch-and-drop of an array, between two driver calls of the
         allocator (the window of the fence-before-snapshot and trim defects)."""
         self.p.park(data.draw(st.sampled_from(self.families())), data.draw(st.sampled_from(self.streams)), call, when)
+
+    @precondition(lambda self: self.families())
+    @rule(data=st.data())
+    def hold(self, data):
+        """An IPC export of a live array: its block is kept after its release until let go."""
+        self.p.hold(data.draw(st.sampled_from(self.families())))
+
+    @precondition(lambda self: self.p.holds)
+    @rule(data=st.data(), bare=st.booleans())
+    def let_go(self, data, bare):
+        """The importer closes: the kept release runs (in a thread with no CUDA context, as in
+        IPC's lease thread, when ``bare``)."""
+        self.p.let_go(data.draw(st.integers(0, len(self.p.holds) - 1)), bare)
 
     @rule()
     def collect_garbage(self):

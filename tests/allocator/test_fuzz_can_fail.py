@@ -55,7 +55,7 @@ class Narrowed(LegalPrograms):
     size; the arena fences at every miss and keeps no ready cache (``eager``)."""
 
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
-    scratch = trim = reset = create_stream = park = None
+    scratch = trim = reset = create_stream = park = hold = let_go = None
     blocking: tuple = (True, True, False)
     size = 1000
 

@@ -28,7 +28,7 @@ from numba_pool.cuda.streams import LEGACY as LEGACY_REF
 
 from cuda_model import CudaModel
 from cuda_model.ordering import describe_stream
-from cuda_model.harness import LEGACY, Program
+from cuda_model.harness import LEGACY, Hold, Program
 
 PER_THREAD = 2  # CU_STREAM_PER_THREAD
 FALLBACK = "synchronized the device instead"
@@ -691,3 +691,66 @@ def test_planted_takeover_without_wait_is_caught(programs, monkeypatch):
     x, y, a, b = _takeover_program(p)
     assert y.address == x.address
     assert_caught(p, [(x.id, stream_text(p, a)), (y.id, stream_text(p, b))])
+
+
+# ------------------------------------------------------------------------------------------
+# 5. Holds: a release waits for what keeps its block outside CUDA's streams (IPC exports).
+
+
+@MODES
+def test_a_held_block_is_reused_only_after_the_hold_lets_go(programs, arena):
+    p = programs(arena=arena)
+    eager(p)
+    size = 1000 if arena else 100_000  # an arena block, or a mempool block
+    x = p.allocate(size)
+    p.launch(LEGACY, [x])
+    hold = Hold()
+    assert p.mm.allocator.hold(x.address, hold)
+    p.drop(x)
+    assert hold.kept and p.mm.statistics().blocks_in_use == 0  # freed for the statistics, kept for the pool
+    y = p.allocate(size)
+    assert y.address != x.address
+    hold.let_go()
+    z = p.allocate(size)
+    assert z.address == x.address  # reused once let go
+    p.launch(LEGACY, [y, z])
+    assert_clean(p)
+    p.finish()
+
+
+@MODES
+def test_a_reset_releases_a_held_block_once(programs, arena):
+    p = programs(arena=arena)
+    x = p.allocate(1000 if arena else 100_000)
+    hold = Hold()
+    assert p.mm.allocator.hold(x.address, hold)
+    p.drop(x)
+    p.reset()  # frees it with the rest, before the pool goes
+    assert p.model.stats()["live_allocations"] == 0
+    hold.let_go()  # the importer closes later: nothing left to release
+    assert_clean(p)
+    p.finish()
+
+
+def test_a_held_scratch_array_keeps_its_block(programs):
+    p = programs(arena=False)
+    a, b = p.scratch([100, 200], 4096)
+    hold = Hold()
+    assert p.mm.allocator.hold(a.address, hold)
+    block = p.mm.allocator.scratch_blocks[min(a.address, b.address) // 256 * 256]
+    p.drop(a)
+    p.drop(b)
+    assert block.live_arrays == 1 and p.mm.allocator.scratch_blocks  # a is kept: the block stays
+    hold.let_go()
+    assert block.live_arrays == 0 and not p.mm.allocator.scratch_blocks
+    assert_clean(p)
+    p.finish()
+
+
+def test_nothing_that_no_live_block_holds_can_be_held(programs):
+    p = programs(arena=True)
+    x = p.allocate(1000)
+    address = x.address
+    p.drop(x)
+    assert not p.mm.allocator.hold(address + (1 << 30), Hold())
+    p.finish()

@@ -123,6 +123,7 @@ class Program:
         self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
         self.families: dict[int, Family] = {}
         self.pending: list = []  # references whose release a preempt point runs
+        self.holds: list[tuple[Family, Hold]] = []  # holds not let go yet, with the family they keep
         self.busy: set[int] = set()  # families a rule is working on: a parked action leaves them
         self.parked: list = []  # (family, stream, driver call, "enter"/"exit"): see park()
         self._ids = itertools.count(1)
@@ -170,8 +171,11 @@ class Program:
         return numba_pool.using_stream(self.stream_objects.get(stream, stream))
 
     def in_use(self, handle: int) -> bool:
-        return any(
-            f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
+        """Whether a live array, or a dropped one whose release a hold keeps (it orders on its
+        allocation stream and waits for its recorded streams when let go), needs the stream."""
+        kept = [f for f, hold in self.holds if hold.kept]
+        return any(f.stream == handle or handle in f.recorded
+                   for f in [*self.families.values(), *kept] if not f.zombie)
 
     def destroy_stream(self, handle: int) -> bool:
         """Destroy a created stream that no live array needs (legal); False when one does."""
@@ -312,6 +316,28 @@ class Program:
             else:
                 self.model.cuCtxSynchronize()
 
+    def hold(self, family: Family) -> bool:
+        """Keep ``family``'s block from reuse after its release until :meth:`let_go`, as an IPC
+        export does while an importer holds it (``DeviceAllocator.hold``)."""
+        if family.zombie or self.mm.allocator is None:
+            return False
+        hold = Hold()
+        if not self.mm.allocator.hold(family.address, hold):
+            return False
+        self.holds.append((family, hold))
+        self.operations += 1
+        return True
+
+    def let_go(self, index: int, bare: bool = False) -> None:
+        """Let hold ``index`` go: the releases it kept run now, in a thread with no current CUDA
+        context when ``bare`` (as in IPC's lease thread), else in the main thread."""
+        _, hold = self.holds.pop(index)
+        if bare:
+            self.bare.submit(hold.let_go).result()
+        else:
+            hold.let_go()
+        self.operations += 1
+
     def release_pending(self) -> None:
         while self.pending:
             self.pending.pop()
@@ -387,10 +413,12 @@ class Program:
             arena.check_invariants()
 
     def finish(self) -> dict:
-        """Drop everything, trim, and check that every byte is accounted for."""
+        """Drop everything, let every hold go, trim, and check that every byte is accounted for."""
         for family in list(self.families.values()):
             while family.refs:
                 self.drop(family, legalize="sync")
+        while self.holds:
+            self.let_go(0)
         self.release_pending()
         gc.collect()
         self.mm.trim()
@@ -399,6 +427,27 @@ class Program:
         assert stats.bytes_in_use == 0 and stats.blocks_in_use == 0, stats
         assert stats.pool_used_bytes == 0, stats
         return self.model.stats()
+
+
+class Hold:
+    """What an IPC export registers (a hold, ``numba_pool.allocator.waits``): until
+    :meth:`let_go` (the importer closes), it keeps every release of its block; after, it keeps
+    nothing, as a lease no living importer claims."""
+
+    def __init__(self):
+        self.kept: list = []
+        self.holding = True
+
+    def defer(self, release) -> bool:
+        if not self.holding:
+            return False
+        self.kept.append(release)
+        return True
+
+    def let_go(self) -> None:
+        self.holding = False
+        while self.kept:
+            self.kept.pop()()
 
 
 def _drop_reference(refs: list) -> None:
