@@ -406,8 +406,8 @@ OTHER_VARIABLES = {
     "NUMBA_POOL_BENCH_CORE": "set by numba-pool bench: the CPU core its end-to-end workers pin themselves to",
     "NUMBA_POOL_BENCH_TURNS": "set by numba-pool bench: the pipes its end-to-end workers take turns through",
     "NUMBA_POOL_BENCH_REPEATS": "set by numba-pool bench in its warm-up rounds' workers: timed repeats per figure",
-    "NUMBA_POOL_FUZZ_EXAMPLES": "tests/test_fuzz.py: number of hypothesis examples",
-    "NUMBA_POOL_FUZZ_PARK": "tests/test_fuzz.py: 0 leaves out the park rule (another thread's launch-and-drop between two driver calls)",
+    "NUMBA_POOL_FUZZ_EXAMPLES": "tests/allocator/test_fuzz.py: number of hypothesis examples",
+    "NUMBA_POOL_FUZZ_PARK": "tests/allocator/test_fuzz.py: 0 leaves out the park rule (another thread's launch-and-drop between two driver calls)",
 }
 KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + list(OTHER_VARIABLES))
 

@@ -83,9 +83,10 @@ container**, atomic under CPython's global interpreter lock (GIL): ``dict`` get,
 lst[:n]``; ``deque`` ``append`` and ``popleft``.  Their keys are ints or ``CUdeviceptr``
 objects, whose hashing and comparison run no Python code that could release the GIL.  Work
 that needs a lock (the arena's heaps, the host cache's bins) is published to a queue that the
-next allocation, under the lock, applies.  The lock rule: a lock is taken only by allocation,
-statistics, trim and reset, never by a release, and never two of them at once except the
-manager's initialization lock before the arena's.
+next allocation, under the lock, applies.  The lock rule: a release never waits for a lock (the
+allocation log's flush and the start of IPC's lease thread try theirs without waiting and go on
+when they are taken); the other locks are taken by allocation, statistics, trim, reset and
+initialization, and where two are held at once the plugin's initialization lock is the outer one.
 
 A Python built without the GIL (``python3.13t`` with ``PYTHON_GIL=0``) keeps single container
 operations atomic with per-object locks, but nothing here has been run or checked there, and

@@ -76,10 +76,8 @@ class ArenaBlocks(BlockSource):
     :param max_block: the largest request served (bytes).
     :param release_threshold: bytes of slabs kept when one becomes empty; beyond it an empty slab
         goes back to the mempool at once.  None keeps them all (until trim).
-    :param delegate: what serves the requests the arena does not (larger ones, scratch): the
-        mempool blocks' ``allocate``.
-    :raises ArenaError: for a ``slab_size`` or ``max_block`` that is not a multiple of 256 or a
-        ``max_block`` above ``slab_size``.
+    :param delegate: serves the requests the arena does not (larger, scratch): the mempool blocks.
+    :raises ArenaError: for sizes that are not multiples of 256, or ``max_block`` > ``slab_size``.
     """
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
@@ -222,7 +220,7 @@ class ArenaBlocks(BlockSource):
             return
         self._note(~size)
         waits = self._waits
-        if waits.recorded or waits.depth:
+        if (waits.waiting and start in waits.waiting) or waits.depth:  # rule 2 for this block, or held back
             waits.release(start, LEGACY, partial(self._quarantine_block, start, rounded))
             return
         waiting = self._waiting.get(rounded)  # Quarantine.add, inlined: the hot path
@@ -285,8 +283,7 @@ class ArenaBlocks(BlockSource):
 
     @property
     def cache_limit(self) -> int:
-        """Ready blocks kept per size (tests set 0, with ``quarantine_limit`` -1, so that a
-        freed block is reused by the very next allocation)."""
+        """Ready blocks kept per size (0, with ``quarantine_limit`` -1: reuse at the next miss)."""
         return self._quarantine.cache_limit
 
     @cache_limit.setter
@@ -346,17 +343,19 @@ class ArenaBlocks(BlockSource):
             return self._domains.slab_of(address)
 
     def _is_released(self, start: int, size: int) -> bool:
-        # Under _lock.  list() copies: releases append to _released without the lock.
-        return self._quarantine.holds(start, size) or any(start == s for s, _, _ in list(self._released))
+        # Under _lock.  list() copies: releases append to _released without the lock.  A
+        # released block that a hold keeps (an IPC export) is released too.
+        return (self._quarantine.holds(start, size) or start in self._waits.held
+                or any(start == s for s, _, _ in list(self._released)))
 
     def statistics(self) -> ArenaStatistics:
         """The arena's bytes and counts now (:class:`ArenaStatistics`)."""
         with self._lock:
             self._publish_released()
             quarantined, cached = self._quarantine.bytes()
-            return ArenaStatistics(reserved=self._domains.reserved, in_use=sum(self.taken.values()) - quarantined - cached,
-                                   cached=cached, quarantined=quarantined, fences=self.fences,
-                                   **self._domains.free_figures())
+            in_use = sum(self.taken.values()) - quarantined - cached
+            return ArenaStatistics(reserved=self._domains.reserved, in_use=in_use, cached=cached,
+                                   quarantined=quarantined, fences=self.fences, **self._domains.free_figures())
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless every domain's slabs are tiled exactly by its free blocks

@@ -48,9 +48,7 @@ class DeviceAllocator:
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
                  before_retry: Callable[[], None] = lambda: None):
         self.cu = cu  # the driver object (IPC exports through it)
-        self._cu = cu
         self.pool = pool
-        self.context = context
         self._usage = usage
         self._before_retry = before_retry
         self.waits = StreamWaits(cu, OwnerContext.of(cu, context))
@@ -85,22 +83,22 @@ class DeviceAllocator:
         scratch block the record belongs to the array carved from it, which applies it when it
         is dropped (:meth:`StreamWaits.order_now`): the block is released later, when the
         stream may be gone."""
-        return self._wait_for(address, stream)
+        return self._add_wait(address, stream)
 
     def hold(self, address: int, hold: Hold) -> bool:
         """Keep the block holding ``address`` (the carved array, in a scratch block) from reuse
         after its release until ``hold`` lets go (an IPC export's leases); False when no live
         block holds it."""
-        return self._wait_for(address, hold)
+        return self._add_wait(address, hold)
 
-    def _wait_for(self, address: int, what) -> bool:
+    def _add_wait(self, address: int, what) -> bool:
         start = self._block_at(address)
         if start is None:
             return False
         scratch = self.scratch_blocks.get(start)
         if scratch is not None:
-            return scratch.wait_for(address, what)
-        self.waits.wait_for(start, what)
+            return scratch.add_wait(address, what)
+        self.waits.add_wait(start, what)
         return True
 
     def allocation_of(self, address: int) -> tuple[int, int] | None:
@@ -120,7 +118,7 @@ class DeviceAllocator:
         """``(free, total)`` bytes that allocations can still get: the device's free memory
         (``cuMemGetInfo``) plus what the pool and the arena hold unused; with a cap, at most
         the cap minus what the pool has handed out, and *total* is the cap."""
-        free, total = device_memory_info(self._cu)
+        free, total = device_memory_info(self.cu)
         usage = self.pool.usage()
         free += usage.reserved - usage.used
         if self.arena is not None:
@@ -137,7 +135,7 @@ class DeviceAllocator:
         pool's reserved and used bytes, its cap, the arena's slabs, the device's free memory."""
         pool = self.pool
         usage = pool.usage()
-        free, total = device_memory_info(self._cu)
+        free, total = device_memory_info(self.cu)
         kind = "private mempool" if pool.is_private else "device default mempool"
         cap = f" (capped at {_fmt(pool.max_size)})" if pool.max_size else ""
         arena = ""
@@ -173,7 +171,7 @@ class DeviceAllocator:
         release the pool's unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``)."""
         if self.arena is not None:
             self.arena.release_cached()
-        check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
         self.pool.trim(keep_bytes)
 
     def reset(self) -> None:
@@ -181,18 +179,18 @@ class DeviceAllocator:
         is taken before the synchronize; finalizers that run later find nothing to free."""
         pointers = self.mempool_blocks.take_all()
         if self.arena is not None:
-            pointers += [self._cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
-        self.waits.recorded.clear()
+            pointers += [self.cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
+        self.waits.waiting.clear()
         while self.scratch_blocks:  # popitem, not a copy: a finalizer may pop one meanwhile
             try:
                 self.scratch_blocks.popitem()[1].forget()
             except KeyError:
                 break
-        report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
+        report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
         self.waits.flush()  # held-back mempool frees: issued now, before the pool goes
         self.waits.release_held()  # and those an IPC export's leases keep
         for ptr in pointers:
-            report_failure(self._cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")
-        report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
+            report_failure(self.cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")
+        report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
         with contextlib.suppress(CudaAPIError):
             self.pool.destroy()

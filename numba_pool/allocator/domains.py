@@ -56,9 +56,6 @@ class Domains:
     def __iter__(self):
         return iter(list(self._by_key.values()))
 
-    def __len__(self) -> int:
-        return len(self._by_key)
-
     def of_stream(self, stream: StreamRef) -> Domain:
         """The domain of ``stream`` (not the legacy one), made at its first use with the event
         of rule 5; keyed by the driver's stream id, never the handle's value (rule 6)."""
@@ -85,7 +82,8 @@ class Domains:
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (or another driver error)."""
         size = self.next_slab_size(need)
-        ptr = check(self._alloc_async(size, self._pool, stream.handle), f"cuMemAllocFromPoolAsync({size}) for an arena slab")
+        ptr = check(self._alloc_async(size, self._pool, stream.handle),
+                    f"cuMemAllocFromPoolAsync({size}) for an arena slab")
         if domain.event is not None:  # rule 5: the slab is usable from this point of the stream on
             check(self._cu.cuEventRecord(domain.event, stream.handle), "cuEventRecord (arena slab)")
         domain.heap.add_slab(int(ptr), size)

@@ -71,7 +71,7 @@ class PooledBlocks(BlockSource):
             return
         self._note(~size)
         waits = self._waits
-        if waits.recorded or waits.depth or stream.thread is not None:
+        if (waits.waiting and int(ptr) in waits.waiting) or waits.depth or stream.thread is not None:
             waits.release(int(ptr), stream, partial(self._free, ptr, stream))
             return
         owner = waits.owner

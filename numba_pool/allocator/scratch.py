@@ -8,7 +8,9 @@ stream-ordered like any other, once the scope has exited *and* every array carve
 gone, so an array that outlives the scope stays valid.  Arrays in one scratch block never
 share memory (nothing is reused inside it), which is why the stream rule needs nothing more.
 ``record_stream`` on a carved array belongs to that array: the block waits for the recorded
-streams when the array is dropped, since it is released later, when they may be destroyed.
+streams when the array is dropped, since it is released later, when they may be destroyed.  An
+IPC export of a carved array holds that array (its drop, and those waits, happen when the last
+importer lets go), and the block with it.
 The allocation log (``NUMBA_POOL_LOG``) records the arrays, at their own addresses, and not the
 block they are carved from.
 """
@@ -78,7 +80,7 @@ class ScratchBlock:
                 return start
         return None
 
-    def wait_for(self, address: int, what) -> bool:
+    def add_wait(self, address: int, what) -> bool:
         """Make the release of the carved array holding ``address`` wait for ``what`` (a stream
         given to ``record_stream``, or a hold: :mod:`numba_pool.allocator.waits`); False when no
         carved array holds it."""

@@ -2,12 +2,16 @@
 waits for, the releases ``defer_cleanup`` holds back, and the synchronize fallback.
 
 What a release waits for is registered per block (by its start address) in
-:attr:`StreamWaits.recorded`: the streams given to :func:`numba_pool.record_stream` (the
+:attr:`StreamWaits.waiting`: the streams given to :func:`numba_pool.record_stream` (the
 release orders its allocation stream after their work, on the device) and *holds*, objects
 that keep the block from reuse for a reason outside CUDA's streams (an IPC export's leases,
 :mod:`numba_pool.ipc`).  A hold has one method, ``defer(release) -> bool``: True when it keeps
 the block now and will call ``release`` once it lets go (from any thread), False when it does
 not keep it.
+
+A block source's release takes the slow path (:meth:`StreamWaits.release`) only when its own
+block has something registered, a ``defer_cleanup`` is open, or its stream needs care; every
+other release stays on the source's fast path.
 """
 
 from __future__ import annotations
@@ -54,30 +58,33 @@ def run_when_released(holds: list[Hold], release: Callable[[], None]) -> None:
 class StreamWaits:
     """One device allocator's release ordering (rules 2 and 8) and ``defer_cleanup`` hold-back.
 
-    ``recorded`` (block start -> streams and holds), ``held`` and ``held_back`` take atomic
+    ``waiting`` (block start -> streams and holds), ``held`` and ``held_back`` take atomic
     operations only (releases run in finalizers); ``depth`` changes under ``_lock``.
     """
 
     def __init__(self, cu, owner: OwnerContext | None = None):
         self._cu = cu
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
-        self.recorded: dict[int, list] = {}  # block start -> StreamRefs and holds; atomic operations only
+        self.waiting: dict[int, list] = {}  # block start -> StreamRefs and holds; atomic operations only
         self.depth = 0  # open defer_cleanup blocks; guarded by _lock
         self.held_back: deque = deque()  # releases deferred by defer_cleanup; atomic operations only
-        self.held: dict[int, Callable[[], None]] = {}  # block start -> its release, kept by a hold
+        # Block start -> (stream, publish, recorded streams) of a release a hold keeps; atomic
+        # operations only.
+        self.held: dict[int, tuple] = {}
         self._lock = threading.Lock()
 
-    def wait_for(self, start: int, what: StreamRef | Hold) -> None:
+    def add_wait(self, start: int, what: StreamRef | Hold) -> None:
         """Make the release of the block starting at ``start`` wait for ``what``: the work
         queued on a stream by then (``record_stream``), or a hold until it lets go."""
-        self.recorded.setdefault(start, []).append(what)
+        self.waiting.setdefault(start, []).append(what)
 
     def release(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
         """Release a block allocated on ``stream``: now or, inside ``defer_cleanup``, at its
         outermost exit.  ``publish(synchronized)`` makes the block free (it may raise; then
         the fallback synchronizes and calls ``publish(True)``).  Never raises."""
-        if not self.defer(partial(self._release_now, start, stream, publish)):
-            self._release_now(start, stream, publish)
+        if self.depth and self.defer(partial(self._release_now, start, stream, publish)):
+            return
+        self._release_now(start, stream, publish)
 
     def defer(self, release: Callable[[], None]) -> bool:
         """Inside ``defer_cleanup``: keep ``release`` for the outermost exit and return True;
@@ -90,34 +97,41 @@ class StreamWaits:
         return True
 
     def _release_now(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
-        streams, holds = split_waiting(self.recorded.pop(start, None) if self.recorded else None)
+        waiting = self.waiting.pop(start, None) if self.waiting else None
+        if waiting is None:
+            self.owner.enter(self._order, start, stream, publish, None)  # rule 10
+            return
+        streams, holds = split_waiting(waiting)
         if holds:
-            self.held[start] = partial(self.owner.enter, self._order, start, stream, publish, streams)
+            self.held[start] = (stream, publish, streams)
             run_when_released(holds, partial(self._release_unheld, start))
             return
         self.owner.enter(self._order, start, stream, publish, streams)  # rule 10
 
     def _release_unheld(self, start: int) -> None:
-        release = self.held.pop(start, None)
-        if release is not None:  # else a reset did it (release_held)
-            release()
+        kept = self.held.pop(start, None)
+        if kept is not None:  # else a reset released it (release_held)
+            stream, publish, streams = kept
+            self.owner.enter(self._order, start, stream, publish, streams)  # rule 10
 
     def release_held(self) -> None:
-        """Do every release a hold still keeps (a reset, before the pool goes)."""
+        """After a synchronize (a reset, before the pool goes): make every block a hold still
+        keeps free at once.  Nothing earlier remains, so no stream of theirs is named (they may
+        be destroyed by now)."""
         while self.held:
             try:
-                _, release = self.held.popitem()
+                start, (_, publish, _) = self.held.popitem()
             except KeyError:  # the hold let go meanwhile
                 return
-            release()
+            self._publish_synchronized(start, publish)
 
     def _order(self, start: int, stream: StreamRef, publish: Callable[[bool], None],
-               recorded: list[StreamRef], retry: bool) -> None:
+               recorded: list[StreamRef] | None, retry: bool) -> None:
         try:
             if stream.belongs_to_another_thread():
                 raise CannotOrder("it was allocated on another thread's per-thread default stream")
             if recorded:
-                self._wait_for(recorded, stream)
+                self._wait_on_streams(recorded, stream)
             publish(False)
         except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
             if retry and self.owner.retry(self._order, start, stream, publish, recorded):  # rule 10
@@ -135,7 +149,7 @@ class StreamWaits:
         try:
             if stream.belongs_to_another_thread():
                 raise CannotOrder("the block is on another thread's per-thread default stream")
-            self._wait_for(recorded, stream)
+            self._wait_on_streams(recorded, stream)
         except Exception as err:  # noqa: BLE001 - rule 8
             if retry and self.owner.retry(self._order_now, recorded, stream):  # rule 10
                 return
@@ -143,7 +157,7 @@ class StreamWaits:
                 warn(f"could not order a scratch array's recorded streams on stream {stream.value:#x} "
                      f"({err}); synchronized the device instead")
 
-    def _wait_for(self, recorded: list[StreamRef], stream: StreamRef) -> None:
+    def _wait_on_streams(self, recorded: list[StreamRef], stream: StreamRef) -> None:
         cu = self._cu
         for ref in recorded:
             if ref.belongs_to_another_thread():
@@ -162,10 +176,14 @@ class StreamWaits:
             return  # the context is gone, and the memory with it
         warn(f"could not order the release of block {start:#x} on stream {stream.value:#x} ({err}); "
              "synchronized the device instead")
+        self._publish_synchronized(start, publish)
+
+    @staticmethod
+    def _publish_synchronized(start: int, publish) -> None:
         try:
             publish(True)
-        except Exception as again:  # noqa: BLE001
-            warn(f"could not release block {start:#x} after synchronizing: {again}")
+        except Exception as err:  # noqa: BLE001 - rule 8
+            warn(f"could not release block {start:#x} after synchronizing: {err}")
 
     @contextlib.contextmanager
     def holding_back(self):

@@ -36,7 +36,7 @@ Two floors: ``no-op floor`` (:class:`numba_pool.bench.noop.NoopManager`, a final
 nothing, which Numba wraps in ``weakref.finalize`` as for RMM's and CuPy's plugins) and
 ``Numba alone`` (:class:`numba_pool.bench.noop.BareNoopManager`, no finalizer: the least any
 plugin can cost).  numba_pool releases its memory without ``weakref.finalize``
-(:mod:`numba_pool.pointer`), so it can run below the first floor, never below the second.
+(:mod:`numba_pool.cuda.pointers`), so it can run below the first floor, never below the second.
 """
 
 from __future__ import annotations

@@ -69,6 +69,21 @@ class PoolPointer(MemoryPointer):
         self._release = None
         release()
 
+    def take_release(self) -> Callable[[], None]:
+        """Hand this pointer's release to the caller, which then owns the memory: this pointer
+        releases nothing from now on.  An adaptor of the allocation path
+        (:mod:`numba_pool.plugin.path`) takes the release of the pointer below it this way and
+        gives its own pointer a release that does its part, then calls the one taken: one owner,
+        one release, whichever of the two objects the collector finalizes first.
+
+        :raises RuntimeError: when the memory was already released or handed over.
+        """
+        release = self._release
+        if release is None:
+            raise RuntimeError("Freeing dead memory")
+        self._release = None
+        return release
+
     def __copy__(self) -> MemoryPointer:
         """A view of the whole allocation that owns nothing and keeps this pointer alive: the
         memory is released once, when the last of them goes."""

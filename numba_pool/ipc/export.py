@@ -12,12 +12,11 @@ from .leases import Lease, LeaseHold, lease_folder
 _export_ids = itertools.count(1)
 
 
-def export(cu, allocator, memory, source_info) -> PoolIpcHandle:
+def export(allocator, memory, source_info) -> PoolIpcHandle:
     """An IPC handle for ``memory`` (a numba_pool ``MemoryPointer`` or a view of one): the
     EMM plugin's ``get_ipc_handle``.  The block is held from reuse while importers claim it
     (:class:`~numba_pool.ipc.leases.LeaseHold`).
 
-    :param cu: the driver object.
     :param allocator: the device's :class:`~numba_pool.allocator.device.DeviceAllocator`.
     :param source_info: the device's identity (Numba's ``Device.get_device_identity()``).
     :raises ValueError: when ``memory`` is not in a live numba_pool allocation of this device.
@@ -25,7 +24,7 @@ def export(cu, allocator, memory, source_info) -> PoolIpcHandle:
         mempool, or no POSIX file descriptor support), with the reason.
     :raises CudaAPIError: when ``cuMemPoolExportPointer`` fails.
     """
-    pool = allocator.pool
+    cu, pool = allocator.cu, allocator.pool
     address = int(memory.device_pointer_value)
     found = allocator.allocation_of(address)
     if found is None:
@@ -35,7 +34,7 @@ def export(cu, allocator, memory, source_info) -> PoolIpcHandle:
     base, _ = found
     data = check(cu.cuMemPoolExportPointer(cu.CUdeviceptr(base)), "cuMemPoolExportPointer")
     lease = Lease(lease_folder(), f"{os.getpid()}-{next(_export_ids)}")
-    allocator.hold(address, LeaseHold(lease))
+    allocator.hold(address, LeaseHold(lease))  # found above: only a release racing the export misses it
     return PoolIpcHandle(memory, ExportData.from_driver(data), memory.size, source_info, offset=address - base,
                          pool_key=pool.export_key, fd=fd, lease=lease)
 

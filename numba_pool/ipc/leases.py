@@ -94,39 +94,44 @@ class _Pending:
 
 
 class _Deferred:
-    """Exported arrays released while importers hold them; a daemon thread retries them."""
+    """Exported arrays released while importers hold them; a daemon thread, started at the first
+    one and kept for the life of the process, runs each release once its lease goes.
+
+    ``add`` runs in a release, from a finalizer, so nothing here blocks on a lock: the list
+    takes atomic operations only (``append``, ``remove``, a copy), and the thread is started
+    under a lock taken only without waiting.  A finalizer that runs inside ``add``, or inside
+    the thread's loop, adds to the list and goes on.
+    """
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._pending: list[_Pending] = []  # guarded by _lock
-        self._thread: threading.Thread | None = None
+        self._pending: list[_Pending] = []  # atomic operations only
+        self._start = threading.Lock()  # acquired without blocking, by whoever starts the thread
+        self._started = False
 
     def add(self, release: _Pending) -> None:
-        with self._lock:
-            self._pending.append(release)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="numba_pool-ipc-leases", daemon=True)
-                self._thread.start()
+        self._pending.append(release)
+        if not self._started and self._start.acquire(blocking=False):
+            try:  # else someone is starting it: it will see this release
+                if not self._started:
+                    threading.Thread(target=self._run, name="numba_pool-ipc-leases", daemon=True).start()
+                    self._started = True
+            finally:
+                self._start.release()
 
     def pending(self) -> int:
-        with self._lock:
-            return len(self._pending)
+        return len(self._pending)
 
     def _run(self) -> None:
         while True:
             time.sleep(LEASE_CHECK_S)
-            with self._lock:
-                pending = list(self._pending)
-            due = [r for r in pending if not r.lease.held()]  # files: no lock
-            with self._lock:
-                self._pending = [r for r in self._pending if r not in due]
-                finished = not self._pending
-                if finished:
-                    self._thread = None
-            for release in due:
-                release.release()
-            if finished:
-                return
+            for waiting in list(self._pending):
+                if waiting.lease.held():  # files: no lock
+                    continue
+                try:
+                    self._pending.remove(waiting)
+                except ValueError:  # not ours to run
+                    continue
+                waiting.release()
 
 
 _deferred = _Deferred()

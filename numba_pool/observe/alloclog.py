@@ -61,6 +61,15 @@ class AllocationLog:
     def failure(self, size: int, stream: int) -> None:
         self._add("allocate failure", 0, size, stream)
 
+    def close(self) -> None:
+        """Write the buffered rows and close the file; rows added later are dropped."""
+        atexit.unregister(self.flush)
+        with self._lock:
+            if not self._file.closed:
+                while self._rows:
+                    self._writer.writerow(self._rows.popleft())
+                self._file.close()
+
     def flush(self, wait: bool = True) -> None:
         """Write the buffered rows.  ``wait=False`` returns at once if another thread (or a
         finalizer run inside this one) is writing."""
@@ -91,7 +100,7 @@ class LoggedAllocations:
         self._log = log
 
     def allocate(self, size: int) -> PoolPointer:
-        """``size`` bytes from upstream, logged; the pointer Numba gets owns upstream's.
+        """``size`` bytes from upstream, logged; the pointer Numba gets takes over upstream's release.
 
         :raises CudaAPIError: upstream's, after logging an ``allocate failure`` row."""
         stream = per_thread.stream.value
@@ -103,9 +112,10 @@ class LoggedAllocations:
         address = mem.device_pointer_value
         self._log.allocate(address, size, stream)
         return PoolPointer(mem.context, mem.device_pointer, size,
-                           partial(self._log_then_free, address, size, stream, mem.free))
+                           partial(self._log_then_release, address, size, stream, mem.take_release()))
 
-    def _log_then_free(self, address: int, size: int, stream: int, free: Callable[[], None]) -> None:
-        # Any thread, from a finalizer: never raises (the log only appends to a deque).
+    def _log_then_release(self, address: int, size: int, stream: int, release: Callable[[], None]) -> None:
+        # Any thread, from a finalizer: never raises (the row goes to a deque; a full buffer is
+        # written only if no other thread is writing: AllocationLog.flush(wait=False)).
         self._log.free(address, size, stream)
-        free()
+        release()

@@ -21,14 +21,14 @@ Semantics
 
 Cost
 ----
-None while no scope is open anywhere in the process: only then is the counting adaptor
-(:class:`CountedAllocations`) in the allocation path, which the plugin composes
+None while no scope is open anywhere in the process: only while one is open is the counting
+adaptor (:class:`CountedAllocations`) in the allocation path, which the plugin composes
 (:mod:`numba_pool.plugin.path`).  The first scope to open and the last to exit tell the plugin
 (:func:`on_counting_changed`), which composes every device's path again.  The adaptor appends
 one event per open scope of the thread to that scope's
 :class:`~numba_pool.allocator.usage.UsageTracker` (lock-free, replayed exactly on reading), and
-hands Numba a pointer of its own that owns the upstream one: its release appends the matching
-events, then frees the upstream pointer.
+hands Numba a pointer of its own, which takes over the upstream pointer's release
+(``PoolPointer.take_release``): its release appends the matching events, then releases.
 
 With ``profile=True`` a scope also records, per call site (the first frame outside numba,
 numba-cuda and numba_pool), the allocations and their bytes: :meth:`ScopedStatistics.report`.
@@ -280,7 +280,7 @@ class CountedAllocations:
                 if site is None:
                     site = _call_site()
                 scope._record_site(site, size)
-        return PoolPointer(mem.context, mem.device_pointer, size, partial(_count_free, scopes, size, mem.free))
+        return PoolPointer(mem.context, mem.device_pointer, size, partial(_count_free, scopes, size, mem.take_release()))
 
 
 def _count_free(scopes: tuple, size: int, release) -> None:

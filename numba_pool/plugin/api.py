@@ -4,7 +4,8 @@ device's manager for its statistics, summary, trim, ``record_stream`` and scratc
 
 from __future__ import annotations
 
-from typing import Any, ContextManager
+import contextlib
+from typing import Any, Iterator
 
 from .. import config as _config
 from ..allocator import threads
@@ -151,7 +152,8 @@ def reserved_bytes(device: int | None = None) -> int:
     return manager_of(device).statistics().pool_reserved_bytes
 
 
-def scratch(nbytes: int, *, manager=None) -> ContextManager[ScratchBlock]:
+@contextlib.contextmanager
+def scratch(nbytes: int, *, manager=None) -> Iterator[ScratchBlock]:
     """Bump-allocate this thread's device allocations inside the block from one reserved
     block of ``nbytes`` bytes (a linear allocator with free-all; :mod:`numba_pool.allocator.scratch`).
 
@@ -165,4 +167,5 @@ def scratch(nbytes: int, *, manager=None) -> ContextManager[ScratchBlock]:
     if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
         raise ValueError(f"numba_pool.scratch: nbytes={nbytes!r} must be a positive number of bytes")
     manager = manager_of() if manager is None else manager
-    return manager.scratch(nbytes)
+    with manager.scratch(nbytes) as block:
+        yield block

@@ -38,7 +38,6 @@ from ..cuda.frontend import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
 from ..cuda.mempool import MemPool, device_memory_info
 from ..cuda.pointers import data_address
 from ..cuda.streams import as_stream_ref
-from ..ipc import export
 from ..observe import scopes
 from ..observe.alloclog import AllocationLog
 from ..observe.statistics import PoolStatistics, collect
@@ -61,7 +60,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
     Documented seams, for tests and tools: :attr:`allocator` (the device's
     :class:`~numba_pool.allocator.device.DeviceAllocator`, None before initialization and after a
     reset), :attr:`path` (the composed :class:`~numba_pool.plugin.path.Path`), :attr:`host` (the
-    pinned host cache, or None), :attr:`config` (the options in effect once initialized).
+    pinned host cache, or None), :attr:`log` (the allocation log, or None), :attr:`config` (the
+    options in effect once initialized).
     """
 
     def __init__(self, *args, config: _config.PoolConfig | None = None, **kwargs):
@@ -73,7 +73,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self.host: HostBlocks | None = None  # kept across resets, as Numba keeps its own host memory
         self._init_lock = threading.Lock()  # guards initialization, reset and composing the path
         self._usage = UsageTracker()  # this device's usage events, across resets
-        self._log: AllocationLog | None = None
+        self.log: AllocationLog | None = None  # NUMBA_POOL_LOG's, kept across resets
         self.context_proxy = None  # what pinned memory holds, as Numba's memhostalloc passes
 
     @property
@@ -118,8 +118,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
                                        release_threshold=_config.release_limit(config.host_release_threshold),
                                        owner=OwnerContext.of(cu, self.context))
                 self.context_proxy = weakref.proxy(self.context)
-            if config.log and self._log is None:
-                self._log = AllocationLog(config.log)
+            if config.log and self.log is None:
+                self.log = AllocationLog(config.log)
             _register(self)  # before composing: a scope opening from now on recomposes this path
             self._bind(allocator)
             self.allocator = allocator  # last: initialize()'s check without the lock reads it
@@ -131,7 +131,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             self.path = None
             self.__dict__.pop("memalloc", None)
             return
-        self.path = compose(allocator, log=self._log, counting=scopes.counting())
+        self.path = compose(allocator, log=self.log, counting=scopes.counting())
         self.memalloc = self.path.allocate
 
     def recompose(self) -> None:
@@ -201,8 +201,10 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         :raises RuntimeError: when the pool cannot be exported, with the reason
             (``NUMBA_POOL_IPC=0``, ``NUMBA_POOL_USE_DEFAULT_POOL``, or no support: WSL2).
         """
+        from ..ipc import export  # multiprocessing's reduction and the lease files: imported at the first export
+
         self.initialize()
-        return export(self.allocator.cu, self.allocator, memory, self.context.device.get_device_identity())
+        return export(self.allocator, memory, self.context.device.get_device_identity())
 
     def reset(self) -> None:
         """Free every allocation of this context and destroy the private pool (trim the shared
@@ -221,8 +223,8 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             self._bind(None)  # the next allocation initializes again
             allocator.reset()
             self._usage.forget_in_use()  # arena and scratch blocks still alive count as freed
-            if self._log is not None:
-                self._log.flush()
+            if self.log is not None:
+                self.log.flush()
 
     @contextlib.contextmanager
     def defer_cleanup(self):

@@ -7,9 +7,11 @@ What Numba's ``memalloc(size)`` runs, inside out (RMM's resource adaptors, stack
         block source      the arena when it is on, else the mempool blocks        (allocator)
 
 The block source allocates and gives each pointer its release.  An adaptor calls the layer below
-and hands Numba a pointer of its own, which owns the pointer below: its release does the
-adaptor's part (a log row, the scopes' counts), then frees the pointer below.  Nothing is
-patched on a pointer, a manager or a module after it is made.
+and hands Numba a pointer of its own, which takes over the release of the pointer below
+(``PoolPointer.take_release``: one owner, one release): its release does the adaptor's part (a
+log row, the scopes' counts), then releases.  No module patches another's objects; the manager
+binds the composed path as its own ``memalloc`` (Note [The path is the manager's memalloc] in
+:mod:`numba_pool.plugin.manager`).
 
 IPC leases are not in the path: an export registers a *hold* on its block with the device
 allocator (:meth:`~numba_pool.allocator.device.DeviceAllocator.hold`), which the release

@@ -1,6 +1,7 @@
 """The fuzzer: random legal programs run by numba_pool's real manager on the CUDA model.
 
-A hypothesis state machine mixes blocking, non-blocking and destroyed streams; ``using_stream``,
+A hypothesis state machine mixes blocking, non-blocking and destroyed streams, with the
+allocation path bare or with both adaptors (the allocation log, statistics scopes); ``using_stream``,
 ``record_stream``, ``defer_cleanup``, ``scratch`` and holds (what an IPC export registers: the
 block is kept after its release until the hold lets go, in a thread with no CUDA context or the
 main one); trim, reset and out of memory under a
@@ -45,15 +46,15 @@ class LegalPrograms(RuleBasedStateMachine):
     threads = 1
     arena = False
 
-    @initialize(preempt=st.sampled_from([0, 3, 7, 13]), eager=st.booleans())
-    def start(self, preempt, eager):
+    @initialize(preempt=st.sampled_from([0, 3, 7, 13]), eager=st.booleans(), adaptors=st.booleans())
+    def start(self, preempt, eager, adaptors=False):
         # The collector runs only at the program's own points (collect_garbage, the preempt
         # hook, destroy_stream, finish), never on the process's allocation count: a cycle freed
         # at another moment changes what the pool holds, so an allocation under max_size could
         # succeed in one replay of an example and run out of memory in the next
         # (FlakyStrategyDefinition in 800-example runs on a busy host).
         gc.disable()
-        self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20)
+        self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20, adaptors=adaptors)
         self.p.preempt_every(preempt)
         arena = self.p.mm.allocator.arena
         if eager and arena is not None:

@@ -747,10 +747,16 @@ def test_a_held_scratch_array_keeps_its_block(programs):
     p.finish()
 
 
-def test_nothing_that_no_live_block_holds_can_be_held(programs):
-    p = programs(arena=True)
+@MODES
+def test_a_released_block_cannot_be_held_even_while_a_hold_keeps_it(programs, arena):
+    p = programs(arena=arena)
     x = p.allocate(1000)
     address = x.address
+    hold = Hold()
+    assert p.mm.allocator.hold(address, hold)
     p.drop(x)
-    assert not p.mm.allocator.hold(address + (1 << 30), Hold())
+    assert not p.mm.allocator.hold(address, Hold())  # released: its next owner is not exported
+    assert not p.mm.allocator.record_stream(address, LEGACY_REF)
+    hold.let_go()
+    assert not p.mm.allocator.hold(address, Hold())
     p.finish()

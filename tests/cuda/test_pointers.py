@@ -68,6 +68,18 @@ def test_free_releases_now_and_only_once():
     assert releases.count == 1
 
 
+def test_take_release_hands_the_release_over_once():
+    releases = Releases()
+    pointer = PoolPointer(None, cu.CUdeviceptr(0x1000), 8, releases)
+    release = pointer.take_release()
+    assert release is releases
+    del pointer
+    gc.collect()
+    assert releases.count == 0  # the pointer owns nothing now
+    with pytest.raises(RuntimeError, match="Freeing dead memory"):
+        PoolPointer(None, cu.CUdeviceptr(0x1000), 8, None).take_release()
+
+
 def test_nothing_is_released_or_reported_while_the_interpreter_exits():
     # A pointer alive at exit is collected during the interpreter's teardown, when module
     # globals may be gone; its release must not run (the context takes the memory).

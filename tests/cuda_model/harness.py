@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import os
 import sys
+import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -90,12 +92,15 @@ class Program:
     :param arena: arena mode.
     :param threads: host threads the actions run in (each action in one of them, in turn).
     :param max_size: the pool's cap (bytes), to reach out of memory.
+    :param adaptors: the allocation path with both adaptors: an allocation log (in a temporary
+        folder) and a ``numba_pool.statistics()`` scope open in every host thread.
     """
 
     def __init__(self, *, arena: bool, threads: int = 1, max_size: int | None = None,
                  release_threshold: int | None = None, device_total: int = 64 << 20,
                  host: bool = False, host_max_size: int | None = None,
-                 host_release_threshold: int | None = None, host_total: int = 1 << 30):
+                 host_release_threshold: int | None = None, host_total: int = 1 << 30,
+                 adaptors: bool = False):
         # Numba's import leaves a large heap that every full collection scans (about 60 ms
         # each): freeze it, so that the collections the programs run (the collector freeing
         # cycles is one of the fuzzed actions) scan only the objects the tests create.
@@ -111,9 +116,14 @@ class Program:
             options["release_threshold"] = release_threshold
         if host:
             options.update(host=True, host_max_size=host_max_size, host_release_threshold=host_release_threshold)
+        if adaptors:
+            folder = self._stack.enter_context(tempfile.TemporaryDirectory())
+            options["log"] = os.path.join(folder, "allocations.csv")
         self.context = _Context()
         self.mm = NumbaPoolManager(context=self.context, config=pool_config.load(environ={}, **options))
         self.mm.initialize()
+        if self.mm.log is not None:
+            self._stack.callback(self.mm.log.close)
         self.workers = [ThreadPoolExecutor(max_workers=1) for _ in range(threads)]
         # A host thread that never used CUDA: no current context (a finalizer may run there).
         self.bare = ThreadPoolExecutor(max_workers=1)
@@ -124,12 +134,22 @@ class Program:
         self.families: dict[int, Family] = {}
         self.pending: list = []  # references whose release a preempt point runs
         self.holds: list[tuple[Family, Hold]] = []  # holds not let go yet, with the family they keep
+        # Another process's stream, as an importer of an IPC export uses: nothing here orders it.
+        self.importer_stream = int(self.model.cuStreamCreate(real_cu.CUstream_flags.CU_STREAM_NON_BLOCKING)[1])
         self.busy: set[int] = set()  # families a rule is working on: a parked action leaves them
         self.parked: list = []  # (family, stream, driver call, "enter"/"exit"): see park()
         self._ids = itertools.count(1)
         self.operations = 0
         self.problems: list[str] = []
         self._stack.enter_context(self._catch_problems())
+        if adaptors:
+            for worker in self.workers:
+                self._open_scope_in(worker)
+
+    def _open_scope_in(self, worker) -> None:
+        scope = numba_pool.statistics()
+        worker.submit(scope.__enter__).result()
+        self._stack.callback(lambda: worker.submit(scope.__exit__, None, None, None).result())
 
     @contextlib.contextmanager
     def _catch_problems(self):
@@ -318,9 +338,12 @@ class Program:
 
     def hold(self, family: Family) -> bool:
         """Keep ``family``'s block from reuse after its release until :meth:`let_go`, as an IPC
-        export does while an importer holds it (``DeviceAllocator.hold``)."""
+        export does while an importer holds it (``DeviceAllocator.hold``).  An importer orders
+        its work against nothing of this process, and the block's previous owner may still run:
+        the program synchronizes before it exports (the export path does not, today)."""
         if family.zombie or self.mm.allocator is None:
             return False
+        self.model.cuCtxSynchronize()
         hold = Hold()
         if not self.mm.allocator.hold(family.address, hold):
             return False
@@ -329,9 +352,16 @@ class Program:
         return True
 
     def let_go(self, index: int, bare: bool = False) -> None:
-        """Let hold ``index`` go: the releases it kept run now, in a thread with no current CUDA
-        context when ``bare`` (as in IPC's lease thread), else in the main thread."""
-        _, hold = self.holds.pop(index)
+        """The importer closes: its last use of the memory (a kernel on :attr:`importer_stream`,
+        which nothing of this process orders) has completed as the host sees it (``close()``
+        synchronizes), then hold ``index`` lets go
+        and the releases it kept run now, in a thread with no current CUDA context when ``bare``
+        (as in IPC's lease thread), else in the main thread.  A hold that let a block be reused
+        early shows as that last use racing the new owner's."""
+        family, hold = self.holds.pop(index)
+        if not family.zombie:
+            self.model.launch(self.importer_stream, [(family.address, family.size, family.id)])
+            self.model.cuStreamSynchronize(self.importer_stream)
         if bare:
             self.bare.submit(hold.let_go).result()
         else:
@@ -398,7 +428,7 @@ class Program:
         self.release_pending()
         with self._busy(list(self.families.values())):  # no parked use of memory being freed
             self.mm.reset()
-        for f in self.families.values():
+        for f in [*self.families.values(), *(f for f, _ in self.holds)]:  # held ones are freed too
             f.zombie = True
         self.operations += 1
 

@@ -77,7 +77,7 @@ def test_alternating_non_blocking_streams_and_legacy_never_corrupt(count, nbytes
     assert reuses > 0 and corrupted == 0
 
 
-def test_issue_three_lines_then_every_later_allocation_works():
+def test_three_allocations_on_two_streams_then_every_later_allocation_works():
     a = cuda.device_array(250, np.float32)
     with numba_pool.using_stream(cuda.stream()):
         b = cuda.device_array(250, np.float32)

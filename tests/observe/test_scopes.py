@@ -365,3 +365,32 @@ def test_random_scoped_programs_match_the_reference(shared_program, actions):
         pointer.free()
     assert not scoped_stats.counting() and not is_counting(mm)
     p.check()
+
+
+# -- adaptors and the collector ------------------------------------------------------------
+
+@pytest.mark.parametrize("log", [False, True], ids=["counting", "counting+log"])
+def test_pointers_in_reference_cycles_are_released_once_through_the_adaptors(program, tmp_path, log):
+    """The collector finalizes an adaptor's pointer and the one below it in any order: the
+    adaptor took the release over, so each block is released once (a second release would put
+    an arena block in the quarantine twice, and hand it to two owners)."""
+    from numba_pool import config as pool_config
+
+    options = {"arena": program.mm.config.arena, **({"log": str(tmp_path / "alloc.csv")} if log else {})}
+    mm = numba_pool.NumbaPoolManager(context=program.context, config=pool_config.load(environ={}, **options))
+    mm.initialize()
+    with numba_pool.statistics() as s:
+        for _ in range(50):
+            pointer = mm.memalloc(1000)
+            pointer.cycle = pointer  # only the collector frees it
+            del pointer
+        gc.collect()
+    stats = mm.statistics()
+    assert (stats.total_allocations, stats.total_frees, stats.blocks_in_use) == (50, 50, 0)
+    assert s.total_frees == 50
+    if mm.allocator.arena is not None:
+        mm.allocator.arena.check_invariants()
+    mm.reset()
+    if log:
+        rows = (tmp_path / "alloc.csv").read_text().splitlines()[1:]
+        assert sum(r.split(",")[2] == "free" for r in rows) == 50
