@@ -408,6 +408,7 @@ OTHER_VARIABLES = {
     "NUMBA_POOL_BENCH_REPEATS": "set by numba-pool bench in its warm-up rounds' workers: timed repeats per figure",
     "NUMBA_POOL_FUZZ_EXAMPLES": "tests/allocator/test_fuzz.py: number of hypothesis examples",
     "NUMBA_POOL_FUZZ_PARK": "tests/allocator/test_fuzz.py: 0 leaves out the park rule (another thread's launch-and-drop between two driver calls)",
+    "NUMBA_POOL_FUZZ_RULES": "tests/allocator/test_fuzz.py: only these rules, comma-separated (a run looking for one class of defect)",
 }
 KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + list(OTHER_VARIABLES))
 

@@ -51,8 +51,14 @@ that runs this code against random legal programs (the test package ``cuda_model
 8. **A release never raises** (:mod:`.waits`).  Where it cannot order (a stream was destroyed,
    a per-thread default stream belongs to another thread, the driver refused), it falls back to
    the default manager's guarantee: ``cuCtxSynchronize``, after which no earlier work remains,
-   then the block is free; a warning says so.  Inside ``defer_cleanup`` releases are held back
-   and done, by these rules, when the outermost block exits.
+   then the block is free; a warning says so.
+8a. **A release made free later orders at the drop** (:mod:`.waits`, its Note).  Inside
+   ``defer_cleanup`` a released block is made free when the outermost block exits (the block
+   survives a reset, :class:`.waits.Deferral`); while an IPC export's hold keeps it, when the
+   last importer lets go.  Either way the release waits for its recorded streams, records the
+   arena's domain event or an event on its stream *at the drop*, and later names only that
+   event and the legacy stream: a stream may be destroyed once its arrays are gone, and the
+   driver gives its handle to the next new stream, which orders nothing of the old one's work.
 9. **Host blocks wait for the host** (pinned and mapped memory, ``NUMBA_POOL_HOST``;
    :mod:`.host_blocks`, kept apart because it shares no domain, arena or mempool with the rules
    above).  The next owner of a host block is the CPU, which writes it at once, so stream order
@@ -65,11 +71,21 @@ that runs this code against random legal programs (the test package ``cuda_model
    ``cuCtxSynchronize`` (reset).
 10. **A release runs in its owner's context** (:class:`numba_pool.cuda.context.OwnerContext`).
     A finalizer may run in a thread with no current context (one that never used CUDA), or with
-    another device's (there handle 0 is *that* device's legacy stream, which orders nothing
-    here).  A release that fails for want of a context, and where the process sees two devices
-    or more every release that makes a driver call and finds another context current, pushes the
-    owner's context first.  The arena's legacy releases make no driver call: their fence runs
-    at an allocation, in the context.
+    another one: another device's, or another context of the same device (``cuCtxCreate``,
+    PyCUDA, a green context); there handle 0 is *that* context's legacy stream, which orders
+    nothing here, and events are made in that context.  Every release that makes a driver call
+    first asks which context is current (``cuCtxGetCurrent``) and, when it is not the owner's,
+    pushes the owner's.  The arena's legacy releases make no driver call: their fence runs at
+    an allocation, in the context.
+11. **An export is ordered before its importer** (:meth:`.device.DeviceAllocator.export_hold`).
+    Another process orders its work against nothing of this one, so an IPC export synchronizes
+    the context: the block's allocation and its previous owners' work have completed before the
+    handle exists (the driver requires the allocation complete before another process uses it).
+12. **No allocation completes against a reset generation** (:mod:`.device`).  A reset marks its
+    block sources ``dropped`` (the arena under its lock, and empties the ready lists that its
+    lock-free path pops); an allocation that it overtook is served by the next generation, and
+    the reset's pool is destroyed only once nothing can allocate from it.  Objects a late
+    release may still touch (the domains' events) go when it can no longer reach them.
 
 Threads
 -------
@@ -98,5 +114,5 @@ Modules, bottom up: :mod:`.usage` (lock-free usage events), :mod:`.free_list` (o
 :mod:`.mempool_blocks` (rule 7), :mod:`.quarantine` and :mod:`.domains` (rules 4-6),
 :mod:`.arena` (rules 1, 3-6), :mod:`.scratch` (a bump-allocated block), :mod:`.host_blocks`
 (rule 9), :mod:`.device` (one device's allocator: the block sources, the barriers that
-synchronize, ``record_stream``), :mod:`.threads` (the GIL check).
+synchronize, ``record_stream``, IPC holds; rules 11 and 12), :mod:`.threads` (the GIL check).
 """

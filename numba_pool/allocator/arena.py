@@ -82,30 +82,27 @@ class ArenaBlocks(BlockSource):
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
                  slab_size: int, max_block: int, release_threshold: int | None = None,
-                 delegate: Callable[[int], PoolPointer] | None = None):
+                 delegate: Callable[[int], PoolPointer] | None = None, after_reset: Callable | None = None):
         if slab_size % ALIGNMENT or max_block % ALIGNMENT or not 0 < max_block <= slab_size:
             raise ArenaError(f"slab size ({slab_size}) and largest block ({max_block}) must be multiples of "
                              f"{ALIGNMENT} bytes with 0 < largest block <= slab size")
-        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory)
+        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset)
         self._device_pointer = cu.CUdeviceptr
         self.max_block = max_block
-        self.delegate = delegate if delegate is not None else self._not_served
+        self.delegate = delegate if delegate is not None else partial(_not_served, max_block)
         self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
         self._lock = threading.Lock()
-        # Blocks out of the heaps: held by their owners, quarantined, ready, or released and not
-        # yet published, as start -> rounded size.  Kept off the hot path (a ready block moves
-        # without touching it; a dict update there cost 0.15 µs per allocation, bench); changed
-        # only where a heap hands a block out or takes it back.  Guarded by _lock.
+        # Blocks out of the heaps (held, quarantined, ready, released unpublished): start -> rounded
+        # size, changed only by the heaps, not on the hot path (0.15 µs, bench).  Under _lock.
         self.taken: dict[int, int] = {}
         self._domains = Domains(cu, pool_handle, slab_size=slab_size, release_threshold=release_threshold)
         self._legacy = self._domains.legacy
-        self._quarantine = Quarantine(CACHE_BLOCKS)
-        self.ready = self._quarantine.ready  # popped by the hot path without the lock
-        self._waiting = self._quarantine.waiting  # appended to by the release's hot path directly
+        self.quarantine = Quarantine(CACHE_BLOCKS)  # its cache_limit: ready blocks kept per size
+        self.ready = self.quarantine.ready  # popped by the hot path without the lock
+        self._waiting = self.quarantine.waiting  # appended to by the release's hot path directly
         self._released: deque = deque()  # (start, size, domain) released on other streams, to publish
         self._fence_event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
         self.fences = 0  # fences recorded so far (statistics)
-        self.dropped = False  # a reset dropped this arena: late releases do nothing
         # Bound once: a bound method made per allocation cost 0.1 µs (bench).
         self._release_legacy_bound = self._release_legacy
         self._release_scoped_bound = self._release_scoped
@@ -141,29 +138,30 @@ class ArenaBlocks(BlockSource):
                 pass
         if start is None:
             start = self._allocate(rounded, LEGACY, self._take_legacy)
+            if start is None:  # a reset overtook this allocation
+                return self.after_reset(size)
         self._note(size)
         return PoolPointer(self._context, self._device_pointer(start), size,
                            partial(self._release_legacy_bound, start, size, rounded))
 
-    def _not_served(self, size: int) -> PoolPointer:
-        raise ArenaError(f"{size} bytes is above the arena's largest block ({self.max_block} bytes) "
-                         "or inside a scratch scope, and no delegate is set")
-
     def allocate_scoped(self, size: int, stream: StreamRef) -> PoolPointer:
         """``size`` bytes for work on ``stream`` (a ``using_stream`` scope): its domain's heap."""
         rounded = round_up(size)
-        start, domain = self._allocate(rounded, stream, self._take_scoped)
+        taken = self._allocate(rounded, stream, self._take_scoped)
+        if taken is None:  # a reset overtook this allocation
+            return self.after_reset(size)
+        start, domain = taken
         self._note(size)
         return PoolPointer(self._context, self._device_pointer(start), size,
                            partial(self._release_scoped_bound, start, size, rounded, stream, domain))
 
     def _allocate(self, rounded: int, stream: StreamRef, take):
+        """``take(rounded, stream)`` under the lock (None once a reset dropped the arena)."""
         if rounded > self.max_block:
             raise ArenaError(f"{rounded} bytes is above the arena's largest block ({self.max_block} bytes)")
         self._drain_if_due()
         try:
-            with self._lock:
-                return take(rounded, stream)
+            return self._take_locked(take, rounded, stream)
         except CudaAPIError as err:
             if err.code != OUT_OF_MEMORY:
                 raise
@@ -171,11 +169,11 @@ class ArenaBlocks(BlockSource):
 
     def _take_locked(self, take, rounded: int, stream: StreamRef):
         with self._lock:
-            return take(rounded, stream)
+            return None if self.dropped else take(rounded, stream)
 
     def _take_legacy(self, rounded: int, stream: StreamRef) -> int:
         self._publish_released()
-        quarantined = self._quarantine.count()
+        quarantined = self.quarantine.count()
         if quarantined >= REFILL_AT or quarantined > self.quarantine_limit:
             self._fence()
             ready = self.ready.get(rounded)
@@ -183,7 +181,7 @@ class ArenaBlocks(BlockSource):
                 return ready.pop()
         legacy = self._legacy
         start = self._carve(legacy, rounded)
-        if start is None and self._quarantine.count():  # rather than a new slab
+        if start is None and self.quarantine.count():  # rather than a new slab
             self._fence()
             ready = self.ready.get(rounded)
             if ready:
@@ -196,7 +194,7 @@ class ArenaBlocks(BlockSource):
 
     def _take_scoped(self, rounded: int, stream: StreamRef) -> tuple[int, Domain]:
         self._publish_released()
-        if self._quarantine.count() > self.quarantine_limit:
+        if self.quarantine.count() > self.quarantine_limit:
             self._fence()
         domain = self._domains.of_stream(stream)
         start = self._carve(domain, rounded)
@@ -220,7 +218,7 @@ class ArenaBlocks(BlockSource):
             return
         self._note(~size)
         waits = self._waits
-        if (waits.waiting and start in waits.waiting) or waits.depth:  # rule 2 for this block, or held back
+        if (waits.waiting and start in waits.waiting) or self._deferral.depth:  # rule 2 for this block, or held back
             waits.release(start, LEGACY, partial(self._quarantine_block, start, rounded))
             return
         waiting = self._waiting.get(rounded)  # Quarantine.add, inlined: the hot path
@@ -228,21 +226,23 @@ class ArenaBlocks(BlockSource):
             waiting = self._waiting.setdefault(rounded, [])
         waiting.append(start)
 
-    def _quarantine_block(self, start: int, rounded: int, synchronized: bool) -> None:
-        self._quarantine.add(start, rounded)
+    def _quarantine_block(self, start: int, rounded: int, on: StreamRef | None) -> None:
+        self.quarantine.add(start, rounded)  # the next fence orders it, whatever `on`
 
     def _release_scoped(self, start: int, size: int, rounded: int, stream: StreamRef, domain: Domain) -> None:
         if self.dropped:
             return
         self._note(~size)
-        self._waits.release(start, stream, partial(self._publish_scoped, start, rounded, stream, domain))
+        self._waits.release(start, stream, partial(self._publish_scoped, start, rounded, domain),
+                            partial(self._settle_scoped, domain))
 
-    def _publish_scoped(self, start: int, rounded: int, stream: StreamRef, domain: Domain, synchronized: bool) -> None:
-        if self.dropped:
-            return
-        if not synchronized:  # rule 5: the event covers the block before anyone can see it
-            check(self._cu.cuEventRecord(domain.event, stream.handle), "cuEventRecord (arena release)")
-        self._released.append((start, rounded, domain))
+    def _settle_scoped(self, domain: Domain, stream: StreamRef) -> None:
+        # Rule 5, at the drop (Note [A release made free later orders now] in .waits).
+        check(self._cu.cuEventRecord(domain.event, stream.handle), "cuEventRecord (arena release)")
+
+    def _publish_scoped(self, start: int, rounded: int, domain: Domain, on: StreamRef | None) -> None:
+        if not self.dropped:
+            self._released.append((start, rounded, domain))
 
     # -- moving freed blocks back into the heaps (under _lock) --------------------------------
 
@@ -254,20 +254,20 @@ class ArenaBlocks(BlockSource):
 
     def _fence(self) -> None:
         """Rule 4: snapshot, then the barrier, then publish."""
-        taken = self._quarantine.take()
+        taken = self.quarantine.take()
         if not taken:
             return
         try:
             check(self._cu.cuEventRecord(self._fence_event, LEGACY.handle), "cuEventRecord (arena fence)")
         except CudaAPIError:
-            self._quarantine.put_back(taken)
+            self.quarantine.put_back(taken)
             raise
         self.fences += 1
-        for start, size in sorted(self._quarantine.make_ready(taken)):
+        for start, size in sorted(self.quarantine.make_ready(taken)):
             self._free_into(self._legacy, start, size)
 
     def _flush_ready(self) -> None:
-        for start, size in sorted(self._quarantine.take_ready()):
+        for start, size in sorted(self.quarantine.take_ready()):
             self._free_into(self._legacy, start, size)
 
     def _free_into(self, domain: Domain, start: int, size: int) -> None:
@@ -281,24 +281,18 @@ class ArenaBlocks(BlockSource):
         """Bytes of slabs held now (every domain)."""
         return self._domains.reserved
 
-    @property
-    def cache_limit(self) -> int:
-        """Ready blocks kept per size (0, with ``quarantine_limit`` -1: reuse at the next miss)."""
-        return self._quarantine.cache_limit
-
-    @cache_limit.setter
-    def cache_limit(self, blocks: int) -> None:
-        self._quarantine.cache_limit = blocks
-
     def flush_cache(self) -> None:
         """Give every ready block back to the legacy heap, coalescing."""
         with self._lock:
-            self._flush_ready()
+            if not self.dropped:
+                self._flush_ready()
 
     def release_cached(self) -> int:
         """Fence, then give every wholly free slab of every domain back to the mempool
         (stream-ordered: no host synchronization).  Returns the bytes released."""
         with self._lock:
+            if self.dropped:  # a reset freed the slabs
+                return 0
             self._publish_released()
             self._fence()
             self._flush_ready()
@@ -308,15 +302,17 @@ class ArenaBlocks(BlockSource):
 
     def drop_all(self) -> list[tuple[int, int]]:
         """Forget everything (for a reset): returns the slabs as (start, size) for the caller to
-        free; blocks still held are abandoned and their releases do nothing."""
+        free; late releases do nothing; an allocation under way goes to the next generation
+        (``dropped``, under the lock; the ready lists emptied for the lock-free pop)."""
         with self._lock:
             self.dropped = True
             self.taken.clear()
             slabs = self._domains.drop_all()
-            self._cu.cuEventDestroy(self._fence_event)
+            self._cu.cuEventDestroy(self._fence_event)  # used under the lock only
             self._released.clear()
-            self._quarantine = Quarantine(0)
-            self.ready, self._waiting = self._quarantine.ready, self._quarantine.waiting
+            self.quarantine.empty()
+            self.quarantine = Quarantine(0)
+            self.ready, self._waiting = self.quarantine.ready, self.quarantine.waiting
             return slabs
 
     # -- read-only views: record_stream, IPC, statistics, tests ---------------------------------
@@ -345,14 +341,14 @@ class ArenaBlocks(BlockSource):
     def _is_released(self, start: int, size: int) -> bool:
         # Under _lock.  list() copies: releases append to _released without the lock.  A
         # released block that a hold keeps (an IPC export) is released too.
-        return (self._quarantine.holds(start, size) or start in self._waits.held
+        return (self.quarantine.holds(start, size) or start in self._waits.held
                 or any(start == s for s, _, _ in list(self._released)))
 
     def statistics(self) -> ArenaStatistics:
         """The arena's bytes and counts now (:class:`ArenaStatistics`)."""
         with self._lock:
             self._publish_released()
-            quarantined, cached = self._quarantine.bytes()
+            quarantined, cached = self.quarantine.bytes()
             in_use = sum(self.taken.values()) - quarantined - cached
             return ArenaStatistics(reserved=self._domains.reserved, in_use=in_use, cached=cached,
                                    quarantined=quarantined, fences=self.fences, **self._domains.free_figures())
@@ -364,5 +360,10 @@ class ArenaBlocks(BlockSource):
         with self._lock:
             self._publish_released()
             taken = dict(self.taken)
-            self._quarantine.check_invariants(taken)
+            self.quarantine.check_invariants(taken)
             self._domains.check_invariants(taken)
+
+
+def _not_served(max_block: int, size: int) -> PoolPointer:
+    raise ArenaError(f"{size} bytes is above the arena's largest block ({max_block} bytes) "
+                     "or inside a scratch scope, and no delegate is set")

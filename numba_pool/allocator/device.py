@@ -10,6 +10,7 @@ at the next allocation.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Callable
 
 import humanfriendly
@@ -24,7 +25,7 @@ from ..cuda.streams import LEGACY, StreamRef
 from .arena import ArenaBlocks
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
-from .waits import Hold, StreamWaits
+from .waits import Deferral, Hold, StreamWaits
 
 
 def _fmt(nbytes: int) -> str:
@@ -43,24 +44,29 @@ class DeviceAllocator:
     :param config: the options in effect (``arena``, its sizes, ``release_threshold``).
     :param before_retry: called before an allocation that ran out of memory is retried (Numba's
         pending deallocations).
+    :param deferral: ``defer_cleanup``'s state, which outlives a reset (the manager's).
+    :param after_reset: serves an allocation that a reset of this generation overtook, from the
+        next one (the manager's allocation without adaptors).
     """
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
-                 before_retry: Callable[[], None] = lambda: None):
+                 before_retry: Callable[[], None] = lambda: None, deferral: Deferral | None = None,
+                 after_reset: Callable[[int], PoolPointer] | None = None):
         self.cu = cu  # the driver object (IPC exports through it)
         self.pool = pool
         self._usage = usage
         self._before_retry = before_retry
-        self.waits = StreamWaits(cu, OwnerContext.of(cu, context))
+        self.waits = StreamWaits(cu, OwnerContext.of(cu, context), deferral)
         # Live numba_pool.scratch blocks by start address (atomic dict operations only).
         self.scratch_blocks: dict[int, object] = {}
-        self.mempool_blocks = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory)
+        self.mempool_blocks = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
+                                           after_reset)
         self.arena: ArenaBlocks | None = None
         if config.arena:
             self.arena = ArenaBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
                                      slab_size=config.arena_slab_size, max_block=config.arena_max_block,
                                      release_threshold=release_limit(config.release_threshold),
-                                     delegate=self.mempool_blocks.allocate)
+                                     delegate=self.mempool_blocks.allocate, after_reset=after_reset)
         #: Where every request starts: the arena when it is on, else the mempool blocks.  Its
         #: ``allocate(size)`` is the allocation path with no adaptor (:mod:`numba_pool.plugin.path`).
         self.source = self.arena if self.arena is not None else self.mempool_blocks
@@ -90,6 +96,20 @@ class DeviceAllocator:
         after its release until ``hold`` lets go (an IPC export's leases); False when no live
         block holds it."""
         return self._add_wait(address, hold)
+
+    def export_hold(self, address: int, hold: Hold) -> bool:
+        """An IPC export of the block holding ``address``: :meth:`hold`, then synchronize the
+        context (``cuCtxSynchronize``), so that the block's allocation and every use of its
+        previous owners have completed before another process, which orders its work against
+        nothing of this one, may touch it (the driver requires the allocation complete, "Stream
+        Ordered Memory Allocator", IPC).  Exports are rare: the synchronize is their cost.
+        False when no live block holds ``address``.
+
+        :raises CudaAPIError: when the synchronize fails."""
+        if not self.hold(address, hold):
+            return False
+        check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (IPC export)")
+        return True
 
     def _add_wait(self, address: int, what) -> bool:
         start = self._block_at(address)
@@ -175,8 +195,11 @@ class DeviceAllocator:
         self.pool.trim(keep_bytes)
 
     def reset(self) -> None:
-        """Free everything and destroy the pool.  The snapshot (every live pointer, every slab)
-        is taken before the synchronize; finalizers that run later find nothing to free."""
+        """Free everything and give the pool's memory back.  The snapshot (every live pointer,
+        every slab) is taken before the synchronize; finalizers that run later find nothing to
+        free, and allocations under way go to the next generation (the sources' ``dropped``).
+        The pool is trimmed to 0 now and destroyed once this generation is collected: an
+        allocation under way may still name it."""
         pointers = self.mempool_blocks.take_all()
         if self.arena is not None:
             pointers += [self.cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
@@ -187,10 +210,20 @@ class DeviceAllocator:
             except KeyError:
                 break
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
-        self.waits.flush()  # held-back mempool frees: issued now, before the pool goes
+        self.waits.deferral.flush()  # held-back mempool frees: issued now, before the pool goes
         self.waits.release_held()  # and those an IPC export's leases keep
         for ptr in pointers:
             report_failure(self.cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
         with contextlib.suppress(CudaAPIError):
-            self.pool.destroy()
+            self.pool.trim(0)
+        weakref.finalize(self, _destroy_pool, self.pool, self.waits.owner).atexit = False
+
+
+def _destroy_pool(pool: MemPool, owner: OwnerContext) -> None:
+    # A reset generation's pool, once nothing can allocate from it (its allocator is collected):
+    # in the owner's context, whatever thread the collector runs in.
+    def destroy(*_):
+        with contextlib.suppress(CudaAPIError):
+            pool.destroy()
+    owner.enter(destroy)

@@ -8,6 +8,8 @@ between streams.  Every method runs under the arena's lock.
 
 from __future__ import annotations
 
+import weakref
+
 from ..cuda.driver import EVENT_FLAGS, check
 from ..cuda.streams import LEGACY, StreamRef
 from .free_list import Heap
@@ -123,12 +125,13 @@ class Domains:
                 self.return_slab(domain, start)
 
     def drop_all(self) -> list[tuple[int, int]]:
-        """Forget every domain (for a reset) and destroy their events: returns the slabs as
-        (start, size) for the caller to free."""
+        """Forget every domain (for a reset): returns the slabs as (start, size) for the caller
+        to free.  A release that checked that its arena was not dropped may still record its
+        domain's event: the events are destroyed once no release can reach them (this object,
+        which only its arena holds, is collected)."""
         slabs = [slab for domain in self for slab in domain.heap.slabs.items()]
-        for domain in self:
-            if domain.event is not None:
-                self._cu.cuEventDestroy(domain.event)
+        events = [domain.event for domain in self if domain.event is not None]
+        weakref.finalize(self, _destroy_events, self._cu, events).atexit = False
         self._by_key.clear()
         self.reserved = 0
         return slabs
@@ -157,3 +160,10 @@ class Domains:
         assert sum(d.heap.reserved for d in self) == self.reserved
         in_slabs = sum(taken.values()) + sum(d.heap.free_bytes() for d in self)
         assert in_slabs == self.reserved, f"{in_slabs} bytes in blocks, {self.reserved} in slabs"
+
+
+def _destroy_events(cu, events: list) -> None:
+    # A dropped arena's domain events, once nothing can record them (in a thread with no
+    # current context the calls fail: the events go with the context).
+    for event in events:
+        cu.cuEventDestroy(event)

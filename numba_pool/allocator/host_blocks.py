@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import itertools
 import threading
+from functools import partial
+from typing import Callable
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -77,6 +79,7 @@ class HostBlock:
     events: list = field(default_factory=list)
     order: int = 0
     orphan: bool = False  # outlived reset(): cuMemFreeHost at release, as Numba does
+    generation: int = 0  # the cache's generation (resets so far) that counts it in reserved
 
 
 class HostBlocks:
@@ -103,6 +106,7 @@ class HostBlocks:
         self._order = itertools.count(1)
         self.reserved = 0  # bytes from cuMemHostAlloc not yet freed (this generation)
         self.cached = 0  # bytes of blocks in the bins
+        self.generation = 0  # resets so far
 
     # -- allocation (under the lock) ---------------------------------------------------------
 
@@ -123,6 +127,9 @@ class HostBlocks:
     def _take_released(self) -> None:
         while self.released:
             block = self.released.popleft()
+            if block.generation != self.generation:  # its release straddled a reset: count it here
+                block.generation = self.generation
+                self.reserved += block.size
             bin_ = self.bins.get((block.flags, block.size))
             if bin_ is None:
                 bin_ = self.bins[(block.flags, block.size)] = deque()
@@ -168,7 +175,7 @@ class HostBlocks:
                 report_failure(self._cu.cuMemFreeHost(host), "cuMemFreeHost")
             device = int(check(result, "cuMemHostGetDevicePointer"))
         self.reserved += rounded
-        return HostBlock(host, device, rounded, flags)
+        return HostBlock(host, device, rounded, flags, generation=self.generation)
 
     def _out_of_memory(self, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
         cap = f"capped at {self.max_size} bytes (NUMBA_POOL_HOST_MAX_SIZE)" if self.max_size is not None else "uncapped"
@@ -231,13 +238,18 @@ class HostBlocks:
             self._take_released()
             for block in self._cached_oldest_first():
                 self._free_cached(block)
-            for block in self.live.values():
+            live, self.live, self.recorded = self.live, {}, {}
+            for block in list(live.values()):
                 block.orphan = True
-            self.live, self.recorded = {}, {}
             self.reserved = 0
-            for event in self._free_events:
+            self.generation += 1
+            events = self._free_events
+            while events:  # pop, not a loop over the list: a release may pop one meanwhile
+                try:
+                    event = events.pop()
+                except IndexError:
+                    break
                 report_failure(self._cu.cuEventDestroy(event), "cuEventDestroy")
-            self._free_events = []
 
     # -- release (no lock: finalizers) ---------------------------------------------------------
 
@@ -251,17 +263,22 @@ class HostBlocks:
                     return True
         return False
 
-    def release(self, block: HostBlock) -> None:
-        """Give ``block`` back: events on the legacy stream and every recorded stream, then
-        into :attr:`released`.  Never raises; where it cannot record, it synchronizes the
-        context (``cuCtxSynchronize``) and the block needs no event."""
-        if block.orphan or self.live.pop(block.host, None) is None:
-            if block.orphan:
-                self._free_orphan(block, True)
+    def release(self, block: HostBlock, defer: Callable[[Callable[[], None]], bool] | None = None) -> None:
+        """Give ``block`` back: events on the legacy stream and every recorded stream, now, then
+        into :attr:`released`, now or, when ``defer(put_back)`` keeps it (``defer_cleanup``),
+        later: the events are recorded while the streams are alive (Note [A release made free
+        later orders now], :mod:`numba_pool.allocator.waits`).  Never raises; where it cannot
+        record, it synchronizes the context (``cuCtxSynchronize``) and the block needs no
+        event.  A block whose release straddles a reset is counted by the next generation."""
+        popped = self.live.pop(block.host, None)
+        if block.orphan:  # a reset marked it (before or after our pop): freed as Numba does
+            self._free_orphan(block, True)
+            return
+        if popped is None:
             return
         streams = [LEGACY] + self.recorded.pop(block.host, [])
         block.order = next(self._order)
-        self.owner.enter(self._record_release, block, streams)  # rule 10
+        self.owner.enter(self._record_release, block, streams, defer)  # rule 10
 
     def _free_orphan(self, block: HostBlock, retry: bool) -> None:
         result = self._cu.cuMemFreeHost(block.host)
@@ -269,19 +286,24 @@ class HostBlocks:
             return
         report_failure(result, "cuMemFreeHost (after reset)")
 
-    def _record_release(self, block: HostBlock, streams: list[StreamRef], retry: bool) -> None:
+    def _record_release(self, block: HostBlock, streams: list[StreamRef], defer, retry: bool) -> None:
+        events: list = []
         try:
-            block.events = [self._record(stream) for stream in streams]
+            for stream in streams:
+                events.append(self._record(stream))
+            block.events = events
         except Exception as err:  # noqa: BLE001 - a release never raises
-            self._free_events.extend(block.events)
+            self._free_events.extend(events)  # those recorded before the failure: reused, not leaked
             block.events = []
-            if retry and self.owner.retry(self._record_release, block, streams):  # rule 10
+            if retry and self.owner.retry(self._record_release, block, streams, defer):  # rule 10
                 return
             if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 return
             warn(f"could not order the release of pinned block {block.host:#x} ({err}); "
                  "synchronized the device instead")
-        self.released.append(block)
+        put_back = partial(self.released.append, block)
+        if defer is None or not defer(put_back):
+            put_back()
 
     def _record(self, stream: StreamRef):
         if stream.belongs_to_another_thread():

@@ -15,7 +15,6 @@ from ..cuda.frontend import CudaAPIError
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
 from .sources import BlockSource
-from .waits import StreamWaits
 
 
 class PooledBlocks(BlockSource):
@@ -27,8 +26,8 @@ class PooledBlocks(BlockSource):
     finds nothing to free.
     """
 
-    def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory):
-        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory)
+    def __init__(self, cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset=None):
+        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset)
         self._free_async = cu.cuMemFreeAsync
         self.ledger: dict = {}  # CUdeviceptr -> bytes requested; atomic operations only
         # Bound once: a bound method made per allocation cost 0.1 µs (bench).
@@ -49,9 +48,13 @@ class PooledBlocks(BlockSource):
             return stream.scratch.allocate(size)
         err, ptr = self._alloc_async(size, self._pool, stream.handle)
         if err:
+            if self.dropped:  # a reset overtook this allocation
+                return self.after_reset(size)
             ptr = self._after_error(size, stream, err)
         ledger = self.ledger
         ledger[ptr] = size
+        if self.dropped:  # a reset began meanwhile: the block belongs to the generation it dropped
+            return self._lost_to_reset(ledger, ptr, size, stream)
         self._note(size)
         self._drain_if_due()
         return PoolPointer(self._context, ptr, size, partial(self._release_bound, ledger, ptr, stream))
@@ -60,6 +63,13 @@ class PooledBlocks(BlockSource):
         if err != OUT_OF_MEMORY:
             raise CudaAPIError(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) failed with {err.name}")
         return self._on_out_of_memory(size, partial(self._retry, size, stream))
+
+    def _lost_to_reset(self, ledger: dict, ptr, size: int, stream: StreamRef) -> PoolPointer:
+        # The block was never used: back on its stream, unless the reset's snapshot took it
+        # (then the reset frees it); the next generation serves the request.
+        if ledger.pop(ptr, None) is not None:
+            report_failure(self._free_async(ptr, stream.handle), f"cuMemFreeAsync({int(ptr):#x})")
+        return self.after_reset(size)
 
     def _retry(self, size: int, stream: StreamRef):
         return check(self._alloc_async(size, self._pool, stream.handle), f"cuMemAllocFromPoolAsync({size} bytes)")
@@ -71,28 +81,26 @@ class PooledBlocks(BlockSource):
             return
         self._note(~size)
         waits = self._waits
-        if (waits.waiting and int(ptr) in waits.waiting) or waits.depth or stream.thread is not None:
-            waits.release(int(ptr), stream, partial(self._free, ptr, stream))
+        if (waits.waiting and int(ptr) in waits.waiting) or self._deferral.depth or stream.thread is not None:
+            waits.release(int(ptr), stream, partial(self._free, ptr))
             return
         owner = waits.owner
-        if owner.several and owner.needed():  # rule 10: another device's context is current
-            owner.run(waits.release, int(ptr), stream, partial(self._free, ptr, stream))
+        if owner.needed():  # rule 10: another context, or none, is current in this thread
+            owner.run(waits.release, int(ptr), stream, partial(self._free, ptr))
             return
         err, = self._free_async(ptr, stream.handle)
         if err:
-            if owner.needed():  # rule 10: no context is current in this thread
-                owner.run(waits.release, int(ptr), stream, partial(self._free, ptr, stream))
-                return
             report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
 
-    def _free(self, ptr, stream: StreamRef, synchronized: bool) -> None:
-        # After a synchronize nothing earlier remains: the legacy stream will do.
-        handle = LEGACY.handle if synchronized else stream.handle
+    def _free(self, ptr, on: StreamRef | None) -> None:
+        # After a synchronize (on is None) nothing earlier remains: the legacy stream will do.
+        handle = LEGACY.handle if on is None else on.handle
         check(self._free_async(ptr, handle), f"cuMemFreeAsync({int(ptr):#x})")
 
     def take_all(self) -> list:
         """Forget every live allocation (for a reset): returns their pointers; finalizers that
-        run later find nothing."""
+        run later find nothing, and allocations under way go to the next generation."""
+        self.dropped = True
         ledger, self.ledger = self.ledger, {}
         pointers = []
         while ledger:  # popitem, not a copy: a finalizer racing with us pops each key at most once

@@ -83,6 +83,11 @@ class Quarantine:
             return sum(size * len(starts) for size, starts in list(lists.items()))
         return total(self.waiting), total(self.ready)
 
+    def empty(self) -> None:
+        """Empty every list in place (a reset): a lock-free pop racing it finds nothing."""
+        for starts in [*list(self.waiting.values()), *list(self.ready.values())]:
+            starts.clear()
+
     def holds(self, start: int, size: int) -> bool:
         """Whether the block (start, size) waits for a fence or is ready (a released block)."""
         # list() copies: releases append to the lists without the arena's lock.

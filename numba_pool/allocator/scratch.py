@@ -9,8 +9,7 @@ gone, so an array that outlives the scope stays valid.  Arrays in one scratch bl
 share memory (nothing is reused inside it), which is why the stream rule needs nothing more.
 ``record_stream`` on a carved array belongs to that array: the block waits for the recorded
 streams when the array is dropped, since it is released later, when they may be destroyed.  An
-IPC export of a carved array holds that array (its drop, and those waits, happen when the last
-importer lets go), and the block with it.
+IPC export of a carved array holds the block: its release waits for the last importer.
 The allocation log (``NUMBA_POOL_LOG``) records the arrays, at their own addresses, and not the
 block they are carved from.
 """
@@ -28,7 +27,7 @@ from ..cuda.frontend import MemoryPointer
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import StreamRef, enter_scope, leave_scope, per_thread
 from .free_list import round_up
-from .waits import run_when_released, split_waiting
+from .waits import split_waiting
 
 
 class ScratchBlock:
@@ -64,9 +63,10 @@ class ScratchBlock:
         return len(self._outstanding)
 
     def allocate(self, size: int) -> MemoryPointer:
-        """Carve ``size`` bytes (rounded up to 256) off the block, or take the normal path."""
+        """Carve ``size`` bytes (rounded up to 256) off the block, or take the normal path (also
+        once a reset freed the block)."""
         need = round_up(size)
-        if self.offset + need > self.size:
+        if self.offset + need > self.size or self._allocator is None:
             with _on_stream(self.stream):
                 return self._overflow(size)
         address = self.base + self.offset
@@ -96,14 +96,17 @@ class ScratchBlock:
         self._allocator = None
 
     def _drop(self, address: int) -> None:
-        # Release of a carved-out array: any thread, must not raise.
+        # Release of a carved-out array: any thread, must not raise.  Its recorded streams are
+        # waited for now, while they are alive; its holds pass to the block, whose release
+        # orders at once and is made free when they let go (Note [A release made free later
+        # orders now]).
         streams, holds = split_waiting(self._recorded.pop(address, None) if self._recorded else None)
-        run_when_released(holds, partial(self._drop_now, address, streams))
-
-    def _drop_now(self, address: int, streams: list[StreamRef]) -> None:
         allocator = self._allocator
-        if streams and allocator is not None:  # ordered now, before the block's release on self.stream
-            allocator.waits.order_now(streams, self.stream)
+        if allocator is not None:
+            if streams:  # ordered now, before the block's release on self.stream
+                allocator.waits.order_now(streams, self.stream)
+            for hold in holds:
+                allocator.waits.add_wait(self.base, hold)
         self._outstanding.pop(address, None)
         if not self._scope_open and not self._outstanding:
             self._release()

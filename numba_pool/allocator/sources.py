@@ -19,15 +19,30 @@ class BlockSource:
     :param usage: the usage tracker that allocations and frees append their events to.
     :param on_out_of_memory: ``(size, retry)``: make room, then ``retry()`` once
         (:meth:`numba_pool.allocator.device.DeviceAllocator.out_of_memory`).
+    :param after_reset: serves, from the next generation, an allocation of ``size`` bytes that
+        a reset overtook (:attr:`dropped`): "an allocation never completes against a reset
+        generation".
+
+    ``dropped`` is set by the reset (:meth:`DeviceAllocator.reset
+    <numba_pool.allocator.device.DeviceAllocator.reset>`): from then on this source hands out
+    nothing, and late releases do nothing.
     """
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage: UsageTracker,
-                 on_out_of_memory: Callable):
+                 on_out_of_memory: Callable, after_reset: Callable | None = None):
         self._cu = cu
         self._alloc_async = cu.cuMemAllocFromPoolAsync  # the hot path's driver call, bound once
         self._pool = pool_handle
         self._context = context
         self._waits = waits
+        self._deferral = waits.deferral  # defer_cleanup's depth, read by the fast release paths
+        self.dropped = False  # set once, by a reset
+        self.after_reset = after_reset if after_reset is not None else _no_successor
         self._note = usage.events.append  # one usage event per allocation (bytes) and free (~bytes)
         self._drain_if_due = usage.drain_if_due
         self._on_out_of_memory = on_out_of_memory
+
+
+def _no_successor(size: int):
+    raise RuntimeError(f"numba_pool: an allocation of {size} bytes was overtaken by a reset of its pool, "
+                       "and no allocator serves the next generation")

@@ -92,9 +92,13 @@ class UsageTracker:
                 self.oom_retries += 1
 
     def forget_in_use(self) -> None:
-        """Count everything still in use as freed (a reset released it)."""
-        self.drain()
+        """Count everything still in use as freed (a reset released it), and start a new event
+        list: the dropped generation's block sources keep appending to the old one (they bound
+        its ``append``), and what they append after this (an allocation or a release that the
+        reset overtook) concerns memory the reset already counted, so it is not replayed."""
         with self._replay_lock:
+            events, self.events = self.events, []
+            self._replay(events)
             self.total_frees += self.blocks_in_use
             self.bytes_in_use = self.blocks_in_use = 0
 

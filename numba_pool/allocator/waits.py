@@ -12,6 +12,17 @@ not keep it.
 A block source's release takes the slow path (:meth:`StreamWaits.release`) only when its own
 block has something registered, a ``defer_cleanup`` is open, or its stream needs care; every
 other release stays on the source's fast path.
+
+Note [A release made free later orders now]
+    A release that is not made free at once (``defer_cleanup`` holds it back until the
+    outermost block exits; a hold keeps it until the last importer lets go) does its ordering
+    *at the drop*, while the streams it names are alive: the allocation stream waits for the
+    recorded streams, the block source's ``settle`` step runs (the arena records its domain's
+    event), and an event is recorded on the allocation stream.  When the block is made free,
+    only that event is named: the legacy stream waits for it, and the block is published on the
+    legacy stream.  A stream handle is never used after the drop: the program may destroy the
+    stream once its arrays are gone, and the driver may give the handle to a new stream, which
+    orders nothing of the old one's work.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from typing import Callable, Protocol
 
 from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, check, report_failure, warn
-from ..cuda.streams import StreamRef
+from ..cuda.streams import LEGACY, StreamRef
 
 
 class CannotOrder(RuntimeError):
@@ -55,36 +66,19 @@ def run_when_released(holds: list[Hold], release: Callable[[], None]) -> None:
     release()
 
 
-class StreamWaits:
-    """One device allocator's release ordering (rules 2 and 8) and ``defer_cleanup`` hold-back.
+class Deferral:
+    """``defer_cleanup``'s state: the open blocks and the releases they hold back.  Owned by
+    the manager, for all the generations of its device's memory: a reset inside an open block
+    leaves it open (as Numba's own counter does), and releases of the next generation are held
+    back too.
 
-    ``waiting`` (block start -> streams and holds), ``held`` and ``held_back`` take atomic
-    operations only (releases run in finalizers); ``depth`` changes under ``_lock``.
-    """
+    ``depth`` changes under ``_lock``; ``held_back`` takes atomic operations only (releases run
+    in finalizers)."""
 
-    def __init__(self, cu, owner: OwnerContext | None = None):
-        self._cu = cu
-        self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
-        self.waiting: dict[int, list] = {}  # block start -> StreamRefs and holds; atomic operations only
+    def __init__(self):
         self.depth = 0  # open defer_cleanup blocks; guarded by _lock
-        self.held_back: deque = deque()  # releases deferred by defer_cleanup; atomic operations only
-        # Block start -> (stream, publish, recorded streams) of a release a hold keeps; atomic
-        # operations only.
-        self.held: dict[int, tuple] = {}
+        self.held_back: deque = deque()  # releases to do at the outermost exit; atomic operations only
         self._lock = threading.Lock()
-
-    def add_wait(self, start: int, what: StreamRef | Hold) -> None:
-        """Make the release of the block starting at ``start`` wait for ``what``: the work
-        queued on a stream by then (``record_stream``), or a hold until it lets go."""
-        self.waiting.setdefault(start, []).append(what)
-
-    def release(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
-        """Release a block allocated on ``stream``: now or, inside ``defer_cleanup``, at its
-        outermost exit.  ``publish(synchronized)`` makes the block free (it may raise; then
-        the fallback synchronizes and calls ``publish(True)``).  Never raises."""
-        if self.depth and self.defer(partial(self._release_now, start, stream, publish)):
-            return
-        self._release_now(start, stream, publish)
 
     def defer(self, release: Callable[[], None]) -> bool:
         """Inside ``defer_cleanup``: keep ``release`` for the outermost exit and return True;
@@ -96,47 +90,153 @@ class StreamWaits:
             self.flush()
         return True
 
-    def _release_now(self, start: int, stream: StreamRef, publish: Callable[[bool], None]) -> None:
+    @contextlib.contextmanager
+    def holding_back(self):
+        """While active, releases are held back; the outermost exit does them."""
+        with self._lock:
+            self.depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.depth -= 1
+                done = self.depth == 0
+            if done:
+                self.flush()
+
+    def flush(self) -> None:
+        """Do the releases held back so far (a reset does them before the pool goes)."""
+        while True:
+            try:
+                release = self.held_back.popleft()
+            except IndexError:
+                return
+            release()
+
+
+class StreamWaits:
+    """One device allocator's release ordering (rules 2 and 8), for releases made free at once
+    and for those made free later (Note [A release made free later orders now]).
+
+    ``waiting`` (block start -> streams and holds) and ``held`` take atomic operations only
+    (releases run in finalizers).
+    """
+
+    def __init__(self, cu, owner: OwnerContext | None = None, deferral: Deferral | None = None):
+        self._cu = cu
+        self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
+        self.deferral = deferral if deferral is not None else Deferral()
+        self.waiting: dict[int, list] = {}  # block start -> StreamRefs and holds; atomic operations only
+        # Block start -> (event or None, publish) of a release a hold keeps; atomic operations only.
+        self.held: dict[int, tuple] = {}
+
+    def add_wait(self, start: int, what: StreamRef | Hold) -> None:
+        """Make the release of the block starting at ``start`` wait for ``what``: the work
+        queued on a stream by then (``record_stream``), or a hold until it lets go."""
+        self.waiting.setdefault(start, []).append(what)
+
+    def release(self, start: int, stream: StreamRef, publish: Callable[[StreamRef | None], None],
+                settle: Callable[[StreamRef], None] | None = None) -> None:
+        """Release a block allocated on ``stream``: made free now or, inside ``defer_cleanup``
+        or while a hold keeps it, later.  ``settle(stream)`` (may raise) runs once the
+        recorded streams are waited for; ``publish(on)`` makes the block free, ordered on
+        ``on``, a stream valid now, or after a synchronize when ``on`` is None (it may raise;
+        then the fallback synchronizes and calls ``publish(None)``).  Never raises."""
         waiting = self.waiting.pop(start, None) if self.waiting else None
-        if waiting is None:
-            self.owner.enter(self._order, start, stream, publish, None)  # rule 10
-            return
         streams, holds = split_waiting(waiting)
+        if holds or self.deferral.depth:
+            self.owner.enter(self._order_for_later, start, stream, publish, streams, settle, holds)  # rule 10
+        else:
+            self.owner.enter(self._order, start, stream, publish, streams, settle)  # rule 10
+
+    def _order(self, start: int, stream: StreamRef, publish, recorded: list[StreamRef], settle, retry: bool) -> None:
+        try:
+            self._order_on(stream, recorded, settle)
+            publish(stream)
+        except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
+            if retry and self.owner.retry(self._order, start, stream, publish, recorded, settle):  # rule 10
+                return
+            if self._synchronize_instead(start, stream, err):
+                self._publish_synchronized(start, publish)
+
+    def _order_on(self, stream: StreamRef, recorded: list[StreamRef], settle) -> None:
+        if stream.belongs_to_another_thread():
+            raise CannotOrder("it was allocated on another thread's per-thread default stream")
+        if recorded:
+            self._wait_on_streams(recorded, stream)
+        if settle is not None:
+            settle(stream)
+
+    # -- made free later (Note [A release made free later orders now]) -----------------------
+
+    def _order_for_later(self, start: int, stream: StreamRef, publish, recorded: list[StreamRef], settle,
+                         holds: list, retry: bool) -> None:
+        try:
+            self._order_on(stream, recorded, settle)
+            event = None if stream is LEGACY or settle is not None else self._record(stream)
+        except Exception as err:  # noqa: BLE001 - rule 8
+            if retry and self.owner.retry(self._order_for_later, start, stream, publish, recorded, settle, holds):
+                return
+            if not self._synchronize_instead(start, stream, err):
+                return
+            self._later(start, None, partial(_after_synchronize, start, publish), holds)
+            return
+        self._later(start, event, publish, holds)
+
+    def _record(self, stream: StreamRef):
+        cu = self._cu
+        event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
+        try:
+            check(cu.cuEventRecord(event, stream.handle), "cuEventRecord (release made free later)")
+        except Exception:
+            cu.cuEventDestroy(event)
+            raise
+        return event
+
+    def _later(self, start: int, event, publish, holds: list) -> None:
         if holds:
-            self.held[start] = (stream, publish, streams)
+            self.held[start] = (event, publish)
             run_when_released(holds, partial(self._release_unheld, start))
             return
-        self.owner.enter(self._order, start, stream, publish, streams)  # rule 10
+        made_free = partial(self._made_free, start, event, publish)
+        if not self.deferral.defer(made_free):
+            made_free()
 
     def _release_unheld(self, start: int) -> None:
         kept = self.held.pop(start, None)
         if kept is not None:  # else a reset released it (release_held)
-            stream, publish, streams = kept
-            self.owner.enter(self._order, start, stream, publish, streams)  # rule 10
+            self._made_free(start, *kept)
+
+    def _made_free(self, start: int, event, publish) -> None:
+        self.owner.enter(self._publish_after, start, event, publish)  # rule 10
+
+    def _publish_after(self, start: int, event, publish, retry: bool) -> None:
+        cu = self._cu
+        try:
+            if event is not None:
+                check(cu.cuStreamWaitEvent(LEGACY.handle, event, 0), "cuStreamWaitEvent (release made free later)")
+            publish(LEGACY)
+        except Exception as err:  # noqa: BLE001 - rule 8
+            if retry and self.owner.retry(self._publish_after, start, event, publish):  # rule 10
+                return
+            if self._synchronize_instead(start, LEGACY, err):
+                self._publish_synchronized(start, publish)
+        if event is not None:
+            cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
 
     def release_held(self) -> None:
         """After a synchronize (a reset, before the pool goes): make every block a hold still
-        keeps free at once.  Nothing earlier remains, so no stream of theirs is named (they may
-        be destroyed by now)."""
+        keeps free at once.  Nothing earlier remains, so no stream is named."""
         while self.held:
             try:
-                start, (_, publish, _) = self.held.popitem()
+                start, (event, publish) = self.held.popitem()
             except KeyError:  # the hold let go meanwhile
                 return
+            if event is not None:
+                self._cu.cuEventDestroy(event)
             self._publish_synchronized(start, publish)
 
-    def _order(self, start: int, stream: StreamRef, publish: Callable[[bool], None],
-               recorded: list[StreamRef] | None, retry: bool) -> None:
-        try:
-            if stream.belongs_to_another_thread():
-                raise CannotOrder("it was allocated on another thread's per-thread default stream")
-            if recorded:
-                self._wait_on_streams(recorded, stream)
-            publish(False)
-        except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
-            if retry and self.owner.retry(self._order, start, stream, publish, recorded):  # rule 10
-                return
-            self._synchronize_instead(start, stream, publish, err)
+    # -- ordering helpers ---------------------------------------------------------------------
 
     def order_now(self, recorded: list[StreamRef], stream: StreamRef) -> None:
         """Make ``stream``'s later work wait for the work queued on each ``recorded`` stream by
@@ -171,39 +271,24 @@ class StreamWaits:
             finally:
                 cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
 
-    def _synchronize_instead(self, start: int, stream: StreamRef, publish, err: Exception) -> None:
+    def _synchronize_instead(self, start: int, stream: StreamRef, err: Exception) -> bool:
+        """Rule 8's fallback: True once the device is synchronized (False: the context is gone,
+        and the memory with it)."""
         if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
-            return  # the context is gone, and the memory with it
+            return False
         warn(f"could not order the release of block {start:#x} on stream {stream.value:#x} ({err}); "
              "synchronized the device instead")
-        self._publish_synchronized(start, publish)
+        return True
 
     @staticmethod
     def _publish_synchronized(start: int, publish) -> None:
         try:
-            publish(True)
+            publish(None)
         except Exception as err:  # noqa: BLE001 - rule 8
             warn(f"could not release block {start:#x} after synchronizing: {err}")
 
-    @contextlib.contextmanager
-    def holding_back(self):
-        """While active, releases are held back; the outermost exit does them."""
-        with self._lock:
-            self.depth += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.depth -= 1
-                done = self.depth == 0
-            if done:
-                self.flush()
 
-    def flush(self) -> None:
-        """Do the releases held back so far (reset does them before the pool goes)."""
-        while True:
-            try:
-                release = self.held_back.popleft()
-            except IndexError:
-                return
-            release()
+def _after_synchronize(start: int, publish, on: StreamRef | None) -> None:
+    # A release whose ordering fell back to a synchronize at the drop, made free later: nothing
+    # of its owner's work remained then, so no stream is named now either.
+    StreamWaits._publish_synchronized(start, publish)

@@ -1,8 +1,9 @@
 """The CUDA context a release must run in: rule 10 of :mod:`numba_pool.allocator`.
 
 A release runs where the last reference to an array went: a finalizer, in any thread.  That
-thread may have no current context, or another device's, where handle 0 (the legacy stream) is
-*that* device's stream and orders nothing on the owner's device.  :class:`OwnerContext` pushes
+thread may have no current context, or another one (another device's, or another context of the
+same device), where handle 0 (the legacy stream) is *that* context's stream and orders nothing of
+the owner's streams.  :class:`OwnerContext` pushes
 the owner's context around such a release.
 """
 
@@ -16,26 +17,24 @@ class OwnerContext:
 
     A release may run in any thread: a finalizer where the last reference went.  One that
     never used CUDA has no current context, so every driver call fails
-    (``CUDA_ERROR_INVALID_CONTEXT``); one working on another device has that device's context
-    current, where the legacy stream (handle 0) is *that* device's, which orders nothing on the
-    owner's device.  Numba's default manager avoids both by queueing frees on the owning
-    context.  Here the owner's context is pushed (``cuCtxPushCurrent``) around the release.
+    (``CUDA_ERROR_INVALID_CONTEXT``).  One working on another device, or in another context of
+    the same device (PyCUDA's ``make_context``, ``cuCtxCreate``, a green context, a library's
+    own), has that context current, where the legacy stream (handle 0) is *that* context's,
+    which orders nothing of the owner's streams, and where events are created in that context.
+    Numba's default manager is safe there only because ``cuMemFree`` takes no stream and
+    synchronizes.  So every release that makes a driver call first asks which context is
+    current (``cuCtxGetCurrent``) and, when it is not the owner's, pushes the owner's
+    (``cuCtxPushCurrent``) around the release.
 
     :param cu: the driver object.
     :param handle: the owner's ``CUcontext`` (Numba's ``Context.handle``); None: never pushed.
     """
 
-    #: Set when the process sees two devices or more (:meth:`note_device`): a release then
-    #: checks which context is current (``cuCtxGetCurrent``), not only whether one is.
-    several = False
-    #: Device ordinals with a numba_pool allocator in this process (:meth:`note_device`).
-    devices_seen: set = set()
-
     def __init__(self, cu, handle):
         self._cu = cu
         self.handle = handle
         self._handle_value = None if handle is None else int(handle)
-        # Bound once (on the release path with several devices); replay's stand-in has none.
+        # Bound once (on every release path that makes a driver call); replay's stand-in has none.
         self._get_current = getattr(cu, "cuCtxGetCurrent", None)
         if self._get_current is None:
             self._handle_value = None
@@ -46,38 +45,27 @@ class OwnerContext:
         without one)."""
         return cls(cu, getattr(context, "handle", None))
 
-    @classmethod
-    def note_device(cls, cu, device: int) -> None:
-        """Record that ``device`` has an allocator; where the process sees two devices (two
-        allocators, or ``cuDeviceGetCount`` > 1), every release checks the current context."""
-        cls.devices_seen.add(device)
-        err, count = cu.cuDeviceGetCount()
-        if len(cls.devices_seen) > 1 or (err == SUCCESS and count > 1):
-            cls.several = True
-
     def needed(self) -> bool:
-        """Whether the calling thread must push the owner's context before a release."""
+        """Whether the calling thread must push the owner's context before a release: no
+        context is current, or another one is (``cuCtxGetCurrent``)."""
         if self._handle_value is None:
             return False
         err, current = self._get_current()
-        if err != SUCCESS:
-            return False
-        current = int(current)
-        return not current or (self.several and current != self._handle_value)
+        return err == SUCCESS and int(current) != self._handle_value
 
     def enter(self, fn, *args) -> None:
         """Start a release, ``fn(*args, retry)`` (which must not raise): in the owner's context
-        (``retry`` False) where the process sees several devices and another context is
-        current, else in this thread's (``retry`` True: ``fn`` may call :meth:`retry` after a
-        failure)."""
-        if self.several and self.needed():
+        (``retry`` False) where another context or none is current, else in this thread's
+        (``retry`` True: ``fn`` may call :meth:`retry` after a failure, for a context that went
+        away meanwhile)."""
+        if self.needed():
             self.run(fn, *args, False)
         else:
             fn(*args, True)
 
     def retry(self, fn, *args) -> bool:
         """After ``fn(*args, True)`` failed: run ``fn(*args, False)`` in the owner's context if
-        this thread needed it (it had no current context), and return True; else False."""
+        this thread needs it, and return True; else False."""
         if not self.needed():
             return False
         self.run(fn, *args, False)

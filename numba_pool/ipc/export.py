@@ -34,7 +34,9 @@ def export(allocator, memory, source_info) -> PoolIpcHandle:
     base, _ = found
     data = check(cu.cuMemPoolExportPointer(cu.CUdeviceptr(base)), "cuMemPoolExportPointer")
     lease = Lease(lease_folder(), f"{os.getpid()}-{next(_export_ids)}")
-    allocator.hold(address, LeaseHold(lease))  # found above: only a release racing the export misses it
+    # Found above: only a release racing the export misses it.  The synchronize in export_hold
+    # orders the block's previous owners before the importer, which orders against nothing here.
+    allocator.export_hold(address, LeaseHold(lease))
     return PoolIpcHandle(memory, ExportData.from_driver(data), memory.size, source_info, offset=address - base,
                          pool_key=pool.export_key, fd=fd, lease=lease)
 

@@ -30,10 +30,7 @@ def _release_host(manager, host: HostBlocks, block: HostBlock, mapped: bool) -> 
     mapped block, then give the block back (held back inside ``defer_cleanup``)."""
     if mapped:
         manager.allocations.pop(block.host, None)
-    release = partial(host.release, block)
-    allocator = manager.allocator
-    if allocator is None or not allocator.waits.defer(release):
-        release()
+    host.release(block, manager.deferral.defer)
 
 
 def _pooled_mapped_memory(context, block: HostBlock, size: int, finalizer):

@@ -32,6 +32,7 @@ from ..allocator.device import DeviceAllocator
 from ..allocator.host_blocks import HostBlocks
 from ..allocator.scratch import scratch_scope
 from ..allocator.usage import UsageTracker
+from ..allocator.waits import Deferral
 from ..cuda import driver
 from ..cuda.context import OwnerContext
 from ..cuda.frontend import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
@@ -75,6 +76,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self._usage = UsageTracker()  # this device's usage events, across resets
         self.log: AllocationLog | None = None  # NUMBA_POOL_LOG's, kept across resets
         self.context_proxy = None  # what pinned memory holds, as Numba's memhostalloc passes
+        self.deferral = Deferral()  # defer_cleanup's blocks and held-back releases, across resets
 
     @property
     def device_id(self) -> int:
@@ -106,12 +108,12 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             threads.require_gil()
             config = self._requested_config or settings.config_in_effect()
             cu = driver.cu
-            OwnerContext.note_device(cu, self.device_id)
             _, total = device_memory_info(cu)
             pool = MemPool(cu, self.device_id, config, total)
             pool.reserve(config.initial_size)
             allocator = DeviceAllocator(cu, pool, self.context, self._usage, config,
-                                        before_retry=self.deallocations.clear)
+                                        before_retry=self.deallocations.clear, deferral=self.deferral,
+                                        after_reset=self.allocate_unadapted)
             self.config = config
             if config.host and self.host is None:
                 self.host = HostBlocks(cu, max_size=config.host_max_size,
@@ -228,15 +230,17 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
 
     @contextlib.contextmanager
     def defer_cleanup(self):
-        """While active, hold back the stream-ordered frees of arrays dropped inside it; they
-        are issued (still without host synchronization) when the outermost block exits.
-
-        A stream-ordered free never blocks the host, and on the legacy default stream it waits
-        for the work of Numba's blocking streams anyway; deferring keeps Numba's promise that
-        no memory is released inside the block, which matters for work on non-blocking
-        streams.  Also defers Numba's cleanup of host allocations (``super()``)."""
+        """While active, the memory of arrays dropped inside it is not handed out again; it is
+        released (still without host synchronization) when the outermost block exits, ordered
+        after the work queued by the drop on the array's allocation stream and its
+        ``record_stream`` streams, and after the work of every blocking stream by the exit
+        (Note [A release made free later orders now] in :mod:`numba_pool.allocator.waits`).
+        Work on another non-blocking stream that relies on the block must have completed, as
+        the host sees it, by the exit (synchronize that stream inside the block).  The block
+        stays open across a :meth:`reset`, as Numba's own.  Also defers Numba's cleanup of
+        host allocations (``super()``)."""
         self.initialize()
-        with super().defer_cleanup(), self.allocator.waits.holding_back():
+        with super().defer_cleanup(), self.deferral.holding_back():
             yield
 
     # -- numba_pool extensions ------------------------------------------------------------

@@ -1,10 +1,14 @@
 """The fuzzer: random legal programs run by numba_pool's real manager on the CUDA model.
 
-A hypothesis state machine mixes blocking, non-blocking and destroyed streams, with the
-allocation path bare or with both adaptors (the allocation log, statistics scopes); ``using_stream``,
-``record_stream``, ``defer_cleanup``, ``scratch`` and holds (what an IPC export registers: the
-block is kept after its release until the hold lets go, in a thread with no CUDA context or the
-main one); trim, reset and out of memory under a
+A hypothesis state machine mixes blocking, non-blocking and destroyed streams (their handles
+reused by the next new stream, also while releases are held back), with the allocation path bare
+or with both adaptors (the allocation log, statistics scopes); ``using_stream``,
+``record_stream``, ``defer_cleanup`` (within one step, or open across steps with arrays dropped
+relying on it), ``scratch`` and IPC exports (the importer writes at once; the block is kept
+after its release until the hold lets go, in a thread with no CUDA context or the main one);
+releases in a thread where another context of the device is current, and that context's
+synchronize; trim, reset (also between two lines of an allocation or a release:
+:mod:`cuda_model.inject`) and out of memory under a
 small ``max_size``; views, frees from other host threads, frees by the garbage collector, and
 releases run *between two driver calls of the allocator* (the model's preempt points: what a
 finalizer in another thread, or the collector, does at that moment), and another thread's
@@ -40,6 +44,9 @@ EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "100"))
 PARK = os.environ.get("NUMBA_POOL_FUZZ_PARK", "1") != "0"
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 40_000), st.sampled_from([256, 1000, 4096, 100_000]))
 OPERATIONS: dict = {}  # (threads, arena) -> operations run, reported by test_operations_count
+#: Only these rules, comma-separated (``NUMBA_POOL_FUZZ_RULES=allocate,launch,drop,hold``): a run
+#: that looks for one class of defect.  Default: every rule.
+RULES = [r for r in os.environ.get("NUMBA_POOL_FUZZ_RULES", "").split(",") if r]
 
 
 class LegalPrograms(RuleBasedStateMachine):
@@ -61,7 +68,7 @@ class LegalPrograms(RuleBasedStateMachine):
             # Fence at every legacy miss and keep no ready cache: a freed legacy block is handed
             # out by the next allocations, within the few steps of an example (by default the
             # arena fences once 32 blocks wait, and reuses through a cache of 64 per size).
-            arena.quarantine_limit, arena.cache_limit = -1, 0
+            arena.quarantine_limit, arena.quarantine.cache_limit = -1, 0
         self.streams = [LEGACY]
 
     def teardown(self):
@@ -117,9 +124,10 @@ class LegalPrograms(RuleBasedStateMachine):
         self.p.record_stream(data.draw(st.sampled_from(self.families())), data.draw(st.sampled_from(self.streams)))
 
     @precondition(lambda self: self.p.families)
-    @rule(data=st.data(), legalize=st.sampled_from(["record", "wait", "sync"]),
-          how=st.sampled_from(["del", "del", "free", "cycle", "pending", "bare"]), thread=st.integers(0, 7))
+    @rule(data=st.data(), legalize=st.sampled_from(["record", "wait", "sync", "scope"]),
+          how=st.sampled_from(["del", "del", "free", "cycle", "pending", "bare", "foreign"]), thread=st.integers(0, 7))
     def drop(self, data, legalize, how, thread):
+        """Drop a reference; "scope" relies on an open ``defer_cleanup`` block (else "record")."""
         family = data.draw(st.sampled_from(list(self.p.families.values())))
         self.p.drop(family, legalize=legalize, how=how, thread=thread)
 
@@ -131,6 +139,35 @@ class LegalPrograms(RuleBasedStateMachine):
             for family in chosen:
                 self.p.drop(family, legalize="record", thread=thread)
             self.p.allocate(data.draw(SIZES), None, thread)
+
+    @precondition(lambda self: len(self.p.defer_scopes) < 2)
+    @rule()
+    def open_defer(self):
+        """A ``defer_cleanup`` block that stays open while other steps run (streams destroyed
+        and their handles reused, resets, holds let go)."""
+        self.p.open_defer()
+
+    @precondition(lambda self: self.p.defer_scopes)
+    @rule()
+    def close_defer(self):
+        self.p.close_defer()
+
+    @rule(data=st.data(), line=st.integers(1, 80), during=st.sampled_from(["allocate", "drop"]),
+          thread=st.integers(0, 7))
+    def reset_inside(self, data, line, during, thread):
+        """Another thread's ``reset()`` landing between two lines of an allocation or a release
+        (:mod:`cuda_model.inject`)."""
+        self.p.inject_reset(line, during)
+        try:
+            if during == "allocate":
+                stream = data.draw(st.sampled_from(self.streams)) if data.draw(st.booleans()) else None
+                self.p.allocate(data.draw(SIZES), stream, thread)
+            elif self.p.families:
+                family = data.draw(st.sampled_from(list(self.p.families.values())))
+                self.p.drop(family, legalize=data.draw(st.sampled_from(["record", "wait"])),
+                            how=data.draw(st.sampled_from(["del", "bare", "foreign"])), thread=thread)
+        finally:
+            self.p.inject = None
 
     @precondition(lambda self: PARK and self.families())
     @rule(data=st.data(), call=st.sampled_from(["cuEventRecord", "cuStreamWaitEvent", "cuCtxSynchronize",
@@ -161,9 +198,11 @@ class LegalPrograms(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def synchronize(self, data):
-        kind = data.draw(st.sampled_from(["context", "stream", "wait"]))
+        kind = data.draw(st.sampled_from(["context", "stream", "wait", "foreign"]))
         if kind == "context":
             self.p.model.cuCtxSynchronize()
+        elif kind == "foreign":  # another context's synchronize: its streams' work only
+            self.p.foreign.submit(self.p.model.cuCtxSynchronize).result()
         elif kind == "stream":
             self.p.model.cuStreamSynchronize(data.draw(st.sampled_from(self.streams)))
         else:
@@ -188,7 +227,11 @@ FUZZ_SETTINGS = settings(max_examples=EXAMPLES, stateful_step_count=100, deadlin
 
 
 def _case(threads: int, arena: bool):
-    machine = type(f"Fuzz{threads}{'Arena' if arena else 'Pool'}", (LegalPrograms,), {"threads": threads, "arena": arena})
+    attributes = {"threads": threads, "arena": arena}
+    if RULES:  # hide the other rules (a subclass attribute that is no rule)
+        rules = [name for name, value in vars(LegalPrograms).items() if hasattr(value, "hypothesis_stateful_rule")]
+        attributes.update({name: None for name in rules if name not in RULES})
+    machine = type(f"Fuzz{threads}{'Arena' if arena else 'Pool'}", (LegalPrograms,), attributes)
     case = machine.TestCase
     case.settings = FUZZ_SETTINGS
     return case

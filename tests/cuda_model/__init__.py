@@ -44,17 +44,22 @@ What is deliberately conservative (stricter than the driver), and why
 * A handle reused for a new stream is a new stream: nothing on it is ordered after the old
   stream's work.
 
-* **The current context**: one context, current in every thread unless the thread called
-  :meth:`CudaModel.leave_context` (a thread that never used CUDA); there, every call but
+* **The current context**: the model's context, current in every thread unless the thread
+  called :meth:`CudaModel.leave_context` (a thread that never used CUDA); there, every call but
   ``cuDevice*`` and the context stack's (``cuCtxGetCurrent``/``PushCurrent``/``PopCurrent``)
-  fails with ``CUDA_ERROR_INVALID_CONTEXT``, as the driver's do.
+  fails with ``CUDA_ERROR_INVALID_CONTEXT``, as the driver's do.  *Foreign contexts* on the same
+  device (:meth:`CudaModel.create_context`, as ``cuCtxCreate`` makes) have their own legacy and
+  per-thread default streams, which order nothing of another context's streams; the legacy and
+  per-thread handles name the current context's streams; ``cuCtxSynchronize`` covers the
+  current context's streams only; an event records only on a stream of its own context.
 * **Pinned host memory** (``cuMemHostAlloc`` ...): see :class:`_HostCalls`; the host's own
   uses are ops of a pseudo stream, the host, ordered after what it has observed complete.
 
 Model-only API for tests: :meth:`CudaModel.launch`, :meth:`CudaModel.copy_async`,
 :meth:`CudaModel.host_use`, :meth:`CudaModel.host_stats`, :attr:`CudaModel.violations`,
 :meth:`CudaModel.tail`, :meth:`CudaModel.would_follow`, :meth:`CudaModel.wait`,
-:attr:`CudaModel.preempt`, :meth:`CudaModel.stats`, :meth:`CudaModel.leave_context`.
+:attr:`CudaModel.preempt`, :meth:`CudaModel.stats`, :meth:`CudaModel.leave_context`,
+:meth:`CudaModel.create_context`, :meth:`CudaModel.live_events`.
 """
 
 from .base import GRANULE, LEGACY_HANDLES, PER_THREAD_HANDLE, SUCCESS

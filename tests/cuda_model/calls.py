@@ -4,6 +4,7 @@ inherits them all."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional
 
@@ -28,7 +29,8 @@ _CONTEXT_FREE = re.compile(r"cuDevice|cuCtxGetCurrent|cuCtxPushCurrent|cuCtxPopC
 _VALUES = {"cuStreamCreate": 1, "cuStreamGetId": 1, "cuEventCreate": 1, "cuMemPoolCreate": 1,
            "cuMemPoolGetAttribute": 1, "cuMemAllocFromPoolAsync": 1, "cuMemGetInfo": 2,
            "cuPointerGetAttribute": 1, "cuMemHostAlloc": 1, "cuMemHostGetDevicePointer": 1,
-           "cuCtxGetCurrent": 1, "cuCtxPopCurrent": 1}
+           "cuCtxGetCurrent": 1, "cuCtxPopCurrent": 1,
+           "cuMemPoolExportToShareableHandle": 1, "cuMemPoolExportPointer": 1}
 
 
 def _driver(fn: Callable) -> Callable:
@@ -96,9 +98,10 @@ class _StreamCalls:
 
     @_driver
     def cuCtxPushCurrent(self, context: Any):
-        if int(context) != int(CONTEXT):
+        if int(context) not in self._known_contexts:
             return (_R.CUDA_ERROR_INVALID_CONTEXT,)
-        self._tls.contexts = self._contexts() + [CONTEXT]
+        self._tls.contexts = self._contexts() + [_cu.CUcontext(int(context))]
+        self._counts["context_pushes"] += 1
         return (SUCCESS,)
 
     @_driver
@@ -111,13 +114,14 @@ class _StreamCalls:
 
     @_driver
     def cuCtxSynchronize(self):
-        self._streams.host_learns_all()
+        """The current context's streams only."""
+        self._streams.host_learns_all(self._current_context())
         self._after_sync()
         return (SUCCESS,)
 
     @_driver
     def cuEventCreate(self, flags: Any = 0):
-        return SUCCESS, _cu.CUevent(self._events.create().handle)
+        return SUCCESS, _cu.CUevent(self._events.create(self._current_context()).handle)
 
     @_driver
     def cuEventDestroy(self, event: Any):
@@ -131,6 +135,8 @@ class _StreamCalls:
     def cuEventRecord(self, event: Any, stream: Any = 0):
         e, s = self._event(event, "cuEventRecord"), self._stream(stream, "cuEventRecord")
         if e is None or s is None:
+            return (_R.CUDA_ERROR_INVALID_HANDLE,)
+        if e.context != s.context:  # "the event and the stream must belong to the same context"
             return (_R.CUDA_ERROR_INVALID_HANDLE,)
         e.record = self._new_op(s, "event record")
         return (SUCCESS,)
@@ -336,6 +342,21 @@ class _DeviceCalls:
         if attr == _cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
             return SUCCESS, 1
         raise AttributeError(f"CudaModel does not model cuDeviceGetAttribute({attr!r})")
+
+    @_driver
+    def cuMemPoolExportToShareableHandle(self, pool: Any, handle_type: Any, flags: Any):
+        """A descriptor standing for the pool's (``/dev/null``: nothing imports it here)."""
+        if self._pool(pool, "cuMemPoolExportToShareableHandle") is None or int(handle_type) != self.handle_types:
+            return _R.CUDA_ERROR_INVALID_VALUE, None
+        return SUCCESS, os.open(os.devnull, os.O_RDONLY)
+
+    @_driver
+    def cuMemPoolExportPointer(self, ptr: Any):
+        """Export data for a live allocation's base (zeros: the model has no other process)."""
+        alloc = self._memory.find(_handle(ptr))
+        if alloc is None or alloc.base != _handle(ptr):
+            return _R.CUDA_ERROR_INVALID_VALUE, None
+        return SUCCESS, _cu.CUmemPoolPtrExportData()
 
     @_driver
     def cuMemPoolSetAccess(self, pool: Any, descs: Any, count: Any):

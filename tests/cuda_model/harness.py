@@ -32,6 +32,7 @@ from numba_pool.cuda import driver
 from numba_pool.plugin.manager import NumbaPoolManager
 
 from .calls import CONTEXT
+from .inject import ResetInjection
 from .model import CudaModel
 
 LEGACY = 1
@@ -82,7 +83,8 @@ class _Context:
     pinned and mapped memory hold a ``weakref.proxy`` of their context."""
 
     def __init__(self):
-        self.device = SimpleNamespace(id=0)
+        self.device = SimpleNamespace(id=0, get_device_identity=lambda: {  # what an IPC handle carries
+            "pci_domain_id": 0, "pci_bus_id": 0, "pci_device_id": 0})
         self.handle = CONTEXT  # the model's one context
 
 
@@ -128,7 +130,16 @@ class Program:
         # A host thread that never used CUDA: no current context (a finalizer may run there).
         self.bare = ThreadPoolExecutor(max_workers=1)
         self.bare.submit(self.model.leave_context).result()
-        self._stack.callback(lambda: [w.shutdown() for w in self.workers + [self.bare]])
+        # A host thread where another context of the same device is current (a library's
+        # cuCtxCreate): its legacy stream orders nothing of ours.
+        self.foreign_context = self.model.create_context()
+        self.foreign = ThreadPoolExecutor(max_workers=1)
+        self.foreign.submit(self.model.cuCtxPushCurrent, self.foreign_context).result()
+        self.resetter = ThreadPoolExecutor(max_workers=1)  # where an injected reset runs (inject_reset)
+        self._stack.callback(lambda: [w.shutdown() for w in self.workers + [self.bare, self.foreign, self.resetter]])
+        self.defer_scopes: list = []  # defer_cleanup blocks open across steps (open_defer)
+        self.reliant: list[Family] = []  # dropped inside them unordered: the program syncs before the exit
+        self.inject: ResetInjection | None = None  # a reset to run inside the next call (inject_reset)
         self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
         self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
         self.families: dict[int, Family] = {}
@@ -169,8 +180,14 @@ class Program:
     # -- running in threads -----------------------------------------------------------------
 
     def run(self, thread: int, fn, *args):
-        """Run ``fn(*args)`` in host thread ``thread`` and wait for it."""
-        return self.workers[thread % len(self.workers)].submit(fn, *args).result()
+        """Run ``fn(*args)`` in host thread ``thread`` and wait for it (with a pending
+        :meth:`inject_reset`, traced: the reset runs at its line)."""
+        return self._in(self.workers[thread % len(self.workers)], fn, *args)
+
+    def _in(self, executor, fn, *args):
+        if self.inject is not None and not self.inject.done:
+            return executor.submit(self.inject.traced, fn, *args).result()
+        return executor.submit(fn, *args).result()
 
     # -- streams ----------------------------------------------------------------------------
 
@@ -191,11 +208,11 @@ class Program:
         return numba_pool.using_stream(self.stream_objects.get(stream, stream))
 
     def in_use(self, handle: int) -> bool:
-        """Whether a live array, or a dropped one whose release a hold keeps (it orders on its
-        allocation stream and waits for its recorded streams when let go), needs the stream."""
-        kept = [f for f, hold in self.holds if hold.kept]
-        return any(f.stream == handle or handle in f.recorded
-                   for f in [*self.families.values(), *kept] if not f.zombie)
+        """Whether a live array needs the stream.  A dropped one does not, even while its
+        release is held back (``defer_cleanup``) or kept by a hold (an IPC export): the README
+        lets a program destroy a stream once the arrays allocated on it are gone, and the
+        driver may give its handle to the next new stream."""
+        return any(f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
 
     def destroy_stream(self, handle: int) -> bool:
         """Destroy a created stream that no live array needs (legal); False when one does."""
@@ -230,7 +247,10 @@ class Program:
             self.operations += 1
             return None
         self.operations += 1
-        return self._track(pointer, size, stream if stream is not None else LEGACY)
+        family = self._track(pointer, size, stream if stream is not None else LEGACY)
+        if self.inject is not None and self.inject.done and self.inject.during == "allocate":
+            self.inject.judge(self, family)
+        return family
 
     def _track(self, pointer, size: int, stream: int) -> Family:
         family = Family(next(self._ids), [pointer], pointer.device_pointer_value, size, stream,
@@ -295,9 +315,12 @@ class Program:
 
     def drop(self, family: Family, *, legalize: str = "record", how: str = "del", thread: int = 0) -> None:
         """Drop one reference; before the last goes, make the release legal by ``legalize``
-        ("record": record_stream, "wait": the program's event, "sync": a context synchronize)
-        and let it go by ``how`` ("del", "free", "cycle": garbage collected later, "pending":
-        released at a later preempt point, "bare": in a thread with no current CUDA context)."""
+        ("record": record_stream, "wait": the program's event, "sync": a context synchronize;
+        "scope": inside an open :meth:`open_defer` block, nothing now: the program synchronizes
+        before the block exits, relying on ``defer_cleanup`` meanwhile) and let it go by ``how``
+        ("del", "free", "cycle": garbage collected later, "pending": released at a later preempt
+        point, "bare": in a thread with no current CUDA context, "foreign": in a thread where
+        another context of the device is current)."""
         if family.id not in self.families:  # a parked action dropped it while a rule ran
             return
         with self._busy([family]):
@@ -308,8 +331,12 @@ class Program:
             self.run(thread, family.refs.pop)
             self.operations += 1
             return
-        if not family.zombie:
-            self._legalize(family, legalize, thread)
+        if family.zombie:
+            pass
+        elif legalize == "scope" and self.defer_scopes:
+            self.reliant.append(family)
+        else:
+            self._legalize(family, "record" if legalize == "scope" else legalize, thread)
         del self.families[family.id]
         holder = [family.refs.pop()]  # the only reference left: dropped in `thread`
         if how == "free" and not family.zombie:
@@ -319,7 +346,9 @@ class Program:
         elif how == "pending":
             self.pending.append(holder[0])
         elif how == "bare":
-            self.bare.submit(_drop_reference, holder).result()
+            self._in(self.bare, _drop_reference, holder)
+        elif how == "foreign":
+            self._in(self.foreign, _drop_reference, holder)
         self.run(thread, _drop_reference, holder)
         self.operations += 1
 
@@ -337,17 +366,18 @@ class Program:
                 self.model.cuCtxSynchronize()
 
     def hold(self, family: Family) -> bool:
-        """Keep ``family``'s block from reuse after its release until :meth:`let_go`, as an IPC
-        export does while an importer holds it (``DeviceAllocator.hold``).  An importer orders
-        its work against nothing of this process, and the block's previous owner may still run:
-        the program synchronizes before it exports (the export path does not, today)."""
+        """An IPC export of ``family``'s array (``DeviceAllocator.export_hold``, what
+        ``get_ipc_handle`` does besides the driver's export): the block is kept from reuse after
+        its release until :meth:`let_go`, and the importer, another process that orders its
+        work against nothing of this one, writes it at once (the producer fills what the
+        consumer allocated and exported), on :attr:`importer_stream`."""
         if family.zombie or self.mm.allocator is None:
             return False
-        self.model.cuCtxSynchronize()
         hold = Hold()
-        if not self.mm.allocator.hold(family.address, hold):
+        if not self.mm.allocator.export_hold(family.address, hold):
             return False
         self.holds.append((family, hold))
+        self.model.launch(self.importer_stream, [(family.address, family.size, family.id)])
         self.operations += 1
         return True
 
@@ -363,9 +393,9 @@ class Program:
             self.model.launch(self.importer_stream, [(family.address, family.size, family.id)])
             self.model.cuStreamSynchronize(self.importer_stream)
         if bare:
-            self.bare.submit(hold.let_go).result()
+            self._in(self.bare, hold.let_go)
         else:
-            hold.let_go()
+            self._in(self.workers[0], hold.let_go)
         self.operations += 1
 
     def release_pending(self) -> None:
@@ -428,8 +458,36 @@ class Program:
         self.release_pending()
         with self._busy(list(self.families.values())):  # no parked use of memory being freed
             self.mm.reset()
-        for f in [*self.families.values(), *(f for f, _ in self.holds)]:  # held ones are freed too
+        self.after_reset()
+
+    def after_reset(self) -> None:
+        """Every array the reset freed is a zombie, never used again (held ones too)."""
+        for f in [*self.families.values(), *(f for f, _ in self.holds), *self.reliant]:
             f.zombie = True
+        self.reliant = [f for f in self.reliant if not f.zombie]
+        self.operations += 1
+
+    def inject_reset(self, line: int, during: str) -> None:
+        """Run ``mm.reset()`` inside the next traced call (an allocation or a drop:
+        ``during``), at its ``line``-th line event in numba_pool's code where no lock of
+        numba_pool is held: what another thread's reset does at that moment
+        (:mod:`cuda_model.inject`)."""
+        self.inject = ResetInjection(self, line, during)
+
+    def open_defer(self) -> None:
+        """Enter a ``defer_cleanup`` block that stays open across steps."""
+        scope = self.mm.defer_cleanup()
+        scope.__enter__()
+        self.defer_scopes.append(scope)
+        self.operations += 1
+
+    def close_defer(self) -> None:
+        """Exit the innermost open ``defer_cleanup`` block; before the outermost exits, the
+        program synchronizes, as it must for the arrays it dropped relying on the block."""
+        if len(self.defer_scopes) == 1 and self.reliant:
+            self.model.cuCtxSynchronize()
+            self.reliant.clear()
+        self.defer_scopes.pop().__exit__(None, None, None)
         self.operations += 1
 
     def check(self) -> None:
@@ -449,6 +507,8 @@ class Program:
                 self.drop(family, legalize="sync")
         while self.holds:
             self.let_go(0)
+        while self.defer_scopes:
+            self.close_defer()
         self.release_pending()
         gc.collect()
         self.mm.trim()

@@ -28,7 +28,8 @@ class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
                  legacy_waits_for_destroyed: bool = False, host_total: int = 1 << 30):
         self._lock = threading.RLock()
         self._tls = threading.local()
-        self._streams = _Streams(self._tls, legacy_waits_for_destroyed)
+        self._known_contexts = {int(CONTEXT)}  # CONTEXT, and those made by create_context()
+        self._streams = _Streams(self._tls, legacy_waits_for_destroyed, self._current_context, int(CONTEXT))
         self._events = _Events()
         self._memory = _Memory(device_total, base_address)
         self._granules = _Granules()
@@ -51,6 +52,28 @@ class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
     def _contexts(self) -> list:
         stack = getattr(self._tls, "contexts", None)
         return [CONTEXT] if stack is None else stack
+
+    def _current_context(self) -> int:
+        """The calling thread's current context (handle value).  A thread with none gets the
+        model's: driver calls there are refused anyway, and the model-only calls (``launch``,
+        ``wait`` ...) stand for the program, which works in the model's context."""
+        stack = self._contexts()
+        return int(stack[-1]) if stack else int(CONTEXT)
+
+    def create_context(self) -> Any:
+        """Another context on the same device, as ``cuCtxCreate`` (or PyCUDA's
+        ``make_context``, a green context, a library's own) makes: its own legacy and
+        per-thread default streams, which order nothing of the other contexts' streams.  A
+        thread makes it current with ``cuCtxPushCurrent``.  Returns its handle."""
+        with self._lock:
+            handle = _cu.CUcontext(int(CONTEXT) + 0x10 * len(self._known_contexts))
+            self._known_contexts.add(int(handle))
+            return handle
+
+    def live_events(self) -> int:
+        """Events created and not destroyed (a leak shows here)."""
+        with self._lock:
+            return len(self._events)
 
     def leave_context(self) -> None:
         """The calling thread has no current context from now on, as a thread that never used
@@ -189,11 +212,12 @@ class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
         """Counts: ops, launches, allocs, fresh_allocs, reuse_same_stream, reuse_cross_stream
         (of which reuse_cross_stream_pending: a free not yet known complete, reused through an
         event or legacy-stream dependency), frees, oom, unmapped_bytes, driver_calls, no_context
-        (calls refused for want of a current context), violations, live_allocations,
+        (calls refused for want of a current context), context_pushes, violations, live_allocations,
         granule_segments."""
         with self._lock:
             keys = ("ops", "launches", "allocs", "fresh_allocs", "reuse_same_stream", "reuse_cross_stream",
-                    "reuse_cross_stream_pending", "frees", "oom", "unmapped_bytes", "driver_calls", "no_context")
+                    "reuse_cross_stream_pending", "frees", "oom", "unmapped_bytes", "driver_calls", "no_context",
+                    "context_pushes")
             out = {k: self._counts[k] for k in keys}
             out.update(violations=len(self.violations), live_allocations=len(self._memory.live),
                        granule_segments=len(self._granules))

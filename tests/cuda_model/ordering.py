@@ -47,6 +47,7 @@ class _Stream:
     blocking: bool
     legacy: bool = False
     per_thread: bool = False
+    context: int = 0  # the context it belongs to (its handle value)
     seq: int = 0
     last: Optional[Op] = None
     alive: bool = True
@@ -80,40 +81,56 @@ class _Streams:
     is ordered after S's last op, after everything the host has seen complete, and
 
     * on the legacy stream: after the last op of every blocking stream (``CU_STREAM_DEFAULT``
-      streams and every per-thread default stream);
-    * on a blocking stream: after the legacy stream's last op;
+      streams and every per-thread default stream) *of its context*;
+    * on a blocking stream: after its context's legacy stream's last op;
     * on a non-blocking stream: nothing more.
+
+    Every context has its own legacy stream and per-thread default streams: the handles 0,
+    ``CU_STREAM_LEGACY`` and ``CU_STREAM_PER_THREAD`` name those of the context current in the
+    calling thread (``current_context()``, a handle value); created streams keep the context
+    they were created in.
     """
 
     FIRST_HANDLE, HANDLE_STEP = 0x1000, 0x10
 
-    def __init__(self, tls: threading.local, legacy_waits_for_destroyed: bool):
+    def __init__(self, tls: threading.local, legacy_waits_for_destroyed: bool, current_context, main_context: int):
         self._tls = tls
         self._waits_for_destroyed = legacy_waits_for_destroyed
+        self._current_context = current_context  # () -> the calling thread's context (handle value)
         self.host_vc: dict = {}
         self.by_id: dict[int, _Stream] = {}
-        self._blocking: dict[int, _Stream] = {}  # the streams a legacy-stream op waits for
+        # context -> {id: stream}: the streams a legacy-stream op of that context waits for
+        self._blocking: dict[int, dict[int, _Stream]] = {}
+        self._legacy: dict[int, _Stream] = {}  # context -> its legacy stream
         self._by_handle: dict[int, _Stream] = {}
         self._free_handles: list[int] = []
         self._next_handle = self.FIRST_HANDLE
         self._next_id = 1
-        self.legacy = self._new(LEGACY_HANDLES[1], blocking=True, legacy=True)
+        self.legacy = self.legacy_of(main_context)
 
-    def _new(self, handle: int, blocking: bool, **kind: bool) -> _Stream:
-        stream = _Stream(self._next_id, handle, blocking, **kind)
+    def legacy_of(self, context: int) -> _Stream:
+        """The legacy default stream of ``context`` (made at its first use)."""
+        stream = self._legacy.get(context)
+        if stream is None:
+            stream = self._legacy[context] = self._new(LEGACY_HANDLES[1], blocking=True, context=context, legacy=True)
+        return stream
+
+    def _new(self, handle: int, blocking: bool, context: int, **kind: bool) -> _Stream:
+        stream = _Stream(self._next_id, handle, blocking, context=context, **kind)
         self._next_id += 1
         self.by_id[stream.id] = stream
         if blocking and not stream.legacy:
-            self._blocking[stream.id] = stream
+            self._blocking.setdefault(context, {})[stream.id] = stream
         return stream
 
     def create(self, blocking: bool) -> _Stream:
-        """A new stream, on the most recently freed handle if any (LIFO)."""
+        """A new stream of the calling thread's context, on the most recently freed handle if
+        any (LIFO)."""
         if self._free_handles:
             handle = self._free_handles.pop()
         else:
             handle, self._next_handle = self._next_handle, self._next_handle + self.HANDLE_STEP
-        stream = self._by_handle[handle] = self._new(handle, blocking)
+        stream = self._by_handle[handle] = self._new(handle, blocking, self._current_context())
         return stream
 
     def destroy(self, stream: _Stream) -> None:
@@ -121,24 +138,29 @@ class _Streams:
         stream.alive = False
         del self._by_handle[stream.handle]
         if not self._waits_for_destroyed:
-            self._blocking.pop(stream.id, None)
+            self._blocking.get(stream.context, {}).pop(stream.id, None)
         self._free_handles.append(stream.handle)
 
     def resolve(self, handle: int) -> Optional[_Stream]:
         """The stream a handle means for the calling thread now; None when invalid."""
         if handle in LEGACY_HANDLES:
-            return self.legacy
+            return self.legacy_of(self._current_context())
         if handle == PER_THREAD_HANDLE:
-            stream = getattr(self._tls, "per_thread", None)
-            if stream is None:  # one per host thread (threading.local: a new thread, a new one)
-                stream = self._tls.per_thread = self._new(PER_THREAD_HANDLE, blocking=True, per_thread=True)
+            context = self._current_context()
+            streams = getattr(self._tls, "per_thread", None)
+            if streams is None:  # one per host thread and context (threading.local)
+                streams = self._tls.per_thread = {}
+            stream = streams.get(context)
+            if stream is None:
+                stream = streams[context] = self._new(PER_THREAD_HANDLE, blocking=True, context=context,
+                                                      per_thread=True)
             return stream
         return self._by_handle.get(handle)
 
     def _implicit(self, stream: _Stream) -> Iterable[_Stream]:
         if stream.legacy:
-            return self._blocking.values()
-        return [self.legacy] if stream.blocking else []
+            return self._blocking.get(stream.context, {}).values()
+        return [self.legacy_of(stream.context)] if stream.blocking else []
 
     def next_vc(self, stream: _Stream) -> dict:
         """The vector clock (less its own component) of an op enqueued on ``stream`` now."""
@@ -162,9 +184,11 @@ class _Streams:
         """The host has seen every op ordered before ``vc`` complete."""
         join(self.host_vc, vc)
 
-    def host_learns_all(self) -> None:
+    def host_learns_all(self, context: int) -> None:
+        """A context synchronize: the host has seen every op of ``context``'s streams complete."""
         for stream in self.by_id.values():
-            join(self.host_vc, stream.last_vc)
+            if stream.context == context:
+                join(self.host_vc, stream.last_vc)
 
     def complete(self, op: Op) -> bool:
         return op_a_precedes(op, self.host_vc)
@@ -173,6 +197,7 @@ class _Streams:
 @dataclass(eq=False)
 class _Event:
     handle: int
+    context: int = 0  # the context it was created in
     record: Optional[Op] = None
 
 
@@ -186,12 +211,12 @@ class _Events:
         self._free_handles: list[int] = []
         self._next_handle = self.FIRST_HANDLE
 
-    def create(self) -> _Event:
+    def create(self, context: int) -> _Event:
         if self._free_handles:
             handle = self._free_handles.pop()
         else:
             handle, self._next_handle = self._next_handle, self._next_handle + self.HANDLE_STEP
-        event = self._by_handle[handle] = _Event(handle)
+        event = self._by_handle[handle] = _Event(handle, context)
         return event
 
     def resolve(self, handle: int) -> Optional[_Event]:
@@ -200,3 +225,7 @@ class _Events:
     def destroy(self, event: _Event) -> None:
         del self._by_handle[event.handle]
         self._free_handles.append(event.handle)
+
+    def __len__(self) -> int:
+        """Events created and not destroyed."""
+        return len(self._by_handle)

@@ -46,12 +46,12 @@ def eager_fences():
         yield
         return
     limit, arena.quarantine_limit = arena.quarantine_limit, -1
-    cache_limit, arena.cache_limit = arena.cache_limit, 0
+    cache_limit, arena.quarantine.cache_limit = arena.quarantine.cache_limit, 0
     arena.flush_cache()
     try:
         yield
     finally:
-        arena.quarantine_limit, arena.cache_limit = limit, cache_limit
+        arena.quarantine_limit, arena.quarantine.cache_limit = limit, cache_limit
 
 
 def settle():

@@ -4,6 +4,7 @@ name).  Each returns plain data for the parent to check."""
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 import sys
 
@@ -78,3 +79,40 @@ def export_then_exit(conn) -> None:
     conn.recv()  # opened
     conn.close()
     os._exit(0)  # no cleanup: the harshest exit
+
+
+def warm_up() -> None:
+    """GPU: make this process's context and compile the fill kernel, so that a later call
+    starts writing at once."""
+    _watchdog()
+    import numpy as np
+    from numba import cuda
+
+    d = cuda.to_device(np.zeros(1024, dtype=np.float32))
+    _fill_kernel()[4, 256](d, 1.0)
+    cuda.synchronize()
+
+
+def fill_at_once(array_handle, value: float) -> None:
+    """GPU: open an exported array and write ``value`` to every element at once (a kernel),
+    then synchronize and close: the producer that fills what a consumer exported."""
+    _watchdog()
+    from numba import cuda
+
+    with array_handle as arr:
+        _fill_kernel()[64, 256](arr, value)
+        cuda.synchronize()
+
+
+@functools.lru_cache(maxsize=None)
+def _fill_kernel():
+    """The fill kernel, compiled once per process."""
+    from numba import cuda
+
+    @cuda.jit
+    def fill(a, value):
+        start, stride = cuda.grid(1), cuda.gridsize(1)
+        for i in range(start, a.size, stride):
+            a[i] = value
+
+    return fill
