@@ -47,7 +47,9 @@ that runs this code against random legal programs (the test package ``cuda_model
    stream's handle gets a new domain.
 7. **Mempool blocks** (arena off, or larger than its largest block) are freed with
    ``cuMemFreeAsync`` on their allocation stream after rule 2 (:mod:`.mempool_blocks`); the
-   driver's pool keeps the rule from there.
+   driver's pool keeps the rule from there.  Those of the legacy stream are freed by the next
+   allocation (or trim, statistics, reset): later on the same stream, so after all the same
+   work and more (Note [Legacy-stream frees are issued by the next allocation]).
 8. **A release never raises** (:mod:`.waits`).  Where it cannot order (a stream was destroyed,
    a per-thread default stream belongs to another thread, the driver refused), it falls back to
    the default manager's guarantee: ``cuCtxSynchronize``, after which no earlier work remains,
@@ -74,9 +76,12 @@ that runs this code against random legal programs (the test package ``cuda_model
     another one: another device's, or another context of the same device (``cuCtxCreate``,
     PyCUDA, a green context); there handle 0 is *that* context's legacy stream, which orders
     nothing here, and events are made in that context.  Every release that makes a driver call
-    first asks which context is current (``cuCtxGetCurrent``) and, when it is not the owner's,
-    pushes the owner's.  The arena's legacy releases make no driver call: their fence runs at
-    an allocation, in the context.
+    on a handle that depends on the current context first asks which context is current
+    (``cuCtxGetCurrent``) and, when it is not the owner's, pushes the owner's.  The legacy
+    stream's releases make no driver call: the arena's fence, and the mempool's frees (rule 7),
+    run at an allocation, in the owner's context.  A free on another stream's own handle names
+    that stream in any context; where no context is current it fails and is retried in the
+    owner's.
 11. **An export is ordered before its importer** (:meth:`.device.DeviceAllocator.export_hold`).
     Another process orders its work against nothing of this one, so an IPC export synchronizes
     the context: the block's allocation and its previous owners' work have completed before the

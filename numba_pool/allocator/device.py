@@ -134,10 +134,20 @@ class DeviceAllocator:
 
     # -- figures ----------------------------------------------------------------------------
 
+    def issue_frees(self) -> None:
+        """Issue the legacy-stream frees that releases queued (Note [Legacy-stream frees are
+        issued by the next allocation] in :mod:`.mempool_blocks`), in the owner's context: before
+        figures are read and before a barrier."""
+        self.waits.owner.enter(self._issue_frees)
+
+    def _issue_frees(self, retry: bool) -> None:
+        self.mempool_blocks.issue_legacy_frees()
+
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes that allocations can still get: the device's free memory
         (``cuMemGetInfo``) plus what the pool and the arena hold unused; with a cap, at most
         the cap minus what the pool has handed out, and *total* is the cap."""
+        self.issue_frees()
         free, total = device_memory_info(self.cu)
         usage = self.pool.usage()
         free += usage.reserved - usage.used
@@ -189,6 +199,7 @@ class DeviceAllocator:
         """Give the arena's empty slabs back (rule 4's snapshot and fence first, then
         stream-ordered frees), synchronize so that every stream-ordered free has completed, and
         release the pool's unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``)."""
+        self.issue_frees()
         if self.arena is not None:
             self.arena.release_cached()
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
@@ -210,6 +221,7 @@ class DeviceAllocator:
             except KeyError:
                 break
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
+        self.mempool_blocks.issue_legacy_frees()  # queued before the snapshot; later ones issue themselves
         self.waits.deferral.flush()  # held-back mempool frees: issued now, before the pool goes
         self.waits.release_held()  # and those an IPC export's leases keep
         for ptr in pointers:

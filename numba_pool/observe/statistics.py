@@ -114,6 +114,7 @@ def collect(usage, allocator, host=None) -> PoolStatistics:
     :param host: its :class:`~numba_pool.allocator.host_blocks.HostBlocks`, when the pinned host
         cache is on.
     """
+    allocator.issue_frees()  # the legacy-stream frees releases queued, before the pool is read
     pool = allocator.pool.usage()
     usage.drain()
     return PoolStatistics(

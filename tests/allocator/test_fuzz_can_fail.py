@@ -63,6 +63,7 @@ class Narrowed(LegalPrograms):
 
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = create_stream = park = hold = let_go = None
+    open_defer = close_defer = reset_inside = None
     blocking: tuple = (True, True, False)
     size = 1000
     holds = False  # True: the fuzzer's hold and let_go rules too

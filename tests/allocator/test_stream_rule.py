@@ -214,8 +214,9 @@ def test_an_array_dropped_in_a_thread_without_a_context_is_released(programs, ar
     for f in arrays:
         p.drop(f, legalize="record", how="bare")
     after = p.model.stats()
-    # The release asks first, and pushes the context before any other driver call.
-    assert after["context_pushes"] > before["context_pushes"] and after["no_context"] == before["no_context"]
+    # The owner's context was pushed (after a refused free on a stream's own handle, or before a
+    # call on a handle that depends on the current context).
+    assert after["context_pushes"] > before["context_pushes"]
     assert p.mm.statistics().bytes_in_use == 0
     again = arena_and_pool_blocks(p, s2, s2)
     for f in again:
