@@ -271,6 +271,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         """Reset the peaks (ours and the pool's high watermarks) to the current values."""
         self.initialize()
         self._usage.reset_peak()
+        self.allocator.issue_frees()  # the legacy-stream frees releases queued, before the pool's figures
         self.allocator.pool.reset_high_watermarks()
 
     def trim(self, keep_bytes: int = 0) -> None:
