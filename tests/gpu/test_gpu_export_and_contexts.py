@@ -82,8 +82,12 @@ print(json.dumps({"reused": reused, "corrupted": corrupted, "export_ms": export_
     assert facts["corrupted"] == 0, facts
 
 
-def test_a_release_where_another_context_of_the_device_is_current():
-    facts = run_json(KERNELS + """
+@pytest.mark.parametrize("allocated_on", ["legacy", "stream"])
+def test_a_release_where_another_context_of_the_device_is_current(allocated_on):
+    # "legacy": the block is freed on the legacy stream, whose handle names the current
+    # context's; "stream": inside using_stream(a non-blocking stream), freed on that stream's
+    # own handle, which names it in any context.
+    facts = run_json(KERNELS + f"ALLOCATED_ON = {allocated_on!r}\n" + """
 dev = cu.CUdevice(0)
 try:
     err, foreign = cu.cuCtxCreate(None, 0, dev)  # cuda-bindings 13: (params, flags, device)
@@ -92,14 +96,21 @@ except TypeError:
 assert not err, err
 cu.cuCtxPopCurrent()  # made current here by cuCtxCreate; Numba's is current again
 blocking = cuda.stream()  # ordered with the legacy stream, where the array's block is freed
-a = cuda.device_array(N, np.float32)
-sleep_then_fill[64, 256, blocking](a, SLEEP_US, 1.0)  # the previous owner: sleeps, then writes 1
+own = cuda.external_stream(int(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]))
+if ALLOCATED_ON == "legacy":
+    a = cuda.device_array(N, np.float32)
+    user = blocking
+else:
+    with numba_pool.using_stream(own):
+        a = cuda.device_array(N, np.float32)
+    user = own
+sleep_then_fill[64, 256, user](a, SLEEP_US, 1.0)  # the previous owner: sleeps, then writes 1
 old = a.device_ctypes_pointer.value
 holder = [a]; del a
 
 def drop_in_the_other_context():
     assert not cu.cuCtxPushCurrent(foreign)[0]
-    holder.clear()  # the last reference goes here: legal, the kernel is on a blocking stream
+    holder.clear()  # the last reference goes here: legal, the kernel is on its allocation stream or a blocking one
     cu.cuCtxSynchronize()  # the other context's work only
     cu.cuCtxPopCurrent()
 
