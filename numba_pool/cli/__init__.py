@@ -1,7 +1,8 @@
 """The ``numba-pool`` command line (also ``python -m numba_pool``).
 
-Exit status 2, with one line on standard error and no traceback, for bad configuration, bad
-options, bad input files, and machines without a CUDA GPU (:mod:`numba_pool.cli.errors`).
+One line on standard error and no traceback for every error: exit status 2 for bad
+configuration, bad options and bad input files, 3 for a machine without a CUDA GPU
+(:mod:`numba_pool.cli.errors`).  The command alone prints its help (exit status 0).
 
 One module per command: :mod:`~numba_pool.cli.info`, :mod:`~numba_pool.cli.replay` and
 :mod:`~numba_pool.cli.bench` (whose measuring is :mod:`numba_pool.bench`'s).

@@ -1,6 +1,10 @@
-"""The command line's errors, one line each (``Error: ...``, exit status 2, no traceback), and the
-checks that raise them before a command does anything: the configuration of the environment, and
-a CUDA GPU for the commands that need one.
+"""The command line's errors, one line each (``Error: ...``, no traceback), and the checks that
+raise them before a command does anything: the configuration of the environment, and a CUDA GPU
+for the commands that need one.
+
+Exit statuses: 2 for bad configuration, options or input files (:class:`Failure`); 3 when the
+configuration is fine but there is no CUDA GPU here, or only the CUDA simulator (:class:`NoGpu`),
+so that a script can tell the two apart (``numba-pool info`` as a configuration check).
 """
 
 from __future__ import annotations
@@ -20,13 +24,21 @@ class Failure(click.ClickException):
         super().__init__(" ".join(str(message).splitlines()))  # one line, whatever the cause said
 
 
+class NoGpu(Failure):
+    """No CUDA GPU here (or only the CUDA simulator): printed as ``Error: ...``, exit status 3."""
+
+    exit_code = 3
+
+
 class OneLineErrors(click.Group):
     """Usage errors (a bad option value, a missing file, an unknown command) as one line,
     ``Error: ...``, without Click's usage lines: the culprit is in the line."""
 
-    def make_context(self, *args, **kwargs):
+    def make_context(self, info_name, args, parent=None, **extra):
+        if not args and parent is None:  # the command alone: its help, exit status 0
+            args = ["--help"]
         try:
-            return super().make_context(*args, **kwargs)
+            return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as err:
             err.ctx = None  # UsageError.show prints the usage and a hint only with a context
             raise
@@ -59,11 +71,11 @@ def gpu_available() -> bool:
 
 
 def require_gpu() -> None:
-    """:raises Failure: when there is no CUDA GPU here, or only the CUDA simulator, saying which."""
+    """:raises NoGpu: when there is no CUDA GPU here, or only the CUDA simulator, saying which."""
     from numba import cuda
 
     if simulator.enabled():  # where cuda.is_available() is True
-        raise Failure(simulator.NO_GPU)
+        raise NoGpu(simulator.NO_GPU)
     if not cuda.is_available():
-        raise Failure("no CUDA GPU is available here (numba.cuda.is_available() is False): "
+        raise NoGpu("no CUDA GPU is available here (numba.cuda.is_available() is False): "
                       "numba-pool needs one for this command")

@@ -14,7 +14,8 @@ from .errors import Failure, gpu_available, load_config, require_gpu
 def info() -> None:
     """Device, driver, versions, the configuration in effect and the pool's attributes.
 
-    Without a GPU: the versions and the configuration, then one error line, exit status 2.
+    Exit status 0; 2 for a bad ``NUMBA_POOL_*`` variable (one line naming it); 3 without a CUDA
+    GPU, after the versions and the configuration, which are then known to be good.
     """
     config = load_config()
     from numba import cuda

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 # Present under the simulator too: its numba.cuda.cudadrv.driver has the error class.
 from numba.cuda.cudadrv.driver import CudaAPIError
+# Raised by cuda.current_context() where there is no CUDA GPU (also defined under the simulator).
+from numba.cuda.cudadrv.error import CudaSupportError
 
 try:
     from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryPointer
@@ -32,5 +34,5 @@ except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: s
     SIMULATOR = True
     simulator.note_environment()
 
-__all__ = ["CudaAPIError", "GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "IpcHandle", "MemoryInfo",
+__all__ = ["CudaAPIError", "CudaSupportError", "GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "IpcHandle", "MemoryInfo",
            "MemoryPointer", "PinnedMemory", "SIMULATOR"]

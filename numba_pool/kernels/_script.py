@@ -14,6 +14,32 @@ def blocks_for(n: int) -> int:
     return (n + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
 
 
+#: Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) kernels run in Python, one thread
+#: at a time: the defaults shrink so that a script finishes in seconds.
+SIMULATOR_DEFAULTS = {"n": [1024], "iterations": 3}
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad arguments as one line naming the argument and its value (argparse's own error adds
+    the usage line), exit status 2."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _count(least: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be at least {least}")
+        return value
+    return parse
+
+
 def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",")]
@@ -24,12 +50,18 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _simulated() -> bool:
+    from numba_pool.cuda import simulator
+
+    return simulator.enabled()
+
+
 def require_gpu(name: str) -> None:
     """Exit with status 2 and one line on standard error when there is no CUDA GPU (Numba's own
-    error is a 30-line traceback)."""
+    error is a 30-line traceback); under the CUDA simulator the script runs there."""
     from numba import cuda
 
-    if not cuda.is_available():
+    if not _simulated() and not cuda.is_available():
         print(f"{name}: no CUDA GPU is available here (numba.cuda.is_available() is False): "
               "this script runs kernels on one", file=sys.stderr)
         raise SystemExit(2)
@@ -38,11 +70,14 @@ def require_gpu(name: str) -> None:
 def parse_args(description: str, argv=None) -> argparse.Namespace:
     """The scripts' arguments; then, unless only ``--help`` was asked for, check numba_pool's
     configuration and that there is a GPU (exit status 2 and one line otherwise)."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--n", type=_sizes, default=[1 << 20],
-                        help="elements per array, or a comma-separated list cycled through the rounds (default 2^20)")
-    parser.add_argument("--iterations", type=int, default=10, help="allocate/launch/free rounds")
-    parser.add_argument("--keep", type=int, default=0,
+    simulated = _simulated()
+    parser = _OneLineParser(description=description)
+    parser.add_argument("--n", type=_sizes, default=SIMULATOR_DEFAULTS["n"] if simulated else [1 << 20],
+                        help="elements per array, or a comma-separated list cycled through the rounds "
+                             "(default 2^20; 1024 under the CUDA simulator)")
+    parser.add_argument("--iterations", type=_count(1), default=SIMULATOR_DEFAULTS["iterations"] if simulated else 10,
+                        help="allocate/launch/free rounds (default 10; 3 under the CUDA simulator)")
+    parser.add_argument("--keep", type=_count(0), default=0,
                         help="keep the last K arrays alive (a pipeline's window) instead of freeing each at once")
     args = parser.parse_args(argv)
     check_configuration(parser.prog)
@@ -79,10 +114,14 @@ class Window:
 
 
 def report(name: str, ok: bool, detail: str) -> int:
-    """Print one line naming the memory manager in use; return the exit status."""
+    """Print one line naming the memory manager in use (the CUDA simulator has none); return
+    the exit status."""
     from numba import cuda
 
-    manager = type(cuda.current_context().memory_manager).__name__
+    if _simulated():
+        manager = "the CUDA simulator (no memory manager)"
+    else:
+        manager = type(cuda.current_context().memory_manager).__name__
     print(f"{name}: {'OK' if ok else 'WRONG RESULT'} ({detail}) under {manager}")
     sys.stdout.flush()
     return 0 if ok else 1

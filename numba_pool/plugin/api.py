@@ -12,6 +12,7 @@ from ..allocator import threads
 from ..allocator.scratch import ScratchBlock
 from ..config import PoolConfig
 from ..cuda import simulator
+from ..cuda.frontend import CudaSupportError
 from ..cuda.streams import current_stream
 from ..observe.statistics import PoolStatistics
 from ..observe.summary import format_summary
@@ -67,11 +68,16 @@ def install(**options: Any) -> PoolConfig:
 def manager_of(device: int | None = None) -> NumbaPoolManager:
     """The numba_pool manager of the current (or given) device's CUDA context.
 
-    :raises RuntimeError: when numba_pool is not Numba's memory manager there.
+    :raises RuntimeError: when numba_pool is not Numba's memory manager there, or there is no
+        CUDA GPU (one line; Numba's own ``CudaSupportError`` spans many).
     """
     from numba import cuda
 
-    context = cuda.current_context(device) if device is not None else cuda.current_context()
+    try:
+        context = cuda.current_context(device) if device is not None else cuda.current_context()
+    except CudaSupportError as err:
+        cause = " ".join(part.strip(" :") for part in str(err).splitlines() if part.strip(" :"))
+        raise RuntimeError(f"numba_pool: no CUDA GPU is available here ({cause or type(err).__name__})") from None
     mm = getattr(context, "memory_manager", None)  # None under the CUDA simulator
     if not isinstance(mm, NumbaPoolManager):
         if simulator.enabled():

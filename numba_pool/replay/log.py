@@ -284,9 +284,18 @@ def parse_log(lines: Iterable[str] | Iterable[bytes], skip_bad_lines: bool = Fal
         a line that does not parse, a free of a pointer never allocated or already freed, or
         an allocation of a pointer that is still live.  A missing header is an error even with
         ``skip_bad_lines``.
+    :raises TypeError: for a single string or bytes object (a log's whole text: pass
+        ``text.splitlines()``), or lines that are neither ``str`` nor ``bytes``, naming the type.
     """
+    if isinstance(lines, (str, bytes, bytearray)):
+        raise TypeError(f"parse_log takes the log's lines, not one {type(lines).__name__} "
+                        f"(pass text.splitlines(), or a file opened in text or binary mode)")
+    if not isinstance(skip_bad_lines, bool):
+        raise TypeError(f"skip_bad_lines must be True or False, not {skip_bad_lines!r}")
     it = iter(lines)
     first = next(it, None)
+    if first is not None and not isinstance(first, (str, bytes, bytearray)):
+        raise TypeError(f"parse_log: line 1 of {source} is a {type(first).__name__} ({first!r}), not str or bytes")
     if isinstance(first, str):
         first = first.encode("utf-8", "surrogateescape")
         it = (line.encode("utf-8", "surrogateescape") for line in it)
@@ -305,7 +314,10 @@ def read_log(path: str | os.PathLike, skip_bad_lines: bool = False,
         line 1, and the offending byte), UTF-16 text, or a damaged gzip file (its name and the
         line reached).
     :raises OSError: when the file cannot be opened or read.
+    :raises TypeError: when ``skip_bad_lines`` is not True or False.
     """
+    if not isinstance(skip_bad_lines, bool):
+        raise TypeError(f"skip_bad_lines must be True or False, not {skip_bad_lines!r}")
     source = os.fspath(path)
     with open(source, "rb") as raw:
         f = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw

@@ -140,7 +140,7 @@ def test_cli_help_and_replay(env):
 @pytest.mark.parametrize("command", ["info", "bench"])
 def test_cli_commands_needing_a_gpu_say_simulator_in_one_line(command):
     proc = numba_pool_cli(command)
-    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.returncode == 3, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "Error: no CUDA GPU here: the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it keeps device arrays in host "
@@ -185,3 +185,14 @@ def numba_pool_file() -> str:
     import numba_pool
 
     return numba_pool.__file__
+
+
+@pytest.mark.parametrize("module", ["increment", "sqrt", "fill"])
+@pytest.mark.parametrize("plugin", [False, True], ids=["default", "plugin"])
+def test_kernel_scripts_run_to_completion_under_the_simulator_in_seconds(module, plugin):
+    env = {**SIM, **({"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"} if plugin else {})}
+    proc = run_python(f"import runpy, sys; sys.argv = ['{module}.py']; "
+                      f"runpy.run_module('numba_pool.kernels.{module}', run_name='__main__')", env, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("under the CUDA simulator (no memory manager)"), proc.stdout
+    assert "x 3" in proc.stdout  # the simulator's defaults: 1024 elements x 3 rounds

@@ -11,6 +11,7 @@ import dataclasses
 import importlib
 import json
 import sys
+import tempfile
 
 import pytest
 
@@ -70,7 +71,9 @@ cuda.is_available = lambda: True
 
 def run_cluster(processes: bool, prelude: str = "", env: dict | None = None) -> dict:
     code = prelude + CLUSTER_PROGRAM.replace("PROCESSES", repr(processes))
-    proc = run_python(code, env, timeout=CLUSTER_TIMEOUT)  # subprocess.TimeoutExpired fails the test
+    with tempfile.TemporaryDirectory() as scratch:  # Dask's worker space, removed afterwards
+        env = {**(env or {}), "DASK_TEMPORARY_DIRECTORY": scratch}
+        proc = run_python(code, env, timeout=CLUSTER_TIMEOUT)  # subprocess.TimeoutExpired fails the test
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

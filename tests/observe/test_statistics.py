@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import numba_pool
@@ -13,6 +14,7 @@ from numba_pool.observe.summary import format_summary
 from numba_pool.plugin import api
 
 from cuda_model.harness import Program
+from helpers import GPU
 
 
 # -- PoolStatistics under RMM's names -----------------------------------------------------
@@ -126,3 +128,17 @@ def _human(nbytes: int) -> str:
     from numba_pool.observe.summary import _size
 
     return _size(nbytes)
+
+
+@pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
+@pytest.mark.parametrize("call", [
+    lambda: numba_pool.stats(), lambda: numba_pool.memory_summary(), lambda: numba_pool.used_bytes(),
+    lambda: numba_pool.reserved_bytes(), lambda: numba_pool.reset_peak(), lambda: numba_pool.trim(),
+    lambda: numba_pool.record_stream(np.zeros(4), 0), lambda: numba_pool.scratch(1024).__enter__(),
+], ids=["stats", "memory_summary", "used_bytes", "reserved_bytes", "reset_peak", "trim", "record_stream", "scratch"])
+def test_api_calls_without_a_gpu_raise_one_line_runtime_error(call):
+    # Numba's CudaSupportError spans several lines; the README promises RuntimeError.
+    with pytest.raises(RuntimeError) as caught:
+        call()
+    message = str(caught.value)
+    assert message.startswith("numba_pool: no CUDA GPU is available here (") and "\n" not in message, message

@@ -181,9 +181,9 @@ def test_bad_configuration_is_one_clear_line_and_exit_2(command):
 
 @pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
 @pytest.mark.parametrize("command", ["info", "bench"])
-def test_without_gpu_one_line_and_exit_2(command):
+def test_without_gpu_one_line_and_exit_3(command):
     proc = numba_pool_cli(command)
-    assert proc.returncode == 2
+    assert proc.returncode == 3  # 2 is a bad configuration: a script can tell them apart
     assert "no CUDA GPU is available" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -191,7 +191,7 @@ def test_without_gpu_one_line_and_exit_2(command):
 @pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
 def test_info_without_gpu_prints_versions_and_configuration_first():
     proc = numba_pool_cli("info", env={"NUMBA_POOL_ARENA": "1"})
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+    assert proc.returncode == 3 and proc.stderr.strip().splitlines() == [
         "Error: no CUDA GPU is available here (numba.cuda.is_available() is False): numba-pool needs one for this command"]
     for row in ("numba-pool", "numba-cuda", "cuda-bindings", "config: arena"):
         assert row in proc.stdout
@@ -341,3 +341,20 @@ def test_bench_refuses_a_core_it_may_not_run_on_in_one_line(fake_gpu_bench):
     _check_one_line(result.stderr, result.stdout, "not a CPU core this process may run on")
     assert "setting" not in fake_gpu_bench
 
+
+
+def test_the_command_alone_prints_its_help():
+    proc = numba_pool_cli()
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.startswith("Usage: numba-pool") and "replay" in proc.stdout
+
+
+@pytest.mark.parametrize("argument, culprit", [
+    (["--iterations", "-1"], "argument --iterations: '-1': must be at least 1"),
+    (["--keep", "-5"], "argument --keep: '-5': must be at least 0"),
+    (["--iterations", "two"], "argument --iterations: 'two' is not a whole number"),
+])
+def test_kernel_scripts_refuse_bad_counts_in_one_line(argument, culprit):
+    proc = subprocess.run([sys.executable, "-m", "numba_pool.kernels.sqrt", *argument], cwd=CHECKOUT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"sqrt.py: error: {culprit}"], proc.stderr

@@ -273,3 +273,17 @@ def test_shipped_gpu_logs_replay_within_ten_percent(path):
 
 def test_logs_are_shipped():
     assert len(SHIPPED) >= 2
+
+
+@pytest.mark.parametrize("call, culprit", [
+    (lambda: parse_log([123]), "line 1 of log is a int (123), not str or bytes"),
+    (lambda: parse_log("Time,Action,Pointer,Size,Stream\n"), "parse_log takes the log's lines, not one str"),
+    (lambda: parse_log(b"Time,Action\n"), "parse_log takes the log's lines, not one bytes"),
+    (lambda: parse_log(["Time,Action,Pointer,Size,Stream\n"], skip_bad_lines="no"),
+     "skip_bad_lines must be True or False, not 'no'"),
+    (lambda: read_log(DATA + "/sqrt-sizes.csv", skip_bad_lines="no"), "skip_bad_lines must be True or False, not 'no'"),
+], ids=["not-a-line", "one-string", "one-bytes", "parse-skip-no", "read-skip-no"])
+def test_bad_arguments_of_the_log_readers_name_the_culprit(call, culprit):
+    with pytest.raises(TypeError) as caught:
+        call()
+    assert culprit in str(caught.value) and "\n" not in str(caught.value)
