@@ -345,7 +345,7 @@ def parse_path(value: Any, source: str) -> str:
     """
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ConfigError(f"{source}={value!r} is not a file path: expected the path of a CSV file to write")
-    text = os.fspath(value)
+    text = os.fspath(value).strip() if isinstance(value, str) else os.fspath(value)  # " a.csv": a.csv
     if isinstance(text, bytes):
         raise ConfigError(f"{source}={value!r} is not a file path: expected a str path")
     if "\0" in text:
@@ -460,6 +460,8 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
         given[name] = (source, raw)
     config = PoolConfig(**values)
     _check_consistency(config, given)
+    if config.use_default_pool and "ipc" not in given:  # the default pool cannot be exported
+        config = dataclasses.replace(config, ipc=False)
     return config
 
 
@@ -480,6 +482,9 @@ def _check_consistency(config: PoolConfig, given: dict[str, tuple[str, Any]]) ->
     def named(name: str, nbytes: bool = True) -> str:
         return _named(config, given, name, nbytes)
 
+    if config.use_default_pool and config.ipc and "ipc" in given:
+        raise ConfigError(f"{named('ipc', False)} asks for an exportable pool, but {named('use_default_pool')} selects "
+                          "the device's default mempool, which cannot be exported (cuMemPoolExportToShareableHandle)")
     if config.use_default_pool and config.max_size is not None:
         raise ConfigError(
             f"{named('max_size', False)} caps the private mempool, but {named('use_default_pool')} selects the "

@@ -432,3 +432,19 @@ def test_python_ints_pass_through(n):
 def test_ints_out_of_range_are_refused(n):
     message = one_line_error(config.parse_size, n, "install(initial_size)")
     assert message.startswith(f"install(initial_size)={n}")
+
+
+def test_the_default_pool_is_not_exportable():
+    # IPC is on by default, off with the device's default pool; asked for with it, refused.
+    assert config.load(environ={"NUMBA_POOL_USE_DEFAULT_POOL": "1"}).ipc is False
+    assert config.load(environ={}).ipc is True
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(environ={"NUMBA_POOL_USE_DEFAULT_POOL": "1", "NUMBA_POOL_IPC": "1"})
+    message = str(caught.value)
+    assert message.startswith("NUMBA_POOL_IPC='1' asks for an exportable pool, but NUMBA_POOL_USE_DEFAULT_POOL='1'")
+    assert "\n" not in message
+
+
+def test_log_path_from_the_environment_loses_surrounding_spaces(tmp_path):
+    loaded = config.load(environ={"NUMBA_POOL_LOG": f" {tmp_path}/alloc.csv "})
+    assert loaded.log == str(tmp_path / "alloc.csv")
