@@ -104,8 +104,8 @@ class PoolConfig:
 
     def describe(self) -> dict[str, str]:
         """Human-readable values of every option, for ``numba-pool info``."""
-        def size(n: int) -> str:
-            return f"{humanfriendly.format_size(n, binary=True)} ({n} bytes)"
+        def size(n: int) -> str:  # "0 bytes" once, not "0 bytes (0 bytes)"
+            return humanfriendly.format_size(n, binary=True) + ("" if n < 1024 else f" ({n} bytes)")
 
         if isinstance(self.max_size, float):
             max_size = f"{self.max_size:.0%} of device memory"

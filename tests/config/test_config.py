@@ -448,3 +448,9 @@ def test_the_default_pool_is_not_exportable():
 def test_log_path_from_the_environment_loses_surrounding_spaces(tmp_path):
     loaded = config.load(environ={"NUMBA_POOL_LOG": f" {tmp_path}/alloc.csv "})
     assert loaded.log == str(tmp_path / "alloc.csv")
+
+
+def test_describe_says_small_sizes_once():
+    described = config.load(environ={}).describe()
+    assert described["initial size"] == "0 bytes"
+    assert config.load(environ={"NUMBA_POOL_INITIAL_SIZE": "1MiB"}).describe()["initial size"] == "1 MiB (1048576 bytes)"
