@@ -138,10 +138,7 @@ class DeviceAllocator:
         """Issue the legacy-stream frees that releases queued (Note [Legacy-stream frees are
         issued by the next allocation] in :mod:`.mempool_blocks`), in the owner's context: before
         figures are read and before a barrier."""
-        self.waits.owner.enter(self._issue_frees)
-
-    def _issue_frees(self, retry: bool) -> None:
-        self.mempool_blocks.issue_legacy_frees()
+        self.mempool_blocks.issue_legacy_frees_in_owner_context()
 
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes that allocations can still get: the device's free memory

@@ -106,7 +106,7 @@ class PooledBlocks(BlockSource):
         if stream is LEGACY:  # Note [Legacy-stream frees are issued by the next allocation]
             self.legacy_frees.append(ptr)
             if self.dropped:  # a reset went by: it may have issued the others already
-                waits.owner.enter(self._issue_dropped)
+                self.issue_legacy_frees_in_owner_context()
             return
         err, = self._free_async(ptr, stream.handle)  # the stream's handle names it in any context
         if err:
@@ -130,7 +130,12 @@ class PooledBlocks(BlockSource):
             if err:
                 report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
 
-    def _issue_dropped(self, retry: bool) -> None:
+    def issue_legacy_frees_in_owner_context(self) -> None:
+        """:meth:`issue_legacy_frees` from any thread: the owner's context pushed where another,
+        or none, is current (trim, statistics, a release that a reset overtook)."""
+        self._waits.owner.enter(self._issue_with_retry_flag)
+
+    def _issue_with_retry_flag(self, retry: bool) -> None:  # OwnerContext.enter's signature
         self.issue_legacy_frees()
 
     def _free(self, ptr, on: StreamRef | None) -> None:

@@ -25,7 +25,6 @@ import pytest
 from cuda.bindings import driver as real_cu
 from cuda_model.checks import assert_clean, assert_no_fallback, eager
 from cuda_model.harness import LEGACY, Program
-from cuda_model.inject import ResetInjection
 
 MODES = pytest.mark.parametrize("arena", [False, True], ids=["pool", "arena"])
 SMALL, LARGE = 1000, 100_000  # an arena block, a mempool block (the harness's arena: 4 KiB blocks)
@@ -117,11 +116,12 @@ def test_ipc_lease_let_go_after_the_stream_was_destroyed(programs, arena):
 
 # -- 2 and 5: a reset landing inside an allocation or a release ----------------------------
 
-def _every_line(make, act, lines: int = 70) -> None:
-    """Run ``act(p)`` once per line: a reset lands at that line of numba_pool's code in it."""
+def _every_line(make, act, during: str, lines: int) -> None:
+    """Run ``act(p)`` (an allocation or a drop: ``during``) once per line: a reset lands at that
+    line of numba_pool's code in it."""
     for line in range(1, lines + 1):
         p = make()
-        p.inject = ResetInjection(p, line, "allocate")
+        p.inject_reset(line, during)
         act(p)
         p.inject = None
         assert_clean(p)
@@ -149,23 +149,21 @@ def test_an_allocation_racing_a_reset_is_served_by_the_next_generation(programs,
             g = p.allocate(size)  # a second block of the new generation must not alias it
             p.launch(LEGACY, [g])
 
-    _every_line(make, act)
+    _every_line(make, act, "allocate", 70)
 
 
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["arena-block", "mempool-block"])
 def test_a_release_racing_a_reset_records_no_destroyed_event(programs, size):
     # Before: a scoped arena release checked "not dropped", the reset destroyed the domain's
     # event, then the release recorded it (the model's "invalid event").
-    for line in range(1, 60):
+    def make():
         p = programs(arena=True)
         s = p.create_stream(False)
-        a = p.allocate(size, stream=s)
-        p.launch(s, [a])
-        p.inject_reset(line, "drop")
-        p.drop(a, legalize="record")
-        p.inject = None
-        assert_clean(p)
-        p.finish()
+        p.a = p.allocate(size, stream=s)
+        p.launch(s, [p.a])
+        return p
+
+    _every_line(make, lambda p: p.drop(p.a, legalize="record"), "drop", 59)
 
 
 # -- 3. an export is ordered before the importer ---------------------------------------------
