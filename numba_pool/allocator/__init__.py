@@ -9,8 +9,8 @@ Every block is allocated on an *allocation stream* S: the thread's :func:`numba_
 stream, else the legacy default stream.  Its owner's work may run on S; on any blocking stream
 when S is the legacy stream (the legacy stream orders with every blocking stream, both ways:
 CUDA Runtime API, "stream synchronization behavior"); and on any stream registered with
-:func:`numba_pool.record_stream`.  Other use must be ordered by the program (README, "Stream
-semantics"), as with any stream-ordered allocator.
+:func:`numba_pool.record_stream`.  Other use must be ordered by the program (docs/guide.md,
+"Stream semantics in full"), as with any stream-ordered allocator.
 
 Invariants, kept by the modules named and checked in CI by a model of CUDA's stream ordering
 that runs this code against random legal programs (the test package ``cuda_model`` and

@@ -57,11 +57,11 @@ def replay(trace, slab_size, max_block, release_threshold, plot_path, skip_bad_l
 
     # Everything the user typed is checked before a long read.
     _check_arena_options(slab_size, max_block, release_threshold)
-    plot_path = _checked_plot_path(plot_path) if plot_path else None
+    plot_path = _checked_plot_path(plot_path) if plot_path is not None else None
     log = _read_log(trace, skip_bad_lines)
     report = _replay(log, slab_size, max_block, release_threshold)
     click.echo(tabulate(_rows(report, log), tablefmt="plain", disable_numparse=True))
-    if plot_path:
+    if plot_path is not None:
         _plot(report, plot_path)
 
 
@@ -93,8 +93,9 @@ def _read_log(trace: str, skip_bad_lines: bool):
     """
     from tqdm import tqdm
 
+    total = os.path.getsize(trace) if os.path.isfile(trace) else None  # a pipe has no size
     try:
-        with tqdm(total=os.path.getsize(trace), unit="B", unit_scale=True, unit_divisor=1024, disable=None,
+        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=None,
                   leave=False, desc=f"reading {os.path.basename(trace)}") as bar:
             return offline_replay.read_log(trace, skip_bad_lines=skip_bad_lines,
                                            progress=lambda done: bar.update(done - bar.n))
@@ -108,6 +109,10 @@ def _replay(log, slab_size, max_block, release_threshold):
     """The replay's report, with a progress bar (operations)."""
     from tqdm import tqdm
 
+    try:
+        offline_replay.check_not_empty(log)
+    except offline_replay.LogError as err:
+        raise Failure(str(err)) from None
     with tqdm(total=len(log.operations), unit="op", unit_scale=True, disable=None, leave=False,
               desc="replaying") as bar:
         return offline_replay.replay(log, slab_size=slab_size, max_block=max_block,

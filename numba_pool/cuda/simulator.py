@@ -16,10 +16,13 @@ environment:
   below, which refuse to be instantiated (:class:`RuntimeError`; Numba never tries).
 * :func:`numba_pool.install` checks its options (:class:`~numba_pool.ConfigError` as on a GPU),
   warns once with :class:`SimulatorWarning` and returns the configuration: the program goes on.
+  Like the import's warning, it never raises, even under ``python -W error``.
 * ``import numba_pool`` with ``NUMBA_CUDA_MEMORY_MANAGER`` naming numba_pool warns once, never
   raises (a warnings filter set to "error" cannot stop the import).
 * :func:`numba_pool.stats`, ``trim``, ``reset_peak`` and ``record_stream`` raise
   :class:`RuntimeError`: numba_pool is not the memory manager, as on a GPU without ``install()``.
+* ``with numba_pool.statistics()`` warns, as ``install()`` does, that it counts nothing; its
+  figures stay 0.
 
 Filter the warnings with ``warnings.filterwarnings("ignore", category=numba_pool.SimulatorWarning)``.
 """
@@ -27,9 +30,10 @@ Filter the warnings with ``warnings.filterwarnings("ignore", category=numba_pool
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from collections import namedtuple
+
+from ..config.variables import user_stacklevel
 
 #: Why nothing is replaced; the tail of every message given under the simulator.
 NO_MEMORY_MANAGER = ("the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it keeps device arrays in host memory "
@@ -53,9 +57,25 @@ def install_message() -> str:
     return f"numba_pool.install() does nothing: {NO_MEMORY_MANAGER}"
 
 
-def warn_install(stacklevel: int = 3) -> None:
-    """Warn (:class:`SimulatorWarning`) that ``install()`` changes nothing under the simulator."""
-    warnings.warn(install_message(), SimulatorWarning, stacklevel=stacklevel)
+def warn_install() -> None:
+    """Warn (:class:`SimulatorWarning`) that ``install()`` changes nothing under the simulator,
+    pointing at the user's call.  Never raises: as for the import, a warnings filter set to
+    "error" (``python -W error``, pytest's ``filterwarnings = error``) must not stop a program
+    that runs under the simulator with its production set-up."""
+    _note(install_message())
+
+
+def warn_scope() -> None:
+    """Warn (:class:`SimulatorWarning`), as :func:`warn_install`, that a
+    ``numba_pool.statistics()`` scope counts nothing under the simulator."""
+    _note(f"numba_pool.statistics() counts nothing: {NO_MEMORY_MANAGER}")
+
+
+def _note(message: str) -> None:
+    try:
+        warnings.warn(message, SimulatorWarning, stacklevel=user_stacklevel())
+    except Warning:  # a filter turned the warning into an error: the program must go on
+        pass
 
 
 _environment_noted = False
@@ -71,29 +91,13 @@ def note_environment(environ=os.environ) -> None:
     _environment_noted = True
     try:
         warnings.warn(f"NUMBA_CUDA_MEMORY_MANAGER={value} is ignored: {NO_MEMORY_MANAGER}", SimulatorWarning,
-                      stacklevel=_importer_stacklevel())
+                      stacklevel=user_stacklevel())
     except Warning:  # a filter turned the warning into an error: an import must not fail for a note
         pass
 
 
 #: The command line's one line (exit status 2) for a command that needs a GPU under the simulator.
 NO_GPU = f"no CUDA GPU here: {NO_MEMORY_MANAGER}"
-
-
-def _importer_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning raised by this module's caller point at the first
-    frame outside numba_pool (the user's ``import numba_pool``), counting frames as
-    ``warnings.warn`` does: importlib's bootstrap frames are skipped."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # numba_pool/
-    frame, level = sys._getframe(1), 1
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not ("importlib" in name and "_bootstrap" in name):
-            if not os.path.abspath(name).startswith(package):
-                return level
-            level += 1
-        frame = frame.f_back
-    return level
 
 
 class _StandIn:

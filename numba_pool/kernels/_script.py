@@ -79,6 +79,8 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
                         help="allocate/launch/free rounds (default 10; 3 under the CUDA simulator)")
     parser.add_argument("--keep", type=_count(0), default=0,
                         help="keep the last K arrays alive (a pipeline's window) instead of freeing each at once")
+    parser.add_argument("--summary", action="store_true",
+                        help="print numba_pool.memory_summary() at the end (when numba_pool is the memory manager)")
     args = parser.parse_args(argv)
     check_configuration(parser.prog)
     require_gpu(parser.prog)
@@ -113,9 +115,10 @@ class Window:
             self.items.append(item)
 
 
-def report(name: str, ok: bool, detail: str) -> int:
-    """Print one line naming the memory manager in use (the CUDA simulator has none); return
-    the exit status."""
+def report(name: str, ok: bool, detail: str, summary: bool = False) -> int:
+    """Print one line naming the memory manager in use (the CUDA simulator has none) and, with
+    ``summary``, numba_pool's memory summary (or one line saying why there is none); return the
+    exit status."""
     from numba import cuda
 
     if _simulated():
@@ -123,5 +126,16 @@ def report(name: str, ok: bool, detail: str) -> int:
     else:
         manager = type(cuda.current_context().memory_manager).__name__
     print(f"{name}: {'OK' if ok else 'WRONG RESULT'} ({detail}) under {manager}")
+    if summary:
+        _print_summary()
     sys.stdout.flush()
     return 0 if ok else 1
+
+
+def _print_summary() -> None:
+    import numba_pool
+
+    try:
+        print(numba_pool.memory_summary())
+    except RuntimeError as err:  # numba_pool is not the memory manager: its one line says why
+        print(f"no memory summary: {err}")

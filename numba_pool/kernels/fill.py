@@ -31,7 +31,8 @@ def main(argv=None, n_streams: int = 4) -> int:
             del d  # freed while the copy may still be running: must be safe
         cuda.synchronize()
         ok &= all(bool((out == k + 1).all()) for k, out in enumerate(outputs))
-    return report("fill", ok, f"{n_streams} streams x {','.join(map(str, args.n))} elements x {args.iterations}")
+    detail = f"{n_streams} streams x {','.join(map(str, args.n))} elements x {args.iterations}"
+    return report("fill", ok, detail, args.summary)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def main(argv=None) -> int:
         window.add(d)
         del d
     sizes = ",".join(map(str, args.n))
-    return report("increment", ok, f"{sizes} elements x {args.iterations}, keeping {args.keep}")
+    return report("increment", ok, f"{sizes} elements x {args.iterations}, keeping {args.keep}", args.summary)
 
 
 if __name__ == "__main__":

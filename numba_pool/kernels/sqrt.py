@@ -32,7 +32,7 @@ def main(argv=None) -> int:
         ok &= bool(np.allclose(d.copy_to_host(), expected, rtol=1e-6))
         window.add(d)
         del d
-    return report("sqrt", ok, f"{','.join(map(str, args.n))} elements x {args.iterations}")
+    return report("sqrt", ok, f"{','.join(map(str, args.n))} elements x {args.iterations}", args.summary)
 
 
 if __name__ == "__main__":

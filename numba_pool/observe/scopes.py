@@ -44,6 +44,7 @@ from functools import partial
 from typing import Callable
 
 from ..allocator.usage import DRAIN_AT, UsageTracker
+from ..cuda import simulator
 from ..cuda.pointers import PoolPointer
 
 
@@ -228,7 +229,12 @@ def statistics(*, profile: bool = False) -> ScopedStatistics:
 
     :param profile: also record allocations and bytes per call site (``s.report()``); walks
         the stack at each allocation.
+
+    Under the CUDA simulator, which has no memory manager, it warns
+    (:class:`numba_pool.SimulatorWarning`) that it counts nothing.
     """
+    if simulator.enabled():
+        simulator.warn_scope()
     return ScopedStatistics(profile=profile)
 
 

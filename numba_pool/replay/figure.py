@@ -33,11 +33,22 @@ def require_matplotlib() -> None:
 def plot_path(path: str | os.PathLike, option: str = "path") -> str:
     """The file :func:`plot` will write for ``path``: ``.png`` added when it has no extension.
 
+    The path is tried now, by opening it for writing (a file this creates is removed again), so
+    that a path the system refuses fails before a long replay, not after it.
+
     :param option: what to call the path in messages (the command line passes ``--plot``).
-    :raises PlotError: for an extension other than :data:`FORMATS`, a folder that does not exist
-        or cannot be written, or an existing folder named as the file.
+    :raises PlotError: for an empty path, a name that is only an extension (``.png``), an
+        extension other than :data:`FORMATS`, an existing file that is not a regular file
+        (``/dev/null``, a pipe), a folder that does not exist, an existing folder named as the
+        file, or a file that cannot be opened for writing (naming the system's reason).
     """
     path = os.fspath(path)
+    if not isinstance(path, str) or not path.strip():
+        raise PlotError(f"{option} {path!r}: expected a file name ending in {', '.join(FORMATS)}")
+    if os.path.basename(path).lower() in FORMATS:
+        raise PlotError(f"{option} {path!r} has no name before its extension: expected e.g. replay{FORMATS[0]}")
+    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
+        raise PlotError(f"{option} {path!r} is not a regular file (a device, pipe or socket): name a file to write")
     root, ext = os.path.splitext(path)
     if not ext:
         path += ".png"
@@ -48,9 +59,22 @@ def plot_path(path: str | os.PathLike, option: str = "path") -> str:
         raise PlotError(f"{option} {path!r}: folder {folder!r} does not exist")
     if os.path.isdir(path):
         raise PlotError(f"{option} {path!r} is a folder")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise PlotError(f"{option} {path!r}: no permission to write there")
+    _try_writing(path, option)
     return path
+
+
+def _try_writing(path: str, option: str) -> None:
+    """Open ``path`` for writing without changing it; remove it when this created it.
+
+    :raises PlotError: with the system's reason when it cannot be opened."""
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as err:
+        raise PlotError(f"{option} {path!r}: cannot write it ({err.strerror or err})") from None
+    if not existed:
+        os.remove(path)
 
 
 _UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "bytes"))
@@ -69,10 +93,12 @@ def plot(report, path: str | os.PathLike, title: str | None = None) -> str:
     :param title: the title's start; by default the log's file name.
     :returns: the path written.
     :raises PlotError: as :func:`require_matplotlib` and :func:`plot_path`.
-    :raises OSError: when the file cannot be written.
+    :raises OSError: when the file cannot be written after all (a full disk).
     """
     path = plot_path(path)
-    figure(report, title).savefig(path, dpi=100)
+    # The format named, so that matplotlib never appends an extension: the path returned is
+    # the file written.
+    figure(report, title).savefig(path, dpi=100, format=os.path.splitext(path)[1][1:].lower())
     return path
 
 

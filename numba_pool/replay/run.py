@@ -15,9 +15,10 @@ from ..allocator.arena import ArenaBlocks
 from ..allocator.free_list import round_up
 from ..allocator.usage import UsageTracker
 from ..allocator.waits import StreamWaits
-from ..config import ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE, release_limit
+from ..config import (ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE, parse_release_threshold,
+                      parse_size, release_limit)
 from ..cuda.streams import LEGACY, StreamRef, as_stream_ref
-from .log import ALLOCATE, LEGACY_KEY, PROGRESS_EVERY, ParsedLog, read_log
+from .log import ALLOCATE, LEGACY_KEY, PROGRESS_EVERY, LogError, ParsedLog, read_log
 
 _OK = (cuda_driver.CUresult.CUDA_SUCCESS,)
 
@@ -110,8 +111,9 @@ def check_options(slab_size: int, max_block: int, release_threshold: int | None 
             raise ValueError(f"{name}={value!r} is not a whole number of bytes")
         if value < ALIGNMENT or value % ALIGNMENT:
             down, up = value // ALIGNMENT * ALIGNMENT, (value // ALIGNMENT + 1) * ALIGNMENT
+            nearest = f"{down} or {up}" if down > 0 else f"{ALIGNMENT}" if value < 0 else f"{up}"
             raise ValueError(f"{name}={value} bytes is not a positive multiple of {ALIGNMENT} bytes, the arena's "
-                             f"block alignment: expected e.g. {f'{down} or {up}' if down else up}")
+                             f"block alignment: expected e.g. {nearest}")
     if max_block > slab_size:
         raise ValueError(f"{names[1]}={max_block} bytes ({_human(max_block)}) is above {names[0]}={slab_size} "
                          f"bytes ({_human(slab_size)}): a block must fit in a slab")
@@ -120,31 +122,56 @@ def check_options(slab_size: int, max_block: int, release_threshold: int | None 
         raise ValueError(f"{names[2]}={release_threshold!r} is not a size in bytes (or None to keep every slab)")
 
 
+def _size(value, name: str):
+    """A size string parsed (the syntax of every entry point); anything else is left to
+    :func:`check_options`, which names what is wrong with it."""
+    return parse_size(value, name) if isinstance(value, str) else value
+
+
+def check_not_empty(log: ParsedLog) -> None:
+    """:raises LogError: when ``log`` holds no operation, naming its source and why: a replay of
+    nothing would report a ratio of 1.0 and 0 operations per second, as if all were well."""
+    if len(log.operations):
+        return
+    why = [f"{count:,} skipped ({reason})" for reason, count in sorted(log.skipped.items())]
+    if log.failures:
+        why.append(f"{log.failures:,} allocate failure line{'s' * (log.failures != 1)}")
+    lines = "the header is its only line" if not why else "of its lines, " + ", ".join(why)
+    raise LogError(f"{log.source}: nothing to replay: {lines}")
+
+
 def _human(nbytes: int) -> str:
     import humanfriendly
 
     return humanfriendly.format_size(nbytes, binary=True)
 
 
-def replay(log: ParsedLog | str | os.PathLike, *, slab_size: int = DEFAULT_ARENA_SLAB_SIZE,
-           max_block: int = DEFAULT_ARENA_MAX_BLOCK, release_threshold: int | None = None,
+def replay(log: ParsedLog | str | os.PathLike, *, slab_size: int | str = DEFAULT_ARENA_SLAB_SIZE,
+           max_block: int | str = DEFAULT_ARENA_MAX_BLOCK, release_threshold: int | str | None = None,
            progress: Callable[[int], None] | None = None, samples: int = 2000) -> ReplayReport:
     """Replay a log through a fresh arena; see the module docstring for what is measured.
 
     :param log: a :class:`ParsedLog`, or a file path, read with :func:`read_log` first.
-    :param slab_size: largest slab (bytes), as ``NUMBA_POOL_ARENA_SLAB_SIZE``.
+    :param slab_size: largest slab (bytes), as ``NUMBA_POOL_ARENA_SLAB_SIZE``: an int or a size
+        string such as ``"4 MiB"``, in the syntax every entry point takes
+        (:mod:`numba_pool.config.sizes`).
     :param max_block: largest block the arena serves (bytes), as ``NUMBA_POOL_ARENA_MAX_BLOCK``.
-    :param release_threshold: bytes of empty slabs kept; None (or
-        :data:`numba_pool.config.KEEP_ALL`) keeps them all.
+    :param release_threshold: bytes of empty slabs kept (a size, as above); None, ``"all"`` or
+        :data:`numba_pool.config.KEEP_ALL` keeps them all.
     :param progress: called with the number of operations done, every 32,768 and at the end.
     :param samples: about how many (operation, requested, reserved) points :attr:`ReplayReport.series` keeps.
-    :raises ValueError: as :func:`check_options`, naming the parameter.
-    :raises LogError, OSError: when ``log`` is a path, as :func:`read_log`.
+    :raises ValueError: as :func:`check_options`, naming the parameter (a size string that does
+        not parse raises its subclass :class:`numba_pool.ConfigError`).
+    :raises LogError: when the log has nothing to replay (no allocation, free or failure line
+        left), naming its source and what was skipped; as :func:`read_log` when ``log`` is a path.
+    :raises OSError: when ``log`` is a path, as :func:`read_log`.
     """
-    release_threshold = release_limit(release_threshold)
+    slab_size, max_block = (_size(value, name) for value, name in ((slab_size, "slab_size"), (max_block, "max_block")))
+    release_threshold = release_limit(parse_release_threshold(release_threshold, "release_threshold"))
     check_options(slab_size, max_block, release_threshold)
     if not isinstance(log, ParsedLog):
         log = read_log(log)
+    check_not_empty(log)
     ops = log.operations
     space = AddressSpace()
     usage = UsageTracker()

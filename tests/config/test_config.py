@@ -48,7 +48,7 @@ def exact_decimal(value: Fraction) -> str:
     ("0", 0), ("1048576", 1 << 20), ("1 KiB", 1024), ("1KB", 1000), ("64 MiB", 64 << 20),
     ("64 MB", 64 * 10**6), ("64 mib", 64 << 20), ("2 MB", 2_000_000), ("1.5 GiB", 3 << 29),
     ("3 GB", 3 * 10**9), (" 7 ", 7), ("1 TiB", 1 << 40), (".5 KiB", 512), ("0.0009765625 KiB", 1),
-    ("1 byte", 1), ("2 bytes", 2), ("1.0 B", 1), ("+5", 5), (str(MAX_BYTES), MAX_BYTES),
+    ("1 byte", 1), ("2 bytes", 2), ("1.0 B", 1), (str(MAX_BYTES), MAX_BYTES),
     ("16 EiB", None),  # 2**64: one too many
 ])
 def test_sizes_accept_bytes_and_binary_and_decimal_units(text, expected):
@@ -347,6 +347,11 @@ def test_every_parser_error_is_one_line_naming_the_source():
     ("numba_pool_arena", "did you mean NUMBA_POOL_ARENA?"),
     ("NUMBA_POOL_NOOP_FINALISER", "did you mean NUMBA_POOL_NOOP_FINALIZER?"),
     ("NUMBA_POOL_XYZZY", "known variables: NUMBA_POOL_ARENA, "),
+    # Misspellings of the prefix itself.
+    ("NUMBAPOOL_ARENA", "did you mean NUMBA_POOL_ARENA?"),
+    ("NUMBA_POOLS_ARENA", "did you mean NUMBA_POOL_ARENA?"),
+    ("NUMBA__POOL_MAX_SIZE", "did you mean NUMBA_POOL_MAX_SIZE?"),
+    ("NumbaPool_Log", "did you mean NUMBA_POOL_LOG?"),
 ])
 def test_unknown_variables_warn_with_the_closest_name(name, hint):
     with pytest.warns(ConfigWarning) as record:
@@ -355,6 +360,31 @@ def test_unknown_variables_warn_with_the_closest_name(name, hint):
     message = str(warning.message)
     assert message.startswith(f"{name} is not a numba_pool variable and is ignored") and hint in message, message
     assert "\n" not in message
+
+
+def test_the_list_of_known_variables_leaves_out_the_tools_own():
+    with pytest.warns(ConfigWarning) as record:
+        load({"NUMBA_POOL_XYZZY": "1"})
+    message = str(record[0].message)
+    assert "NUMBA_POOL_MAX_SIZE" in message
+    assert "BENCH" not in message and "FUZZ" not in message and "NOOP" not in message
+
+
+def test_names_that_only_share_a_start_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        load({"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_NUM_THREADS": "4", "NUMBA_POO": "x"})
+
+
+def test_the_typo_warning_points_at_the_users_line():
+    with pytest.warns(ConfigWarning) as record:
+        load({"NUMBA_POOL_ARENNA": "1"})  # this line
+    assert record[0].filename == __file__ and record[0].lineno == _line_of("# this line")
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line and "_line_of" not in line)
 
 
 def test_known_variables_do_not_warn():

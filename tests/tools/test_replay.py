@@ -110,7 +110,7 @@ def test_cli_replay_prints_report_and_plot(tmp_path):
 
 
 def test_cli_bad_line_is_one_error_and_exit_2(tmp_path):
-    path = write(tmp_path, "1,t,free,0x99,5,0x1\n")
+    path = write(tmp_path, "1,t,free,0x99,5,0x1\n1,t,allocate,0x10,5,0x1\n1,t,free,0x10,5,0x1\n")
     proc = replay_cli(path)
     assert proc.returncode == 2 and "line 2" in proc.stderr and "Traceback" not in proc.stderr
     proc = replay_cli(path, "--skip-bad-lines")

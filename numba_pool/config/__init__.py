@@ -1,0 +1,201 @@
+"""Configuration of the numba_pool EMM plugin.
+
+Every option can come from an environment variable (read once, when the first CUDA context
+initializes the plugin) or from :func:`numba_pool.install` keyword arguments, which take
+precedence.  Parsing never touches CUDA, so ``numba-pool info`` can report a bad value on a
+machine without a GPU.
+
+A bad value raises :class:`ConfigError`, a one-line message naming what the user typed (the
+environment variable, or ``install(<keyword>)``), the value, and what is accepted.  Nothing falls
+back silently to a default.  A variable that is unset or empty, and an ``install()`` keyword
+given as ``None``, mean "use the default".  An unknown ``NUMBA_POOL_*`` variable (a typo) gives a
+:class:`ConfigWarning` naming the closest known variable.
+
+Sizes are in bytes, with one syntax in every entry point (:mod:`.sizes` states it).  The parsers
+live in :mod:`.sizes` and :mod:`.values`, the variables' names and the typo warning in
+:mod:`.variables`; this module composes them: :class:`PoolConfig`, :data:`OPTIONS`, :func:`load`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from typing import Any, Callable, Mapping
+
+import humanfriendly
+
+from .errors import ConfigError, ConfigWarning
+from .sizes import (ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE, KEEP_ALL, MAX_BYTES, MIN_BARE_CAP,
+                    SIZE_HELP, parse_arena_size, parse_host_max_size, parse_max_size, parse_release_threshold,
+                    parse_size, release_limit)
+from .values import BOOL_HELP, parse_bool, parse_path, parse_peer_access
+from .variables import OTHER_VARIABLES, user_stacklevel, warn_unknown_variables
+
+__all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_SLAB_SIZE", "KEEP_ALL", "KNOWN_VARIABLES",
+           "MAX_BYTES", "MIN_BARE_CAP", "OPTIONS", "OTHER_VARIABLES", "SIZE_HELP", "ConfigError", "ConfigWarning",
+           "PoolConfig", "load", "parse_arena_size", "parse_bool", "parse_host_max_size", "parse_max_size",
+           "parse_path", "parse_peer_access", "parse_release_threshold", "parse_size", "release_limit", "user_stacklevel"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+    """The configuration in effect for every numba_pool memory manager of a process.
+
+    Sizes are in bytes.  ``max_size`` is either bytes (int) or a fraction of the device's total
+    memory (float in (0, 1]); :meth:`max_size_bytes` resolves it once the device is known.
+    ``log`` is an absolute file path, or None for no allocation log.  ``ipc`` asks for a pool
+    whose allocations other processes can open (where the device supports it); ``peer_access``
+    is ``"all"`` (other devices may reach the pool's memory) or ``"none"``.  ``host`` serves
+    pinned and mapped host memory (``cuda.pinned_array``, ``mapped_array``) from a cache of
+    ``cuMemHostAlloc`` blocks (:mod:`numba_pool.allocator.host_blocks`); off by default, since
+    a pinned block is reused only once the host has observed its last use (an event per stream
+    that used it), which changes when memory comes back.  ``host_max_size`` caps its reserved bytes (None: no cap); beyond
+    ``host_release_threshold`` cached bytes, completed blocks are freed.  Build it with :func:`load`,
+    which checks every value; the constructor checks nothing.
+    """
+
+    release_threshold: int = KEEP_ALL
+    max_size: int | float | None = None
+    initial_size: int = 0
+    use_default_pool: bool = False
+    arena: bool = False
+    arena_max_block: int = DEFAULT_ARENA_MAX_BLOCK
+    arena_slab_size: int = DEFAULT_ARENA_SLAB_SIZE
+    log: str | None = None
+    ipc: bool = True
+    peer_access: str = "all"
+    host: bool = False
+    host_max_size: int | None = None
+    host_release_threshold: int = KEEP_ALL
+
+    def max_size_bytes(self, device_total: int) -> int | None:
+        """The hard cap of the private pool in bytes for a device of ``device_total`` bytes
+        (None: no cap)."""
+        if isinstance(self.max_size, float):
+            return int(self.max_size * device_total)
+        return self.max_size
+
+    def describe(self) -> dict[str, str]:
+        """Human-readable values of every option, for ``numba-pool info``."""
+        def size(n: int) -> str:  # "0 bytes" once, not "0 bytes (0 bytes)"
+            return humanfriendly.format_size(n, binary=True) + ("" if n < 1024 else f" ({n} bytes)")
+
+        if isinstance(self.max_size, float):
+            max_size = f"{self.max_size:.0%} of device memory"
+        else:
+            max_size = "no cap" if self.max_size is None else size(self.max_size)
+        return {
+            "pool": "device default mempool" if self.use_default_pool else "private mempool (cuMemPoolCreate)",
+            "release threshold": "keep all (never release on sync)" if self.release_threshold == KEEP_ALL else size(self.release_threshold),
+            "max size": max_size,
+            "initial size": size(self.initial_size),
+            "arena": (f"on: blocks up to {size(self.arena_max_block)}, slabs of {size(self.arena_slab_size)}"
+                      if self.arena else "off"),
+            "log": self.log or "off",
+            "ipc": "exportable pool (POSIX file descriptors) where the device supports it" if self.ipc else "off",
+            "peer access": ("every device that can reach this one (cuMemPoolSetAccess)" if self.peer_access == "all"
+                            else "none: the pool's own device only"),
+            "host": (f"on: pinned/mapped blocks cached (cuMemHostAlloc), cap "
+                     f"{'none' if self.host_max_size is None else size(self.host_max_size)}, release threshold "
+                     f"{'keep all' if self.host_release_threshold == KEEP_ALL else size(self.host_release_threshold)}"
+                     if self.host else "off: Numba's cuMemHostAlloc/cuMemFreeHost per buffer"),
+        }
+
+
+# -- the options ----------------------------------------------------------------------------
+
+#: option name -> (environment variable, parser)
+OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "release_threshold": ("NUMBA_POOL_RELEASE_THRESHOLD", parse_release_threshold),
+    "max_size": ("NUMBA_POOL_MAX_SIZE", parse_max_size),
+    "initial_size": ("NUMBA_POOL_INITIAL_SIZE", parse_size),
+    "use_default_pool": ("NUMBA_POOL_USE_DEFAULT_POOL", parse_bool),
+    "arena": ("NUMBA_POOL_ARENA", parse_bool),
+    "arena_max_block": ("NUMBA_POOL_ARENA_MAX_BLOCK", parse_arena_size),
+    "arena_slab_size": ("NUMBA_POOL_ARENA_SLAB_SIZE", parse_arena_size),
+    "log": ("NUMBA_POOL_LOG", parse_path),
+    "ipc": ("NUMBA_POOL_IPC", parse_bool),
+    "peer_access": ("NUMBA_POOL_PEER_ACCESS", parse_peer_access),
+    "host": ("NUMBA_POOL_HOST", parse_bool),
+    "host_max_size": ("NUMBA_POOL_HOST_MAX_SIZE", parse_host_max_size),
+    "host_release_threshold": ("NUMBA_POOL_HOST_RELEASE_THRESHOLD", parse_release_threshold),
+}
+
+#: Every ``NUMBA_POOL_*`` variable numba_pool reads; any other name that looks meant for it is
+#: reported as a probable typo (:func:`.variables.probable_typo`).
+KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + list(OTHER_VARIABLES))
+
+def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConfig:
+    """Build the configuration from environment variables and keyword overrides.
+
+    :param environ: the environment to read (``os.environ`` when None).  Unset or empty
+        variables mean the default.  Unknown ``NUMBA_POOL_*`` names give a :class:`ConfigWarning`
+        naming the closest known variable.
+    :param overrides: option values from :func:`numba_pool.install`; they win over the
+        environment.  ``None`` means the option's default (whatever the environment says).
+    :raises ConfigError: an unknown option, a bad value, or options that contradict each other;
+        the message names the environment variable or ``install(<option>)`` the value came from.
+    """
+    environ = os.environ if environ is None else environ
+    unknown = sorted(set(overrides) - set(OPTIONS))
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, list(OPTIONS), n=1)
+            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(f"install(): unknown option(s) {', '.join(hints)}: expected some of {', '.join(OPTIONS)}")
+    warn_unknown_variables(environ, [variable for variable, _ in OPTIONS.values()])
+    values: dict[str, Any] = {}
+    given: dict[str, tuple[str, Any]] = {}  # option -> (source, value as typed), for the consistency messages
+    for name, (variable, parser) in OPTIONS.items():
+        if name in overrides:
+            if overrides[name] is None:
+                continue  # the default, whatever the environment says
+            source, raw = f"install({name})", overrides[name]
+        elif environ.get(variable, "").strip():
+            source, raw = variable, environ[variable]
+        else:
+            continue
+        values[name] = parser(raw, source)
+        given[name] = (source, raw)
+    config = PoolConfig(**values)
+    _check_consistency(config, given)
+    if config.use_default_pool and "ipc" not in given:  # the default pool cannot be exported
+        config = dataclasses.replace(config, ipc=False)
+    return config
+
+
+def _named(config: PoolConfig, given: dict[str, tuple[str, Any]], name: str, nbytes: bool = True) -> str:
+    """How a consistency error names an option: as the user gave it, or as the default; with
+    its value in bytes when ``nbytes``."""
+    value = getattr(config, name)
+    nbytes = nbytes and isinstance(value, int) and not isinstance(value, bool)
+    if name in given:
+        source, raw = given[name]
+        same = isinstance(raw, int) and raw == value  # an int typed in Python: bytes already
+        return f"{source}={raw!r}" + ("" if same or not nbytes else f" ({value} bytes)")
+    return (f"the default {name}" + (f" of {value} bytes" if nbytes else "")
+            + f" (set {OPTIONS[name][0]} or install({name}=...) to change it)")
+
+
+def _check_consistency(config: PoolConfig, given: dict[str, tuple[str, Any]]) -> None:
+    def named(name: str, nbytes: bool = True) -> str:
+        return _named(config, given, name, nbytes)
+
+    if config.use_default_pool and config.ipc and "ipc" in given:
+        raise ConfigError(f"{named('ipc', False)} asks for an exportable pool, but {named('use_default_pool')} selects "
+                          "the device's default mempool, which cannot be exported (cuMemPoolExportToShareableHandle)")
+    if config.use_default_pool and config.max_size is not None:
+        raise ConfigError(
+            f"{named('max_size', False)} caps the private mempool, but {named('use_default_pool')} selects the "
+            "device's default mempool, which cannot be capped (CUmemPoolProps.maxSize is set at creation)")
+    if config.initial_size > config.release_threshold:
+        raise ConfigError(
+            f"{named('initial_size')} is above {named('release_threshold')}: the reserve would be released at "
+            "the first synchronization")
+    if isinstance(config.max_size, int) and config.initial_size > config.max_size:
+        raise ConfigError(f"{named('initial_size')} is above {named('max_size')}: the reserve must fit under the cap")
+    if config.arena_max_block > config.arena_slab_size:
+        raise ConfigError(
+            f"{named('arena_max_block')} is larger than {named('arena_slab_size')}: a block must fit in a slab")

@@ -1,0 +1,13 @@
+"""The errors and warnings of configuration parsing."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the one-line message names the variable or
+    keyword, its value, and what is accepted."""
+
+
+class ConfigWarning(UserWarning):
+    """A configuration that works but is probably not what was meant (an unknown
+    ``NUMBA_POOL_*`` variable)."""

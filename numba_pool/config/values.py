@@ -1,0 +1,99 @@
+"""The other kinds of option values: switches, the peer-access setting, the log's path."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+from .errors import ConfigError
+
+BOOL_HELP = "0 or 1 (also false/true, no/yes, off/on)"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_bool(value: Any, source: str) -> bool:
+    """``True``/``False``, ``0``/``1``, or one of the words in :data:`BOOL_HELP`
+    (case-insensitive).
+
+    :raises ConfigError: for anything else (``"maybe"``, ``2``).
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise ConfigError(f"{source}={value!r} is not a switch: expected {BOOL_HELP}")
+
+
+def parse_peer_access(value: Any, source: str) -> str:
+    """``all`` (every device that can reach the pool's device may use its memory,
+    ``cuMemPoolSetAccess``) or ``none`` (case-insensitive).
+
+    :raises ConfigError: for anything else.
+    """
+    word = value.strip().lower() if isinstance(value, str) else value
+    if word in ("all", "none"):
+        return word
+    raise ConfigError(f"{source}={value!r} is not a peer access setting: expected 'all' or 'none'")
+
+
+#: Kernel interfaces: their files look regular but are not logs.
+_PSEUDO_FS = ("/proc", "/sys")
+
+
+def _in_pseudo_fs(path: str) -> bool:
+    real = os.path.realpath(path)
+    return any(real == top or real.startswith(top + "/") for top in _PSEUDO_FS)
+
+
+def parse_path(value: Any, source: str) -> str:
+    """The allocation log's file path (``~`` expanded).  Checked now, so that a bad path fails
+    at configuration rather than at the first allocation: the path must not be a folder; an
+    existing file must be a writable regular file outside ``/proc`` and ``/sys``; a new file's
+    folder must exist and be writable.  The file itself is neither created nor changed here.
+
+    :returns: the absolute path.
+    :raises ConfigError: for an empty value, a non-path, or a path that fails a check above.
+    """
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise ConfigError(f"{source}={value!r} is not a file path: expected the path of a CSV file to write")
+    text = os.fspath(value).strip() if isinstance(value, str) else os.fspath(value)  # " a.csv": a.csv
+    if isinstance(text, bytes):
+        raise ConfigError(f"{source}={value!r} is not a file path: expected a str path")
+    if "\0" in text:
+        raise ConfigError(f"{source}={value!r} contains a NUL character: expected the path of a CSV file to write")
+    path = os.path.abspath(os.path.expanduser(text))
+
+    def bad(problem: str) -> ConfigError:
+        return ConfigError(f"{source}={value!r} {problem}: expected the path of a CSV file to write")
+
+    if text.endswith(("/", os.sep)) or os.path.isdir(path):
+        raise bad("is a folder")
+    if os.path.lexists(path):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as err:
+            raise bad(f"cannot be used ({err.strerror})") from None
+        if not stat.S_ISREG(mode):
+            raise bad("is not a regular file (a device, pipe or socket)")
+        if _in_pseudo_fs(path):
+            raise bad(f"is a kernel interface file ({os.path.realpath(path)}), not a log file")
+        if not os.access(path, os.W_OK):
+            raise bad("is not writable")
+        return path
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise bad(f"is in folder {folder!r}, which " + ("is not a folder" if os.path.lexists(folder) else "does not exist"))
+    if _in_pseudo_fs(folder):
+        raise bad(f"is in a kernel interface folder ({folder}), not a place for a log file")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise bad(f"is in folder {folder!r}, which is not writable")
+    return path

@@ -1,0 +1,101 @@
+"""The environment's ``NUMBA_POOL_*`` variables: which are known, the warning for a probable typo,
+and where such a warning points (the user's line, not numba_pool's or Numba's)."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import warnings
+from typing import Iterable, Mapping
+
+from .errors import ConfigWarning
+
+PREFIX = "NUMBA_POOL_"
+
+#: ``NUMBA_POOL_*`` variables of numba_pool's own benchmark and test tools, read elsewhere than
+#: :func:`numba_pool.config.load`.  They are not warned about, and not offered to users either:
+#: the typo warning's suggestions are the configuration variables only.
+OTHER_VARIABLES = {
+    "NUMBA_POOL_NOOP_FINALIZER": "numba_pool.bench.noop: the no-op manager keeps (1) or drops (0) its finalizer",
+    "NUMBA_POOL_BENCH_RMM": "set by numba-pool bench in the child process that measures rmm",
+    "NUMBA_POOL_BENCH_CORE": "set by numba-pool bench: the CPU core its end-to-end workers pin themselves to",
+    "NUMBA_POOL_BENCH_TURNS": "set by numba-pool bench: the pipes its end-to-end workers take turns through",
+    "NUMBA_POOL_BENCH_REPEATS": "set by numba-pool bench in its warm-up rounds' workers: timed repeats per figure",
+    "NUMBA_POOL_FUZZ_EXAMPLES": "tests/allocator/test_fuzz.py: number of hypothesis examples",
+    "NUMBA_POOL_FUZZ_PARK": "tests/allocator/test_fuzz.py: 0 leaves out the park rule (another thread's launch-and-drop between two driver calls)",
+    "NUMBA_POOL_FUZZ_RULES": "tests/allocator/test_fuzz.py: only these rules, comma-separated (a run looking for one class of defect)",
+}
+
+
+def _squeezed(name: str) -> str:
+    """``name`` in upper case without underscores: ``NUMBAPOOL_ARENA``, ``Numba_Pool_Arena`` and
+    ``NUMBA_POOL_ARENA`` all squeeze to ``NUMBAPOOLARENA``."""
+    return name.upper().replace("_", "")
+
+
+def probable_typo(name: str, options: Iterable[str]) -> str | None:
+    """The warning for an environment variable ``name`` that looks meant for numba_pool but is
+    not one of its variables; None when it is one, or does not look meant for it.
+
+    A name looks meant for numba_pool when it starts with ``NUMBA_POOL_`` in any case, or with
+    ``NUMBAPOOL`` once squeezed (``NUMBAPOOL_ARENA``, ``NUMBA_POOLS_ARENA``,
+    ``NUMBA__POOL_ARENA``).  The suggestion is the closest configuration variable (else the
+    closest of the tools' :data:`OTHER_VARIABLES`); with none close, the message lists the
+    configuration variables, never the tools' ones.
+    """
+    options = sorted(options)
+    if name in options or name in OTHER_VARIABLES or not _squeezed(name).startswith("NUMBAPOOL"):
+        return None
+    # Compared without the shared prefix, which would make every name look close.
+    tail = _squeezed(name)[len("NUMBAPOOL"):]
+    tail = tail[1:] if tail.startswith("S") and not tail.startswith("SCRATCH") else tail  # NUMBA_POOLS_ARENA
+    close = _closest(tail, options) or _closest(tail, OTHER_VARIABLES)
+    hint = f"did you mean {close}?" if close else f"known variables: {', '.join(options)}"
+    return f"{name} is not a numba_pool variable and is ignored: {hint}"
+
+
+def _closest(tail: str, names: Iterable[str]) -> str | None:
+    tails = {_squeezed(name)[len("NUMBAPOOL"):]: name for name in names}
+    close = difflib.get_close_matches(tail, list(tails), n=1)
+    return tails[close[0]] if close else None
+
+
+def warn_unknown_variables(environ: Mapping[str, str], options: Iterable[str]) -> None:
+    """Warn (:class:`ConfigWarning`) for each variable of ``environ`` that :func:`probable_typo`
+    reports, pointing at the user's line (:func:`user_stacklevel`)."""
+    options = list(options)
+    for name in sorted(environ):
+        message = probable_typo(name, options)
+        if message:
+            warnings.warn(message, ConfigWarning, stacklevel=user_stacklevel())
+
+
+def _package_folders() -> tuple[str, ...]:
+    """The folders of numba_pool and of the Numba packages loaded (whose frames lie between the
+    user's line and a warning given while Numba initializes the plugin)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # numba_pool/
+    folders = [here]
+    for name in ("numba", "numba_cuda", "numba_cuda_mlir"):
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            folders.append(os.path.dirname(os.path.abspath(path)))
+    return tuple(folder + os.sep for folder in folders)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` called by this function's caller that makes the
+    warning point at the first frame outside numba_pool and Numba: the user's ``install()``,
+    ``import numba_pool`` or first CUDA call.  Frames are counted as ``warnings.warn`` counts
+    them: importlib's bootstrap frames are skipped."""
+    folders = _package_folders()
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):
+            if not os.path.abspath(name).startswith(folders):
+                return level
+            level += 1
+        frame = frame.f_back
+    return max(1, level - 1)

@@ -1,0 +1,45 @@
+"""The README's commands, run as written on a GPU: the main job (an example kernel under the
+plugin, printing its memory summary) and the quick-start program."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from helpers import GPU, PACKAGE_PARENT
+from readme_text import code_blocks
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")]
+
+
+def without_plugin_env() -> dict:
+    env = dict(os.environ)
+    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    return env
+
+
+def test_the_main_job_command_prints_the_memory_summary():
+    (command,) = [block.strip() for block in code_blocks("Two commands", "bash") if "kernels" in block]
+    words = shlex.split(command)
+    assignments = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
+    argv = [word for word in words if word not in {f"{k}={v}" for k, v in assignments.items()}]
+    assert argv[0] == "python"
+    proc = subprocess.run([sys.executable, *argv[1:]], env={**without_plugin_env(), **assignments},
+                          cwd=PACKAGE_PARENT, capture_output=True, text=True, timeout=300)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    assert "sqrt: OK" in proc.stdout and "under NumbaPoolManager" in proc.stdout
+    assert "numba_pool memory summary: device 0" in proc.stdout
+
+
+def test_the_quick_start_runs_as_written():
+    (program,) = code_blocks("Quick start", "python")
+    proc = subprocess.run([sys.executable, "-c", program], env=without_plugin_env(), cwd=PACKAGE_PARENT,
+                          capture_output=True, text=True, timeout=300)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    assert "numba_pool memory summary: device 0" in proc.stdout and "allocations" in proc.stdout
