@@ -6,8 +6,9 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import sysconfig
 import warnings
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from .errors import ConfigWarning
 
@@ -71,30 +72,35 @@ def warn_unknown_variables(environ: Mapping[str, str], options: Iterable[str]) -
             warnings.warn(message, ConfigWarning, stacklevel=user_stacklevel())
 
 
-def _package_folders() -> tuple[str, ...]:
-    """The folders of numba_pool and of the Numba packages loaded (whose frames lie between the
-    user's line and a warning given while Numba initializes the plugin)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # numba_pool/
-    folders = [here]
+def _between_frames() -> Callable[[str], bool]:
+    """Whether a file's frames lie between the user's line and a warning given while Numba
+    initializes the plugin: numba_pool's, the loaded Numba packages', and the standard library's
+    (``contextlib``, ``functools``), but not the installed packages' (``site-packages``, inside
+    the standard library's folder on a Python without a virtual environment)."""
+    paths = sysconfig.get_paths()
+    folders = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # numba_pool/
     for name in ("numba", "numba_cuda", "numba_cuda_mlir"):
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
+        path = getattr(sys.modules.get(name), "__file__", None)
         if path:
             folders.append(os.path.dirname(os.path.abspath(path)))
-    return tuple(folder + os.sep for folder in folders)
+    packages = tuple(folder + os.sep for folder in folders)
+    stdlib = os.path.abspath(paths["stdlib"]) + os.sep
+    installed = tuple({os.path.abspath(paths[key]) + os.sep for key in ("purelib", "platlib")})
+    return lambda path: path.startswith(packages) or (path.startswith(stdlib) and not path.startswith(installed))
 
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` for a ``warnings.warn`` called by this function's caller that makes the
-    warning point at the first frame outside numba_pool and Numba: the user's ``install()``,
-    ``import numba_pool`` or first CUDA call.  Frames are counted as ``warnings.warn`` counts
-    them: importlib's bootstrap frames are skipped."""
-    folders = _package_folders()
+    warning point at the first frame outside numba_pool, Numba and the standard library (a
+    ``contextlib`` frame lies between Numba's context creation and the user): the user's
+    ``install()``, ``import numba_pool`` or first CUDA call.  Frames are counted as
+    ``warnings.warn`` counts them: importlib's bootstrap frames are skipped."""
+    between = _between_frames()
     frame, level = sys._getframe(1), 1
     while frame is not None:
         name = frame.f_code.co_filename
         if not ("importlib" in name and "_bootstrap" in name):
-            if not os.path.abspath(name).startswith(folders):
+            if not between(os.path.abspath(name)):
                 return level
             level += 1
         frame = frame.f_back
