@@ -26,15 +26,16 @@ def install(**options: Any) -> PoolConfig:
 
     Options (each also an environment variable, ``NUMBA_POOL_<OPTION>``; see
     :mod:`numba_pool.config`): ``release_threshold`` (bytes, or ``"all"``), ``max_size`` (bytes,
-    or a fraction of device memory: a float in (0, 1] or ``"50%"``; an int below 1 MiB is refused
-    as a likely slip for ``1.0``, write ``"512 KiB"`` for a cap that small), ``initial_size``
-    (bytes), ``use_default_pool``, ``arena``, ``ipc`` (bools), ``arena_max_block``,
-    ``arena_slab_size`` (bytes, multiples of 256, block <= slab), ``log`` (path of a CSV
-    allocation log, checked now), ``host`` (bool: pinned/mapped host memory from a cache of
-    ``cuMemHostAlloc`` blocks; off by default), ``host_max_size``
-    (bytes, or ``"none"``) and ``host_release_threshold`` (bytes, or ``"all"``).  Sizes are ints or strings with units (``"64 MiB"``,
-    ``"1.5 GiB"``; KiB = 1024 B, KB = 1000 B) and must be whole bytes up to 2**64 - 1.  ``None``
-    means the option's default, whatever the environment says.
+    or a fraction of device memory: a float, numpy's too, in [0.01, 1], or ``"50%"``; a bare
+    number below 1 MiB or a fraction below 1 % is refused as a likely slip, write ``"512 KiB"``
+    for a cap that small), ``initial_size`` (bytes), ``use_default_pool``, ``arena``, ``ipc``
+    (bools), ``arena_max_block``, ``arena_slab_size`` (bytes, multiples of 256, block <= slab),
+    ``log`` (path of a CSV allocation log, checked now), ``host`` (bool: pinned/mapped host
+    memory from a cache of ``cuMemHostAlloc`` blocks; off by default), ``host_max_size`` (bytes,
+    or ``"none"``) and ``host_release_threshold`` (bytes, or ``"all"``).  Sizes take the syntax
+    of every entry point (:mod:`numba_pool.config.sizes`): ints, or strings with units
+    (``"64 MiB"``, ``"1.5 GiB"``; KiB = 1024 B, KB = 1000 B), whole bytes up to 2**64 - 1.
+    ``None`` means the option's default, whatever the environment says.
 
     Call it before the first CUDA use in the process: Numba binds a context's memory manager
     when it creates the context.
@@ -45,7 +46,8 @@ def install(**options: Any) -> PoolConfig:
     :raises RuntimeError: when a CUDA context already exists, or when the interpreter runs
         without its GIL (:func:`numba_pool.allocator.threads.require_gil`).
     :warns SimulatorWarning: under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), which has no
-        memory manager to replace: the options are checked, nothing is installed.
+        memory manager to replace: the options are checked, nothing is installed.  The warning
+        never raises, even when warnings are errors (``python -W error``).
     """
     from numba import cuda
     from numba.cuda.cudadrv.driver import driver
