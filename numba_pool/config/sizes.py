@@ -183,12 +183,7 @@ def parse_max_size(value: Any, source: str) -> int | float | None:
             fraction = float(text)
     if fraction is not None:
         return _checked_fraction(fraction, value, source)
-    try:
-        nbytes = parse_size(value, source)
-    except ConfigError as err:
-        raise ConfigError(f"{err}; or a fraction of device memory such as 0.5 or 50%") from None
-    if nbytes == 0:
-        raise ConfigError(f"{source}={value!r}: a pool capped at 0 bytes cannot serve anything; unset it for no cap")
+    nbytes = _cap_bytes(value, source, "a pool", "or a fraction of device memory such as 0.5 or 50%")
     bare = not isinstance(value, str) or _PLAIN_NUMBER.match(value)
     if bare and nbytes < MIN_BARE_CAP:
         meant = ["'1.0' (100 %)"] if nbytes == 1 else [f"'{nbytes}%'"] if nbytes <= 100 else []
@@ -236,10 +231,18 @@ def parse_host_max_size(value: Any, source: str) -> int | None:
     """
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
+    return _cap_bytes(value, source, "a host cache", "or 'none' for no cap")
+
+
+def _cap_bytes(value: Any, source: str, what: str, otherwise: str) -> int:
+    """A cap in bytes (:func:`parse_size`), not 0.
+
+    :raises ConfigError: for 0 bytes, or what :func:`parse_size` refuses, with ``otherwise``
+        (what else the option takes) added to its message."""
     try:
         nbytes = parse_size(value, source)
     except ConfigError as err:
-        raise ConfigError(f"{err}; or 'none' for no cap") from None
+        raise ConfigError(f"{err}; {otherwise}") from None
     if nbytes == 0:
-        raise ConfigError(f"{source}={value!r}: a host cache capped at 0 bytes cannot serve anything; unset it for no cap")
+        raise ConfigError(f"{source}={value!r}: {what} capped at 0 bytes cannot serve anything; unset it for no cap")
     return nbytes
