@@ -26,6 +26,18 @@ REPO = os.path.dirname(TESTS)
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(numba_pool.__file__)))
 
 
+def check_one_line_error(stderr: str, stdout: str, culprit: str) -> str:
+    """Assert that a command failed the way the command line promises: one line on standard
+    error, ``Error: ...`` naming ``culprit``, nothing on standard output, no traceback; return
+    the line."""
+    assert "Traceback" not in stderr + stdout
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("Error: ") and culprit in lines[0], lines[0]
+    assert stdout == "", stdout  # checked before anything is printed
+    return lines[0]
+
+
 def run_python(code: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (Numba binds the memory manager per process)."""
     full_env = {**os.environ, **(env or {})}

@@ -110,14 +110,13 @@ def _replay(log, slab_size, max_block, release_threshold):
     from tqdm import tqdm
 
     try:
-        offline_replay.check_not_empty(log)
-    except offline_replay.LogError as err:
+        with tqdm(total=len(log.operations), unit="op", unit_scale=True, disable=None, leave=False,
+                  desc="replaying") as bar:
+            return offline_replay.replay(log, slab_size=slab_size, max_block=max_block,
+                                         release_threshold=release_threshold,
+                                         progress=lambda done: bar.update(done - bar.n))
+    except offline_replay.LogError as err:  # nothing to replay
         raise Failure(str(err)) from None
-    with tqdm(total=len(log.operations), unit="op", unit_scale=True, disable=None, leave=False,
-              desc="replaying") as bar:
-        return offline_replay.replay(log, slab_size=slab_size, max_block=max_block,
-                                     release_threshold=release_threshold,
-                                     progress=lambda done: bar.update(done - bar.n))
 
 
 def _rows(report, log) -> list[tuple]:

@@ -45,12 +45,13 @@ def probable_typo(name: str, options: Iterable[str]) -> str | None:
     closest of the tools' :data:`OTHER_VARIABLES`); with none close, the message lists the
     configuration variables, never the tools' ones.
     """
+    if not _squeezed(name).startswith("NUMBAPOOL") or name in OTHER_VARIABLES:
+        return None
     options = sorted(options)
-    if name in options or name in OTHER_VARIABLES or not _squeezed(name).startswith("NUMBAPOOL"):
+    if name in options:
         return None
     # Compared without the shared prefix, which would make every name look close.
     tail = _squeezed(name)[len("NUMBAPOOL"):]
-    tail = tail[1:] if tail.startswith("S") and not tail.startswith("SCRATCH") else tail  # NUMBA_POOLS_ARENA
     close = _closest(tail, options) or _closest(tail, OTHER_VARIABLES)
     hint = f"did you mean {close}?" if close else f"known variables: {', '.join(options)}"
     return f"{name} is not a numba_pool variable and is ignored: {hint}"

@@ -72,9 +72,11 @@ def warn_scope() -> None:
 
 
 def _note(message: str) -> None:
+    """Warn (:class:`SimulatorWarning`) at the user's line; never raise, even when a filter
+    turns warnings into errors: an import or a set-up must not fail for a note."""
     try:
         warnings.warn(message, SimulatorWarning, stacklevel=user_stacklevel())
-    except Warning:  # a filter turned the warning into an error: the program must go on
+    except Warning:
         pass
 
 
@@ -89,11 +91,7 @@ def note_environment(environ=os.environ) -> None:
     if _environment_noted or not (value == "numba_pool" or value.startswith("numba_pool.")):
         return
     _environment_noted = True
-    try:
-        warnings.warn(f"NUMBA_CUDA_MEMORY_MANAGER={value} is ignored: {NO_MEMORY_MANAGER}", SimulatorWarning,
-                      stacklevel=user_stacklevel())
-    except Warning:  # a filter turned the warning into an error: an import must not fail for a note
-        pass
+    _note(f"NUMBA_CUDA_MEMORY_MANAGER={value} is ignored: {NO_MEMORY_MANAGER}")
 
 
 #: The command line's one line (exit status 2) for a command that needs a GPU under the simulator.

@@ -45,6 +45,7 @@ from typing import Callable
 
 from ..allocator.usage import DRAIN_AT, UsageTracker
 from ..cuda import simulator
+from ..cuda.frontend import SIMULATOR
 from ..cuda.pointers import PoolPointer
 
 
@@ -233,7 +234,7 @@ def statistics(*, profile: bool = False) -> ScopedStatistics:
     Under the CUDA simulator, which has no memory manager, it warns
     (:class:`numba_pool.SimulatorWarning`) that it counts nothing.
     """
-    if simulator.enabled():
+    if SIMULATOR:
         simulator.warn_scope()
     return ScopedStatistics(profile=profile)
 

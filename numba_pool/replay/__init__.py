@@ -36,10 +36,10 @@ Modules: :mod:`.log` (reading and validating a log), :mod:`.run` (the replay), :
 from __future__ import annotations
 
 from .log import LogError, Operation, Operations, ParsedLog, parse_log, read_log
-from .run import AddressSpace, ReplayReport, check_not_empty, check_options, replay
+from .run import AddressSpace, ReplayReport, check_options, replay
 
 __all__ = ["LogError", "Operation", "Operations", "ParsedLog", "ReplayReport", "AddressSpace",
-           "read_log", "parse_log", "replay", "check_options", "check_not_empty", "plot"]
+           "read_log", "parse_log", "replay", "check_options", "plot"]
 
 
 def plot(report: ReplayReport, path: str, title: str | None = None) -> str:

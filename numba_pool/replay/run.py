@@ -128,7 +128,7 @@ def _size(value, name: str):
     return parse_size(value, name) if isinstance(value, str) else value
 
 
-def check_not_empty(log: ParsedLog) -> None:
+def _check_not_empty(log: ParsedLog) -> None:
     """:raises LogError: when ``log`` holds no operation, naming its source and why: a replay of
     nothing would report a ratio of 1.0 and 0 operations per second, as if all were well."""
     if len(log.operations):
@@ -162,8 +162,8 @@ def replay(log: ParsedLog | str | os.PathLike, *, slab_size: int | str = DEFAULT
     :param samples: about how many (operation, requested, reserved) points :attr:`ReplayReport.series` keeps.
     :raises ValueError: as :func:`check_options`, naming the parameter (a size string that does
         not parse raises its subclass :class:`numba_pool.ConfigError`).
-    :raises LogError: when the log has nothing to replay (no allocation, free or failure line
-        left), naming its source and what was skipped; as :func:`read_log` when ``log`` is a path.
+    :raises LogError: when the log has nothing to replay (no allocation or free left), naming
+        its source and what was skipped; as :func:`read_log` when ``log`` is a path.
     :raises OSError: when ``log`` is a path, as :func:`read_log`.
     """
     slab_size, max_block = (_size(value, name) for value, name in ((slab_size, "slab_size"), (max_block, "max_block")))
@@ -171,7 +171,7 @@ def replay(log: ParsedLog | str | os.PathLike, *, slab_size: int | str = DEFAULT
     check_options(slab_size, max_block, release_threshold)
     if not isinstance(log, ParsedLog):
         log = read_log(log)
-    check_not_empty(log)
+    _check_not_empty(log)
     ops = log.operations
     space = AddressSpace()
     usage = UsageTracker()

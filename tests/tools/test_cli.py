@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from helpers import GPU, PACKAGE_PARENT
+from helpers import GPU, PACKAGE_PARENT, check_one_line_error
 from numba_pool.cli import main
 
 HEADER = b"Thread,Time,Action,Pointer,Size,Stream\n"
@@ -85,21 +85,13 @@ def _argv(tmp_path, argv, content) -> list[str]:
     return [a.format(log=log, tmp=tmp_path) for a in argv]
 
 
-def _check_one_line(stderr: str, stdout: str, culprit: str) -> None:
-    assert "Traceback" not in stderr + stdout
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith("Error: ") and culprit in lines[0], lines[0]
-    assert stdout == "", stdout  # checked before anything is printed
-
-
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_is_one_line_exit_2(tmp_path, case):
     argv, content, culprit = BAD[case]
     result = CliRunner().invoke(main, ["replay", *_argv(tmp_path, argv, content)])
     assert isinstance(result.exception, SystemExit), result.exception  # not an exception escaping
     assert result.exit_code == 2
-    _check_one_line(result.stderr, result.stdout, culprit)
+    check_one_line_error(result.stderr, result.stdout, culprit)
 
 
 @pytest.mark.parametrize("case", sorted(SUBPROCESS))
@@ -107,13 +99,13 @@ def test_bad_input_in_a_real_process(tmp_path, case):
     argv, content, culprit = BAD[case]
     proc = numba_pool_cli("replay", *_argv(tmp_path, argv, content))
     assert proc.returncode == 2
-    _check_one_line(proc.stderr, proc.stdout, culprit)
+    check_one_line_error(proc.stderr, proc.stdout, culprit)
 
 
 def test_unknown_command_is_one_line():
     result = CliRunner().invoke(main, ["replai"])
     assert result.exit_code == 2
-    _check_one_line(result.stderr, result.stdout, "No such command 'replai'")
+    check_one_line_error(result.stderr, result.stdout, "No such command 'replai'")
 
 
 def test_plot_without_matplotlib_says_how_to_install_it(tmp_path):
@@ -122,7 +114,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path):
     proc = numba_pool_cli("replay", str(log), "--plot", str(tmp_path / "x.png"),
                           prelude="import sys; sys.modules['matplotlib'] = None")
     assert proc.returncode == 2
-    _check_one_line(proc.stderr, proc.stdout, "pip install 'numba-pool[plot]'")
+    check_one_line_error(proc.stderr, proc.stdout, "pip install 'numba-pool[plot]'")
     assert not (tmp_path / "x.png").exists()
 
 
@@ -132,7 +124,7 @@ def test_plot_without_matplotlib_in_process(tmp_path, monkeypatch):
     log.write_bytes(GOOD)
     result = CliRunner().invoke(main, ["replay", str(log), "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 2
-    _check_one_line(result.stderr, result.stdout, "pip install 'numba-pool[plot]'")
+    check_one_line_error(result.stderr, result.stdout, "pip install 'numba-pool[plot]'")
 
 
 # Inputs that used to fail and must replay.
@@ -332,13 +324,13 @@ def test_a_bench_part_that_cannot_go_on_is_one_line_and_exit_2(fake_gpu_bench):
     fake_gpu_bench["returns"] = BenchError("benchmark of numba_pool failed: exit 1:\nImportError: libcuda.so")
     result = CliRunner().invoke(main, ["bench"])
     assert result.exit_code == 2
-    _check_one_line(result.stderr, result.stdout, "Error: benchmark of numba_pool failed: exit 1: ImportError: libcuda.so")
+    check_one_line_error(result.stderr, result.stdout, "Error: benchmark of numba_pool failed: exit 1: ImportError: libcuda.so")
 
 
 def test_bench_refuses_a_core_it_may_not_run_on_in_one_line(fake_gpu_bench):
     result = CliRunner().invoke(main, ["bench", "--core", str(max(os.sched_getaffinity(0)) + 1)])
     assert result.exit_code == 2
-    _check_one_line(result.stderr, result.stdout, "not a CPU core this process may run on")
+    check_one_line_error(result.stderr, result.stdout, "not a CPU core this process may run on")
     assert "setting" not in fake_gpu_bench
 
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 from click.testing import CliRunner
 
-from helpers import PACKAGE_PARENT
+from helpers import PACKAGE_PARENT, check_one_line_error
 from numba_pool import replay as offline_replay
 from numba_pool.cli import main
 from numba_pool.replay import figure
@@ -26,11 +26,11 @@ def cli(*args):
     return result.exit_code, result.output
 
 
-def one_error(*args) -> str:
+def one_error(*args, culprit: str = "") -> str:
     """The CLI's single error line for ``args`` (exit status 2)."""
-    status, output = cli(*args)
-    assert status == 2 and len(output.strip().splitlines()) == 1 and "Traceback" not in output, output
-    return output.strip()
+    result = CliRunner().invoke(main, ["replay", *args])
+    assert result.exit_code == 2, result.output
+    return check_one_line_error(result.stderr, result.stdout, culprit)
 
 
 def log_file(tmp_path, body: str, name: str = "log.csv") -> str:
