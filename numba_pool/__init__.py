@@ -15,6 +15,8 @@ line, :mod:`~numba_pool.cli`.
 from __future__ import annotations
 
 from .config import ConfigError, PoolConfig
+from .cuda.frontend import FrontendError
+from .cuda import simulator as _simulator
 from .cuda.simulator import SimulatorWarning
 from .cuda.streams import using_stream
 from .observe.scopes import ScopedStatistics, statistics
@@ -24,11 +26,16 @@ from .plugin.api import (install, memory_summary, record_stream, reserved_bytes,
 from .plugin.manager import NumbaPoolManager
 
 __all__ = [
-    "ConfigError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install", "record_stream",
+    "ConfigError", "FrontendError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install", "record_stream",
     "reset_peak", "scratch", "stats", "trim", "using_stream",
     "ScopedStatistics", "memory_summary", "reserved_bytes", "statistics", "used_bytes",
 ]
 __version__ = "0.1.0"
 
-#: Numba's contract for ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool``.
+if _simulator.requested():  # numba-cuda's simulator ignores NUMBA_CUDA_MEMORY_MANAGER: say so, once
+    _simulator.note_environment()
+
+#: Numba's contract for ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool``, read by either frontend: the
+#: frontend-neutral class, which instantiates as the frontend's own (Note [One class for every
+#: frontend] in :mod:`numba_pool.plugin.manager`).
 _numba_memory_manager = NumbaPoolManager

@@ -1,4 +1,10 @@
-"""What many tests share: whether a GPU is here, and running code in a fresh interpreter.
+"""What many tests share: the frontend under test, whether a GPU is here, and running code in a
+fresh interpreter.
+
+The frontend under test is the tools' choice (:func:`numba_pool.cuda.frontend.for_tools`):
+``NUMBA_POOL_FRONTEND=mlir pytest`` runs the GPU tests under Numba-CUDA-MLIR, and subprocesses
+inherit the variable.  :data:`cuda` is that frontend's ``cuda`` module; the CPU tests that
+concern both frontends use :data:`FRONTENDS`.
 
 Importable from every test folder: ``pyproject.toml`` puts ``tests/`` on ``sys.path``
 (pytest's ``pythonpath``).  Kept apart from ``conftest.py``, which pytest imports under a name
@@ -12,11 +18,21 @@ import os
 import subprocess
 import sys
 
-from numba import cuda
-
 import numba_pool
+from numba_pool.cuda import frontend as frontends
 
+#: The frontend under test, and its ``cuda`` module (``numba.cuda`` or ``numba_cuda_mlir.cuda``).
+FRONTEND = frontends.for_tools()
+cuda = FRONTEND.cuda
+#: The frontends this environment has; the tests that concern both run once per frontend here,
+#: and say which is missing and why (:data:`MISSING_FRONTENDS`).
+FRONTENDS = [name for name in frontends.NAMES if name in frontends.installed()]
+MISSING_FRONTENDS = {name: f"{frontends.TITLES[name]} is not installed ({frontends.EXTRAS[name]})"
+                     for name in frontends.NAMES if name not in FRONTENDS}
 GPU = cuda.is_available()
+#: A line of Python that binds ``cuda`` to the frontend under test, for the programs the tests
+#: run in a fresh interpreter (which inherits ``NUMBA_POOL_FRONTEND``).
+CUDA_IMPORT = "from numba_pool.cuda.frontend import for_tools; cuda = for_tools().cuda"
 #: The tests' folder, the logs recorded from the kernel scripts in it, and the checkout.
 TESTS = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(TESTS, "data")

@@ -29,7 +29,7 @@ from functools import partial
 from typing import Callable
 
 from ..cuda.driver import EVENT_FLAGS, OUT_OF_MEMORY, check
-from ..cuda.frontend import CudaAPIError
+from ..cuda.errors import CudaAPIError
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
 from .domains import Domain, Domains
@@ -82,11 +82,12 @@ class ArenaBlocks(BlockSource):
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
                  slab_size: int, max_block: int, release_threshold: int | None = None,
-                 delegate: Callable[[int], PoolPointer] | None = None, after_reset: Callable | None = None):
+                 delegate: Callable[[int], PoolPointer] | None = None, after_reset: Callable | None = None,
+                 pointer: type):
         if slab_size % ALIGNMENT or max_block % ALIGNMENT or not 0 < max_block <= slab_size:
             raise ArenaError(f"slab size ({slab_size}) and largest block ({max_block}) must be multiples of "
                              f"{ALIGNMENT} bytes with 0 < largest block <= slab size")
-        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset)
+        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset, pointer=pointer)
         self._device_pointer = cu.CUdeviceptr
         self.max_block = max_block
         self.delegate = delegate if delegate is not None else partial(_not_served, max_block)
@@ -141,7 +142,7 @@ class ArenaBlocks(BlockSource):
             if start is None:  # a reset overtook this allocation
                 return self.after_reset(size)
         self._note(size)
-        return PoolPointer(self._context, self._device_pointer(start), size,
+        return self._pointer(self._context, self._device_pointer(start), size,
                            partial(self._release_legacy_bound, start, size, rounded))
 
     def allocate_scoped(self, size: int, stream: StreamRef) -> PoolPointer:
@@ -152,7 +153,7 @@ class ArenaBlocks(BlockSource):
             return self.after_reset(size)
         start, domain = taken
         self._note(size)
-        return PoolPointer(self._context, self._device_pointer(start), size,
+        return self._pointer(self._context, self._device_pointer(start), size,
                            partial(self._release_scoped_bound, start, size, rounded, stream, domain))
 
     def _allocate(self, rounded: int, stream: StreamRef, take):

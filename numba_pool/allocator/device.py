@@ -18,7 +18,7 @@ import humanfriendly
 from ..config import PoolConfig, release_limit
 from ..cuda.context import OwnerContext
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
-from ..cuda.frontend import CudaAPIError
+from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.mempool import MemPool, device_memory_info
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef
@@ -40,6 +40,7 @@ class DeviceAllocator:
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
     :param pool: the device's mempool.
     :param context: the Numba context the pointers belong to.
+    :param pointer: the class of the pointers handed out (the frontend's ``PoolPointer``).
     :param usage: the usage tracker allocations and frees append their events to.
     :param config: the options in effect (``arena``, its sizes, ``release_threshold``).
     :param before_retry: called before an allocation that ran out of memory is retried (Numba's
@@ -51,7 +52,7 @@ class DeviceAllocator:
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
                  before_retry: Callable[[], None] = lambda: None, deferral: Deferral | None = None,
-                 after_reset: Callable[[int], PoolPointer] | None = None):
+                 after_reset: Callable[[int], PoolPointer] | None = None, pointer: type):
         self.cu = cu  # the driver object (IPC exports through it)
         self.pool = pool
         self._usage = usage
@@ -60,13 +61,14 @@ class DeviceAllocator:
         # Live numba_pool.scratch blocks by start address (atomic dict operations only).
         self.scratch_blocks: dict[int, object] = {}
         self.mempool_blocks = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
-                                           after_reset)
+                                           after_reset, pointer=pointer)
         self.arena: ArenaBlocks | None = None
         if config.arena:
             self.arena = ArenaBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
                                      slab_size=config.arena_slab_size, max_block=config.arena_max_block,
                                      release_threshold=release_limit(config.release_threshold),
-                                     delegate=self.mempool_blocks.allocate, after_reset=after_reset)
+                                     delegate=self.mempool_blocks.allocate, after_reset=after_reset,
+                                     pointer=pointer)
         #: Where every request starts: the arena when it is on, else the mempool blocks.  Its
         #: ``allocate(size)`` is the allocation path with no adaptor (:mod:`numba_pool.plugin.path`).
         self.source = self.arena if self.arena is not None else self.mempool_blocks
@@ -190,7 +192,7 @@ class DeviceAllocator:
             self._usage.count_oom(failed=True)
             if err.code != OUT_OF_MEMORY:
                 raise
-            raise CudaAPIError(err.code, self.describe_out_of_memory(size)) from None
+            raise api_error(err.code, self.describe_out_of_memory(size)) from None
 
     def trim(self, keep_bytes: int) -> None:
         """Give the arena's empty slabs back (rule 4's snapshot and fence first, then

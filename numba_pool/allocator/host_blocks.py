@@ -42,7 +42,7 @@ from cuda.bindings import driver as _cuda
 
 from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, OUT_OF_MEMORY, SUCCESS, check, report_failure, warn
-from ..cuda.frontend import CudaAPIError
+from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
 
 #: The smallest block (bytes): every request is rounded up to a power of two at least this.
@@ -180,7 +180,7 @@ class HostBlocks:
     def _out_of_memory(self, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
         cap = f"capped at {self.max_size} bytes (NUMBA_POOL_HOST_MAX_SIZE)" if self.max_size is not None else "uncapped"
         in_use = sum(b.size for b in self.live.values())
-        return CudaAPIError(OUT_OF_MEMORY, (
+        return api_error(OUT_OF_MEMORY, (
             f"numba_pool: out of pinned host memory allocating {size} bytes (a block of {rounded} bytes, "
             f"cuMemHostAlloc flags {flags:#x}) after waiting for and freeing the cached blocks: refused by "
             f"{refused_by}; host pool {cap} reserves {self.reserved} bytes, {in_use} in use, {self.cached} cached"))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import partial
 
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
-from ..cuda.frontend import CudaAPIError
+from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
 from .sources import BlockSource
@@ -40,8 +40,8 @@ class PooledBlocks(BlockSource):
     finds nothing to free.
     """
 
-    def __init__(self, cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset=None):
-        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset)
+    def __init__(self, cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset=None, *, pointer: type):
+        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset, pointer=pointer)
         self._free_async = cu.cuMemFreeAsync
         self.ledger: dict = {}  # CUdeviceptr -> bytes requested; atomic operations only
         # Pointers released on the legacy stream, freed by the next allocation (Note above);
@@ -76,11 +76,11 @@ class PooledBlocks(BlockSource):
             return self._lost_to_reset(ledger, ptr, size, stream)
         self._note(size)
         self._drain_if_due()
-        return PoolPointer(self._context, ptr, size, partial(self._release_bound, ledger, ptr, stream))
+        return self._pointer(self._context, ptr, size, partial(self._release_bound, ledger, ptr, stream))
 
     def _after_error(self, size: int, stream: StreamRef, err):
         if err != OUT_OF_MEMORY:
-            raise CudaAPIError(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) failed with {err.name}")
+            raise api_error(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) failed with {err.name}")
         return self._on_out_of_memory(size, partial(self._retry, size, stream))
 
     def _lost_to_reset(self, ledger: dict, ptr, size: int, stream: StreamRef) -> PoolPointer:

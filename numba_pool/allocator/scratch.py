@@ -23,7 +23,6 @@ from typing import Iterator
 
 from cuda.bindings import driver as cu
 
-from ..cuda.frontend import MemoryPointer
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import StreamRef, enter_scope, leave_scope, per_thread
 from .free_list import round_up
@@ -41,7 +40,7 @@ class ScratchBlock:
         the device's block source, with no adaptor (the path around us logs and counts the call).
     """
 
-    def __init__(self, block: MemoryPointer, stream: StreamRef, allocator, overflow):
+    def __init__(self, block: PoolPointer, stream: StreamRef, allocator, overflow):
         self.block = block  # our reference keeps the block allocated
         self.base = int(block.device_pointer)
         self.size = block.size
@@ -62,7 +61,7 @@ class ScratchBlock:
         """Arrays carved from the block and still alive."""
         return len(self._outstanding)
 
-    def allocate(self, size: int) -> MemoryPointer:
+    def allocate(self, size: int) -> PoolPointer:
         """Carve ``size`` bytes (rounded up to 256) off the block, or take the normal path (also
         once a reset freed the block)."""
         need = round_up(size)
@@ -72,7 +71,7 @@ class ScratchBlock:
         address = self.base + self.offset
         self.offset += need
         self._outstanding[address] = need
-        return PoolPointer(self.block.context, cu.CUdeviceptr(address), size, partial(self._drop, address))
+        return type(self.block)(self.block.context, cu.CUdeviceptr(address), size, partial(self._drop, address))
 
     def _carved(self, address: int) -> int | None:
         for start, size in self._outstanding.copy().items():  # a finalizer may drop one meanwhile

@@ -15,6 +15,9 @@ class BlockSource:
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
     :param pool_handle: the device's mempool (``CUmemoryPool``).
     :param context: the Numba context the pointers belong to.
+    :param pointer: the class of the pointers handed out: the frontend's ``PoolPointer``
+        (:meth:`numba_pool.cuda.frontend.Frontend.derive`), ``(context, CUdeviceptr, size,
+        release)``; the allocator itself knows no frontend.
     :param waits: the device allocator's release ordering (rules 2 and 8).
     :param usage: the usage tracker that allocations and frees append their events to.
     :param on_out_of_memory: ``(size, retry)``: make room, then ``retry()`` once
@@ -29,8 +32,9 @@ class BlockSource:
     """
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage: UsageTracker,
-                 on_out_of_memory: Callable, after_reset: Callable | None = None):
+                 on_out_of_memory: Callable, after_reset: Callable | None = None, *, pointer: type):
         self._cu = cu
+        self._pointer = pointer
         self._alloc_async = cu.cuMemAllocFromPoolAsync  # the hot path's driver call, bound once
         self._pool = pool_handle
         self._context = context

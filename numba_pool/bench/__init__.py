@@ -11,7 +11,8 @@ The modules, lowest first (each imports only modules above it in this list):
 =====================  ================================================================================
 ``labels``             the rows' labels (default, numba_pool, the floors, the anchors) and size names
 ``turns``              lock-step turns between a round's workers: the worker's side and the parent's
-``core``               what the bench takes from numba_pool's allocator core, in one place
+``core``               what the bench takes from numba_pool's allocator core and from the frontend
+                       (``numba.cuda`` or ``numba_cuda_mlir.cuda``, ``NUMBA_POOL_FRONTEND``), in one place
 ``timing``             how a bench process times: one core, collector off, turns, calibrated counts
 ``checks``             the self-checks: floor inversions, rounds and runs that disagree
 ``noop``               the no-op floors, EMM plugins (``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.noop``)
@@ -34,4 +35,10 @@ Worker side: ``worker``, ``host_worker`` and ``__main__`` run inside each end-to
 ``anchors`` beneath them.  Parent side: ``report`` over ``end_to_end``, ``device_tables``,
 ``host_tables``, ``launch`` and ``allocator_cost``'s tables.  Nothing here imports
 :mod:`numba_pool.cli`; this package imports none of its modules.
+
+Every process of a bench runs under one Numba CUDA frontend, numba-cuda or Numba-CUDA-MLIR: the
+parent's (``numba-pool bench --frontend``), which each process it starts gets as
+``NUMBA_POOL_FRONTEND`` and says back in its JSON line (``frontend``); every table's heading and
+the JSON report name it with its version.  RMM's rows need numba-cuda (its plugin derives from
+numba-cuda's classes) and are skipped with a note under Numba-CUDA-MLIR.
 """

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import checks
+from .core import FRONTEND, cuda
 from .labels import ARENA, BASELINE_SUFFIX, NOOP_FLOOR, NUMBA_POOL, PLAIN_SUFFIX, REFERENCE, size_label
 from .timing import quiet_host
 
@@ -197,14 +198,14 @@ def _nothing() -> None:
 
 def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain: bool = False,
         anchors: bool = False) -> dict:
-    """Measure in this process (it creates the CUDA context), on one CPU core with the collector
-    off (:func:`numba_pool.bench.timing.quiet_host`).  Returns ``{"sizes": {size: {label: row}},
-    "notes": [...], "core": n}``: per size, each allocator's median µs per pair, its paired
-    difference (µs) from :data:`REFERENCE` and from :data:`FLOOR`, its ratio to the floor's
-    overhead (:func:`paired_ratios`), and its paired difference from its counterpart without the
-    baseline or plain-pool suffix where there is one.  ``notes``: anchors left out, one line each."""
-    from numba import cuda
-
+    """Measure in this process (it creates the CUDA context of the bench's frontend,
+    :data:`numba_pool.bench.core.FRONTEND`), on one CPU core with the collector off
+    (:func:`numba_pool.bench.timing.quiet_host`).  Returns ``{"sizes": {size: {label: row}},
+    "notes": [...], "core": n, "frontend": name}``: per size, each allocator's median µs per
+    pair, its paired difference (µs) from :data:`REFERENCE` and from :data:`FLOOR`, its ratio to
+    the floor's overhead (:func:`paired_ratios`), and its paired difference from its counterpart
+    without the baseline or plain-pool suffix where there is one.  ``notes``: anchors left out,
+    one line each."""
     context = cuda.current_context()
     memallocs = allocators(context, baseline, plain)
     prepare, notes = {}, []
@@ -216,7 +217,7 @@ def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain:
     with quiet_host() as core:
         results = {str(size): rows_of(time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize,
                                                   prepare=prepare)) for size in sizes}
-    return {"sizes": results, "notes": notes, "core": core}
+    return {"sizes": results, "notes": notes, "core": core, "frontend": FRONTEND.name}
 
 
 def rows_of(times: dict[str, list[float]]) -> dict[str, dict]:

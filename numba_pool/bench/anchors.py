@@ -9,7 +9,10 @@
   ``MemoryPointer`` with a finalizer that hands the block back); bench-only, a comparison.
   Select it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.anchors``.
 
-An anchor not installed, or failing to start, is left out with a one-line note.
+An anchor not installed, not built for the bench's frontend, or failing to start, is left out
+with a one-line note.  RMM's plugin derives from numba-cuda's EMM classes (``numba.cuda``), so
+its rows run under numba-cuda only (:func:`supported`); the CuPy anchor derives from the
+bench's frontend's (:mod:`numba_pool.bench.core`), so it runs under either.
 """
 
 from __future__ import annotations
@@ -19,12 +22,28 @@ from typing import Callable
 
 from cuda.bindings.driver import CUdeviceptr
 
-from .core import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+from .core import FRONTEND, GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer, TITLES
 from .labels import CUPY, RMM_ASYNC, RMM_POOL
 
 RMM_VARIABLE = "NUMBA_POOL_BENCH_RMM"  # set in the workers of RMM's rows: the resource its plugin allocates from
 #: The package each anchor needs, and the pip name to suggest.
 PACKAGES = {RMM_POOL: ("rmm", "rmm-cu13"), RMM_ASYNC: ("rmm", "rmm-cu13"), CUPY: ("cupy", "cupy-cuda13x")}
+#: The frontends an anchor's plugin is built for, where not every one: RMM's derives from
+#: numba-cuda's classes (``rmm.allocators.numba.RMMNumbaManager``).
+BUILT_FOR = {RMM_POOL: "numba-cuda", RMM_ASYNC: "numba-cuda"}
+_PLUGIN = dict.fromkeys((RMM_POOL, RMM_ASYNC), "RMM's plugin (rmm.allocators.numba.RMMNumbaManager)")
+
+
+def supported(label: str, frontend: str = FRONTEND.name) -> bool:
+    """Whether the anchor ``label`` can run under ``frontend`` (``numba-cuda`` or ``mlir``)."""
+    return BUILT_FOR.get(label, frontend) == frontend
+
+
+def unsupported_note(label: str, frontend: str = FRONTEND.name) -> str:
+    """One line for an anchor whose plugin is not built for ``frontend``, saying why."""
+    built_for = BUILT_FOR[label]
+    return (f"{label}: row skipped, {_PLUGIN[label]} is built on {TITLES[built_for]}'s EMM classes, "
+            f"not {TITLES[frontend]}'s (--frontend {built_for} runs it)")
 
 
 def installed(label: str) -> bool:
@@ -93,12 +112,19 @@ def prepare_rmm(kind: str) -> None:
         rmm.reinitialize(pool_allocator=True)
 
 
-def in_process(context) -> tuple[dict[str, Callable], dict[str, Callable[[], None]], list[str]]:
-    """The anchors' ``memalloc`` on ``context`` without replacing Numba's manager: per label,
-    ``memalloc``; what to call (untimed) before each block of it (RMM's current resource is
-    one per device, so the two RMM rows switch it); and one note per anchor left out."""
+def in_process(context, frontend: str = FRONTEND.name) -> tuple[dict[str, Callable], dict[str, Callable[[], None]],
+                                                                 list[str]]:
+    """The anchors' ``memalloc`` on ``context`` (a context of ``frontend``, the bench's) without
+    replacing Numba's manager: per label, ``memalloc``; what to call (untimed) before each block
+    of it (RMM's current resource is one per device, so the two RMM rows switch it); and one
+    note per anchor left out."""
     memallocs, prepare, notes = {}, {}, []
     for label, start in ((RMM_POOL, rmm_in_process), (CUPY, cupy_in_process)):
+        if not supported(label, frontend):
+            notes.append(unsupported_note(label, frontend))
+            if label == RMM_POOL:
+                notes.append(unsupported_note(RMM_ASYNC, frontend))
+            continue
         if not installed(label):
             notes.append(missing_note(label))
             if label == RMM_POOL:

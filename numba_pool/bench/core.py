@@ -1,10 +1,16 @@
-"""Everything the benchmark takes from numba_pool's allocator core, in one place: the bench's
-other modules reach the core through here only (the worker's ``numba_pool.kernels`` and the
-allocator part's import of a whole numba_pool package aside).
+"""Everything the benchmark takes from numba_pool's allocator core and from the Numba CUDA
+frontend, in one place: the bench's other modules reach both through here only (the worker's
+``numba_pool.kernels`` and the allocator part's import of a whole numba_pool package aside).
 
-* Numba's EMM classes (``HostOnlyCUDAMemoryManager``, ``MemoryPointer``, ``MemoryInfo``,
-  ``GetIpcHandleMixin``), for the no-op floors and the CuPy anchor, from
-  :mod:`numba_pool.cuda.frontend` (the simulator's stand-ins under the CUDA simulator).
+* :data:`FRONTEND`, the frontend every bench process runs under
+  (:func:`numba_pool.cuda.frontend.for_tools`: ``NUMBA_POOL_FRONTEND``, which the parent passes
+  to each process it starts, :func:`worker_environment`; else the one imported; else the one
+  installed, numba-cuda first), taken once, at import; :data:`cuda`, its module
+  (``numba.cuda`` or ``numba_cuda_mlir.cuda``), which the bench uses as programs use
+  ``from numba import cuda``; :func:`frontend_label`, how the tables and the JSON report name it.
+* Its EMM classes (``HostOnlyCUDAMemoryManager``, ``MemoryPointer``, ``MemoryInfo``,
+  ``GetIpcHandleMixin``), for the no-op floors and the CuPy anchor (under numba-cuda's CUDA
+  simulator, :data:`SIMULATOR`, the simulator's stand-ins).
 * :func:`check` (a driver call's result, or one-line error) and :func:`device_memory_info`
   (free and total bytes), for the no-op floors.
 * :func:`parse_bool`, for ``NUMBA_POOL_NOOP_FINALIZER``.
@@ -13,14 +19,49 @@ allocator part's import of a whole numba_pool package aside).
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from ..config import parse_bool
 from ..cuda import simulator
 from ..cuda.driver import check
-from ..cuda.frontend import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+from ..cuda.frontend import MLIR, NUMBA_CUDA, TITLES, VARIABLE, for_tools
 from ..cuda.mempool import device_memory_info
 
-__all__ = ["GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "MemoryInfo", "MemoryPointer", "check",
-           "device_memory_info", "has_host_cache", "parse_bool", "pool_handle", "simulator"]
+__all__ = ["FRONTEND", "FRONTEND_VARIABLE", "GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "MemoryInfo",
+           "MemoryPointer", "NUMBA_CUDA", "SIMULATOR", "TITLES", "check", "cuda", "device_memory_info",
+           "frontend_label", "has_host_cache", "parse_bool", "pool_handle", "simulator", "worker_environment"]
+
+#: The frontend of this bench process (:func:`numba_pool.cuda.frontend.for_tools`), and its
+#: ``cuda`` module.
+FRONTEND = for_tools()
+cuda = FRONTEND.cuda
+SIMULATOR = FRONTEND.simulator  # numba-cuda's CUDA simulator (NUMBA_ENABLE_CUDASIM=1)
+HostOnlyCUDAMemoryManager = FRONTEND.HostOnlyCUDAMemoryManager
+GetIpcHandleMixin = FRONTEND.GetIpcHandleMixin
+MemoryPointer = FRONTEND.MemoryPointer
+MemoryInfo = FRONTEND.MemoryInfo
+#: The variable that names a process's frontend (``numba-cuda`` or ``mlir``).
+FRONTEND_VARIABLE = VARIABLE
+#: The distribution each frontend is installed as, for its version.
+DISTRIBUTIONS = {NUMBA_CUDA: "numba-cuda", MLIR: "numba-cuda-mlir"}
+
+
+def frontend_label(name: str = FRONTEND.name) -> str:
+    """The frontend ``name`` (``numba-cuda`` or ``mlir``) as the tables and the JSON report
+    name it: its title and installed version, ``'Numba-CUDA-MLIR 0.6.0'``; ``'(version
+    unknown)'`` where its distribution's metadata cannot be found."""
+    try:
+        version = importlib.metadata.version(DISTRIBUTIONS[name])
+    except importlib.metadata.PackageNotFoundError:
+        version = "(version unknown)"
+    return f"{TITLES[name]} {version}"
+
+
+def worker_environment() -> dict[str, str]:
+    """What every process the bench starts gets on top of its own variables, so that it runs
+    under this process's frontend (its memory manager's classes, its ``cuda``):
+    ``{NUMBA_POOL_FRONTEND: name}``."""
+    return {FRONTEND_VARIABLE: FRONTEND.name}
 
 
 def pool_handle(manager):

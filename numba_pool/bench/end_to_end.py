@@ -85,12 +85,15 @@ WARM_UP = {REPEATS_VARIABLE: "1"}  # a warm-up round's workers: every figure onc
 
 def measure(manager: Manager, core: int | None = None, warm_up: bool = False) -> dict:
     """Run the worker for ``manager`` in a fresh Python process, pinned to ``core`` if given
-    (``warm_up``: one repeat of each figure, :data:`WARM_UP`).
+    (``warm_up``: one repeat of each figure, :data:`WARM_UP`), under this process's frontend
+    (:func:`numba_pool.bench.launch.command`).
 
-    :raises RuntimeError: when the worker fails, with its standard error.
+    :raises RuntimeError: when the worker fails, with its standard error, or ran under another
+        frontend.
     """
     try:
-        return launch.run_module(WORKER, list(manager.args), _worker_env(manager, core, warm_up), manager.cwd)
+        return launch.same_frontend(launch.run_module(WORKER, list(manager.args), _worker_env(manager, core, warm_up),
+                                                      manager.cwd))
     except RuntimeError as err:
         raise RuntimeError(f"benchmark of {manager.label} failed: {err}") from None
 
@@ -105,7 +108,7 @@ def measure_round(managers: list[Manager], core: int,
     measured = {}
     for label, outcome in turns.run_in_turns(commands, core).items():
         try:
-            result = launch.last_json(outcome.status, outcome.stdout, outcome.stderr)
+            result = launch.same_frontend(launch.last_json(outcome.status, outcome.stdout, outcome.stderr))
             if not outcome.took_turns:
                 raise RuntimeError("it took no turns (a numba_pool from before lock-step turns, as a --baseline "
                                    "may be): its figures were timed while the others started; use --no-turns")

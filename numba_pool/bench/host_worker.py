@@ -39,9 +39,8 @@ import argparse
 import functools
 
 import numpy as np
-from numba import cuda
 
-from .core import has_host_cache
+from .core import cuda, has_host_cache
 from .labels import size_label
 from .timing import (cached_jit, calibrated, median_times_taking_turns, pairs_body, pending_frees, quiet_host,
                      seed_kernels)
@@ -219,13 +218,13 @@ def measure(parts: tuple, sizes: list[int] = SIZES, repeats: int = REPEATS, budg
 def pinned_source(manager) -> str:
     """Where ``manager``'s pinned memory comes from, in words: numba_pool's host cache; a
     ``cuMemHostAlloc`` per array (Numba's own ``memhostalloc``, which numba_pool's calls with
-    its cache off); or the class whose ``memhostalloc`` overrides Numba's."""
+    its cache off, under either frontend); or the class whose ``memhostalloc`` overrides Numba's."""
     if manager is None:
         return "no memory manager (the CUDA simulator)"
     if has_host_cache(manager):
         return "numba_pool host cache"
     owner = next((c for c in type(manager).__mro__ if "memhostalloc" in vars(c)), type(manager))
-    if owner.__module__.split(".")[0] in ("numba", "numba_cuda", "numba_pool"):
+    if owner.__module__.split(".")[0] in ("numba", "numba_cuda", "numba_cuda_mlir", "numba_pool"):
         return "cuMemHostAlloc per array"
     return f"{owner.__module__}.{owner.__qualname__}.memhostalloc"
 

@@ -1,5 +1,6 @@
 """Running a bench module in a fresh Python process, from the parent: its command line and
-environment, and the JSON line it prints last.
+environment (with the parent's frontend, ``NUMBA_POOL_FRONTEND``), and the JSON line it prints
+last.
 
 Numba binds the memory manager when it creates a context, so each end-to-end worker
 (``python -m numba_pool.bench``) and each allocator run (``python -m
@@ -13,6 +14,7 @@ import os
 import subprocess
 import sys
 
+from .core import FRONTEND, NUMBA_CUDA, worker_environment
 from .timing import CORE_VARIABLE, REPEATS_VARIABLE
 from .turns import TURNS_VARIABLE, pinned_thread
 
@@ -37,14 +39,31 @@ def run_module(module: str, args: list[str], env: dict | None = None, cwd: str |
 def command(module: str, args: list[str], env: dict, cwd: str | None) -> tuple[list[str], dict, str]:
     """``(argv, env, cwd)`` of ``python -m module args``: this process's variables with ``env``
     over them, less :data:`REPEATS_VARIABLE` (only warm-up rounds set it, through ``env``) and
-    the turns' pipes (only :func:`numba_pool.bench.turns.run_in_turns` gives them); started in
-    ``cwd``, else in :data:`PACKAGE_PARENT`."""
+    the turns' pipes (only :func:`numba_pool.bench.turns.run_in_turns` gives them), and
+    ``NUMBA_POOL_FRONTEND`` naming this process's frontend over all
+    (:func:`numba_pool.bench.core.worker_environment`: every process of the bench runs under the
+    same one); started in ``cwd``, else in :data:`PACKAGE_PARENT`."""
     inherited = {k: v for k, v in os.environ.items() if k != REPEATS_VARIABLE}
-    env = {**inherited, **env, "PYTHONUNBUFFERED": "1"}
+    env = {**inherited, **env, **worker_environment(), "PYTHONUNBUFFERED": "1"}
     env.pop(TURNS_VARIABLE, None)
     # Start in the folder holding the numba_pool we are, so that the worker imports the same
     # one and not a source checkout in the current directory (which lacks numba_pool.kernels).
     return [sys.executable, "-m", module, *args], env, cwd or PACKAGE_PARENT
+
+
+def same_frontend(result: dict) -> dict:
+    """``result``, a bench process's JSON object, where it ran under this process's frontend: its
+    ``frontend``; a numba_pool from before the frontends (as a ``--baseline`` may be) does not say,
+    and ran under numba-cuda, the only one it knows.
+
+    :raises RuntimeError: naming both frontends, where it ran under another.
+    """
+    ran = result.get("frontend", NUMBA_CUDA)
+    if ran != FRONTEND.name:
+        before = "" if "frontend" in result else ": a numba_pool from before the frontends (as a --baseline may be)"
+        raise RuntimeError(f"it ran under the {ran} frontend, not {FRONTEND.name} as asked (NUMBA_POOL_FRONTEND)"
+                           + before)
+    return result
 
 
 def last_json(status: int, stdout: str, stderr: str) -> dict:

@@ -9,6 +9,9 @@ array aliases one buffer) except for measuring.  Two floors:
   ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.noop``.
 * :class:`BareNoopManager` passes no finalizer: Numba's own overhead alone, the least any
   plugin can cost.  Select it with ``NUMBA_POOL_NOOP_FINALIZER=0`` as well.
+
+Both derive from the EMM classes of the bench's frontend (:data:`numba_pool.bench.core.FRONTEND`,
+``NUMBA_POOL_FRONTEND``), which reads :data:`_numba_memory_manager` when it creates a context.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ import os
 
 from cuda.bindings import driver as cu
 
-from .core import (HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer, check, device_memory_info, parse_bool,
-                   simulator)
+from .core import (SIMULATOR, HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer, check, device_memory_info,
+                   parse_bool, simulator)
 
-if simulator.enabled():  # Numba ignores NUMBA_CUDA_MEMORY_MANAGER under the simulator: say so, once
+if SIMULATOR:  # numba-cuda ignores NUMBA_CUDA_MEMORY_MANAGER under the simulator: say so, once
     simulator.note_environment()
 
 BUFFER_BYTES = 64 << 20

@@ -26,6 +26,7 @@ import click
 
 from . import allocator_cost, checks, device_tables, end_to_end, host_tables, host_worker, launch, worker
 from . import anchors as anchor_module
+from .core import FRONTEND, frontend_label
 from .labels import DEFAULT, NUMBA_POOL
 from .timing import CORE_VARIABLE
 
@@ -39,22 +40,33 @@ class BenchError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """Where and when the bench runs, as each table's heading says: the device's name, the date
-    (ISO 8601) and the CPU core every measuring process pins itself to."""
+    (ISO 8601), the CPU core every measuring process pins itself to, and the Numba CUDA frontend
+    every process runs under (``numba-cuda`` or ``mlir``; this process's,
+    :data:`numba_pool.bench.core.FRONTEND`, which the processes it starts are given)."""
 
     device: str
     date: str
     core: int
+    frontend: str = FRONTEND.name
+
+    @property
+    def heading(self) -> str:
+        """The start of each table's heading: ``device: ...; frontend: Numba-CUDA-MLIR 0.6.0;
+        date: ...``."""
+        return f"device: {self.device}; frontend: {frontend_label(self.frontend)}; date: {self.date}"
 
 
 def run(setting: Setting, *, part: str, baseline: str | None, anchors: bool, plain_pool: bool, no_arena: bool,
         rounds: int, runs: int, warm_up: int, turns: bool, host_rows: bool) -> tuple[dict, list[checks.Flag]]:
     """Run ``part`` (``all``, ``allocator`` or ``end-to-end``) with the command's options and
-    print its tables.  Returns the JSON report (the device, date and core, each part's figures and
-    notes, the failed checks as text) and the failed checks.
+    print its tables.  Returns the JSON report (the device, date and core, the frontend as the
+    tables name it, ``frontend``, and by name, ``frontend_name``; each part's figures and notes,
+    the failed checks as text) and the failed checks.
 
     :raises BenchError: when a worker or an allocator run failed.
     """
-    report = {"device": setting.device, "date": setting.date, "core": setting.core}
+    report = {"device": setting.device, "date": setting.date, "core": setting.core,
+              "frontend": frontend_label(setting.frontend), "frontend_name": setting.frontend}
     flags = []
     if part in ("all", "allocator"):
         flags += allocator_part(report, setting, baseline=baseline, plain_pool=plain_pool, anchors=anchors, runs=runs)
@@ -89,7 +101,7 @@ def allocator_part(report: dict, setting: Setting, *, baseline: str | None, plai
     flags = []
     for run, table in enumerate(tables):
         floor_flags = checks.allocator_floor_flags(table)
-        click.echo(f"device: {setting.device}; date: {setting.date}; allocator cost in one process, run "
+        click.echo(f"{setting.heading}; allocator cost in one process, run "
                    f"{run + 1}/{runs} (CPU core {setting.core}): medians of {allocator_cost.REPEATS} repeats of "
                    f"{allocator_cost.PAIRS} pairs, allocators taking turns")
         click.echo(allocator_cost.render(table, floor_flags + agreement))
@@ -107,13 +119,13 @@ def allocator_part(report: dict, setting: Setting, *, baseline: str | None, plai
 
 def _allocator_run(args: list[str], core: int, run: int, runs: int) -> dict:
     """One allocator run's JSON (:func:`numba_pool.bench.allocator_cost.run`), in a fresh process
-    pinned to ``core``.
+    pinned to ``core``, under this process's frontend.
 
-    :raises BenchError: when it failed.
+    :raises BenchError: when it failed, or ran under another frontend.
     """
     click.echo(f"measuring the allocators in one process (run {run + 1}/{runs}) ...", err=True)
     try:
-        return launch.run_module(ALLOCATOR_MODULE, args, {CORE_VARIABLE: str(core)})
+        return launch.same_frontend(launch.run_module(ALLOCATOR_MODULE, args, {CORE_VARIABLE: str(core)}))
     except RuntimeError as err:
         raise BenchError(str(err)) from None
 
@@ -130,7 +142,7 @@ def end_to_end_part(report: dict, setting: Setting, *, anchors: bool, no_arena: 
 
     :raises BenchError: when a worker other than an anchor's failed.
     """
-    managers, notes, host_notes = end_to_end_managers(anchors, no_arena, baseline, host_rows)
+    managers, notes, host_notes = end_to_end_managers(anchors, no_arena, baseline, host_rows, setting.frontend)
     for round_ in range(warm_up):
         one_round(managers, setting.core, notes, f"warm-up round {round_ + 1}/{warm_up} (not timed)", turns,
                   warm_up=True)
@@ -180,14 +192,16 @@ def _compare_runs(report: dict, reports: list[dict]) -> list[checks.Flag]:
     return agreement
 
 
-def end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None,
-                        host_rows: bool) -> tuple[list, list[str], list[str]]:
-    """The end-to-end workers (the anchors that are installed, the baselines, host parts
-    planned), the notes on anchors left out, and the host tables' notes."""
+def end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, host_rows: bool,
+                        frontend: str = FRONTEND.name) -> tuple[list, list[str], list[str]]:
+    """The end-to-end workers (the anchors that are installed and built for ``frontend``, the
+    baselines, host parts planned), the notes on anchors left out, and the host tables' notes."""
     managers = [m for m in end_to_end.MANAGERS if not (no_arena and m is end_to_end.ARENA)]
     notes = []
     for anchor in end_to_end.ANCHORS if anchors else []:
-        if anchor_module.installed(anchor.label):
+        if not anchor_module.supported(anchor.label, frontend):
+            notes.append(anchor_module.unsupported_note(anchor.label, frontend))
+        elif anchor_module.installed(anchor.label):
             managers.append(anchor)
         else:
             notes.append(anchor_module.missing_note(anchor.label))
@@ -255,7 +269,7 @@ def device_array_tables(report: dict, setting: Setting, per_round: dict, seconds
     flags = checks.end_to_end_floor_flags(results) + checks.rounds_flags(per_round)
     host_rows = any(m.args for m in managers)
     host_variable = "; numba_pool rows with NUMBA_POOL_HOST=1, which these figures do not use" if host_rows else ""
-    click.echo(f"device: {setting.device}; date: {setting.date}; cuda.device_array end to end (CPU core "
+    click.echo(f"{setting.heading}; cuda.device_array end to end (CPU core "
                f"{setting.core}, collector off{host_variable}): medians of {worker.REPEATS} repeats of "
                f"{worker.MIN_PAIRS} to {worker.MAX_PAIRS} pairs (about {worker.PAIRS_BUDGET_S * 1e3:.0f} ms a "
                f"repeat), median over {rounds} rounds")
@@ -298,7 +312,7 @@ def host_rows_tables(report: dict, setting: Setting, per_round: dict, managers: 
         results[label]["vs_default"] = ratios
     expected = {m.label for m in managers if m.env.get(host_tables.HOST_VARIABLE) == "1"}
     flags = host_tables.rounds_flags(results) + host_tables.host_cache_flags(results, expected)
-    heading = f"device: {setting.device}; date: {setting.date};"
+    heading = f"{setting.heading};"
     method = (f"(CPU core {setting.core}, collector off; numba_pool rows with NUMBA_POOL_HOST=1): medians of "
               f"{host_worker.REPEATS} repeats of {host_worker.MIN_COUNT} to {host_worker.MAX_COUNT} operations (about "
               f"{host_worker.BUDGET_S * 1e3:.0f} ms a repeat), median over {rounds} rounds")

@@ -3,7 +3,8 @@
 the CPU core it pins itself to with the collector off (:func:`quiet_host`), timed blocks that pass
 the turn between workers (:func:`elapsed`, lock-step turns of :mod:`numba_pool.bench.turns`),
 operations per repeat from a time budget (:func:`calibrated`), the repeats per figure, the frees
-Numba holds back, and the seed kernels compiled once through Numba's on-disk cache.
+Numba holds back, and the seed kernels compiled once through Numba's on-disk cache, all with the
+``cuda`` of the bench's frontend (:mod:`numba_pool.bench.core`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import statistics
 import time
 
+from .core import FRONTEND, cuda
 from .turns import worker_turn
 
 CORE_VARIABLE = "NUMBA_POOL_BENCH_CORE"  # the CPU core every worker pins itself to
@@ -122,8 +124,6 @@ def pending_frees():
     """A function that carries out the frees the current context's manager holds back (Numba's
     pending deallocations, ``cuMemFree`` and ``cuMemFreeHost`` ten at a time under its own
     manager); a no-op for a manager without them (and under the simulator)."""
-    from numba import cuda
-
     manager = getattr(cuda.current_context(), "memory_manager", None)
     pending = getattr(manager, "deallocations", None)
     return pending.clear if pending is not None else (lambda: None)
@@ -145,9 +145,8 @@ def cached_jit(func):
     """``cuda.jit(cache=True)(func)``: compiled once into Numba's on-disk cache, then loaded.  A
     round's eight workers each compiled the bench's kernels again, about 2 s of every worker's
     turn on an H100 host (2026-11-22); the machine code is the same.  Falls back to ``cuda.jit``
-    where Numba finds no writable cache folder (it raises ``RuntimeError``)."""
-    from numba import cuda
-
+    where Numba finds no writable cache folder (it raises ``RuntimeError``).  ``cuda`` is the
+    bench's frontend's (:data:`numba_pool.bench.core.cuda`)."""
     try:
         return cuda.jit(cache=True)(func)
     except RuntimeError:
@@ -157,7 +156,8 @@ def cached_jit(func):
 @functools.cache
 def seed_kernels() -> tuple:
     """``(fill_kernel, sqrt_kernel)`` of :mod:`numba_pool.kernels`, through :func:`cached_jit`
-    (once per process)."""
+    (once per process), compiled by the bench's frontend."""
     from numba_pool.kernels import fill_kernel, sqrt_kernel
 
-    return cached_jit(fill_kernel.py_func), cached_jit(sqrt_kernel.py_func)
+    return (cached_jit(fill_kernel.python_function(FRONTEND)),
+            cached_jit(sqrt_kernel.python_function(FRONTEND)))

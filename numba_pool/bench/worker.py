@@ -17,7 +17,9 @@ Measured, after checking the kernels' output:
 Each figure is the median of :data:`REPEATS` timed repeats after a warm-up, the sizes taking
 turns inside each repeat, on one CPU core with the collector off
 (:func:`numba_pool.bench.timing.quiet_host`).  With host parts, the rows of
-:mod:`numba_pool.bench.host_worker` follow under ``"host"``.
+:mod:`numba_pool.bench.host_worker` follow under ``"host"``.  ``cuda`` is the bench's frontend's
+(:data:`numba_pool.bench.core.cuda`: the parent passes its ``NUMBA_POOL_FRONTEND``), named in the
+result as ``frontend``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import functools
 import os
 
 from . import anchors, host_worker
-from .core import pool_handle
+from .core import FRONTEND, cuda, pool_handle
 from .timing import (calibrated, median_time, median_times_taking_turns, pairs_body, pending_frees, quiet_host,
                      seed_kernels, worker_repeats)
 
@@ -68,7 +70,6 @@ def check_kernels() -> None:
     :raises SystemExit: naming the kernel (and size), when its output is wrong.
     """
     import numpy as np
-    from numba import cuda
 
     fill_kernel, sqrt_kernel = seed_kernels()
     expected = np.sqrt(np.arange(SEED_ELEMENTS, dtype=np.float64)).astype(np.float32)
@@ -95,7 +96,6 @@ def seed_loop_body():
     """The benchmark loop: :data:`SEED_ITERATIONS` x (``cuda.device_array`` of
     :data:`SEED_ELEMENTS` float32, the sqrt kernel on it, drop it), between two synchronizes."""
     import numpy as np
-    from numba import cuda
 
     _, sqrt_kernel = seed_kernels()
     blocks = _blocks(SEED_ELEMENTS)
@@ -114,10 +114,8 @@ def seed_loop_body():
 def _time_device_arrays(seed_loop, core: int, repeats: int) -> dict:
     """The worker's figures of the benchmark loop and of each size's allocate+free pairs, with
     the manager's module and, under numba_pool, ``driver_pair_us``."""
-    from numba import cuda
-
     seed_loop()  # warm-up
-    result = {"seed_loop_ms": median_time(seed_loop, repeats) * 1e3, "core": core}
+    result = {"seed_loop_ms": median_time(seed_loop, repeats) * 1e3, "core": core, "frontend": FRONTEND.name}
     counts, pairs = {}, {}
     for nbytes in SIZES:
         make = functools.partial(device_array_pairs, nbytes // 4)
@@ -138,7 +136,6 @@ def device_array_pairs(n: int, count: int):
     times, then carries out the frees Numba holds back (:func:`pending_frees`) and
     synchronizes: each repeat pays for its own frees, not for up to ten of the size before."""
     import numpy as np
-    from numba import cuda
 
     flush_pending = pending_frees()
 

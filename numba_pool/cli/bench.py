@@ -3,20 +3,48 @@
 The options are read and checked here, the device named, and the parts run by
 :func:`numba_pool.bench.report.run`; a :class:`~numba_pool.bench.report.BenchError` becomes the
 command's one-line error (exit status 2), a failed self-check exit status 1.
+
+``--frontend`` names the Numba CUDA frontend the bench runs under (``numba-cuda`` or ``mlir``;
+default: :func:`numba_pool.cuda.frontend.for_tools`'s choice).  The command sets
+``NUMBA_POOL_FRONTEND`` to it while it runs, before :mod:`numba_pool.bench` is imported (its
+:mod:`~numba_pool.bench.core` takes the frontend from there, once), and every process the bench
+starts gets it too (:func:`numba_pool.bench.core.worker_environment`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 
 import click
 
+from ..cuda import frontend as frontends
 from .errors import Failure, load_config, require_gpu
 
 
+def _frontend(ctx, param, value):
+    """``--frontend``'s frontend name; without it, the tools' choice (``NUMBA_POOL_FRONTEND``,
+    else the one imported, else the one installed, numba-cuda first).
+
+    :raises Failure: for a value that names no frontend (naming ``--frontend`` and the value), a
+        bad ``NUMBA_POOL_FRONTEND``, or no frontend installed.
+    """
+    try:
+        if value is None:
+            return frontends.for_tools().name
+        return frontends.parse_name(value, "--frontend")
+    except frontends.FrontendError as err:
+        raise Failure(str(err)) from None
+
+
 @click.command()
+@click.option("--frontend", "frontend", metavar="numba-cuda|mlir", callback=_frontend,
+              help="The Numba CUDA frontend every measuring process runs under: numba-cuda (numba.cuda) or mlir "
+                   f"(Numba-CUDA-MLIR, numba_cuda_mlir.cuda); its workers get {frontends.VARIABLE}.  Default: "
+                   f"{frontends.VARIABLE}, else the one installed (numba-cuda where both are).  The tables and the "
+                   "JSON report name it, with its version.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
               help="Also write the raw medians, the notes and the failed checks to this JSON file.")
 @click.option("--anchors/--no-anchors", default=True, show_default=True,
@@ -53,25 +81,52 @@ from .errors import Failure, load_config, require_gpu
                    "and a batch pipeline (pinned staging, to_device on a stream, device temporaries, two kernels, "
                    "copy_to_host into pinned memory) in default's and numba_pool's workers, the pipeline in the "
                    "anchors' too; numba_pool's workers then run with NUMBA_POOL_HOST=1.")
-def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, rounds: int, repeat_run: int,
-          warm_up_rounds: int, turns: bool, core: int | None, baseline: str | None, part: str, plain_pool: bool,
-          host_rows: bool) -> None:
+def bench(frontend: str, json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, rounds: int,
+          repeat_run: int, warm_up_rounds: int, turns: bool, core: int | None, baseline: str | None, part: str,
+          plain_pool: bool, host_rows: bool) -> None:
     """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors and the anchors.
 
     Every table is checked (numba_pool.bench.checks): a row below a floor, or rounds or runs more
     than 10 % apart, is marked '!' and named under the table; exit status 1 if any check failed.
     """
+    with _frontend_variable(frontend):
+        _bench(frontend, json_path, anchors=anchors or with_rmm, no_arena=no_arena, rounds=rounds, runs=repeat_run,
+               warm_up=warm_up_rounds, turns=turns, core=core, baseline=baseline, part=part, plain_pool=plain_pool,
+               host_rows=host_rows)
+
+
+@contextlib.contextmanager
+def _frontend_variable(name: str):
+    """Inside: ``NUMBA_POOL_FRONTEND`` names the frontend ``name``, for :mod:`numba_pool.bench`'s
+    import and for what the command checks before it; restored after (the command may run inside
+    another program, a test's)."""
+    before = os.environ.get(frontends.VARIABLE)
+    os.environ[frontends.VARIABLE] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(frontends.VARIABLE, None)
+        else:
+            os.environ[frontends.VARIABLE] = before
+
+
+def _bench(frontend: str, json_path: str | None, *, anchors: bool, no_arena: bool, rounds: int, runs: int,
+           warm_up: int, turns: bool, core: int | None, baseline: str | None, part: str, plain_pool: bool,
+           host_rows: bool) -> None:
+    """The command, under ``NUMBA_POOL_FRONTEND=frontend``."""
     load_config()
     require_gpu()
+    bench_core = _bench_core(frontend)
     from ..bench import checks
     from ..bench import report as bench_report
 
-    setting = _setting(core)
+    setting = _setting(core, bench_core.cuda, frontend)
     try:
         report, flags = bench_report.run(
             setting, part=part, baseline=os.path.abspath(baseline) if baseline else None,  # the workers start elsewhere
-            anchors=anchors or with_rmm, plain_pool=plain_pool, no_arena=no_arena, rounds=rounds, runs=repeat_run,
-            warm_up=warm_up_rounds, turns=turns, host_rows=host_rows)
+            anchors=anchors, plain_pool=plain_pool, no_arena=no_arena, rounds=rounds, runs=runs, warm_up=warm_up,
+            turns=turns, host_rows=host_rows)
     except bench_report.BenchError as err:
         raise Failure(str(err)) from None
     if json_path:
@@ -82,15 +137,29 @@ def bench(json_path: str | None, anchors: bool, with_rmm: bool, no_arena: bool, 
         raise SystemExit(1)
 
 
-def _setting(core: int | None):
+def _bench_core(frontend: str):
+    """:mod:`numba_pool.bench.core`, imported under ``frontend``.
+
+    :raises Failure: when that frontend is not installed (saying how to install it), or when
+        the bench was imported earlier in this process under another frontend.
+    """
+    try:
+        from ..bench import core as bench_core
+    except frontends.FrontendError as err:
+        raise Failure(str(err)) from None
+    if bench_core.FRONTEND.name != frontend:
+        raise Failure(f"--frontend {frontend}: this process imported numba_pool.bench under "
+                      f"{bench_core.FRONTEND.title} already; run numba-pool bench in a process of its own")
+    return bench_core
+
+
+def _setting(core: int | None, cuda, frontend: str):
     """Where and when the bench runs (:class:`numba_pool.bench.report.Setting`): the current
-    device's name, today's date, and ``core`` (``--core``), else the lowest CPU core this process
-    may use.
+    device's name (``cuda``: the frontend's module), today's date, ``core`` (``--core``), else the
+    lowest CPU core this process may use, and ``frontend``.
 
     :raises Failure: for a core this process may not run on, naming the ones it may.
     """
-    from numba import cuda
-
     from ..bench.report import Setting
     from ..bench.timing import chosen_core
 
@@ -100,4 +169,4 @@ def _setting(core: int | None):
         raise Failure(str(err)) from None
     name = cuda.get_current_device().name
     return Setting(device=name.decode() if isinstance(name, bytes) else name, date=datetime.date.today().isoformat(),
-                   core=core)
+                   core=core, frontend=frontend)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import click
 
+from ..cuda import frontend as frontends
 from ..cuda import simulator
 from .. import config as _config
 
@@ -62,20 +63,36 @@ def load_config() -> _config.PoolConfig:
         raise Failure(str(err)) from None
 
 
-def gpu_available() -> bool:
-    """Whether a real CUDA GPU is here (not the CUDA simulator, where ``cuda.is_available()`` is
-    true too)."""
-    from numba import cuda
+def tools_frontend():
+    """The frontend the commands use (:func:`~numba_pool.cuda.frontend.for_tools`:
+    ``NUMBA_POOL_FRONTEND``'s, else the one installed, numba-cuda first), imported now.
 
-    return not simulator.enabled() and cuda.is_available()
+    :raises Failure: when none is installed, or ``NUMBA_POOL_FRONTEND`` names none.
+    """
+    try:
+        return frontends.for_tools()
+    except frontends.FrontendError as err:
+        raise Failure(str(err)) from None
+
+
+def gpu_available() -> bool:
+    """Whether a real CUDA GPU is here for the tools' frontend (not numba-cuda's CUDA simulator,
+    where ``cuda.is_available()`` is true too).
+
+    :raises Failure: as :func:`tools_frontend`.
+    """
+    frontend = tools_frontend()
+    return not frontend.simulator and frontend.cuda.is_available()
 
 
 def require_gpu() -> None:
-    """:raises NoGpu: when there is no CUDA GPU here, or only the CUDA simulator, saying which."""
-    from numba import cuda
-
-    if simulator.enabled():  # where cuda.is_available() is True
+    """:raises NoGpu: when there is no CUDA GPU here for the tools' frontend, or only the CUDA
+        simulator, saying which.
+    :raises Failure: as :func:`tools_frontend`.
+    """
+    frontend = tools_frontend()
+    if frontend.simulator:  # where cuda.is_available() is True
         raise NoGpu(simulator.NO_GPU)
-    if not cuda.is_available():
-        raise NoGpu("no CUDA GPU is available here (numba.cuda.is_available() is False): "
-                      "numba-pool needs one for this command")
+    if not frontend.cuda.is_available():
+        raise NoGpu(f"no CUDA GPU is available here ({frontends.PACKAGES[frontend.name]}.is_available() is False): "
+                    "numba-pool needs one for this command")

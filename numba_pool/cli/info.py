@@ -3,45 +3,104 @@ attributes."""
 
 from __future__ import annotations
 
+import os
 import sys
+from importlib import metadata
 
 import click
 
-from .errors import Failure, gpu_available, load_config, require_gpu
+from ..cuda import frontend as frontends
+from .errors import Failure, gpu_available, load_config, require_gpu, tools_frontend
 
 
 @click.command()
 def info() -> None:
-    """Device, driver, versions, the configuration in effect and the pool's attributes.
+    """Device, driver, versions, both Numba CUDA frontends (installed or not, and which one the
+    tools use, and why), the configuration in effect and the pool's attributes.
 
-    Exit status 0; 2 for a bad ``NUMBA_POOL_*`` variable (one line naming it); 3 without a CUDA
-    GPU, after the versions and the configuration, which are then known to be good.
+    Exit status 0; 2 for a bad ``NUMBA_POOL_*`` variable (one line naming it) or when the
+    frontend to use is not installed; 3 without a CUDA GPU, after the versions and the
+    configuration, which are then known to be good.  Imports no frontend but the one in use.
     """
     config = load_config()
-    from numba import cuda
     from tabulate import tabulate
 
     import numba_pool
 
-    rows = _version_rows() + [(f"config: {k}", v) for k, v in config.describe().items()]
-    if not gpu_available():
+    rows = (_version_rows() + _frontend_rows(*_tools_choice())
+            + [(f"config: {k}", v) for k, v in config.describe().items()])
+    try:
+        available = gpu_available()
+    except Failure:  # the frontend to use is not installed: what is here, then why
+        click.echo(tabulate(rows, tablefmt="plain"))
+        raise
+    if not available:
         click.echo(tabulate(rows, tablefmt="plain"))
         require_gpu()
-    numba_pool.install()
-    device_rows = _device_rows(cuda.current_context().device)
-    click.echo(tabulate(device_rows + rows + _pool_rows(numba_pool.stats()), tablefmt="plain"))
+    frontend = tools_frontend()
+    numba_pool.install(frontend=frontend.name)
+    device_rows = _device_rows(frontend.cuda.current_context().device)
+    pool_rows = _pool_rows(numba_pool.stats(frontend=frontend.name))
+    click.echo(tabulate(device_rows + rows + pool_rows, tablefmt="plain"))
+
+
+def _version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (its metadata; nothing is imported), or None."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _version_rows() -> list[tuple[str, str]]:
-    """Python's version and those of numba, numba-cuda, cuda-bindings and numba-pool."""
-    import numba
-    import numba_cuda
-    from cuda import bindings
-
+    """Python's version and those of numba-pool and cuda-bindings."""
     import numba_pool
 
-    return [("python", sys.version.split()[0]), ("numba", numba.__version__), ("numba-cuda", numba_cuda.__version__),
-            ("cuda-bindings", bindings.__version__), ("numba-pool", numba_pool.__version__)]
+    return [("python", sys.version.split()[0]), ("numba-pool", numba_pool.__version__),
+            ("cuda-bindings", _version("cuda-bindings") or "not installed")]
+
+
+#: Each frontend's distributions, whose versions ``info`` shows.
+DISTRIBUTIONS = {frontends.NUMBA_CUDA: ("numba-cuda", "numba"), frontends.MLIR: ("numba-cuda-mlir",)}
+
+
+def _tools_choice(environ=os.environ) -> tuple[str | None, str]:
+    """The frontend the tools use (as :func:`~numba_pool.cuda.frontend.for_tools` chooses it,
+    importing nothing) and why; None when no frontend is installed.
+
+    :raises Failure: when ``NUMBA_POOL_FRONTEND`` names no frontend.
+    """
+    try:
+        named = frontends.from_environment(environ)
+    except frontends.FrontendError as err:
+        raise Failure(str(err)) from None
+    if named is not None:
+        return named, f"{frontends.VARIABLE}={environ[frontends.VARIABLE].strip()}"
+    imported = frontends.imported()
+    if imported:
+        return imported[0], f"imported by this process ({frontends.VARIABLE} is not set)"
+    installed = frontends.installed()
+    if not installed:
+        return None, "no Numba CUDA frontend is installed: " + " or ".join(frontends.EXTRAS.values())
+    why = "numba-cuda first when both are" if len(installed) > 1 else "the only one installed"
+    return installed[0], f"the default ({frontends.VARIABLE} is not set; {why})"
+
+
+def _frontend_rows(chosen: str | None, why: str) -> list[tuple[str, str]]:
+    """One row per frontend (installed or not, its versions and its module) and one for the
+    frontend the tools use, and why."""
+    installed = frontends.installed()
+    rows = []
+    for name in frontends.NAMES:
+        versions = ", ".join(f"{d} {_version(d) or '(version unknown)'}" for d in DISTRIBUTIONS[name]
+                             if _version(d) or d == DISTRIBUTIONS[name][0])
+        state = (f"installed: {versions} ({frontends.PACKAGES[name]})" if name in installed
+                 else f"not installed ({frontends.EXTRAS[name]})")
+        rows.append((f"frontend {name}", state))
+    used = "none" if chosen is None else chosen if frontends.TITLES[chosen] == chosen else (
+        f"{chosen} ({frontends.TITLES[chosen]})")
+    rows.append(("frontend in use", f"{used}: {why}"))
+    return rows
 
 
 def _device_rows(device) -> list[tuple[str, str]]:

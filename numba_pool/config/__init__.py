@@ -30,10 +30,10 @@ from .sizes import (ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE,
                     SIZE_HELP, parse_arena_size, parse_host_max_size, parse_max_size, parse_release_threshold,
                     parse_size, release_limit)
 from .values import BOOL_HELP, parse_bool, parse_path, parse_peer_access
-from .variables import OTHER_VARIABLES, user_stacklevel, warn_unknown_variables
+from .variables import FRONTEND_VARIABLE, OTHER_VARIABLES, user_stacklevel, warn_unknown_variables
 
-__all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_SLAB_SIZE", "KEEP_ALL", "KNOWN_VARIABLES",
-           "MAX_BYTES", "MIN_BARE_CAP", "OPTIONS", "OTHER_VARIABLES", "SIZE_HELP", "ConfigError", "ConfigWarning",
+__all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_SLAB_SIZE", "FRONTEND_VARIABLE", "KEEP_ALL",
+           "KNOWN_VARIABLES", "MAX_BYTES", "MIN_BARE_CAP", "OPTIONS", "OTHER_VARIABLES", "SIZE_HELP", "ConfigError", "ConfigWarning",
            "PoolConfig", "load", "parse_arena_size", "parse_bool", "parse_host_max_size", "parse_max_size",
            "parse_path", "parse_peer_access", "parse_release_threshold", "parse_size", "release_limit", "user_stacklevel"]
 
@@ -124,7 +124,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
 
 #: Every ``NUMBA_POOL_*`` variable numba_pool reads; any other name that looks meant for it is
 #: reported as a probable typo (:func:`.variables.probable_typo`).
-KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + list(OTHER_VARIABLES))
+KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + [FRONTEND_VARIABLE] + list(OTHER_VARIABLES))
 
 def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConfig:
     """Build the configuration from environment variables and keyword overrides.
@@ -145,7 +145,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
             close = difflib.get_close_matches(name, list(OPTIONS), n=1)
             hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ConfigError(f"install(): unknown option(s) {', '.join(hints)}: expected some of {', '.join(OPTIONS)}")
-    warn_unknown_variables(environ, [variable for variable, _ in OPTIONS.values()])
+    warn_unknown_variables(environ, [variable for variable, _ in OPTIONS.values()] + [FRONTEND_VARIABLE])
     values: dict[str, Any] = {}
     given: dict[str, tuple[str, Any]] = {}  # option -> (source, value as typed), for the consistency messages
     for name, (variable, parser) in OPTIONS.items():

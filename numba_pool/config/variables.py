@@ -13,6 +13,9 @@ from typing import Callable, Iterable, Mapping
 from .errors import ConfigWarning
 
 PREFIX = "NUMBA_POOL_"
+#: The Numba CUDA frontend of the tools, and the tie-breaker of a process that uses both
+#: (read by :mod:`numba_pool.cuda.frontend`, not a pool option).
+FRONTEND_VARIABLE = "NUMBA_POOL_FRONTEND"
 
 #: ``NUMBA_POOL_*`` variables of numba_pool's own benchmark and test tools, read elsewhere than
 #: :func:`numba_pool.config.load`.  They are not warned about, and not offered to users either:

@@ -19,7 +19,7 @@ import warnings
 from typing import Any, Iterator
 
 from cuda.bindings import driver as cuda_driver
-from .frontend import CudaAPIError
+from .errors import api_error
 
 #: The driver object new managers use: cuda-python's driver module unless :func:`use` swapped it.
 cu: Any = cuda_driver
@@ -49,14 +49,15 @@ def use(driver: Any) -> Iterator[Any]:
 
 
 def check(result: tuple, call: str):
-    """Unpack a cuda-python result tuple, raising Numba's ``CudaAPIError`` on failure.
+    """Unpack a cuda-python result tuple, raising ``CudaAPIError`` on failure.
 
     :returns: the single value the call returned (or a tuple of several, or None).
-    :raises numba.cuda.cudadrv.driver.CudaAPIError: with the ``CUresult`` and ``call`` named.
+    :raises CudaAPIError: (every loaded frontend's, :mod:`numba_pool.cuda.errors`) with the
+        ``CUresult`` and ``call`` named.
     """
     err, *values = result
     if err != SUCCESS:
-        raise CudaAPIError(err, f"numba_pool: {call} failed with {err.name}")
+        raise api_error(err, f"numba_pool: {call} failed with {err.name}")
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)

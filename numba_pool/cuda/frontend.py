@@ -1,38 +1,274 @@
-"""The Numba CUDA frontend numba_pool plugs into: the one module that imports Numba's CUDA classes.
+"""The Numba CUDA frontends numba_pool serves, found, never assumed: the only module that imports
+one.
 
-numba_pool is a Numba External Memory Management (EMM) plugin: its manager derives from
-``numba.cuda.HostOnlyCUDAMemoryManager`` and hands out ``MemoryPointer`` and ``PinnedMemory``
-objects.  Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) ``numba.cuda`` has none of the
-EMM classes; :mod:`numba_pool.cuda.simulator` then provides stand-ins, so that ``import
-numba_pool`` and the command line keep working (see that module).  Every other module imports
-these names from here, never from ``numba.cuda`` directly, so the fallback is written once.
+Two frontends keep Numba's External Memory Management (EMM) plugin interface, version 1:
 
-``CudaAPIError`` comes from ``numba.cuda.cudadrv.driver``, which the simulator replaces with a
-module of its own that has it.
+* ``numba-cuda`` (``numba.cuda``; the driver module ``numba.cuda.cudadrv.driver``), in
+  maintenance;
+* ``mlir``: Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``; ``numba_cuda_mlir.numba_cuda.cudadrv.
+  driver``), its successor, which depends on neither numba nor numba-cuda.
+
+A :class:`Frontend` holds what numba_pool takes from one of them (the memory manager, pointer
+and IPC base classes, ``CudaAPIError``, ``current_context``, the stream and array types) and
+numba_pool's classes built on them (:meth:`Frontend.derive`).  A frontend is imported only when
+it is the one in use: :func:`load` is called for the frontend that loads numba_pool (its
+``NUMBA_CUDA_MEMORY_MANAGER`` or ``set_memory_manager``), for the one that owns an object a
+public function is given, or for the one a tool is told to use.  The allocator core knows no
+frontend: it gets its pointer class from the manager that composes it.
+
+Note [Which frontend a call acts on]
+    Each frontend has its own contexts, hence its own numba_pool managers.  A public function
+    (:func:`resolve`) acts on the frontend named by its ``frontend=`` argument; else on the one
+    whose array, stream, context or pointer it is given; else on the one imported in the
+    process, if there is one; else, with both imported, on the one whose contexts have a
+    numba_pool manager, if only one has; else on ``NUMBA_POOL_FRONTEND``'s.  Otherwise it is
+    ambiguous and the call says so in one line: it never reports the other frontend's figures.
+    With neither imported, the tools' choice (:func:`for_tools`) is imported.
+
+Under numba-cuda's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) ``numba.cuda`` has none of the
+EMM classes: :mod:`numba_pool.cuda.simulator` provides stand-ins.  Numba-CUDA-MLIR has no
+simulator.
 """
 
 from __future__ import annotations
 
-# Present under the simulator too: its numba.cuda.cudadrv.driver has the error class.
-from numba.cuda.cudadrv.driver import CudaAPIError
-# Raised by cuda.current_context() where there is no CUDA GPU (also defined under the simulator).
-from numba.cuda.cudadrv.error import CudaSupportError
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+from typing import Any
 
-try:
-    from numba.cuda import GetIpcHandleMixin, HostOnlyCUDAMemoryManager, MemoryPointer
-    from numba.cuda.cudadrv.driver import IpcHandle, MemoryInfo, PinnedMemory
-    SIMULATOR = False
-except ImportError:  # the CUDA simulator's numba.cuda has no memory managers: stand-ins
-    from . import simulator
+from ..config import FRONTEND_VARIABLE
+from . import errors, pointers, simulator
 
-    if not simulator.enabled():
-        raise
-    from .simulator import HostOnlyCUDAMemoryManager, IpcHandle, MemoryInfo, MemoryPointer
+NUMBA_CUDA = "numba-cuda"
+MLIR = "mlir"
+#: The frontends, in the order the tools prefer when both are installed and none is chosen.
+NAMES = (NUMBA_CUDA, MLIR)
+#: Each frontend's name in messages.
+TITLES = {NUMBA_CUDA: "numba-cuda", MLIR: "Numba-CUDA-MLIR"}
+#: The module a program imports ``cuda`` from.
+PACKAGES = {NUMBA_CUDA: "numba.cuda", MLIR: "numba_cuda_mlir.cuda"}
+_DRIVERS = {NUMBA_CUDA: "numba.cuda.cudadrv", MLIR: "numba_cuda_mlir.numba_cuda.cudadrv"}
+_TOP_LEVEL = {NUMBA_CUDA: "numba_cuda", MLIR: "numba_cuda_mlir"}  # what find_spec looks for
+#: How each is installed with numba_pool.
+EXTRAS = {NUMBA_CUDA: "pip install 'numba-pool[numba-cuda]'", MLIR: "pip install 'numba-pool[mlir]'"}
+#: The environment variable naming the tools' frontend and breaking a tie (Note [Which frontend ...]).
+VARIABLE = FRONTEND_VARIABLE
+_SPELLINGS = {"numba-cuda": NUMBA_CUDA, "numba_cuda": NUMBA_CUDA, "numba.cuda": NUMBA_CUDA,
+              "mlir": MLIR, "numba-cuda-mlir": MLIR, "numba_cuda_mlir": MLIR}
 
-    GetIpcHandleMixin = simulator.StandInMixin
-    PinnedMemory = MemoryPointer
-    SIMULATOR = True
-    simulator.note_environment()
 
-__all__ = ["CudaAPIError", "CudaSupportError", "GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "IpcHandle", "MemoryInfo",
-           "MemoryPointer", "PinnedMemory", "SIMULATOR"]
+class FrontendError(RuntimeError):
+    """No frontend can be used, or which one is meant is ambiguous: one line saying why and what
+    to do."""
+
+
+class Frontend:
+    """What numba_pool takes from one Numba CUDA frontend, and numba_pool's classes on it.
+
+    Attributes: ``name`` (``"numba-cuda"`` or ``"mlir"``), ``title``, ``cuda`` (the module
+    programs use: ``cuda.device_array``, ``cuda.stream`` ...), ``driver`` (its
+    ``cudadrv.driver`` module), ``simulator`` (numba-cuda's CUDA simulator is on); the
+    frontend's ``HostOnlyCUDAMemoryManager``, ``GetIpcHandleMixin``, ``MemoryPointer``,
+    ``PinnedMemory``, ``IpcHandle``, ``MemoryInfo``, ``CudaAPIError``, ``CudaSupportError``;
+    and numba_pool's ``PoolPointer`` and ``PooledPinnedMemory`` derived from its classes.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.title = TITLES[name]
+        self.cuda = importlib.import_module(PACKAGES[name])
+        self.simulator = name == NUMBA_CUDA and bool(self.cuda.config.ENABLE_CUDASIM)
+        self.driver = importlib.import_module(_DRIVERS[name] + ".driver")
+        self.CudaAPIError = self.driver.CudaAPIError  # the simulator's driver module has it too
+        self.CudaSupportError = importlib.import_module(_DRIVERS[name] + ".error").CudaSupportError
+        if self.simulator:
+            self.HostOnlyCUDAMemoryManager = simulator.HostOnlyCUDAMemoryManager
+            self.GetIpcHandleMixin = simulator.StandInMixin
+            self.MemoryPointer = self.PinnedMemory = simulator.MemoryPointer
+            self.IpcHandle, self.MemoryInfo = simulator.IpcHandle, simulator.MemoryInfo
+            simulator.note_environment()
+        else:
+            for cls in ("HostOnlyCUDAMemoryManager", "GetIpcHandleMixin", "MemoryPointer", "PinnedMemory",
+                        "IpcHandle", "MemoryInfo"):
+                setattr(self, cls, getattr(self.driver, cls))
+        self.PoolPointer = self.derive(pointers.PoolPointer, self.MemoryPointer)
+        self.PooledPinnedMemory = self.derive(pointers.PooledPinnedMemory, self.PinnedMemory)
+
+    def derive(self, ours: type, base: type, **namespace: Any) -> type:
+        """numba_pool's class ``ours`` (a mixin) on this frontend's ``base``: ``ours`` first, so
+        its methods win; the class attribute ``frontend`` names this frontend."""
+        namespace.update(__module__=ours.__module__, __qualname__=ours.__qualname__, __doc__=ours.__doc__,
+                         frontend=self)
+        return type(ours.__name__, (ours, base), namespace)
+
+    def current_context(self, device: int | None = None):
+        """This frontend's context of ``device`` (an ordinal), or of the current device;
+        created if there is none (``cuda.current_context``).
+
+        :raises CudaSupportError: (the frontend's) where there is no CUDA GPU.
+        """
+        return self.cuda.current_context() if device is None else self.cuda.current_context(device)
+
+    def devices_with_context(self) -> list[int]:
+        """The ordinals of the devices on which this frontend has created a context (none under
+        the simulator); initializes nothing."""
+        if self.simulator:
+            return []
+        return [dev.id for dev in self.driver.driver.devices.values()
+                if getattr(dev, "primary_context", None) is not None]
+
+    def __repr__(self) -> str:
+        return f"<numba_pool frontend {self.title}{' (CUDA simulator)' if self.simulator else ''}>"
+
+
+_lock = threading.RLock()  # guards _loaded and _serving (reentrant: loading imports modules)
+_loaded: dict[str, Frontend] = {}
+_serving: set[str] = set()  # frontends that made a numba_pool manager for a context
+
+
+def load(name: str) -> Frontend:
+    """The frontend ``name`` (``"numba-cuda"`` or ``"mlir"``), imported at the first call.
+
+    :raises FrontendError: when it is not installed, naming the command that installs it.
+    """
+    with _lock:
+        found = _loaded.get(name)
+        if found is not None:
+            return found
+        try:
+            found = Frontend(name)
+        except ImportError as err:
+            if err.name is None or not (err.name.startswith(_TOP_LEVEL[name]) or err.name.startswith(
+                    PACKAGES[name].split(".")[0])):
+                raise
+            raise FrontendError(f"numba_pool: the {TITLES[name]} frontend ({PACKAGES[name]}) is not installed: "
+                                f"{EXTRAS[name]}") from None
+        _loaded[name] = found
+        errors.bind(found.CudaAPIError)
+        return found
+
+
+def loaded() -> list[Frontend]:
+    """The frontends loaded so far, in load order."""
+    with _lock:
+        return list(_loaded.values())
+
+
+def name_of_module(module: str | None) -> str | None:
+    """The frontend a module belongs to, by its name, or None."""
+    if not module:
+        return None
+    if module.startswith("numba_cuda_mlir"):
+        return MLIR
+    if module == "numba.cuda" or module.startswith(("numba.cuda.", "numba_cuda")):
+        return NUMBA_CUDA
+    return None
+
+
+def name_of(obj: Any) -> str | None:
+    """The frontend whose class (or a base of it) ``obj`` is an instance of, or None (an int,
+    a ``CUstream``, CuPy's objects ...)."""
+    for cls in type(obj).__mro__:
+        ours = cls.__dict__.get("frontend")
+        if isinstance(ours, Frontend):
+            return ours.name
+        name = name_of_module(cls.__module__)
+        if name is not None:
+            return name
+    return None
+
+
+def imported() -> list[str]:
+    """The frontends a program has imported (their ``cuda`` module is in ``sys.modules``)."""
+    return [name for name in NAMES if PACKAGES[name] in sys.modules]
+
+
+def installed() -> list[str]:
+    """The frontends installed in this environment (found, not imported)."""
+    return [name for name in NAMES if importlib.util.find_spec(_TOP_LEVEL[name]) is not None]
+
+
+def parse_name(value: str, culprit: str) -> str:
+    """A frontend's name from how a user writes it (``numba-cuda``, ``mlir``,
+    ``numba-cuda-mlir`` ...; case-insensitive).
+
+    :raises FrontendError: naming ``culprit`` and the value, for anything else.
+    """
+    name = _SPELLINGS.get(str(value).strip().lower())
+    if name is None:
+        raise FrontendError(f"numba_pool: {culprit}={value!r} is not a frontend: expected 'numba-cuda' (numba.cuda) "
+                            "or 'mlir' (numba_cuda_mlir.cuda)")
+    return name
+
+
+def from_environment(environ=os.environ) -> str | None:
+    """``NUMBA_POOL_FRONTEND``'s frontend, or None when it is unset or empty.
+
+    :raises FrontendError: for a value that names no frontend.
+    """
+    value = environ.get(VARIABLE, "").strip()
+    return parse_name(value, VARIABLE) if value else None
+
+
+def for_tools(environ=os.environ) -> Frontend:
+    """The frontend of the command line, the kernel scripts, the benchmark and a Dask worker:
+    ``NUMBA_POOL_FRONTEND``'s; else the one imported; else the one installed, numba-cuda when
+    both are.
+
+    :raises FrontendError: when none is installed, or the variable is bad.
+    """
+    name = from_environment(environ)
+    if name is None:
+        candidates = imported() or installed()
+        if not candidates:
+            raise FrontendError("numba_pool: no Numba CUDA frontend is installed: " + " or ".join(EXTRAS.values()))
+        name = candidates[0]
+    return load(name)
+
+
+def note_serving(frontend: Frontend) -> None:
+    """Record that ``frontend`` made a numba_pool manager for a context (the plugin calls it)."""
+    with _lock:
+        _serving.add(frontend.name)
+
+
+def resolve(call: str, *objects: Any, name: str | None = None) -> Frontend:
+    """The frontend a public function acts on (Note [Which frontend a call acts on]).
+
+    :param call: the function, as the user wrote it (``"numba_pool.stats()"``), for messages.
+    :param objects: what the call was given (arrays, streams, contexts, pointers; None skipped).
+    :param name: the frontend the caller named (``frontend=``), if any.
+    :raises FrontendError: when it is ambiguous, or the named frontend is not installed.
+    """
+    if name is not None:
+        return load(parse_name(name, f"{call}: frontend"))
+    for obj in objects:
+        found = None if obj is None else name_of(obj)
+        if found is not None:
+            return load(found)
+    in_use = imported()
+    if len(in_use) == 1:
+        return load(in_use[0])
+    if not in_use:
+        return for_tools()
+    with _lock:
+        serving = [n for n in in_use if n in _serving]
+    if len(serving) == 1:
+        return load(serving[0])
+    chosen = from_environment()
+    if chosen is not None:
+        return load(chosen)
+    using = "have numba_pool managers" if serving else "are imported"
+    raise FrontendError(
+        f"{call}: both numba-cuda and Numba-CUDA-MLIR {using} in this process, so which one is meant is ambiguous: "
+        f"pass frontend='numba-cuda' or frontend='mlir', or one of its arrays or streams, or set {VARIABLE}")
+
+
+def of_caller(depth: int) -> str | None:
+    """The frontend of the module ``depth`` frames above the caller, or None (how a class that
+    Numba instantiates without a context learns which frontend did)."""
+    frame = sys._getframe(depth + 1)
+    return name_of_module(frame.f_globals.get("__name__"))

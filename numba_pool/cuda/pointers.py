@@ -2,6 +2,10 @@
 ``MemoryPointer`` (:class:`PoolPointer`), pinned host memory from the host cache as a
 ``PinnedMemory`` (:class:`PooledPinnedMemory`).
 
+Both are mixins: each frontend's ``MemoryPointer`` and ``PinnedMemory`` get their own subclass
+(:meth:`numba_pool.cuda.frontend.Frontend.derive`: ``frontend.PoolPointer`` ...), which is what
+the allocator hands out; ``isinstance(p, PoolPointer)`` holds for either frontend's.
+
 Why not ``MemoryPointer(..., finalizer=f)``: Numba wraps every finalizer in ``weakref.finalize``,
 which registers the object in a process-wide registry, creates a weak reference with a callback
 and keeps an atexit record.  That costs 1.4 µs per allocation on a development machine and
@@ -29,12 +33,11 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from .frontend import MemoryPointer, PinnedMemory
 
-
-class PoolPointer(MemoryPointer):
-    """A Numba ``MemoryPointer`` that owns numba_pool memory and calls ``release()`` (no
-    arguments, must not raise) exactly once: on :meth:`free` or when the pointer is collected.
+class PoolPointer:
+    """Mixin for a frontend's ``MemoryPointer``: a pointer that owns numba_pool memory and calls
+    ``release()`` (no arguments, must not raise) exactly once: on :meth:`free` or when the
+    pointer is collected.
 
     :param context: the Numba context (Numba ignores it; kept for its interface).
     :param pointer: the device address (``CUdeviceptr``).
@@ -47,7 +50,7 @@ class PoolPointer(MemoryPointer):
     def __init__(self, context, pointer, size: int, release: Callable[[], None]):
         # MemoryPointer.__init__'s attributes, set here rather than through super().__init__(),
         # which costs 0.25 µs more per allocation (measured: docs/perf-notes.md).  A CI test
-        # checks that this list stays the one numba-cuda's MemoryPointer sets.
+        # checks that this list stays the one each frontend's MemoryPointer sets.
         self.context = context
         self.device_pointer = self.handle = pointer
         self.size = self._cuda_memsize_ = size
@@ -84,12 +87,12 @@ class PoolPointer(MemoryPointer):
         self._release = None
         return release
 
-    def __copy__(self) -> MemoryPointer:
+    def __copy__(self):
         """A view of the whole allocation that owns nothing and keeps this pointer alive: the
         memory is released once, when the last of them goes."""
         return self.view(0)
 
-    def __deepcopy__(self, memo) -> MemoryPointer:
+    def __deepcopy__(self, memo):
         """As :meth:`__copy__`: device memory is not duplicated by copying its pointer."""
         return self.view(0)
 
@@ -99,11 +102,11 @@ class PoolPointer(MemoryPointer):
             release()
 
 
-class PooledPinnedMemory(PinnedMemory):
-    """A Numba ``PinnedMemory`` (what ``cuda.pinned_array`` wraps in a NumPy array; ``mempin``,
-    behind ``cuda.pinned()``, keeps Numba's own) for a block of numba_pool's host cache, calling ``release()`` (no arguments,
-    must not raise) exactly once, when the object is collected; never while the interpreter
-    exits (as :class:`PoolPointer`).
+class PooledPinnedMemory:
+    """Mixin for a frontend's ``PinnedMemory`` (what ``cuda.pinned_array`` wraps in a NumPy
+    array; ``mempin``, behind ``cuda.pinned()``, keeps Numba's own) for a block of numba_pool's
+    host cache, calling ``release()`` (no arguments, must not raise) exactly once, when the
+    object is collected; never while the interpreter exits (as :class:`PoolPointer`).
 
     ``PinnedMemory(..., finalizer=f)`` wraps ``f`` in ``weakref.finalize`` (1.7-1.9 µs on a lent
     H100's host, :class:`PoolPointer`'s reasons); Numba's ``PinnedMemory`` has no ``free()``, so
@@ -121,7 +124,7 @@ class PooledPinnedMemory(PinnedMemory):
 
     def __init__(self, context, pointer: int, size: int, release: Callable[[], None]):
         # PinnedMemory.__init__'s attributes, set here (a CI test checks the list stays the one
-        # numba-cuda's PinnedMemory sets).  _buflen_/_bufptr_ serve the buffer protocol.
+        # each frontend's PinnedMemory sets).  _buflen_/_bufptr_ serve the buffer protocol.
         self.context = context
         self.owned = None
         self.size = self._buflen_ = size

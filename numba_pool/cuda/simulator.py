@@ -30,6 +30,7 @@ Filter the warnings with ``warnings.filterwarnings("ignore", category=numba_pool
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections import namedtuple
 
@@ -44,12 +45,12 @@ class SimulatorWarning(UserWarning):
     """numba_pool was asked to serve Numba's allocations while the CUDA simulator is on."""
 
 
-def enabled() -> bool:
-    """Whether ``numba.cuda`` is the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` when it was
-    imported)."""
-    from numba import cuda
-
-    return bool(cuda.config.ENABLE_CUDASIM)
+def active() -> bool:
+    """Whether a program has imported ``numba.cuda`` and it is the CUDA simulator; imports
+    nothing (Numba-CUDA-MLIR, which has no simulator, may be the frontend in use)."""
+    cuda = sys.modules.get("numba.cuda")
+    config = getattr(cuda, "config", None)
+    return bool(getattr(config, "ENABLE_CUDASIM", False))
 
 
 def install_message() -> str:
@@ -81,6 +82,12 @@ def _note(message: str) -> None:
 
 
 _environment_noted = False
+
+
+def requested(environ=os.environ) -> bool:
+    """Whether the simulator is on, or will be when ``numba.cuda`` is imported
+    (``NUMBA_ENABLE_CUDASIM`` set and not 0); imports nothing."""
+    return active() or environ.get("NUMBA_ENABLE_CUDASIM", "").strip() not in ("", "0")
 
 
 def note_environment(environ=os.environ) -> None:

@@ -10,9 +10,13 @@ Numba's memory manager up there::
     import numba_pool.integrations.dask as npd
 
     client = Client(LocalCUDACluster())
-    client.register_plugin(npd.NumbaPoolPlugin(arena=True))
+    client.register_plugin(npd.NumbaPoolPlugin(arena=True))  # frontend="mlir" for Numba-CUDA-MLIR
     ...  # tasks that use numba.cuda
-    npd.stats(client)  # {worker address: {"status": "ok", "current_bytes": ..., ...}}
+    npd.stats(client)  # {worker address: {"status": "ok", "frontend": "numba-cuda", "current_bytes": ..., ...}}
+
+The Numba CUDA frontend is the plugin's ``frontend`` (``"numba-cuda"`` or ``"mlir"``), else each
+worker's own choice (:func:`numba_pool.cuda.frontend.for_tools`: ``NUMBA_POOL_FRONTEND``, else the
+frontend imported there, else the one installed, numba-cuda first).
 
 Register the plugin before Numba's first CUDA use on the workers (before any task used
 ``numba.cuda``), as for :func:`numba_pool.install`; workers that join later get it when they
@@ -54,6 +58,7 @@ except ImportError as err:  # the missing one is distributed itself, not one of 
     raise ImportError("numba_pool.integrations.dask needs Dask's distributed: pip install 'numba-pool[dask]'") from None
 
 from .. import config as _config
+from ..cuda import frontend as frontends
 from ..cuda import simulator
 from ..plugin import settings
 from ..plugin.api import install
@@ -71,40 +76,47 @@ class NumbaPoolPlugin(WorkerPlugin):
     (or when a worker starts, for workers that join later), and publishes the worker's
     statistics as ``worker.metrics["numba_pool"]``.
 
+    :param frontend: the Numba CUDA frontend to install numba_pool into on the workers,
+        ``"numba-cuda"`` or ``"mlir"`` (kept as :attr:`frontend` and sent to the workers); None:
+        each worker's own choice (:func:`numba_pool.cuda.frontend.for_tools`).
     :param options: :func:`numba_pool.install`'s options (sizes in bytes or with units, e.g.
         ``max_size="80%"``, ``arena=True``); on the workers they override the workers'
         ``NUMBA_POOL_*`` environment variables.  ``log`` is one path for every worker: workers
         on one host would share the file, so leave it to the workers' own environment.
     :raises ConfigError: at construction, on the client, for an unknown option or a bad value.
+    :raises FrontendError: at construction, on the client, for a ``frontend`` that names none.
 
-    Its ``setup`` raises :class:`RuntimeError` when Numba already used CUDA on the worker with
-    another memory manager (``client.register_plugin`` raises it); a worker without a GPU only
-    gets a warning in its log.  Removing the plugin removes the metric; numba_pool stays Numba's
-    memory manager in worker processes where it was installed.
+    Its ``setup`` raises :class:`RuntimeError` when the frontend already used CUDA on the worker
+    with another memory manager, or is not installed there (``client.register_plugin`` raises
+    it); a worker without a GPU only gets a warning in its log.  Removing the plugin removes the
+    metric; numba_pool stays the memory manager in worker processes where it was installed.
     """
 
     name = METRIC
     idempotent = False  # registering again with other options replaces the plugin (and tries them)
 
-    def __init__(self, **options: Any):
+    def __init__(self, *, frontend: str | None = None, **options: Any):
         # Bad options fail here, not on every worker; the log's path is checked where it is written.
         _config.load(environ={}, **{k: v for k, v in options.items() if k != "log"})
+        self.frontend = None if frontend is None else frontends.parse_name(frontend, "NumbaPoolPlugin(frontend)")
         self.options = options
         self.status = "not set up"
         self.message: str | None = None
+        self.frontend_used: str | None = None  # on a worker: the frontend its setup chose
 
     def setup(self, worker) -> None:
         """Install numba_pool on ``worker`` (see the class).
 
-        :raises RuntimeError: when Numba already used CUDA on the worker under another memory
-            manager, or with other numba_pool options.
+        :raises RuntimeError: when the frontend already used CUDA on the worker under another
+            memory manager, or with other numba_pool options, or is not installed there.
         """
         worker.metrics[METRIC] = self.metric
         where = f"worker {getattr(worker, 'address', '?')}"
-        status, message = _install(self.options)
+        status, message, self.frontend_used = _install(self.options, self.frontend)
         self.status, self.message = status, message and f"{where}: {message}"
         if status == "installed":
-            logger.info("numba_pool is Numba's memory manager on %s (options %s)", where, self.options or "none")
+            logger.info("numba_pool is the memory manager of %s on %s (options %s)", self.frontend_used, where,
+                        self.options or "none")
         elif status == "not installed":
             logger.error("numba_pool.integrations.dask: %s", self.message)
             raise RuntimeError(f"numba_pool.integrations.dask: {self.message}")
@@ -112,80 +124,93 @@ class NumbaPoolPlugin(WorkerPlugin):
             logger.warning("numba_pool.integrations.dask: %s", self.message)
 
     def teardown(self, worker) -> None:
-        """Remove the metric (numba_pool stays Numba's memory manager in this process)."""
+        """Remove the metric (numba_pool stays the memory manager in this process)."""
         if worker.metrics.get(METRIC) == self.metric:
             del worker.metrics[METRIC]
 
     def metric(self, worker=None) -> dict:
-        """The worker's numba_pool statistics (see :func:`worker_statistics`), with the
-        plugin's setup outcome when it installed nothing.  Never raises."""
-        result = worker_statistics()
+        """The worker's numba_pool statistics for the plugin's frontend (see
+        :func:`worker_statistics`), with the plugin's setup outcome when it installed nothing.
+        Never raises."""
+        result = worker_statistics(self.frontend_used or self.frontend)
         if self.status != "installed" and result["status"] != "error":
             result = {**result, "status": self.status, "message": self.message}
         return result
 
 
-def _install(options: dict) -> tuple[str, str | None]:
-    """Install numba_pool in this process: ``(status, message)`` with status ``"installed"``,
-    ``"no GPU"`` (nothing to install) or ``"not installed"`` (CUDA already used: the message
-    says why)."""
-    from numba import cuda
-
-    if simulator.enabled():
-        return "no GPU", f"numba_pool not installed: {simulator.NO_MEMORY_MANAGER}"
-    if not cuda.is_available():  # initializes the driver, creates no context
-        return "no GPU", ("numba_pool not installed: no CUDA GPU on this worker "
-                          "(numba.cuda.is_available() is False)")
+def _install(options: dict, frontend: str | None) -> tuple[str, str | None, str | None]:
+    """Install numba_pool in this process for ``frontend`` (None: the tools' choice):
+    ``(status, message, frontend's name)`` with status ``"installed"``, ``"no GPU"`` (nothing
+    to install) or ``"not installed"`` (CUDA already used, or the frontend is not installed:
+    the message says why)."""
     try:
-        install(**options)
+        chosen = _frontend(frontend)
+    except frontends.FrontendError as err:
+        return "not installed", f"numba_pool not installed: {err}", frontend
+    if chosen.simulator:
+        return "no GPU", f"numba_pool not installed: {simulator.NO_MEMORY_MANAGER}", chosen.name
+    module = frontends.PACKAGES[chosen.name]
+    if not chosen.cuda.is_available():  # initializes the driver, creates no context
+        return "no GPU", f"numba_pool not installed: no CUDA GPU on this worker ({module}.is_available() is False)", \
+            chosen.name
+    try:
+        install(frontend=chosen.name, **options)
     except RuntimeError as err:
-        if _in_effect(options):
-            return "installed", None
-        return "not installed", (f"numba_pool not installed: {err}; register the plugin before the first "
-                                 "task that uses numba.cuda, or restart the workers (client.restart()) first")
-    return "installed", None
+        if _in_effect(options, chosen):
+            return "installed", None, chosen.name
+        return "not installed", (f"numba_pool not installed: {err}; register the plugin before the first task that "
+                                 f"uses {module}, or restart the workers (client.restart()) first"), chosen.name
+    return "installed", None, chosen.name
 
 
-def _in_effect(options: dict) -> bool:
-    """Whether numba_pool with these options is already Numba's memory manager here (a
+def _frontend(frontend: str | None):
+    """The frontend named ``frontend``, or the tools' choice; imported now.
+
+    :raises FrontendError: when it is not installed (or ``NUMBA_POOL_FRONTEND`` names none).
+    """
+    return frontends.for_tools() if frontend is None else frontends.load(frontend)
+
+
+def _in_effect(options: dict, frontend) -> bool:
+    """Whether numba_pool with these options is already ``frontend``'s memory manager here (a
     plugin registered again, or ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` on the worker)."""
-    from numba.cuda.cudadrv import driver as numba_driver
-
-    contexts = _contexts()
+    plugin = getattr(frontend.driver, "_memory_manager", None)
     return (settings.installed() == _config.load(**options)
-            and getattr(numba_driver, "_memory_manager", None) is NumbaPoolManager
-            and all(isinstance(getattr(c, "memory_manager", None), NumbaPoolManager) for c in contexts.values()))
+            and isinstance(plugin, type) and issubclass(plugin, NumbaPoolManager)
+            and all(isinstance(getattr(c, "memory_manager", None), NumbaPoolManager)
+                    for c in _contexts(frontend).values()))
 
 
-def _contexts() -> dict:
-    """Numba's contexts in this process, ``{device ordinal: Context}``; creates none."""
-    from numba.cuda.cudadrv.driver import driver
-
-    return {dev_id: dev.primary_context for dev_id, dev in sorted(driver.devices.items())
+def _contexts(frontend) -> dict:
+    """``frontend``'s contexts in this process, ``{device ordinal: Context}``; creates none."""
+    return {dev_id: dev.primary_context for dev_id, dev in sorted(frontend.driver.driver.devices.items())
             if getattr(dev, "primary_context", None) is not None}
 
 
-def worker_statistics() -> dict:
-    """numba_pool's statistics in this process (a worker), without creating a CUDA context.
+def worker_statistics(frontend: str | None = None) -> dict:
+    """numba_pool's statistics in this process (a worker) for ``frontend`` (``"numba-cuda"``,
+    ``"mlir"``; None: the tools' choice), without creating a CUDA context.
 
-    Keys: ``status``, one of ``"ok"``, ``"no CUDA context yet"``, ``"other manager"`` (Numba's
-    context has another memory manager: ``manager`` names it), ``"not initialized"`` (numba_pool's
-    manager has no pool yet), ``"no GPU"`` (the simulator), ``"error"``; ``message``, one line,
-    unless ``"ok"``.  (:class:`NumbaPoolPlugin`'s metric adds its setup outcome: ``"no GPU"``,
-    ``"not installed"``.)  With ``"ok"``: ``device`` (the lowest
-    device ordinal where Numba has a context), ``manager`` (``"NumbaPoolManager"``) and the
-    statistics of :func:`numba_pool.stats` (:meth:`PoolStatistics.to_dict
+    Keys: ``status``, one of ``"ok"``, ``"no CUDA context yet"``, ``"other manager"`` (the
+    frontend's context has another memory manager: ``manager`` names it), ``"not initialized"``
+    (numba_pool's manager has no pool yet), ``"no GPU"`` (the simulator), ``"error"``;
+    ``frontend``, the frontend's name (absent when it could not be found); ``message``, one
+    line, unless ``"ok"``.  (:class:`NumbaPoolPlugin`'s metric adds its setup outcome: ``"no
+    GPU"``, ``"not installed"``.)  With ``"ok"``: ``device`` (the lowest device ordinal where
+    the frontend has a context), ``manager`` (``"NumbaPoolManager"``) and the statistics of
+    :func:`numba_pool.stats` (:meth:`PoolStatistics.to_dict
     <numba_pool.PoolStatistics.to_dict>`; bytes and counts); ``other_devices``, ``{ordinal as
-    str: the same}``, when Numba has contexts on more than one device.  Never raises.
+    str: the same}``, when the frontend has contexts on more than one device.  Never raises.
     """
     try:
-        if simulator.enabled():
-            return {"status": "no GPU", "message": simulator.NO_MEMORY_MANAGER}
-        contexts = _contexts()
+        chosen = _frontend(frontend)
+        if chosen.simulator:
+            return {"status": "no GPU", "frontend": chosen.name, "message": simulator.NO_MEMORY_MANAGER}
+        contexts = _contexts(chosen)
         if not contexts:
-            return {"status": "no CUDA context yet",
-                    "message": "Numba has not used CUDA in this worker yet (no context, no allocation)"}
-        per_device = {dev_id: _context_statistics(dev_id, context) for dev_id, context in contexts.items()}
+            return {"status": "no CUDA context yet", "frontend": chosen.name,
+                    "message": f"{chosen.title} has not used CUDA in this worker yet (no context, no allocation)"}
+        per_device = {dev_id: _context_statistics(dev_id, context, chosen) for dev_id, context in contexts.items()}
         first, *others = per_device
         result = dict(per_device[first])
         if others:
@@ -195,14 +220,18 @@ def worker_statistics() -> dict:
         return {"status": "error", "message": f"{type(err).__name__}: {err}"}
 
 
-def _context_statistics(dev_id: int, context) -> dict:
+def _context_statistics(dev_id: int, context, frontend) -> dict:
+    """The statistics of ``context``'s manager: that frontend's numba_pool manager, asked
+    directly (``numba_pool.stats()`` would make the context current on this thread, or create
+    one)."""
     mm = getattr(context, "memory_manager", None)
     name = type(mm).__name__
+    about = {"device": dev_id, "frontend": frontend.name, "manager": name}
     if not isinstance(mm, NumbaPoolManager):
-        return {"status": "other manager", "device": dev_id, "manager": name,
-                "message": f"Numba's memory manager on device {dev_id} is {name}, not numba_pool"}
+        return {"status": "other manager", **about,
+                "message": f"{frontend.title}'s memory manager on device {dev_id} is {name}, not numba_pool"}
     if mm.allocator is None:  # not initialized (or reset): statistics() would create the pool
-        return {"status": "not initialized", "device": dev_id, "manager": name,
+        return {"status": "not initialized", **about,
                 "message": f"numba_pool has no pool on device {dev_id} yet (nothing allocated since start or reset)"}
     # On the worker's event loop thread, where no context is current: the pool queries need one.
     context.push()
@@ -210,7 +239,7 @@ def _context_statistics(dev_id: int, context) -> dict:
         statistics = mm.statistics()
     finally:
         context.pop()
-    return {"status": "ok", "device": dev_id, "manager": name, **_as_dict(statistics)}
+    return {"status": "ok", **about, **_as_dict(statistics)}
 
 
 def _as_dict(statistics) -> dict:

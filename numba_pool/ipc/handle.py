@@ -1,4 +1,4 @@
-"""The IPC handle of numba_pool memory (Numba's ``IpcHandle``) and the importer's side:
+"""The IPC handle of numba_pool memory (the frontend's ``IpcHandle``) and the importer's side:
 the exporting pool imported once per process, the pointer imported per handle."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import threading
 from multiprocessing import reduction
 
 from ..cuda import driver
+from ..cuda import frontend as frontends
 from ..cuda.driver import check
-from ..cuda.frontend import IpcHandle, MemoryPointer
+from ..cuda.frontend import Frontend
 from ..cuda.mempool import read_write_access
 from .leases import Lease, remove_lease
 
@@ -101,13 +102,16 @@ def _pidfd_getfd(pid: int, fd: int) -> int:
         os.close(pidfd)
 
 
-class PoolIpcHandle(IpcHandle):
-    """Numba's ``IpcHandle`` for numba_pool memory: ``handle`` is :class:`ExportData`; the
-    pickled form carries it, the size and offset in bytes, the source device's identity, the
-    exporting pool's key and descriptor, and the lease.  Opened by ``open``/``open_array``
+class PoolIpcHandle:
+    """Mixin for a frontend's ``IpcHandle`` (:func:`handle_class`), for numba_pool memory:
+    ``handle`` is :class:`ExportData`; the pickled form carries it, the size and offset in
+    bytes, the source device's identity, the exporting pool's key and descriptor, the lease and
+    the exporter's frontend (the importer's own is used: :func:`_rebuild`).  Opened by ``open``/``open_array``
     (direct where the device can reach the source device, else staged through a copy),
     ``open_direct``, ``open_staged``, and ``IpcArrayHandle``; ``close`` frees the import.
     """
+
+    frontend: Frontend  # set by handle_class
 
     def __init__(self, base, handle, size, source_info=None, offset=0, *, pool_key: str, fd, lease: Lease):
         super().__init__(base, handle, size, source_info, offset)
@@ -118,16 +122,14 @@ class PoolIpcHandle(IpcHandle):
         if isinstance(fd, int):  # ours (the exporter's, or imported here): share a duplicate
             fd = (reduction.DupFd(fd), os.getpid(), fd)
         return (_rebuild, (self.handle.reserved, self.size, self.source_info, self.offset,
-                           self.pool_key, fd, self.lease.folder, self.lease.export))
+                           self.pool_key, fd, self.lease.folder, self.lease.export, self.frontend.name))
 
     def _import(self, device: int):
         """Import the pointer into this process with ``device`` able to reach it; returns the
         pointer (``CUdeviceptr``) and the lease file."""
-        from numba.cuda.cudadrv.driver import Device
-
         pool, fd = _imported.get(self.pool_key, self._fd)
         self._fd = fd
-        if Device.from_identity(self.source_info).id != device:
+        if self.frontend.driver.Device.from_identity(self.source_info).id != device:
             _imported.grant(self.pool_key, pool, device)
         lease = self.lease.take()
         try:
@@ -151,7 +153,7 @@ class PoolIpcHandle(IpcHandle):
         ptr, lease = self._import(context.device.id)
         # The opened pointer is kept here: own() holds only a weak proxy of it (as Numba's
         # _CudaIpcImpl keeps _opened_mem).
-        opened = _Opened(ptr, lease, MemoryPointer(context, ptr, size=self.offset + self.size))
+        opened = _Opened(ptr, lease, self.frontend.MemoryPointer(context, ptr, size=self.offset + self.size))
         self._impl = opened
         return opened.memory.own().view(self.offset)
 
@@ -161,19 +163,18 @@ class PoolIpcHandle(IpcHandle):
 
         :raises ValueError: when already open.
         """
-        from numba import cuda
-        from numba.cuda.cudadrv.driver import Device, device_to_device
-
+        cuda, numba_driver = self.frontend.cuda, self.frontend.driver
         self._sentry_source_info()
         if self._impl is not None:
             raise ValueError("IpcHandle is already opened")
-        source_device = Device.from_identity(self.source_info).id
+        source_device = numba_driver.Device.from_identity(self.source_info).id
         with cuda.gpus[source_device]:
             source_context = cuda.devices.get_context()
             ptr, lease = self._import(source_device)
-            opened = _Opened(ptr, lease, MemoryPointer(source_context, ptr, size=self.offset + self.size))
+            opened = _Opened(ptr, lease, self.frontend.MemoryPointer(source_context, ptr,
+                                                                     size=self.offset + self.size))
         copy = context.memalloc(self.size)
-        device_to_device(copy, opened.memory.view(self.offset), self.size)
+        numba_driver.device_to_device(copy, opened.memory.view(self.offset), self.size)
         with cuda.gpus[source_device]:
             opened.close()
         self._impl = _Staged()
@@ -210,6 +211,28 @@ class _Staged:
         pass  # the copy belongs to the importer's manager; the import was freed at open
 
 
-def _rebuild(reserved, size, source_info, offset, pool_key, fd, folder, export) -> PoolIpcHandle:
-    return PoolIpcHandle(None, ExportData(reserved), size, source_info, offset,
-                         pool_key=pool_key, fd=fd, lease=Lease(folder, export))
+_handle_classes: dict = {}  # frontend name -> its handle class (a dict store is atomic)
+
+
+def handle_class(frontend: Frontend) -> type:
+    """:class:`PoolIpcHandle` on ``frontend``'s ``IpcHandle``."""
+    cls = _handle_classes.get(frontend.name)
+    if cls is None:
+        cls = _handle_classes.setdefault(frontend.name, frontend.derive(PoolIpcHandle, frontend.IpcHandle))
+    return cls
+
+
+def _importer_frontend(exporter: str):
+    """The frontend a handle unpickled here belongs to: the importer's, which is the exporter's
+    only when this process uses that one too (or uses none yet and the tools choose it)."""
+    in_use = frontends.imported()
+    if exporter in in_use or not in_use and exporter in frontends.installed():
+        return frontends.load(exporter)
+    return frontends.load(in_use[0]) if in_use else frontends.for_tools()
+
+
+def _rebuild(reserved, size, source_info, offset, pool_key, fd, folder, export,
+             exporter: str = frontends.NUMBA_CUDA) -> PoolIpcHandle:
+    cls = handle_class(_importer_frontend(exporter))
+    return cls(None, ExportData(reserved), size, source_info, offset, pool_key=pool_key, fd=fd,
+               lease=Lease(folder, export))

@@ -50,40 +50,65 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _simulated() -> bool:
-    from numba_pool.cuda import simulator
+def _frontend_name(text: str) -> str:
+    from ..cuda.frontend import FrontendError, parse_name
 
-    return simulator.enabled()
+    try:
+        return parse_name(text, "--frontend")
+    except FrontendError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a frontend: expected 'numba-cuda' (numba.cuda) or 'mlir' "
+                                         "(numba_cuda_mlir.cuda)") from None
 
 
-def require_gpu(name: str) -> None:
+def frontend_for(name: str, chosen: str | None):
+    """The frontend the script runs on: ``chosen`` (``--frontend``'s), else the tools' choice
+    (``NUMBA_POOL_FRONTEND``, else the one installed); imported now.  Exit with status 2 and
+    one line when it is not installed, or ``NUMBA_POOL_FRONTEND`` names none."""
+    from ..cuda import frontend as frontends
+
+    try:
+        return frontends.load(chosen) if chosen is not None else frontends.for_tools()
+    except frontends.FrontendError as err:
+        print(f"{name}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def require_gpu(name: str, frontend) -> None:
     """Exit with status 2 and one line on standard error when there is no CUDA GPU (Numba's own
-    error is a 30-line traceback); under the CUDA simulator the script runs there."""
-    from numba import cuda
+    error is a 30-line traceback); under numba-cuda's CUDA simulator the script runs there."""
+    from ..cuda.frontend import PACKAGES
 
-    if not _simulated() and not cuda.is_available():
-        print(f"{name}: no CUDA GPU is available here (numba.cuda.is_available() is False): "
+    if not frontend.simulator and not frontend.cuda.is_available():
+        print(f"{name}: no CUDA GPU is available here ({PACKAGES[frontend.name]}.is_available() is False): "
               "this script runs kernels on one", file=sys.stderr)
         raise SystemExit(2)
 
 
 def parse_args(description: str, argv=None) -> argparse.Namespace:
     """The scripts' arguments; then, unless only ``--help`` was asked for, check numba_pool's
-    configuration and that there is a GPU (exit status 2 and one line otherwise)."""
-    simulated = _simulated()
+    configuration, the frontend and that there is a GPU (exit status 2 and one line otherwise).
+    ``args.frontend`` is the :class:`~numba_pool.cuda.frontend.Frontend` to run on."""
     parser = _OneLineParser(description=description)
-    parser.add_argument("--n", type=_sizes, default=SIMULATOR_DEFAULTS["n"] if simulated else [1 << 20],
+    parser.add_argument("--n", type=_sizes, default=None,
                         help="elements per array, or a comma-separated list cycled through the rounds "
                              "(default 2^20; 1024 under the CUDA simulator)")
-    parser.add_argument("--iterations", type=_count(1), default=SIMULATOR_DEFAULTS["iterations"] if simulated else 10,
+    parser.add_argument("--iterations", type=_count(1), default=None,
                         help="allocate/launch/free rounds (default 10; 3 under the CUDA simulator)")
     parser.add_argument("--keep", type=_count(0), default=0,
                         help="keep the last K arrays alive (a pipeline's window) instead of freeing each at once")
     parser.add_argument("--summary", action="store_true",
                         help="print numba_pool.memory_summary() at the end (when numba_pool is the memory manager)")
+    parser.add_argument("--frontend", type=_frontend_name, default=None,
+                        help="the Numba CUDA frontend: numba-cuda (numba.cuda) or mlir (numba_cuda_mlir.cuda) "
+                             "(default: NUMBA_POOL_FRONTEND, else the one installed, numba-cuda first)")
     args = parser.parse_args(argv)
     check_configuration(parser.prog)
-    require_gpu(parser.prog)
+    args.frontend = frontend_for(parser.prog, args.frontend)
+    defaults = SIMULATOR_DEFAULTS if args.frontend.simulator else {"n": [1 << 20], "iterations": 10}
+    for option, value in defaults.items():
+        if getattr(args, option) is None:
+            setattr(args, option, value)
+    require_gpu(parser.prog, args.frontend)
     return args
 
 
@@ -115,27 +140,30 @@ class Window:
             self.items.append(item)
 
 
-def report(name: str, ok: bool, detail: str, summary: bool = False) -> int:
-    """Print one line naming the memory manager in use (the CUDA simulator has none) and, with
-    ``summary``, numba_pool's memory summary (or one line saying why there is none); return the
-    exit status."""
-    from numba import cuda
+def report(name: str, ok: bool, detail: str, summary: bool = False, frontend=None) -> int:
+    """Print one line naming the memory manager in use (the CUDA simulator has none) and the
+    frontend, ``sqrt: OK (1048576 elements x 10) under NumbaPoolManager, frontend numba-cuda``,
+    and, with ``summary``, numba_pool's memory summary (or one line saying why there is none);
+    return the exit status.  ``frontend``: the one the script ran on (None: the tools')."""
+    if frontend is None:
+        from ..cuda.frontend import for_tools
 
-    if _simulated():
+        frontend = for_tools()
+    if frontend.simulator:
         manager = "the CUDA simulator (no memory manager)"
     else:
-        manager = type(cuda.current_context().memory_manager).__name__
-    print(f"{name}: {'OK' if ok else 'WRONG RESULT'} ({detail}) under {manager}")
+        manager = type(frontend.cuda.current_context().memory_manager).__name__
+    print(f"{name}: {'OK' if ok else 'WRONG RESULT'} ({detail}) under {manager}, frontend {frontend.title}")
     if summary:
-        _print_summary()
+        _print_summary(frontend)
     sys.stdout.flush()
     return 0 if ok else 1
 
 
-def _print_summary() -> None:
+def _print_summary(frontend) -> None:
     import numba_pool
 
     try:
-        print(numba_pool.memory_summary())
+        print(numba_pool.memory_summary(frontend=frontend.name))
     except RuntimeError as err:  # numba_pool is not the memory manager: its one line says why
         print(f"no memory summary: {err}")

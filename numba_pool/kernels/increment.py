@@ -5,12 +5,16 @@ arrays alive, like a pipeline holding its recent results."""
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
 
+from . import Kernel
 from ._script import THREADS_PER_BLOCK, Window, blocks_for, parse_args, report
 
+#: The frontend's ``cuda`` in each frontend's copy of the kernel (Note [A kernel for each
+#: frontend] in :mod:`numba_pool.kernels`); none is imported here.
+cuda = None
 
-@cuda.jit
+
+@Kernel
 def increment_kernel(a):
     """``a[i] += 1`` for a 1-D float32/float64 device array ``a``."""
     i = cuda.grid(1)
@@ -20,6 +24,7 @@ def increment_kernel(a):
 
 def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
+    cuda, kernel = args.frontend.cuda, increment_kernel.for_frontend(args.frontend)
     rng = np.random.default_rng(0)
     window = Window(args.keep)
     ok = True
@@ -27,12 +32,13 @@ def main(argv=None) -> int:
         n = args.n[i % len(args.n)]
         host = rng.random(n, dtype=np.float32)
         d = cuda.to_device(host)  # a new device array each round: exercises allocate and free
-        increment_kernel[blocks_for(n), THREADS_PER_BLOCK](d)
+        kernel[blocks_for(n), THREADS_PER_BLOCK](d)
         ok &= bool(np.array_equal(d.copy_to_host(), host + np.float32(1.0)))
         window.add(d)
         del d
     sizes = ",".join(map(str, args.n))
-    return report("increment", ok, f"{sizes} elements x {args.iterations}, keeping {args.keep}", args.summary)
+    detail = f"{sizes} elements x {args.iterations}, keeping {args.keep}"
+    return report("increment", ok, detail, args.summary, args.frontend)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
 
+from . import Kernel
 from ._script import THREADS_PER_BLOCK, Window, blocks_for, parse_args, report
 
+#: The frontend's ``cuda`` in each frontend's copy of the kernel (Note [A kernel for each
+#: frontend] in :mod:`numba_pool.kernels`); none is imported here.
+cuda = None
 
-@cuda.jit
+
+@Kernel
 def sqrt_kernel(a):
     """``a[i] = sqrt(i)`` for a 1-D float32/float64 device array ``a``."""
     i = cuda.grid(1)
@@ -22,17 +26,19 @@ def sqrt_kernel(a):
 
 def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
+    cuda, kernel = args.frontend.cuda, sqrt_kernel.for_frontend(args.frontend)
     ok = True
     window = Window(args.keep)
     for i in range(args.iterations):
         n = args.n[i % len(args.n)]
         expected = np.sqrt(np.arange(n, dtype=np.float64)).astype(np.float32)
         d = cuda.device_array(n, dtype=np.float32)
-        sqrt_kernel[blocks_for(n), THREADS_PER_BLOCK](d)
+        kernel[blocks_for(n), THREADS_PER_BLOCK](d)
         ok &= bool(np.allclose(d.copy_to_host(), expected, rtol=1e-6))
         window.add(d)
         del d
-    return report("sqrt", ok, f"{','.join(map(str, args.n))} elements x {args.iterations}", args.summary)
+    detail = f"{','.join(map(str, args.n))} elements x {args.iterations}"
+    return report("sqrt", ok, detail, args.summary, args.frontend)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from collections import deque
 from functools import partial
 from typing import Callable
 
-from ..cuda.frontend import CudaAPIError
+from ..cuda.errors import CudaAPIError
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import per_thread
 
@@ -111,7 +111,7 @@ class LoggedAllocations:
             raise
         address = mem.device_pointer_value
         self._log.allocate(address, size, stream)
-        return PoolPointer(mem.context, mem.device_pointer, size,
+        return type(mem)(mem.context, mem.device_pointer, size,
                            partial(self._log_then_release, address, size, stream, mem.take_release()))
 
     def _log_then_release(self, address: int, size: int, stream: int, release: Callable[[], None]) -> None:

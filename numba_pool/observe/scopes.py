@@ -31,7 +31,7 @@ hands Numba a pointer of its own, which takes over the upstream pointer's releas
 (``PoolPointer.take_release``): its release appends the matching events, then releases.
 
 With ``profile=True`` a scope also records, per call site (the first frame outside numba,
-numba-cuda and numba_pool), the allocations and their bytes: :meth:`ScopedStatistics.report`.
+numba-cuda, Numba-CUDA-MLIR and numba_pool), the allocations and their bytes: :meth:`ScopedStatistics.report`.
 That walks the stack at every allocation (a few microseconds): for diagnosis, not production.
 """
 
@@ -45,7 +45,6 @@ from typing import Callable
 
 from ..allocator.usage import DRAIN_AT, UsageTracker
 from ..cuda import simulator
-from ..cuda.frontend import SIMULATOR
 from ..cuda.pointers import PoolPointer
 
 
@@ -234,7 +233,7 @@ def statistics(*, profile: bool = False) -> ScopedStatistics:
     Under the CUDA simulator, which has no memory manager, it warns
     (:class:`numba_pool.SimulatorWarning`) that it counts nothing.
     """
-    if SIMULATOR:
+    if simulator.active():
         simulator.warn_scope()
     return ScopedStatistics(profile=profile)
 
@@ -287,7 +286,7 @@ class CountedAllocations:
                 if site is None:
                     site = _call_site()
                 scope._record_site(site, size)
-        return PoolPointer(mem.context, mem.device_pointer, size, partial(_count_free, scopes, size, mem.take_release()))
+        return type(mem)(mem.context, mem.device_pointer, size, partial(_count_free, scopes, size, mem.take_release()))
 
 
 def _count_free(scopes: tuple, size: int, release) -> None:
@@ -301,11 +300,12 @@ _SKIP: tuple[str, ...] = ()
 
 
 def _call_site() -> tuple[str, int, str]:
-    """The innermost frame outside numba, numba-cuda and numba_pool: (file, line, function)."""
+    """The innermost frame outside numba, numba-cuda, Numba-CUDA-MLIR and numba_pool: (file,
+    line, function)."""
     global _SKIP
     if not _SKIP:
-        dirs = [os.path.dirname(os.path.abspath(__file__))]
-        for name in ("numba", "numba_cuda"):
+        dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # numba_pool/
+        for name in ("numba", "numba_cuda", "numba_cuda_mlir"):
             module = sys.modules.get(name)
             if module is not None and getattr(module, "__file__", None):
                 dirs.append(os.path.dirname(os.path.abspath(module.__file__)))

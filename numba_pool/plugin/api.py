@@ -1,6 +1,11 @@
 """numba_pool's public functions: install the plugin, and reach the current (or given)
 device's manager for its statistics, summary, trim, ``record_stream`` and scratch scopes.
-:mod:`numba_pool` re-exports them."""
+:mod:`numba_pool` re-exports them.
+
+Each acts on one Numba CUDA frontend's manager: the one named by ``frontend=``, or whose array
+or stream it is given, or the one the process uses (Note [Which frontend a call acts on] in
+:mod:`numba_pool.cuda.frontend`); where that is ambiguous it says so in one line
+(:class:`~numba_pool.cuda.frontend.FrontendError`, a ``RuntimeError``)."""
 
 from __future__ import annotations
 
@@ -11,18 +16,22 @@ from .. import config as _config
 from ..allocator import threads
 from ..allocator.scratch import ScratchBlock
 from ..config import PoolConfig
+from ..cuda import frontend as frontends
 from ..cuda import simulator
-from ..cuda.frontend import CudaSupportError
 from ..cuda.streams import current_stream
 from ..observe.statistics import PoolStatistics
 from ..observe.summary import format_summary
 from . import settings
-from .manager import NumbaPoolManager
+from .manager import NumbaPoolManager, manager_class
 
 
-def install(**options: Any) -> PoolConfig:
-    """Make numba_pool Numba's memory manager (``numba.cuda.set_memory_manager``) with
-    ``options`` overriding the ``NUMBA_POOL_*`` environment variables.
+def install(frontend: str | None = None, **options: Any) -> PoolConfig:
+    """Make numba_pool the memory manager of Numba's CUDA frontend (``cuda.set_memory_manager``)
+    with ``options`` overriding the ``NUMBA_POOL_*`` environment variables.
+
+    The frontend: ``frontend`` (``"numba-cuda"`` or ``"mlir"``) when given; else every one the
+    program has imported (``numba.cuda``, ``numba_cuda_mlir.cuda``); else the one
+    ``NUMBA_POOL_FRONTEND`` names, or the one installed (numba-cuda when both are).
 
     Options (each also an environment variable, ``NUMBA_POOL_<OPTION>``; see
     :mod:`numba_pool.config`): ``release_threshold`` (bytes, or ``"all"``), ``max_size`` (bytes,
@@ -43,72 +52,105 @@ def install(**options: Any) -> PoolConfig:
     :returns: the configuration in effect.
     :raises ConfigError: for an unknown option, a bad value or contradicting options: one line
         naming the keyword (``install(max_size)=1``) or environment variable and the value.
-    :raises RuntimeError: when a CUDA context already exists, or when the interpreter runs
-        without its GIL (:func:`numba_pool.allocator.threads.require_gil`).
+    :raises RuntimeError: when a CUDA context of the frontend already exists, or when the
+        interpreter runs without its GIL (:func:`numba_pool.allocator.threads.require_gil`).
+    :raises FrontendError: (a ``RuntimeError``) when ``frontend`` names none, or no frontend is
+        installed.
     :warns SimulatorWarning: under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``), which has no
         memory manager to replace: the options are checked, nothing is installed.  The warning
         never raises, even when warnings are errors (``python -W error``).
     """
-    from numba import cuda
-    from numba.cuda.cudadrv.driver import driver
-
     config = _config.load(**options)
-    if simulator.enabled():
+    if frontend is not None:
+        targets = [frontends.load(frontends.parse_name(frontend, "numba_pool.install(frontend)"))]
+    else:
+        targets = [frontends.load(name) for name in frontends.imported()] or [frontends.for_tools()]
+    if any(target.simulator for target in targets):
         simulator.warn_install()
         return config
     threads.require_gil()
-    existing = [dev.id for dev in driver.devices.values() if getattr(dev, "primary_context", None) is not None]
-    if existing:
-        raise RuntimeError(
-            f"numba_pool.install: CUDA context(s) already exist on device(s) {existing}; Numba binds the memory "
-            "manager when it creates a context, so call install() before the first CUDA use")
+    for target in targets:
+        existing = target.devices_with_context()
+        if existing:
+            raise RuntimeError(
+                f"numba_pool.install: {target.title} CUDA context(s) already exist on device(s) {existing}; Numba binds "
+                "the memory manager when it creates a context, so call install() before the first CUDA use")
     settings.set_config(config)
-    cuda.set_memory_manager(NumbaPoolManager)
+    for target in targets:
+        target.cuda.set_memory_manager(manager_class(target))
     return config
 
 
-def manager_of(device: int | None = None) -> NumbaPoolManager:
-    """The numba_pool manager of the current (or given) device's CUDA context.
+def manager_of(device: Any = None, *, frontend: str | None = None, of: Any = None,
+               call: str = "numba_pool") -> NumbaPoolManager:
+    """The numba_pool manager of the current (or given) device's CUDA context, in the frontend
+    that ``frontend`` names, or whose object ``device`` or ``of`` is, or that the process uses
+    (Note [Which frontend a call acts on] in :mod:`numba_pool.cuda.frontend`).
 
-    :raises RuntimeError: when numba_pool is not Numba's memory manager there, or there is no
-        CUDA GPU (one line; Numba's own ``CudaSupportError`` spans many).
+    :param device: a device ordinal, or a frontend's ``Context`` or ``Device``; None: the
+        current device.
+    :param of: an array, stream or pointer whose frontend is meant (``record_stream``'s).
+    :param call: the public function asking, for messages (``"numba_pool.stats()"``).
+    :raises RuntimeError: when numba_pool is not that frontend's memory manager there, or there
+        is no CUDA GPU (one line; Numba's own ``CudaSupportError`` spans many).
+    :raises FrontendError: (a ``RuntimeError``) when which frontend is meant is ambiguous.
+    :raises TypeError: when ``device`` is none of the above.
     """
-    from numba import cuda
-
+    chosen = frontends.resolve(call, device, of, name=frontend)
+    ordinal = _ordinal(device, call)
     try:
-        context = cuda.current_context(device) if device is not None else cuda.current_context()
-    except CudaSupportError as err:
+        context = chosen.current_context(ordinal)
+    except chosen.CudaSupportError as err:
         cause = " ".join(part.strip(" :") for part in str(err).splitlines() if part.strip(" :"))
         raise RuntimeError(f"numba_pool: no CUDA GPU is available here ({cause or type(err).__name__})") from None
     mm = getattr(context, "memory_manager", None)  # None under the CUDA simulator
     if not isinstance(mm, NumbaPoolManager):
-        if simulator.enabled():
+        if chosen.simulator:
             raise RuntimeError(f"numba_pool is not the memory manager: {simulator.NO_MEMORY_MANAGER}")
         raise RuntimeError(
-            f"numba_pool is not the memory manager of this context ({type(mm).__name__} is): set "
+            f"numba_pool is not the memory manager of this {chosen.title} context ({type(mm).__name__} is): set "
             "NUMBA_CUDA_MEMORY_MANAGER=numba_pool or call numba_pool.install() before the first CUDA use")
     return mm
 
 
-def stats(device: int | None = None) -> PoolStatistics:
+def _ordinal(device: Any, call: str) -> int | None:
+    """A device ordinal from what a public function's ``device`` was given."""
+    if device is None or isinstance(device, int) and not isinstance(device, bool):
+        return device
+    owner = getattr(device, "device", device)  # a Context's device, or the Device itself
+    ordinal = getattr(owner, "id", None)
+    if isinstance(ordinal, int):
+        return ordinal
+    raise TypeError(f"{call}: device={device!r} is not a device: expected an ordinal (int), or a Numba context or "
+                    "device")
+
+
+def stats(device: Any = None, *, frontend: str | None = None) -> PoolStatistics:
     """Statistics of the current (or given) device's numba_pool manager.
 
-    :raises RuntimeError: when numba_pool is not Numba's memory manager.
+    :param device: an ordinal, or a Numba ``Context`` or ``Device`` (its frontend is then the
+        one meant); None: the current device.
+    :param frontend: ``"numba-cuda"`` or ``"mlir"``: needed only when a process has imported
+        both and both use numba_pool (:func:`manager_of`).
+    :raises RuntimeError: when numba_pool is not Numba's memory manager, or the frontend is
+        ambiguous.
     """
-    return manager_of(device).statistics()
+    return manager_of(device, frontend=frontend, call="numba_pool.stats()").statistics()
 
 
-def reset_peak(device: int | None = None) -> None:
+def reset_peak(device: Any = None, *, frontend: str | None = None) -> None:
     """Reset peak bytes/blocks in use and the pool's reserved/used high watermarks to the
-    current values (``CU_MEMPOOL_ATTR_*_MEM_HIGH``)."""
-    manager_of(device).reset_peak()
+    current values (``CU_MEMPOOL_ATTR_*_MEM_HIGH``).  ``device`` and ``frontend`` as for
+    :func:`stats`."""
+    manager_of(device, frontend=frontend, call="numba_pool.reset_peak()").reset_peak()
 
 
-def trim(keep_bytes: int = 0, device: int | None = None) -> None:
+def trim(keep_bytes: int = 0, device: Any = None, *, frontend: str | None = None) -> None:
     """Synchronize the device and release cached pool memory beyond ``keep_bytes`` bytes
     (``cuMemPoolTrimTo``), including the arena's empty slabs, and (``NUMBA_POOL_HOST``) the
-    cached pinned host blocks whose events completed (``cuMemFreeHost``)."""
-    manager_of(device).trim(keep_bytes)
+    cached pinned host blocks whose events completed (``cuMemFreeHost``).  ``device`` and
+    ``frontend`` as for :func:`stats`."""
+    manager_of(device, frontend=frontend, call="numba_pool.trim()").trim(keep_bytes)
 
 
 def record_stream(array: Any, stream: Any) -> None:
@@ -116,64 +158,69 @@ def record_stream(array: Any, stream: Any) -> None:
     ``NUMBA_POOL_HOST`` a pinned or mapped array from numba_pool) as used on
     ``stream``: when it is freed, its memory is not reused until the work queued on ``stream`` by
     then has finished.  Device-side ordering through an event; the host never waits.  The
-    PyTorch equivalent is ``Tensor.record_stream``.
+    PyTorch equivalent is ``Tensor.record_stream``.  The manager is that of the array's
+    frontend (or the stream's).
 
     :raises ValueError: when the array's memory is not a live numba_pool allocation.
     :raises TypeError: when ``stream`` is not a stream.
     """
-    manager_of().record_stream(array, stream)
+    of = array if frontends.name_of(array) is not None else stream
+    manager_of(of=of, call="numba_pool.record_stream()").record_stream(array, stream)
 
 
-def memory_summary(device: int | None = None) -> str:
+def memory_summary(device: Any = None, *, frontend: str | None = None) -> str:
     """A printable table of the current (or given) device's numba_pool memory: allocations
     (bytes and counts: current, peak, total), the pool's reserved and used bytes with their
     high watermarks, the arena's figures (reserved, in use, cached, quarantined, free, slabs),
     the calling thread's scratch block if it is inside ``numba_pool.scratch``, and the
-    out-of-memory retries and errors.  Sizes in binary units and exact bytes.
+    out-of-memory retries and errors.  Sizes in binary units and exact bytes.  ``device`` and
+    ``frontend`` as for :func:`stats`.
 
     :raises RuntimeError: when numba_pool is not Numba's memory manager.
     """
-    manager = manager_of(device)
+    manager = manager_of(device, frontend=frontend, call="numba_pool.memory_summary()")
     scratch = current_stream().scratch
     if scratch is not None and getattr(scratch.block, "context", None) is not manager.context:
-        scratch = None  # another device's block
+        scratch = None  # another device's (or frontend's) block
     return format_summary(manager.statistics(), device=manager.device_id, scratch=scratch)
 
 
-def used_bytes(device: int | None = None) -> int:
+def used_bytes(device: Any = None, *, frontend: str | None = None) -> int:
     """Bytes held by live allocations of the current (or given) device, as requested (CuPy's
-    ``MemoryPool.used_bytes()``, PyTorch's ``memory_allocated()``).
+    ``MemoryPool.used_bytes()``, PyTorch's ``memory_allocated()``).  ``device`` and
+    ``frontend`` as for :func:`stats`.
 
     :raises RuntimeError: when numba_pool is not Numba's memory manager.
     """
-    return manager_of(device).statistics().bytes_in_use
+    return manager_of(device, frontend=frontend, call="numba_pool.used_bytes()").statistics().bytes_in_use
 
 
-def reserved_bytes(device: int | None = None) -> int:
+def reserved_bytes(device: Any = None, *, frontend: str | None = None) -> int:
     """Bytes the device's mempool has reserved from the device (``CU_MEMPOOL_ATTR_RESERVED_
     MEM_CURRENT``): live allocations, arena slabs and cached free memory (CuPy's
     ``MemoryPool.total_bytes()``, PyTorch's ``memory_reserved()``).  With
     ``use_default_pool`` the pool is the device's default one, shared with other libraries.
+    ``device`` and ``frontend`` as for :func:`stats`.
 
     :raises RuntimeError: when numba_pool is not Numba's memory manager.
     """
-    return manager_of(device).statistics().pool_reserved_bytes
+    return manager_of(device, frontend=frontend, call="numba_pool.reserved_bytes()").statistics().pool_reserved_bytes
 
 
 @contextlib.contextmanager
-def scratch(nbytes: int, *, manager=None) -> Iterator[ScratchBlock]:
+def scratch(nbytes: int, *, manager=None, frontend: str | None = None) -> Iterator[ScratchBlock]:
     """Bump-allocate this thread's device allocations inside the block from one reserved
     block of ``nbytes`` bytes (a linear allocator with free-all; :mod:`numba_pool.allocator.scratch`).
 
     :param nbytes: bytes to reserve (rounded up to 256 per allocation inside).
     :param manager: the :class:`~numba_pool.NumbaPoolManager` to reserve from; by default the
-        current CUDA context's.
+        current CUDA context's (of ``frontend``, as for :func:`stats`).
     :raises ValueError: for ``nbytes`` <= 0.
     :raises RuntimeError: when numba_pool is not Numba's memory manager.
-    :raises numba.cuda.cudadrv.driver.CudaAPIError: when the block cannot be reserved.
+    :raises CudaAPIError: (the frontend's) when the block cannot be reserved.
     """
     if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
         raise ValueError(f"numba_pool.scratch: nbytes={nbytes!r} must be a positive number of bytes")
-    manager = manager_of() if manager is None else manager
+    manager = manager_of(frontend=frontend, call="numba_pool.scratch()") if manager is None else manager
     with manager.scratch(nbytes) as block:
         yield block

@@ -6,7 +6,6 @@ from __future__ import annotations
 from functools import partial
 
 from ..allocator.host_blocks import HostBlock, HostBlocks, host_flags
-from ..cuda.pointers import PooledPinnedMemory
 
 
 def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bool, wc: bool):
@@ -19,8 +18,8 @@ def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bo
     block = host.allocate(size, host_flags(mapped, portable, wc))
     finalizer = partial(_release_host, manager, host, block, mapped)
     if not mapped:
-        return PooledPinnedMemory(manager.context_proxy, block.host, size, finalizer)
-    mem = _pooled_mapped_memory(manager.context_proxy, block, size, finalizer)
+        return manager.frontend.PooledPinnedMemory(manager.context_proxy, block.host, size, finalizer)
+    mem = _pooled_mapped_memory(manager.frontend.driver, manager.context_proxy, block, size, finalizer)
     manager.allocations[block.host] = mem
     return mem.own()
 
@@ -33,18 +32,18 @@ def _release_host(manager, host: HostBlocks, block: HostBlock, mapped: bool) -> 
     host.release(block, manager.deferral.defer)
 
 
-def _pooled_mapped_memory(context, block: HostBlock, size: int, finalizer):
-    """Numba's ``MappedMemory`` for a cached block, built as its constructor builds it but
-    with the device pointer the cache got (``cuMemHostGetDevicePointer`` through numba_pool's
-    driver object) instead of a second driver call."""
+def _pooled_mapped_memory(numba_driver, context, block: HostBlock, size: int, finalizer):
+    """The frontend's ``MappedMemory`` (``numba_driver``: its ``cudadrv.driver`` module) for a
+    cached block, built as its constructor builds it but with the device pointer the cache got
+    (``cuMemHostGetDevicePointer`` through numba_pool's driver object) instead of a second
+    driver call."""
     from cuda.bindings import driver as binding
-    from numba.cuda.cudadrv.driver import AutoFreePointer, MappedMemory
 
-    mem = MappedMemory.__new__(MappedMemory)
+    mem = numba_driver.MappedMemory.__new__(numba_driver.MappedMemory)
     mem.owned = None
     mem.host_pointer = block.host
     mem._bufptr_ = block.host
-    AutoFreePointer.__init__(mem, context, binding.CUdeviceptr(block.device), size, finalizer=finalizer)
+    numba_driver.AutoFreePointer.__init__(mem, context, binding.CUdeviceptr(block.device), size, finalizer=finalizer)
     mem.handle = mem.host_pointer
     mem._buflen_ = mem.size
     return mem

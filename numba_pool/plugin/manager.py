@@ -13,6 +13,17 @@ Note [The path is the manager's memalloc]
     before the first initialization and after a reset (Numba keeps the manager across a reset and
     does not call ``initialize`` again), and initializes first.
 
+Note [One class for every frontend]
+    Each Numba CUDA frontend (numba-cuda, Numba-CUDA-MLIR) has its own EMM base classes, so the
+    manager Numba instantiates is :class:`NumbaPoolManager` on that frontend's
+    ``HostOnlyCUDAMemoryManager`` (:func:`manager_class`, one class per frontend).
+    :class:`NumbaPoolManager` itself, what ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` and
+    ``cuda.set_memory_manager(numba_pool.NumbaPoolManager)`` hand to either frontend, is the
+    frontend-neutral base: instantiating it (``__new__``) builds the class of the frontend whose
+    context it is given, or, for the context-less instance ``set_memory_manager`` makes to read
+    the interface version, of the frontend module calling.  ``isinstance(m, NumbaPoolManager)``
+    holds for either frontend's managers.
+
 Note [Lifetimes across a reset]
     An array may outlive :meth:`NumbaPoolManager.reset` (or its context).  Its release must then
     neither raise nor free memory that a later allocation owns at the same address: the reset
@@ -34,10 +45,11 @@ from ..allocator.scratch import scratch_scope
 from ..allocator.usage import UsageTracker
 from ..allocator.waits import Deferral
 from ..cuda import driver
+from ..cuda import frontend as frontends
 from ..cuda.context import OwnerContext
-from ..cuda.frontend import HostOnlyCUDAMemoryManager, MemoryInfo, MemoryPointer
+from ..cuda.frontend import Frontend
 from ..cuda.mempool import MemPool, device_memory_info
-from ..cuda.pointers import data_address
+from ..cuda.pointers import PoolPointer, data_address
 from ..cuda.streams import as_stream_ref
 from ..observe import scopes
 from ..observe.alloclog import AllocationLog
@@ -47,10 +59,12 @@ from .host_memory import host_memory
 from .path import Path, compose
 
 
-class NumbaPoolManager(HostOnlyCUDAMemoryManager):
+class NumbaPoolManager:
     """EMM plugin serving Numba's device allocations from a stream-ordered mempool.
 
-    Numba creates one instance per CUDA context, hence per device.  Pinned and mapped host
+    Numba creates one instance per CUDA context, hence per device and frontend; each frontend's
+    instances are of :func:`manager_class`'s subclass for it (Note [One class for every
+    frontend]).  Pinned and mapped host
     memory come from the host cache (:mod:`numba_pool.allocator.host_blocks`) when
     ``NUMBA_POOL_HOST`` is on; otherwise, and for ``mempin`` and managed memory, Numba's own
     handling (``HostOnlyCUDAMemoryManager``).
@@ -65,8 +79,21 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
     options in effect once initialized).
     """
 
+    #: The frontend whose base classes this class derives from (None on this neutral base).
+    frontend: Frontend | None = None
+
+    def __new__(cls, *args, **kwargs):
+        if cls is NumbaPoolManager:  # Note [One class for every frontend]
+            context = kwargs.get("context", args[0] if args else None)
+            name = (None if context is None else frontends.name_of(context)) or frontends.of_caller(1)
+            chosen = frontends.load(name) if name else frontends.resolve("numba_pool.NumbaPoolManager(context)")
+            cls = manager_class(chosen)
+        return super().__new__(cls)
+
     def __init__(self, *args, config: _config.PoolConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        if self.context is not None:
+            frontends.note_serving(self.frontend)
         self._requested_config = config
         self.config: _config.PoolConfig | None = None
         self.allocator: DeviceAllocator | None = None
@@ -113,7 +140,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             pool.reserve(config.initial_size)
             allocator = DeviceAllocator(cu, pool, self.context, self._usage, config,
                                         before_retry=self.deallocations.clear, deferral=self.deferral,
-                                        after_reset=self.allocate_unadapted)
+                                        after_reset=self.allocate_unadapted, pointer=self.frontend.PoolPointer)
             self.config = config
             if config.host and self.host is None:
                 self.host = HostBlocks(cu, max_size=config.host_max_size,
@@ -142,7 +169,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             if self.allocator is not None:  # else the next memalloc initializes and composes
                 self._bind(self.allocator)
 
-    def memalloc(self, size: int) -> MemoryPointer:
+    def memalloc(self, size: int) -> PoolPointer:
         """Allocate ``size`` bytes of device memory, stream-ordered on the thread's allocation
         stream; the returned pointer releases it, by the stream rule
         (:mod:`numba_pool.allocator`), when Numba drops it or on ``free()``.  Once initialized,
@@ -156,7 +183,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         self.initialize()
         return self.memalloc(size)
 
-    def allocate_unadapted(self, size: int) -> MemoryPointer:
+    def allocate_unadapted(self, size: int) -> PoolPointer:
         """:meth:`memalloc` from the block source, without the adaptors (scratch blocks are
         neither logged nor counted: the arrays carved from them are)."""
         self.initialize()
@@ -181,7 +208,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
             return super().memhostalloc(size, mapped, portable, wc)
         return host_memory(self, self.host, size, mapped, portable, wc)
 
-    def get_memory_info(self) -> MemoryInfo:
+    def get_memory_info(self):
         """``(free, total)`` bytes that allocations through this manager can still get.
 
         For a pool, *free* is the device's free memory (``cuMemGetInfo``) plus the memory the
@@ -192,7 +219,7 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         """
         self.initialize()
         free, total = self.allocator.memory_info()
-        return MemoryInfo(free=free, total=total)
+        return self.frontend.MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory):
         """An IPC handle for ``memory`` (a pointer from this manager, or a view of one) that
@@ -206,13 +233,24 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
         from ..ipc import export  # multiprocessing's reduction and the lease files: imported at the first export
 
         self.initialize()
-        return export(self.allocator, memory, self.context.device.get_device_identity())
+        return export(self.allocator, memory, self.context.device.get_device_identity(), self.frontend)
 
     def reset(self) -> None:
         """Free every allocation of this context and destroy the private pool (trim the shared
         default pool).  Safe before :meth:`initialize` and safe to repeat; arrays still alive
         afterwards point to freed memory, as with Numba's default manager, and their releases
-        do nothing (Note [Lifetimes across a reset]).  The next allocation creates a new pool.
+        do nothing (Note [One class for every frontend]
+    Each Numba CUDA frontend (numba-cuda, Numba-CUDA-MLIR) has its own EMM base classes, so the
+    manager Numba instantiates is :class:`NumbaPoolManager` on that frontend's
+    ``HostOnlyCUDAMemoryManager`` (:func:`manager_class`, one class per frontend).
+    :class:`NumbaPoolManager` itself, what ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` and
+    ``cuda.set_memory_manager(numba_pool.NumbaPoolManager)`` hand to either frontend, is the
+    frontend-neutral base: instantiating it (``__new__``) builds the class of the frontend whose
+    context it is given, or, for the context-less instance ``set_memory_manager`` makes to read
+    the interface version, of the frontend module calling.  ``isinstance(m, NumbaPoolManager)``
+    holds for either frontend's managers.
+
+Note [Lifetimes across a reset]).  The next allocation creates a new pool.
         Also clears Numba's host allocations (``super().reset()``)."""
         super().reset()
         if self.host is not None:
@@ -287,8 +325,21 @@ class NumbaPoolManager(HostOnlyCUDAMemoryManager):
 
 # -- the managers of the process, composed again when an adaptor is switched on or off -----
 
-_registry_lock = threading.Lock()  # guards _managers; taken inside a manager's _init_lock, never around it
+_registry_lock = threading.Lock()  # guards _managers and _classes; taken inside a manager's _init_lock, never around it
 _managers: "weakref.WeakSet[NumbaPoolManager]" = weakref.WeakSet()  # managers initialized at least once
+
+
+_classes: dict[str, type] = {}  # frontend name -> its manager class; guarded by _registry_lock
+
+
+def manager_class(frontend: Frontend) -> type:
+    """:class:`NumbaPoolManager` on ``frontend``'s ``HostOnlyCUDAMemoryManager``: the class
+    that frontend's contexts instantiate (Note [One class for every frontend])."""
+    with _registry_lock:
+        cls = _classes.get(frontend.name)
+        if cls is None:
+            cls = _classes[frontend.name] = frontend.derive(NumbaPoolManager, frontend.HostOnlyCUDAMemoryManager)
+        return cls
 
 
 def _register(manager: NumbaPoolManager) -> None:

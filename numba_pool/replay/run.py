@@ -17,6 +17,7 @@ from ..allocator.usage import UsageTracker
 from ..allocator.waits import StreamWaits
 from ..config import (ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE, parse_release_threshold,
                       parse_size, release_limit)
+from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, as_stream_ref
 from .log import ALLOCATE, LEGACY_KEY, PROGRESS_EVERY, LogError, ParsedLog, read_log
 
@@ -176,7 +177,8 @@ def replay(log: ParsedLog | str | os.PathLike, *, slab_size: int | str = DEFAULT
     space = AddressSpace()
     usage = UsageTracker()
     arena = ArenaBlocks(space, None, None, StreamWaits(space), usage, _never_out_of_memory,
-                        slab_size=slab_size, max_block=max_block, release_threshold=release_threshold)
+                        slab_size=slab_size, max_block=max_block, release_threshold=release_threshold,
+                        pointer=PoolPointer)  # the frontend-free mixin: nothing here reaches Numba
     allocate_legacy, allocate_scoped = arena.allocate, arena.allocate_scoped
     streams: dict[int, StreamRef] = {LEGACY_KEY: LEGACY}
     live: dict[int, object] = {}  # logged pointer -> the arena's pointer (None when served by the mempool)

@@ -9,13 +9,15 @@ from cuda_model.harness import Program
 
 
 @pytest.fixture
-def programs():
-    """``make(**options)`` builds a :class:`Program`; every one is closed at the end, last first,
+def programs(frontend_name):
+    """``make(**options)`` builds a :class:`Program`, its manager on each frontend's classes in
+    turn (the test runs once per frontend); every one is closed at the end, last first,
     and then must have seen no warning but the documented fallback's (a Program's record of
     warnings is complete only once it is closed) and no exception in a release."""
     made: list[Program] = []
 
     def make(**options) -> Program:
+        options.setdefault("frontend", frontend_name)
         p = Program(**options)
         made.append(p)
         return p

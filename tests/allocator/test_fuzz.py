@@ -15,7 +15,9 @@ finalizer in another thread, or the collector, does at that moment), and another
 kernel launch and drop of a live array parked at one of the allocator's driver calls
 (``park``).  Arrays are dropped in threads with no current CUDA context too.  After every step: no
 ordering violation, no exception in a release, the arena's invariants.  1, 4 and 8 host threads,
-arena on and off.  ``test_concurrent_programs`` adds real concurrency.
+arena on and off.  Each example's manager and pointers derive from one frontend's classes,
+drawn from those installed (numba-cuda, Numba-CUDA-MLIR): ``test_operations_count`` checks that
+every installed frontend ran.  ``test_concurrent_programs`` adds real concurrency.
 
 ``NUMBA_POOL_FUZZ_EXAMPLES`` scales the run (the CI default gives over 20,000 operations).
 ``test_fuzz_can_fail.py`` shows this machine failing on planted bugs.
@@ -35,6 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cuda_model.harness import LEGACY, Program
+from helpers import FRONTENDS
 
 EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "100"))
 #: The ``park`` rule: another thread's launch-and-drop between two driver calls of the
@@ -44,6 +47,7 @@ EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "100"))
 PARK = os.environ.get("NUMBA_POOL_FUZZ_PARK", "1") != "0"
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 40_000), st.sampled_from([256, 1000, 4096, 100_000]))
 OPERATIONS: dict = {}  # (threads, arena) -> operations run, reported by test_operations_count
+FRONTEND_OPERATIONS: dict = {}  # frontend name -> operations run
 #: Only these rules, comma-separated (``NUMBA_POOL_FUZZ_RULES=allocate,launch,drop,hold``): a run
 #: that looks for one class of defect.  Default: every rule.
 RULES = [r for r in os.environ.get("NUMBA_POOL_FUZZ_RULES", "").split(",") if r]
@@ -53,15 +57,17 @@ class LegalPrograms(RuleBasedStateMachine):
     threads = 1
     arena = False
 
-    @initialize(preempt=st.sampled_from([0, 3, 7, 13]), eager=st.booleans(), adaptors=st.booleans())
-    def start(self, preempt, eager, adaptors=False):
+    @initialize(preempt=st.sampled_from([0, 3, 7, 13]), eager=st.booleans(), adaptors=st.booleans(),
+                frontend=st.sampled_from(FRONTENDS))
+    def start(self, preempt, eager, adaptors=False, frontend=None):
         # The collector runs only at the program's own points (collect_garbage, the preempt
         # hook, destroy_stream, finish), never on the process's allocation count: a cycle freed
         # at another moment changes what the pool holds, so an allocation under max_size could
         # succeed in one replay of an example and run out of memory in the next
         # (FlakyStrategyDefinition in 800-example runs on a busy host).
         gc.disable()
-        self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20, adaptors=adaptors)
+        self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20, adaptors=adaptors,
+                         frontend=frontend)
         self.p.preempt_every(preempt)
         arena = self.p.mm.allocator.arena
         if eager and arena is not None:
@@ -78,6 +84,8 @@ class LegalPrograms(RuleBasedStateMachine):
                     self.p.finish()
                     key = (self.threads, self.arena)
                     OPERATIONS[key] = OPERATIONS.get(key, 0) + self.p.operations
+                    name = self.p.frontend.name
+                    FRONTEND_OPERATIONS[name] = FRONTEND_OPERATIONS.get(name, 0) + self.p.operations
                 finally:
                     self.p.close()
         finally:
@@ -247,11 +255,11 @@ TestFuzz8ThreadsArena = _case(8, True)
 
 @pytest.mark.parametrize("arena", [False, True])
 @pytest.mark.parametrize("threads", [4, 8])
-def test_concurrent_programs(threads, arena):
+def test_concurrent_programs(threads, arena, frontend_name):
     """Real concurrency: ``threads`` host threads run random legal programs at once on one
     manager, handing arrays to each other to drop, with the interpreter switching threads as
     often as it can."""
-    p = Program(arena=arena, threads=1, max_size=8 << 20)
+    p = Program(arena=arena, threads=1, max_size=8 << 20, frontend=frontend_name)
     handoff: list = []
     lock = threading.Lock()
     errors: list = []
@@ -326,8 +334,10 @@ def _legalize_here(p: Program, family, how: str) -> None:
 
 
 def test_operations_count():
-    """Runs last in this file: the fuzzer ran at least 20,000 operations (CI's floor)."""
+    """Runs last in this file: the fuzzer ran at least 20,000 operations (CI's floor), a fair
+    share of them on each installed frontend's classes."""
     total = sum(OPERATIONS.values())
-    print(f"\nfuzzer operations: {total} ({OPERATIONS})")
+    print(f"\nfuzzer operations: {total} ({OPERATIONS}; by frontend {FRONTEND_OPERATIONS})")
     if EXAMPLES >= 100:
         assert total >= 20_000, OPERATIONS
+        assert all(FRONTEND_OPERATIONS.get(name, 0) >= 2_000 for name in FRONTENDS), FRONTEND_OPERATIONS

@@ -15,11 +15,10 @@ import pytest
 from cuda.bindings import driver as real_cu
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from numba.cuda.cudadrv.driver import CudaAPIError, MappedMemory, PinnedMemory
-
 from cuda_model import CudaModel
 from cuda_model.harness import LEGACY, Program
 from numba_pool.allocator.host_blocks import DEVICEMAP, HostBlocks
+from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.cuda.streams import LEGACY as LEGACY_REF
 from numba_pool.cuda.streams import StreamRef
 from numba_pool.observe.summary import format_summary
@@ -51,8 +50,9 @@ class Pinned:
 
 
 @pytest.fixture
-def prog(request):
-    p = Program(arena=False, host=True, **getattr(request, "param", {}))
+def prog(request, frontend_name):
+    """A manager with the host cache on, on each frontend's classes in turn."""
+    p = Program(arena=False, host=True, frontend=frontend_name, **getattr(request, "param", {}))
     yield p
     p.close()
 
@@ -64,7 +64,8 @@ def sync(prog: Program, stream: int) -> None:
 # -- controls: legal programs, no violation, and the cache does reuse --------------------
 
 
-def test_objects_are_numbas(prog):
+def test_objects_are_the_frontends(prog):
+    PinnedMemory, MappedMemory = prog.frontend.PinnedMemory, prog.frontend.driver.MappedMemory
     a = Pinned(prog, 1000)
     assert isinstance(a.mem, PinnedMemory) and a.mem.size == 1000
     m = Pinned(prog, 1000, mapped=True)

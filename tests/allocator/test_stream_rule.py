@@ -481,7 +481,8 @@ def test_a_per_thread_stream_block_released_in_another_thread_synchronizes(progr
 
 def test_the_log_of_reuse_scratch_and_threads_replays(tmp_path):
     from numba_pool.cuda.driver import use
-    from numba_pool.plugin.manager import NumbaPoolManager
+    from numba_pool.cuda.frontend import for_tools
+    from numba_pool.plugin.manager import manager_class
     from numba_pool.replay import LogError, parse_log, replay
 
     path = tmp_path / "log.csv"
@@ -489,7 +490,7 @@ def test_the_log_of_reuse_scratch_and_threads_replays(tmp_path):
                                  log=str(path))
     model = CudaModel()
     with use(model):
-        mm = NumbaPoolManager(context=SimpleNamespace(device=SimpleNamespace(id=0)), config=cfg)
+        mm = manager_class(for_tools())(context=SimpleNamespace(device=SimpleNamespace(id=0)), config=cfg)
         mm.initialize()
         arena = mm.allocator.arena
         arena.quarantine_limit, arena.quarantine.cache_limit = -1, 0

@@ -1,12 +1,14 @@
 """What the bench's end-to-end tests share: a worker's figures, made up, and the setting the
-tables are headed with."""
+tables are headed with (numba-cuda's, whichever frontend the tests run under: RMM's rows are
+numba-cuda's only; :data:`MLIR_SETTING` for Numba-CUDA-MLIR's)."""
 
 from __future__ import annotations
 
 from numba_pool.bench import end_to_end, worker
 from numba_pool.bench.report import Setting
 
-SETTING = Setting(device="GPU", date="today", core=0)
+SETTING = Setting(device="GPU", date="today", core=0, frontend="numba-cuda")
+MLIR_SETTING = Setting(device="GPU", date="today", core=0, frontend="mlir")
 
 
 def result(seed_ms, *us):

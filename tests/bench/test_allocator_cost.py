@@ -225,7 +225,7 @@ def test_runs_side_by_side_with_their_spread():
 
 def test_anchors_not_installed_are_one_note_each(monkeypatch):
     monkeypatch.setattr(anchors, "installed", lambda label: False)
-    memallocs, prepare, notes = anchors.in_process(context=None)
+    memallocs, prepare, notes = anchors.in_process(context=None, frontend="numba-cuda")
     assert memallocs == {} and prepare == {}
     assert notes == ["rmm (pool): row skipped, rmm is not installed (pip install rmm-cu13)",
                      "rmm (cuda_async): row skipped, rmm is not installed (pip install rmm-cu13)",
@@ -239,7 +239,7 @@ def test_an_anchor_that_fails_to_start_is_one_line_not_a_traceback(monkeypatch):
     monkeypatch.setattr(anchors, "installed", lambda label: True)
     monkeypatch.setattr(anchors, "rmm_in_process", broken)
     monkeypatch.setattr(anchors, "cupy_in_process", lambda context: {"cupy (pool)": (len, None)})
-    memallocs, prepare, notes = anchors.in_process(context=None)
+    memallocs, prepare, notes = anchors.in_process(context=None, frontend="numba-cuda")
     assert memallocs == {"cupy (pool)": len} and prepare == {}
     assert notes == ["rmm (pool): row skipped, it failed: ImportError: libcudart.so.13: cannot open",
                      "rmm (cuda_async): row skipped, it failed: ImportError: libcudart.so.13: cannot open"]

@@ -11,11 +11,13 @@ from types import SimpleNamespace
 import pytest
 
 from end_to_end_fakes import SETTING, clean_results, result
-from helpers import PACKAGE_PARENT
+from helpers import FRONTENDS, MISSING_FRONTENDS, PACKAGE_PARENT
 from numba_pool.bench import anchors, checks, core, device_tables, end_to_end, launch, noop, timing, worker
 from numba_pool.bench import report as bench_report
 from numba_pool.bench.report import Setting
 from numba_pool.config import ConfigError
+
+SAID = {"frontend": core.FRONTEND.name}  # what a bench process says it ran under: this process's frontend
 
 
 def test_sizes_take_turns_inside_each_repeat():
@@ -143,7 +145,7 @@ def test_while_timing_one_core_and_no_collector_then_both_restored():
 
 def test_every_worker_gets_the_same_core(monkeypatch):
     seen = []
-    monkeypatch.setattr(launch, "run_module", lambda module, args, env, cwd: seen.append(env) or {})
+    monkeypatch.setattr(launch, "run_module", lambda module, args, env, cwd: seen.append(env) or SAID)
     for manager in (end_to_end.DEFAULT, end_to_end.ARENA):
         end_to_end.measure(manager, core=5)
     assert [env[timing.CORE_VARIABLE] for env in seen] == ["5", "5"]
@@ -205,7 +207,7 @@ def allocator_output(arena_ratio):
                                  "ratio_to_floor": d, "vs_baseline": None, "vs_plain": None},
             "Numba alone": {"median_us": 1.0, "above_reference": None, "above_floor": None,
                             "ratio_to_floor": None, "vs_baseline": None, "vs_plain": None}}
-    return {"sizes": {"256": rows}, "notes": ["cupy (pool): row skipped, cupy is not installed"], "core": 0}
+    return {"sizes": {"256": rows}, "notes": ["cupy (pool): row skipped, cupy is not installed"], "core": 0, **SAID}
 
 
 def test_repeat_run_shows_each_run_and_flags_runs_that_disagree(monkeypatch, capsys):
@@ -213,8 +215,8 @@ def test_repeat_run_shows_each_run_and_flags_runs_that_disagree(monkeypatch, cap
     seen = []
     monkeypatch.setattr(launch, "run_module", lambda *command: seen.append(command) or next(outputs))
     report = {}
-    flags = bench_report.allocator_part(report, Setting("GPU", "today", 3), baseline=None, plain_pool=False,
-                                        anchors=True, runs=2)
+    flags = bench_report.allocator_part(report, Setting("GPU", "today", 3, "numba-cuda"), baseline=None,
+                                        plain_pool=False, anchors=True, runs=2)
     out = capsys.readouterr().out
     assert seen == [("numba_pool.bench.allocator_cost", ["--anchors"], {timing.CORE_VARIABLE: "3"})] * 2
     assert "run 1/2" in out and "run 2/2" in out and out.count("note: cupy (pool)") == 1
@@ -306,7 +308,7 @@ def test_a_bad_repeats_value_is_one_line_naming_the_variable(value):
 
 def test_only_warm_up_workers_get_one_repeat_and_an_inherited_count_is_dropped(monkeypatch):
     seen = []
-    monkeypatch.setattr(launch, "run_module", lambda module, args, env, cwd: seen.append(env) or {})
+    monkeypatch.setattr(launch, "run_module", lambda module, args, env, cwd: seen.append(env) or SAID)
     end_to_end.measure(end_to_end.DEFAULT, 2, warm_up=True)
     end_to_end.measure(end_to_end.DEFAULT, 2)
     assert seen[0][timing.REPEATS_VARIABLE] == "1" and timing.REPEATS_VARIABLE not in seen[1]
@@ -316,8 +318,7 @@ def test_only_warm_up_workers_get_one_repeat_and_an_inherited_count_is_dropped(m
 
 
 def test_cached_jit_falls_back_to_plain_jit_where_numba_cannot_cache(monkeypatch):
-    from numba import cuda
-
+    cuda = core.cuda  # the bench's frontend's
     asked = []
 
     def jit(func=None, **options):
@@ -334,23 +335,24 @@ def test_cached_jit_falls_back_to_plain_jit_where_numba_cannot_cache(monkeypatch
     assert timing.cached_jit(f) == ("compiled", f) and asked == [{"cache": True}, {}]
 
 
+@pytest.mark.skipif("numba-cuda" not in FRONTENDS, reason=MISSING_FRONTENDS.get("numba-cuda", ""))
 def test_seed_kernels_through_cached_jit_compute_what_the_seed_kernels_do(tmp_path):
-    # Under the simulator (no GPU in CI), which compiles nothing and so caches nothing: this
-    # checks that the kernels are the seed kernels; on a GPU the bench's own checks run them.
+    # Under numba-cuda's simulator (no GPU in CI), which compiles nothing and so caches nothing:
+    # this checks that the kernels are the seed kernels; on a GPU the bench's own checks run them.
     code = ("import numpy as np; from numba_pool.bench import timing\n"
             "fill, sqrt = timing.seed_kernels()\n"
             "a = np.arange(64, dtype=np.float32); sqrt[1, 64](a)\n"
             "b = np.zeros(64, dtype=np.float32); fill[1, 64](b, np.float32(3))\n"
             "assert np.allclose(a, np.sqrt(np.arange(64))) and (b == 3).all() and timing.seed_kernels()[0] is fill\n")
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CACHE_DIR": str(tmp_path),
+           core.FRONTEND_VARIABLE: "numba-cuda"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=PACKAGE_PARENT, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_each_device_array_repeat_carries_out_the_frees_numba_holds_back_then_synchronizes(monkeypatch):
-    from numba import cuda
-
+    cuda = core.cuda  # the bench's frontend's
     done = []
     pending = SimpleNamespace(clear=lambda: done.append("pending frees"))
     monkeypatch.setattr(cuda, "current_context", lambda: SimpleNamespace(memory_manager=SimpleNamespace(

@@ -1,7 +1,7 @@
 """The bench's host rows (``pinned_array``/``mapped_array`` allocate+free, the batch pipeline)
 without a GPU: the worker's arguments, counts and turns, the pipeline's arithmetic, reading the
 workers' figures back, medians over rounds, ratios, self-checks, tables and the JSON report.
-The worker's code runs once under Numba's CUDA simulator (small sizes), in a subprocess."""
+The worker's code runs once under numba-cuda's CUDA simulator (small sizes), in a subprocess."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import sys
 
 import numpy as np
 import pytest
-from numba.cuda import HostOnlyCUDAMemoryManager
 
 from end_to_end_fakes import SETTING, clean_results, result
-from helpers import PACKAGE_PARENT
-from numba_pool.bench import anchors, checks, end_to_end, launch, timing
+from helpers import FRONTENDS, MISSING_FRONTENDS, PACKAGE_PARENT
+from numba_pool.cuda import frontend as frontends
+from numba_pool.bench import anchors, checks, core, end_to_end, launch, timing
 from numba_pool.bench import host_tables as t
 from numba_pool.bench import host_worker as h
 from numba_pool.bench import report as bench_report
@@ -90,11 +90,13 @@ def test_the_pipeline_check_expects_what_the_kernels_compute(n):
     assert np.array_equal(h.expected_batch(source), _batch_by_hand(source.astype(np.float64)))
 
 
-class _Numba(HostOnlyCUDAMemoryManager):
-    """Numba's own memhostalloc (a cuMemHostAlloc per array), nothing else."""
-
-
-_Numba.__abstractmethods__ = frozenset()  # only its type is looked at
+def _numba(frontend_name: str) -> object:
+    """A manager with the frontend's own memhostalloc (a cuMemHostAlloc per array), nothing
+    else: only its type is looked at."""
+    base = frontends.load(frontend_name).HostOnlyCUDAMemoryManager
+    numba = type("_Numba", (base,), {})
+    numba.__abstractmethods__ = frozenset()
+    return numba.__new__(numba)
 
 
 class _Overrides:
@@ -102,20 +104,20 @@ class _Overrides:
         raise NotImplementedError
 
 
-def test_where_pinned_memory_comes_from_is_said_in_words():
+def test_where_pinned_memory_comes_from_is_said_in_words(frontend_name):
     from types import SimpleNamespace
 
     assert h.pinned_source(None) == "no memory manager (the CUDA simulator)"
     assert h.pinned_source(SimpleNamespace(host=object())) == "numba_pool host cache"
     assert h.pinned_source(_Overrides()) == f"{__name__}._Overrides.memhostalloc"
-    assert h.pinned_source(_Numba.__new__(_Numba)) == "cuMemHostAlloc per array"
+    assert h.pinned_source(_numba(frontend_name)) == "cuMemHostAlloc per array"  # either frontend's own
 
 
 SIMULATED = """
 import json, sys
 from numba_pool.bench import host_worker as h
 if sys.argv[1] == "planted":
-    from numba import cuda
+    from numba_pool.bench.core import cuda
 
     @cuda.jit
     def combine(full, half, small):  # forgets to add: the output must be refused
@@ -128,7 +130,9 @@ print(json.dumps(h.measure(h.PARTS, sizes=[4096], repeats=1, budget_s=0.0)))
 
 
 def _simulated(mode: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    if "numba-cuda" not in FRONTENDS:  # the simulator is numba-cuda's
+        pytest.skip(MISSING_FRONTENDS["numba-cuda"])
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", frontends.VARIABLE: "numba-cuda"}
     return subprocess.run([sys.executable, "-c", SIMULATED, mode], env=env, cwd=PACKAGE_PARENT, capture_output=True,
                           text=True, timeout=600)
 
@@ -337,7 +341,8 @@ def test_plan_gives_each_worker_its_parts_and_numba_pool_the_host_cache():
 
 def test_measure_hands_the_worker_its_arguments(monkeypatch):
     seen = []
-    monkeypatch.setattr(launch, "run_module", lambda module, args, env, cwd: seen.append((module, args, env)) or {})
+    said = {"frontend": core.FRONTEND.name}  # what a worker says it ran under
+    monkeypatch.setattr(launch, "run_module", lambda module, args, env, cwd: seen.append((module, args, env)) or said)
     planned, _ = t.plan([end_to_end.ARENA, end_to_end.FLOOR])
     for manager in planned:
         end_to_end.measure(manager, core=2)

@@ -389,7 +389,7 @@ def _line_of(marker: str) -> int:
 
 def test_known_variables_do_not_warn():
     environ = {**dict.fromkeys(config.OTHER_VARIABLES, "1"), **ALL_SET}
-    environ.update(NUMBA_CUDA_MEMORY_MANAGER="numba_pool", OTHER="x")
+    environ.update(NUMBA_CUDA_MEMORY_MANAGER="numba_pool", NUMBA_POOL_FRONTEND="mlir", OTHER="x")
     assert set(environ) >= config.KNOWN_VARIABLES
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigWarning)

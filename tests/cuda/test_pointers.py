@@ -1,6 +1,7 @@
-"""PoolPointer: a Numba MemoryPointer released from __del__, exactly once, never at exit.
+"""PoolPointer: a frontend's MemoryPointer released from __del__, exactly once, never at exit.
 
-Numba's MemoryPointer needs no GPU to exist, so CI tests this for real."""
+Each frontend's MemoryPointer and PinnedMemory need no GPU to exist, so CI tests numba_pool's
+classes on both frontends for real (``frontend_name``: once per frontend)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import gc
 
 import pytest
 from cuda.bindings import driver as cu
-from numba.cuda import MemoryPointer
-
 from helpers import run_python
-from numba_pool.cuda.pointers import PoolPointer
+from numba_pool.cuda import frontend as frontends
+from numba_pool.cuda import pointers
 
 
 class Releases:
@@ -22,16 +22,35 @@ class Releases:
         self.count += 1
 
 
-def test_has_every_attribute_numba_memory_pointer_sets():
+@pytest.fixture
+def frontend(frontend_name):
+    return frontends.load(frontend_name)
+
+
+@pytest.fixture
+def PoolPointer(frontend):
+    return frontend.PoolPointer
+
+
+def test_each_frontend_gets_its_own_pointer_classes(frontend):
+    assert issubclass(frontend.PoolPointer, frontend.MemoryPointer)
+    assert issubclass(frontend.PoolPointer, pointers.PoolPointer)
+    assert issubclass(frontend.PooledPinnedMemory, frontend.PinnedMemory)
+    assert frontend.PoolPointer.frontend is frontend
+    assert frontends.name_of(frontend.PoolPointer(None, cu.CUdeviceptr(256), 8, Releases())) == frontend.name
+
+
+def test_has_every_attribute_numba_memory_pointer_sets(frontend, PoolPointer):
     # PoolPointer sets MemoryPointer's attributes itself (for speed): a new attribute in a
-    # numba-cuda release must show up here, not as an AttributeError in a user's program.
+    # frontend's release must show up here, not as an AttributeError in a user's program.
+    MemoryPointer = frontend.MemoryPointer
     numba_attributes = set(vars(MemoryPointer(None, cu.CUdeviceptr(256), 8, finalizer=lambda: None)))
     ours = set(vars(PoolPointer(None, cu.CUdeviceptr(256), 8, Releases())))
     assert numba_attributes - {"_finalizer"} <= ours
     assert ours - numba_attributes == {"_release"}
 
 
-def test_behaves_as_an_owning_memory_pointer():
+def test_behaves_as_an_owning_memory_pointer(PoolPointer):
     pointer = PoolPointer("context", cu.CUdeviceptr(0x1000), 300, Releases())
     assert pointer.device_pointer_value == 0x1000 and int(pointer.handle) == 0x1000
     assert pointer.size == pointer._cuda_memsize_ == 300
@@ -40,7 +59,7 @@ def test_behaves_as_an_owning_memory_pointer():
     assert view.device_pointer_value == 0x1100 and view.size == 44
 
 
-def test_released_once_when_collected():
+def test_released_once_when_collected(PoolPointer):
     releases = Releases()
     pointer = PoolPointer(None, cu.CUdeviceptr(256), 8, releases)
     assert releases.count == 0
@@ -48,7 +67,7 @@ def test_released_once_when_collected():
     assert releases.count == 1
 
 
-def test_released_once_when_collected_from_a_reference_cycle():
+def test_released_once_when_collected_from_a_reference_cycle(PoolPointer):
     releases = Releases()
     pointer = PoolPointer(None, cu.CUdeviceptr(256), 8, releases)
     pointer.cycle = pointer
@@ -57,7 +76,7 @@ def test_released_once_when_collected_from_a_reference_cycle():
     assert releases.count == 1
 
 
-def test_free_releases_now_and_only_once():
+def test_free_releases_now_and_only_once(PoolPointer):
     releases = Releases()
     pointer = PoolPointer(None, cu.CUdeviceptr(256), 8, releases)
     pointer.free()
@@ -68,7 +87,7 @@ def test_free_releases_now_and_only_once():
     assert releases.count == 1
 
 
-def test_take_release_hands_the_release_over_once():
+def test_take_release_hands_the_release_over_once(PoolPointer):
     releases = Releases()
     pointer = PoolPointer(None, cu.CUdeviceptr(0x1000), 8, releases)
     release = pointer.take_release()
@@ -80,13 +99,14 @@ def test_take_release_hands_the_release_over_once():
         PoolPointer(None, cu.CUdeviceptr(0x1000), 8, None).take_release()
 
 
-def test_nothing_is_released_or_reported_while_the_interpreter_exits():
+def test_nothing_is_released_or_reported_while_the_interpreter_exits(frontend_name):
     # A pointer alive at exit is collected during the interpreter's teardown, when module
     # globals may be gone; its release must not run (the context takes the memory).
-    code = """
+    code = f"""
 import sys
 from cuda.bindings import driver as cu
-from numba_pool.cuda.pointers import PoolPointer
+from numba_pool.cuda import frontend
+PoolPointer = frontend.load({frontend_name!r}).PoolPointer
 
 def release():
     sys.stdout.write("released\\n")
@@ -103,29 +123,28 @@ alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, release)
 
 # -- PooledPinnedMemory: the host cache's PinnedMemory ---------------------------------------
 
-def _pinned(releases, size=64):
-    import ctypes
+@pytest.fixture
+def pinned(frontend):
+    def make(releases, size=64):
+        import ctypes
 
-    from numba_pool.cuda.pointers import PooledPinnedMemory
+        buffer = ctypes.create_string_buffer(size)
+        return buffer, frontend.PooledPinnedMemory("context", ctypes.addressof(buffer), size, releases)
+    return make
 
-    buffer = ctypes.create_string_buffer(size)
-    return buffer, PooledPinnedMemory("context", ctypes.addressof(buffer), size, releases)
 
-
-def test_pinned_has_every_attribute_numba_pinned_memory_sets():
-    from numba.cuda.cudadrv.driver import PinnedMemory
-
-    numba_attributes = set(vars(PinnedMemory(None, 0x1000, 8, finalizer=lambda: None)))
-    _, ours = _pinned(Releases())
+def test_pinned_has_every_attribute_numba_pinned_memory_sets(frontend, pinned):
+    numba_attributes = set(vars(frontend.PinnedMemory(None, 0x1000, 8, finalizer=lambda: None)))
+    _, ours = pinned(Releases())
     assert numba_attributes <= set(vars(ours))
     assert set(vars(ours)) - numba_attributes == {"_release"}
 
 
-def test_pinned_memory_backs_a_numpy_array_and_is_released_when_the_array_goes():
+def test_pinned_memory_backs_a_numpy_array_and_is_released_when_the_array_goes(pinned):
     import numpy as np
 
     releases = Releases()
-    buffer, memory = _pinned(releases)
+    buffer, memory = pinned(releases)
     array = np.ndarray(shape=(16,), dtype=np.float32, buffer=memory)
     array[:] = 3.0
     assert np.frombuffer(buffer.raw, dtype=np.float32).tolist() == [3.0] * 16
@@ -135,20 +154,20 @@ def test_pinned_memory_backs_a_numpy_array_and_is_released_when_the_array_goes()
     assert releases.count == 1
 
 
-def test_pinned_copies_are_the_object_itself_so_the_block_goes_back_once():
+def test_pinned_copies_are_the_object_itself_so_the_block_goes_back_once(pinned):
     import copy
 
     releases = Releases()
-    _, memory = _pinned(releases)
+    _, memory = pinned(releases)
     assert copy.copy(memory) is memory and copy.deepcopy(memory) is memory
     del memory
     gc.collect()
     assert releases.count == 1
 
 
-def test_pinned_released_once_from_a_reference_cycle():
+def test_pinned_released_once_from_a_reference_cycle(pinned):
     releases = Releases()
-    _, memory = _pinned(releases)
+    _, memory = pinned(releases)
     memory.cycle = memory
     del memory
     gc.collect()

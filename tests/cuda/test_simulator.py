@@ -150,35 +150,22 @@ def test_cli_commands_needing_a_gpu_say_simulator_in_one_line(command):
             assert row in proc.stdout
 
 
-def test_real_path_uses_numbas_classes():
-    """Outside the simulator the managers and pointers derive from Numba's own classes, which
-    every module takes from one place (numba_pool.cuda.frontend)."""
-    from numba import cuda
-
+def test_real_path_uses_the_frontends_classes(frontend_name):
+    """Outside the simulator each frontend's managers and pointers derive from its own classes,
+    which numba_pool takes from one place (numba_pool.cuda.frontend)."""
     import numba_pool
-    from numba_pool.bench import noop
-    from numba_pool.cuda import frontend, pointers, simulator
+    from numba_pool.cuda import frontend as frontends
+    from numba_pool.cuda import pointers
+    from numba_pool.plugin.manager import manager_class
 
-    assert not simulator.enabled() and not frontend.SIMULATOR
-    assert issubclass(numba_pool.NumbaPoolManager, cuda.HostOnlyCUDAMemoryManager)
-    assert issubclass(noop.NoopManager, cuda.HostOnlyCUDAMemoryManager)
-    assert issubclass(pointers.PoolPointer, cuda.MemoryPointer)
-    assert frontend.MemoryPointer is pointers.MemoryPointer is cuda.MemoryPointer
-
-
-def test_numba_s_classes_are_imported_in_one_module():
-    """The simulator's fallback is written once: no other module of the package imports the
-    EMM classes from numba.cuda itself."""
-    package = os.path.dirname(os.path.abspath(numba_pool_file()))
-    offenders = []
-    for folder, _, names in os.walk(package):
-        for name in names:
-            path = os.path.join(folder, name)
-            if name.endswith(".py") and path != os.path.join(package, "cuda", "frontend.py"):
-                text = open(path).read()
-                if "from numba.cuda import" in text and "MemoryPointer" in text:
-                    offenders.append(os.path.relpath(path, package))
-    assert offenders == []
+    frontend = frontends.load(frontend_name)
+    cuda = frontend.cuda
+    assert not frontend.simulator
+    assert issubclass(manager_class(frontend), cuda.HostOnlyCUDAMemoryManager)
+    assert issubclass(manager_class(frontend), numba_pool.NumbaPoolManager)
+    assert issubclass(frontend.PoolPointer, cuda.MemoryPointer) and issubclass(frontend.PoolPointer, pointers.PoolPointer)
+    assert frontend.MemoryPointer is cuda.MemoryPointer
+    assert manager_class(frontend) is manager_class(frontend)  # one class per frontend
 
 
 def numba_pool_file() -> str:
@@ -194,7 +181,7 @@ def test_kernel_scripts_run_to_completion_under_the_simulator_in_seconds(module,
     proc = run_python(f"import runpy, sys; sys.argv = ['{module}.py']; "
                       f"runpy.run_module('numba_pool.kernels.{module}', run_name='__main__')", env, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert proc.stdout.strip().endswith("under the CUDA simulator (no memory manager)"), proc.stdout
+    assert proc.stdout.strip().endswith("under the CUDA simulator (no memory manager), frontend numba-cuda"), proc.stdout
     assert "x 3" in proc.stdout  # the simulator's defaults: 1024 elements x 3 rounds
 
 

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from cuda.bindings import driver as real_cu
-from numba.cuda.cudadrv.driver import CudaAPIError
 
 import numba_pool
 from numba_pool import config as pool_config
 from numba_pool.cuda import driver
-from numba_pool.plugin.manager import NumbaPoolManager
+from numba_pool.cuda import frontend as frontends
+from numba_pool.cuda.errors import CudaAPIError
+from numba_pool.plugin.manager import manager_class
 
 from .calls import CONTEXT
 from .inject import ResetInjection
@@ -96,13 +97,15 @@ class Program:
     :param max_size: the pool's cap (bytes), to reach out of memory.
     :param adaptors: the allocation path with both adaptors: an allocation log (in a temporary
         folder) and a ``numba_pool.statistics()`` scope open in every host thread.
+    :param frontend: whose base classes the manager and its pointers derive from
+        (``"numba-cuda"`` or ``"mlir"``); None: the tools' choice (``NUMBA_POOL_FRONTEND``).
     """
 
     def __init__(self, *, arena: bool, threads: int = 1, max_size: int | None = None,
                  release_threshold: int | None = None, device_total: int = 64 << 20,
                  host: bool = False, host_max_size: int | None = None,
                  host_release_threshold: int | None = None, host_total: int = 1 << 30,
-                 adaptors: bool = False):
+                 adaptors: bool = False, frontend: str | None = None):
         # Numba's import leaves a large heap that every full collection scans (about 60 ms
         # each): freeze it, so that the collections the programs run (the collector freeing
         # cycles is one of the fuzzed actions) scan only the objects the tests create.
@@ -122,7 +125,8 @@ class Program:
             folder = self._stack.enter_context(tempfile.TemporaryDirectory())
             options["log"] = os.path.join(folder, "allocations.csv")
         self.context = _Context()
-        self.mm = NumbaPoolManager(context=self.context, config=pool_config.load(environ={}, **options))
+        self.frontend = frontends.load(frontend) if frontend else frontends.for_tools()
+        self.mm = manager_class(self.frontend)(context=self.context, config=pool_config.load(environ={}, **options))
         self.mm.initialize()
         if self.mm.log is not None:
             self._stack.callback(self.mm.log.close)

@@ -1,4 +1,9 @@
-"""Kernels and experiments shared by the GPU tests."""
+"""Kernels and experiments shared by the GPU tests, on the frontend under test.
+
+Also imported by programs that tests run in a fresh interpreter (``sys.path`` has this folder,
+not ``tests/``): hence ``cuda`` from :func:`numba_pool.cuda.frontend.for_tools` (which
+``NUMBA_POOL_FRONTEND`` picks, as ``helpers.cuda``), not from ``helpers``.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,12 @@ import contextlib
 
 import numpy as np
 from cuda.bindings import driver as cu
-from numba import cuda
 
 import numba_pool
+from numba_pool.cuda.frontend import for_tools
 from numba_pool.kernels import fill_kernel
+
+cuda = for_tools().cuda
 
 THREADS = 256
 POISON = np.float32(-7.0)
@@ -35,7 +42,7 @@ def read_after_delay(a, poison, delay_us, hits):
 
 @contextlib.contextmanager
 def non_blocking_stream():
-    """A ``CU_STREAM_NON_BLOCKING`` stream as a Numba external stream: not ordered with the
+    """A ``CU_STREAM_NON_BLOCKING`` stream as the frontend's external stream: not ordered with the
     legacy default stream."""
     cuda.current_context()  # the raw call needs a current context (no earlier test may have made one)
     err, handle = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)

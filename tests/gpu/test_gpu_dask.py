@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import GPU
+from helpers import GPU, cuda
 
 pytestmark = pytest.mark.gpu
 
@@ -27,17 +27,17 @@ TASKS_PER_WORKER = 8
 def _gpu_count() -> int:
     if not GPU:
         return 0
-    from numba import cuda
-
     return len(cuda.gpus)  # creates no context
 
 
 def allocate_and_checksum(seed: int) -> dict:
     """On a worker: to_device, device_array, a kernel, copy back; the checksum and which
-    manager served the arrays."""
-    from numba import cuda
-
+    manager served the arrays.  Runs under the frontend under test: the workers inherit
+    ``NUMBA_POOL_FRONTEND``."""
+    from numba_pool.cuda.frontend import for_tools
     from numba_pool.kernels import fill_kernel
+
+    cuda = for_tools().cuda
 
     n = N_ELEMENTS
     x = cuda.to_device(np.arange(n, dtype=np.float32))

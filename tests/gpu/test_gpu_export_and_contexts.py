@@ -20,7 +20,7 @@ import os
 
 import pytest
 
-from helpers import run_json
+from helpers import CUDA_IMPORT, run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +30,7 @@ KERNELS = f"""
 import json, sys, threading, time
 sys.path.insert(0, {os.path.join(TESTS, "ipc")!r}); sys.path.insert(0, {os.path.join(TESTS, "gpu")!r})
 import numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 from cuda.bindings import driver as cu
 import numba_pool
 from gpu_helpers import blocks, non_blocking_stream

@@ -8,13 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from helpers import GPU, run_json
+from helpers import CUDA_IMPORT, GPU, cuda, run_json
 
 pytestmark = pytest.mark.gpu
 
 if GPU:
-    from numba import cuda
-
     import numba_pool
     from numba_pool.kernels import fill_kernel
     from numba_pool.cuda.mempool import pointer_mempool
@@ -102,9 +100,9 @@ def test_scratch_rejects_bad_sizes():
 
 def test_allocation_log_records_every_allocate_and_free(tmp_path):
     path = tmp_path / "log.csv"
-    facts = run_json("""
+    facts = run_json(f"""
 import json, numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool
 arrays = [cuda.device_array(n, dtype=np.uint8) for n in (16, 1000, 70000, 5 << 20)]
 addresses = [a.device_ctypes_pointer.value for a in arrays]
@@ -114,7 +112,7 @@ try:
 except Exception:
     pass
 cuda.current_context().memory_manager.reset()  # flushes the log
-print(json.dumps({"addresses": addresses}))
+print(json.dumps({{"addresses": addresses}}))
 """, env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_LOG": str(path)})
     from numba_pool.replay import parse_log
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import run_json
+from helpers import CUDA_IMPORT, run_json
 
 pytestmark = pytest.mark.gpu
 
 ENV = {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_HOST": "1"}
 
-PRELUDE = """
+PRELUDE = f"""
 import gc, json, time
 import numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool
 mm = cuda.current_context().memory_manager
 assert type(mm).__name__ == "NumbaPoolManager" and mm.config.host, (type(mm), mm.config)
@@ -46,7 +46,8 @@ def grid(n):
 
 def test_pinned_and_mapped_arrays_hold_and_move_data():
     facts = run_json(PRELUDE + """
-from numba.cuda.cudadrv.driver import MappedMemory, PinnedMemory
+from numba_pool.cuda.frontend import for_tools
+driver = for_tools().driver; MappedMemory, PinnedMemory = driver.MappedMemory, driver.PinnedMemory
 s = cuda.stream()
 n = 1 << 20
 a = cuda.pinned_array(n, dtype=np.float32)
@@ -113,7 +114,7 @@ print(json.dumps({"reused": b.ctypes.data == addr}))
 
 def test_host_out_of_memory_is_clear_and_pool_keeps_working():
     facts = run_json(PRELUDE + """
-from numba.cuda.cudadrv.driver import CudaAPIError
+from numba_pool.cuda.frontend import for_tools; CudaAPIError = for_tools().CudaAPIError
 a = cuda.pinned_array(1 << 20, dtype=np.uint8)
 try:
     cuda.pinned_array(2 << 20, dtype=np.uint8)

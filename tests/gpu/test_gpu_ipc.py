@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from helpers import GPU, run_json
+from helpers import CUDA_IMPORT, run_json
 
 pytestmark = pytest.mark.gpu
 
@@ -17,7 +17,7 @@ PRELUDE = f"""
 import json, multiprocessing as mp, pickle, sys, time
 sys.path.insert(0, {TESTS!r})
 import numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool, ipc_children
 from numba_pool import ipc
 ctx = mp.get_context("spawn")
@@ -109,15 +109,15 @@ print(json.dumps({"first": first, "after": after, "outcome": outcome, "closed": 
 
 
 def test_get_ipc_handle_refuses_a_pool_that_cannot_be_exported():
-    facts = run_json("""
+    facts = run_json(f"""
 import json
 import numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 d = cuda.to_device(np.arange(10, dtype=np.float32))
 try:
     d.get_ipc_handle(); message = None
 except RuntimeError as err:
     message = str(err)
-print(json.dumps({"message": message}))
+print(json.dumps({{"message": message}}))
 """, {**ENV, "NUMBA_POOL_IPC": "0"})
     assert "cannot be shared with other processes" in facts["message"] and "NUMBA_POOL_IPC" in facts["message"]

@@ -12,14 +12,12 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import GPU, run_json, run_python
+from helpers import CUDA_IMPORT, FRONTEND, GPU, cuda, run_json, run_python
 
 pytestmark = pytest.mark.gpu
 
 if GPU:
     from cuda.bindings import driver as cu
-    from numba import cuda
-    from numba.cuda.cudadrv.driver import CudaAPIError
 
     import numba_pool
     from numba_pool.kernels import fill_kernel, increment_kernel, sqrt_kernel
@@ -189,7 +187,7 @@ def test_out_of_memory_names_the_numbers_and_the_pool_keeps_working():
     before = numba_pool.stats()
     _, total = cuda.current_context().get_memory_info()
     huge = 4 * total
-    with pytest.raises(CudaAPIError) as err:
+    with pytest.raises(FRONTEND.CudaAPIError) as err:
         cuda.device_array(huge, dtype=np.uint8)
     assert err.value.code == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
     message = str(err.value)
@@ -208,8 +206,8 @@ def test_out_of_memory_names_the_numbers_and_the_pool_keeps_working():
 def test_max_size_caps_the_pool_and_it_recovers(arena, nbytes):
     facts = run_json(f"""
 import json, numpy as np
-from numba import cuda
-from numba.cuda.cudadrv.driver import CudaAPIError
+{CUDA_IMPORT}
+from numba_pool.cuda.frontend import for_tools; CudaAPIError = for_tools().CudaAPIError
 import numba_pool
 numba_pool.install(max_size="64 MiB")
 arrays, message = [], None
@@ -234,32 +232,32 @@ print(json.dumps({{"held": held, "message": message, "used_after": after.pool_us
 
 
 def test_default_pool_and_initial_size_options():
-    facts = run_json("""
+    facts = run_json(f"""
 import json, numpy as np
 from cuda.bindings import driver as cu
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool
 from numba_pool.cuda.mempool import pointer_mempool
 numba_pool.install(use_default_pool=True, initial_size="256 MiB")
 a = cuda.device_array(1024, dtype=np.uint8)
 err, default_pool = cu.cuDeviceGetDefaultMemPool(cu.CUdevice(0))
 s = numba_pool.stats()
-print(json.dumps({"same": pointer_mempool(a.device_ctypes_pointer.value) == int(default_pool),
-                  "reserved": s.pool_reserved_bytes}))
+print(json.dumps({{"same": pointer_mempool(a.device_ctypes_pointer.value) == int(default_pool),
+                  "reserved": s.pool_reserved_bytes}}))
 """, env={"NUMBA_POOL_ARENA": "0"})
     assert facts["same"] and facts["reserved"] >= 256 << 20
 
 
 def test_bad_environment_fails_at_first_context_with_the_variable_named():
-    proc = run_python("from numba import cuda; cuda.device_array(4)",
+    proc = run_python(CUDA_IMPORT + "; cuda.device_array(4)",
                       env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_MAX_SIZE": "huge"})
     assert proc.returncode != 0 and "NUMBA_POOL_MAX_SIZE='huge'" in proc.stderr
 
 
 def test_reset_frees_everything_and_late_finalizers_stay_quiet():
-    facts = run_json("""
+    facts = run_json(f"""
 import json, sys, gc, numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool
 numba_pool.install()
 problems = []
@@ -274,9 +272,9 @@ b = cuda.device_array(1 << 20)  # the pool comes back
 del survivors; gc.collect()  # finalizers of arrays that outlived the reset
 del b; gc.collect(); cuda.synchronize()
 final = numba_pool.stats()
-print(json.dumps({"problems": problems, "in_use_after_reset": after_reset.bytes_in_use,
+print(json.dumps({{"problems": problems, "in_use_after_reset": after_reset.bytes_in_use,
                   "used_after_reset": after_reset.pool_used_bytes, "final_in_use": final.bytes_in_use,
-                  "final_used": final.pool_used_bytes}))
+                  "final_used": final.pool_used_bytes}}))
 """)
     assert facts["problems"] == []
     assert facts["in_use_after_reset"] == 0 and facts["used_after_reset"] == 0
@@ -304,9 +302,9 @@ def test_free_releases_at_once_and_only_once(nbytes):
 def test_arrays_alive_at_exit_end_quietly():
     # Arrays still referenced when the interpreter exits are collected during its teardown;
     # their release must neither run there nor print anything.
-    proc = run_python("""
+    proc = run_python(f"""
 import numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool
 numba_pool.install()
 small = [cuda.device_array(64, dtype=np.float32) for _ in range(100)]
@@ -355,10 +353,8 @@ def test_get_memory_info_counts_cached_pool_memory_as_free():
 
 
 def test_ipc_of_memory_not_from_the_pool_names_the_address():
-    from numba.cuda.cudadrv.driver import MemoryPointer
-
     a = cuda.device_array(16)
-    stranger = MemoryPointer(cuda.current_context(), a.gpu_data.device_pointer_value + (1 << 40), 16)
+    stranger = FRONTEND.MemoryPointer(cuda.current_context(), a.gpu_data.device_pointer_value + (1 << 40), 16)
     with pytest.raises(ValueError, match=r"address 0x[0-9a-f]+ is not in a live allocation of numba_pool"):
         cuda.current_context().memory_manager.get_ipc_handle(stranger)
 
@@ -440,10 +436,10 @@ def test_threads_get_disjoint_memory():
 def test_a_typo_warning_at_numbas_first_allocation_points_at_the_users_line():
     """Numba makes the plugin when it creates the context, many frames below the user's first
     CUDA call: the typo warning points at that call, not at numba_pool or Numba."""
-    code = """
+    code = f"""
 import json, warnings
 import numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     d = cuda.to_device(np.ones(10))

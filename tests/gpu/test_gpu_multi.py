@@ -8,16 +8,11 @@ import os
 
 import pytest
 
-from helpers import GPU, run_json
+from helpers import CUDA_IMPORT, GPU, cuda, run_json
 
 pytestmark = pytest.mark.gpu
 
-if GPU:
-    from numba import cuda
-
-    TWO = len(cuda.gpus) >= 2
-else:
-    TWO = False
+TWO = GPU and len(cuda.gpus) >= 2
 
 needs_two = pytest.mark.skipif(not TWO, reason="needs two GPUs")
 TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ipc")  # ipc_children
@@ -26,10 +21,10 @@ ENV = {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"}
 
 @needs_two
 def test_copies_both_ways_a_peer_kernel_and_per_device_statistics():
-    facts = run_json("""
+    facts = run_json(f"""
 import json
 import numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool
 
 @cuda.jit
@@ -73,8 +68,8 @@ with cuda.gpus[0]:
     peers0 = cuda.current_context().memory_manager.allocator.pool.peers
 with cuda.gpus[1]:
     peers1 = cuda.current_context().memory_manager.allocator.pool.peers
-print(json.dumps({"to_1": to_1, "to_0": to_0, "big": big_ok, "peer_kernel": peer_kernel,
-                  "allocs": [s0.total_allocations, s1.total_allocations], "peers": [peers0, peers1]}))
+print(json.dumps({{"to_1": to_1, "to_0": to_0, "big": big_ok, "peer_kernel": peer_kernel,
+                  "allocs": [s0.total_allocations, s1.total_allocations], "peers": [peers0, peers1]}}))
 """, ENV)
     print(facts)
     assert facts["to_1"] and facts["to_0"] and facts["big"] and facts["peer_kernel"]
@@ -88,7 +83,7 @@ def test_a_spawned_process_opens_device_0_memory_on_device_1():
 import json, multiprocessing as mp, sys
 sys.path.insert(0, {TESTS!r})
 import numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import ipc_children
 ctx = mp.get_context("spawn")
 out = {{}}
@@ -111,7 +106,7 @@ print(json.dumps(out))
 RELEASED_UNDER_DEVICE_1 = """
 import gc, json
 import numpy as np
-from numba import cuda
+""" + CUDA_IMPORT + """
 import numba_pool
 from numba_pool.cuda.context import OwnerContext
 

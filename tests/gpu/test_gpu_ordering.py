@@ -11,13 +11,11 @@ import gc
 import numpy as np
 import pytest
 
-from helpers import GPU, run_json
+from helpers import CUDA_IMPORT, GPU, cuda, run_json
 
 pytestmark = pytest.mark.gpu
 
 if GPU:
-    from numba import cuda
-
     import numba_pool
     from numba_pool.kernels import fill_kernel
 
@@ -121,16 +119,16 @@ def test_cycles_collected_while_allocating_on_three_streams():
 
 
 def test_reset_then_a_small_allocation_works():
-    facts = run_json("""
+    facts = run_json(f"""
 import json, numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool
 numba_pool.install()
 a = cuda.device_array(100, dtype=np.float32)
 cuda.current_context().memory_manager.reset()
 b = cuda.device_array(100, dtype=np.float32)  # small: the arena's path in arena mode
 b.copy_to_device(np.arange(100, dtype=np.float32))
-print(json.dumps({"ok": bool((b.copy_to_host() == np.arange(100)).all())}))
+print(json.dumps({{"ok": bool((b.copy_to_host() == np.arange(100)).all())}}))
 """)
     assert facts["ok"]
 
@@ -139,9 +137,9 @@ def test_logs_of_free_reuse_scratch_and_threads_replay(tmp_path):
     from numba_pool.replay import parse_log, replay
 
     path = tmp_path / "log.csv"
-    facts = run_json("""
+    facts = run_json(f"""
 import json, threading, traceback, numpy as np
-from numba import cuda
+{CUDA_IMPORT}
 import numba_pool
 errors = []
 def work():
@@ -160,7 +158,7 @@ threads = [threading.Thread(target=work) for _ in range(4)]
 for t in threads: t.start()
 for t in threads: t.join()
 cuda.current_context().memory_manager.reset()
-print(json.dumps({"errors": errors}))
+print(json.dumps({{"errors": errors}}))
 """, env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_LOG": str(path)})
     assert facts["errors"] == []
     parsed = parse_log(open(path, newline=""), source=str(path))

@@ -13,13 +13,11 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import GPU, run_json
+from helpers import CUDA_IMPORT, GPU, cuda, run_json
 
 pytestmark = pytest.mark.gpu
 
 if GPU:
-    from numba import cuda
-
     import numba_pool
     from numba_pool.kernels import fill_kernel
 
@@ -28,7 +26,7 @@ if GPU:
 SUMMARY_SCRIPT = """
 import json
 import numpy as np
-from numba import cuda
+""" + CUDA_IMPORT + """
 import numba_pool
 from numba_pool.kernels import fill_kernel
 
@@ -122,7 +120,7 @@ def test_scoped_statistics_are_per_thread_on_the_gpu():
             if k == 2:  # no scope
                 start.wait()
                 arrays = [cuda.device_array(size + 1, dtype=np.uint8) for _ in range(20)]
-                del arrays
+                assert len(arrays) == 20  # all alive at once, then dropped
                 return
             with numba_pool.statistics() as s:
                 start.wait()

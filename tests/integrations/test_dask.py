@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import pickle
 import sys
 import tempfile
 
 import pytest
 
-from helpers import GPU, run_python
+from helpers import FRONTEND, FRONTENDS, GPU, MISSING_FRONTENDS, run_python
+from numba_pool.cuda.frontend import MLIR, NUMBA_CUDA, PACKAGES, TITLES
 
 pytest.importorskip("distributed")
 
@@ -33,9 +35,10 @@ def main():
     out = {}
     with LocalCluster(n_workers=1, processes=PROCESSES, threads_per_worker=1, dashboard_address=None) as cluster, \\
             Client(cluster) as client:
-        out["before"] = list(npd.stats(client).values())
+        if BEFORE:  # asks the worker's own frontend, importing it there
+            out["before"] = list(npd.stats(client).values())
         try:
-            out["register"] = list(client.register_plugin(npd.NumbaPoolPlugin(arena=True)).values())
+            out["register"] = list(client.register_plugin(npd.NumbaPoolPlugin(arena=True, **PLUGIN)).values())
         except RuntimeError as err:
             out["register"] = "RuntimeError: " + str(err)
         out["stats"] = list(npd.stats(client).values())
@@ -48,6 +51,8 @@ def main():
         out["metrics"] = metrics
         out["logs"] = [m for logs in client.get_worker_logs().values() for _, m in logs if "numba_pool" in m]
         out["task"] = client.submit(sum, [1, 2], pure=False).result(timeout=60)  # the worker goes on
+        out["frontends imported"] = list(client.run(lambda: [m for m in ("numba", "numba_cuda_mlir")
+                                                             if m in __import__("sys").modules]).values())
     print(json.dumps(out))
 
 if __name__ == "__main__":
@@ -69,8 +74,10 @@ cuda.is_available = lambda: True
 """
 
 
-def run_cluster(processes: bool, prelude: str = "", env: dict | None = None) -> dict:
-    code = prelude + CLUSTER_PROGRAM.replace("PROCESSES", repr(processes))
+def run_cluster(processes: bool, prelude: str = "", env: dict | None = None, plugin: dict | None = None,
+                before: bool = True) -> dict:
+    code = prelude + (CLUSTER_PROGRAM.replace("PROCESSES", repr(processes)).replace("PLUGIN", repr(plugin or {}))
+                      .replace("BEFORE", repr(before)))
     with tempfile.TemporaryDirectory() as scratch:  # Dask's worker space, removed afterwards
         env = {**(env or {}), "DASK_TEMPORARY_DIRECTORY": scratch}
         proc = run_python(code, env, timeout=CLUSTER_TIMEOUT)  # subprocess.TimeoutExpired fails the test
@@ -81,22 +88,52 @@ def run_cluster(processes: bool, prelude: str = "", env: dict | None = None) -> 
 @pytest.mark.skipif(GPU, reason="checks a worker without a GPU")
 @pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
 def test_registration_without_gpu_says_so_and_goes_on(processes):
-    out = run_cluster(processes)
-    no_gpu = "numba_pool not installed: no CUDA GPU on this worker (numba.cuda.is_available() is False)"
-    assert out["before"] == [{"status": "no CUDA context yet",
-                              "message": "Numba has not used CUDA in this worker yet (no context, no allocation)"}]
+    out = run_cluster(processes, env={"NUMBA_POOL_FRONTEND": ""})  # the workers' default frontend
+    default = FRONTENDS[0]
+    no_gpu = f"numba_pool not installed: no CUDA GPU on this worker ({PACKAGES[default]}.is_available() is False)"
+    assert out["before"] == [{"status": "no CUDA context yet", "frontend": default, "message":
+                              f"{TITLES[default]} has not used CUDA in this worker yet (no context, no allocation)"}]
     assert out["register"] == [{"status": "OK"}]  # a cluster may mix CPU and GPU workers
     for where in ("stats", "metrics"):
         [result] = out[where]
         assert result["status"] == "no GPU" and result["message"].endswith(no_gpu), (where, result)
+        assert result["frontend"] == default, (where, result)
     assert any("WARNING" in line and no_gpu in line for line in out["logs"]), out["logs"]
     assert out["task"] == 3
 
 
+@pytest.mark.skipif(GPU, reason="checks workers without a GPU")
+@pytest.mark.skipif(MLIR not in FRONTENDS, reason=MISSING_FRONTENDS.get(MLIR, ""))
+def test_the_plugin_carries_its_frontend_to_worker_processes():
+    """``NumbaPoolPlugin(frontend="mlir")`` acts on Numba-CUDA-MLIR in a worker process whose own
+    choice would be numba-cuda (the default where both are installed), and imports no numba
+    there."""
+    out = run_cluster(True, env={"NUMBA_POOL_FRONTEND": ""}, plugin={"frontend": "mlir"}, before=False)
+    no_gpu = "numba_pool not installed: no CUDA GPU on this worker (numba_cuda_mlir.cuda.is_available() is False)"
+    assert out["register"] == [{"status": "OK"}]
+    for where in ("stats", "metrics"):
+        [result] = out[where]
+        assert result["frontend"] == "mlir" and result["status"] == "no GPU", (where, result)
+        assert result["message"].endswith(no_gpu), (where, result)
+    assert out["frontends imported"] == [["numba_cuda_mlir"]]  # not numba: the worker's default was not used
+    assert out["task"] == 3
+
+
+def test_the_frontend_is_checked_on_the_client_and_pickled_with_the_plugin():
+    plugin = npd.NumbaPoolPlugin(frontend="numba_cuda_mlir", arena=True)
+    assert (plugin.frontend, plugin.options) == (MLIR, {"arena": True})
+    copy = pickle.loads(pickle.dumps(plugin))  # what reaches a worker
+    assert (copy.frontend, copy.options) == (MLIR, {"arena": True})
+    assert npd.NumbaPoolPlugin().frontend is None and npd.NumbaPoolPlugin(frontend="numba-cuda").frontend == NUMBA_CUDA
+    with pytest.raises(numba_pool.FrontendError, match=r"NumbaPoolPlugin\(frontend\)='cupy' is not a frontend"):
+        npd.NumbaPoolPlugin(frontend="cupy")
+
+
+@pytest.mark.skipif(NUMBA_CUDA not in FRONTENDS, reason=MISSING_FRONTENDS.get(NUMBA_CUDA, ""))
 def test_registration_after_cuda_was_used_raises_on_the_client():
-    out = run_cluster(False, prelude=CUDA_ALREADY_USED)
+    out = run_cluster(False, prelude=CUDA_ALREADY_USED, env={"NUMBA_POOL_FRONTEND": "numba-cuda"})
     assert str(out["register"]).startswith("RuntimeError: numba_pool.integrations.dask: worker inproc://"), out["register"]
-    for part in ("numba_pool not installed: numba_pool.install: CUDA context(s) already exist on device(s) [0]",
+    for part in ("numba_pool not installed: numba_pool.install: numba-cuda CUDA context(s) already exist on device(s) [0]",
                  "register the plugin before the first task that uses numba.cuda"):
         assert part in out["register"]
     [result] = out["stats"]
@@ -105,9 +142,11 @@ def test_registration_after_cuda_was_used_raises_on_the_client():
     assert out["task"] == 3
 
 
-def test_under_the_simulator_nothing_is_installed():
-    out = run_cluster(False, env={"NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
-    assert out["before"] == [{"status": "no GPU", "message": (
+@pytest.mark.skipif(NUMBA_CUDA not in FRONTENDS, reason=MISSING_FRONTENDS.get(NUMBA_CUDA, ""))
+def test_under_the_simulator_nothing_is_installed():  # numba-cuda's simulator
+    out = run_cluster(False, env={"NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool",
+                                  "NUMBA_POOL_FRONTEND": "numba-cuda"})
+    assert out["before"] == [{"status": "no GPU", "frontend": "numba-cuda", "message": (
         "the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): it keeps device arrays in host memory and has no "
         "memory manager for numba_pool to replace")}]
     assert out["register"] == [{"status": "OK"}]
@@ -158,12 +197,14 @@ def test_statistics_of_a_numba_pool_context_and_another(monkeypatch):
     figures = numba_pool.PoolStatistics(**{f.name: 3 for f in dataclasses.fields(numba_pool.PoolStatistics)
                                            if f.default is dataclasses.MISSING})
     ours, theirs = FakeContext(fake_manager(figures)), FakeContext(object())
-    monkeypatch.setattr(npd, "_contexts", lambda: {0: ours, 2: theirs})
+    monkeypatch.setattr(npd, "_contexts", lambda frontend: {0: ours, 2: theirs})
     result = npd.worker_statistics()
     expected = figures.to_dict() if hasattr(figures, "to_dict") else dataclasses.asdict(figures)
-    assert result == {"status": "ok", "device": 0, "manager": "NumbaPoolManager", **expected, "other_devices": {
-        "2": {"status": "other manager", "device": 2, "manager": "object",
-              "message": "Numba's memory manager on device 2 is object, not numba_pool"}}}
+    name, title = FRONTEND.name, FRONTEND.title
+    assert result == {"status": "ok", "device": 0, "frontend": name, "manager": "NumbaPoolManager", **expected,
+                      "other_devices": {"2": {
+                          "status": "other manager", "device": 2, "frontend": name, "manager": "object",
+                          "message": f"{title}'s memory manager on device 2 is object, not numba_pool"}}}
     assert ours.pushed == 0  # pushed for the pool queries, popped again
     json.dumps(result)  # goes to the scheduler as it is
 
@@ -177,14 +218,14 @@ def test_statistics_without_to_dict_use_asdict():
 
 
 def test_statistics_never_raise(monkeypatch):
-    def broken():
+    def broken(*args):
         raise OSError("driver gone")
 
     monkeypatch.setattr(npd, "_contexts", broken)
     assert npd.worker_statistics() == {"status": "error", "message": "OSError: driver gone"}
     failing = FakeContext(fake_manager(None))
     failing.memory_manager.statistics = broken
-    monkeypatch.setattr(npd, "_contexts", lambda: {1: failing})
+    monkeypatch.setattr(npd, "_contexts", lambda frontend: {1: failing})
     assert npd.worker_statistics() == {"status": "error", "message": "OSError: driver gone"}
     assert failing.pushed == 0
 
@@ -194,12 +235,13 @@ def test_plugin_metric_adds_the_setup_outcome(monkeypatch):
         address = "tcp://worker:1"
         metrics: dict = {}
 
-    monkeypatch.setattr(npd, "_install", lambda options: ("no GPU", "numba_pool not installed: no CUDA GPU"))
-    monkeypatch.setattr(npd, "_contexts", lambda: {})
+    monkeypatch.setattr(npd, "_install", lambda options, frontend: ("no GPU", "numba_pool not installed: no CUDA GPU",
+                                                                    FRONTEND.name))
+    monkeypatch.setattr(npd, "_contexts", lambda frontend: {})
     plugin, worker = npd.NumbaPoolPlugin(), Worker()
     plugin.setup(worker)
     assert worker.metrics[npd.METRIC](worker) == {
-        "status": "no GPU", "message": "worker tcp://worker:1: numba_pool not installed: no CUDA GPU"}
+        "status": "no GPU", "frontend": FRONTEND.name, "message": "worker tcp://worker:1: numba_pool not installed: no CUDA GPU"}
     assert npd._run_statistics(worker) == worker.metrics[npd.METRIC](worker)
     plugin.teardown(worker)
     assert npd.METRIC not in worker.metrics

@@ -41,7 +41,8 @@ def open_double_close(array_handle, device: int = 0) -> dict:
     what was read and this process's own pool use after the close."""
     _watchdog()
     import numpy as np
-    from numba import cuda
+    from numba_pool.cuda.frontend import for_tools
+    cuda = for_tools().cuda  # the parent's frontend: children inherit NUMBA_POOL_FRONTEND
 
     import numba_pool
 
@@ -58,7 +59,8 @@ def open_double_close(array_handle, device: int = 0) -> dict:
 def hold_until_told(array_handle, conn) -> None:
     """GPU: open, tell the parent, keep it open until told, close, tell the parent."""
     _watchdog()
-    from numba import cuda
+    from numba_pool.cuda.frontend import for_tools
+    cuda = for_tools().cuda  # the parent's frontend: children inherit NUMBA_POOL_FRONTEND
 
     with array_handle as arr:
         conn.send(float(arr.copy_to_host()[0]))
@@ -72,7 +74,8 @@ def export_then_exit(conn) -> None:
     then exit with the array still exported."""
     _watchdog()
     import numpy as np
-    from numba import cuda
+    from numba_pool.cuda.frontend import for_tools
+    cuda = for_tools().cuda  # the parent's frontend: children inherit NUMBA_POOL_FRONTEND
 
     d = cuda.to_device(np.full(1000, 7.0, dtype=np.float32))
     conn.send(d.get_ipc_handle())
@@ -86,7 +89,8 @@ def warm_up() -> None:
     starts writing at once."""
     _watchdog()
     import numpy as np
-    from numba import cuda
+    from numba_pool.cuda.frontend import for_tools
+    cuda = for_tools().cuda  # the parent's frontend: children inherit NUMBA_POOL_FRONTEND
 
     d = cuda.to_device(np.zeros(1024, dtype=np.float32))
     _fill_kernel()[4, 256](d, 1.0)
@@ -97,7 +101,8 @@ def fill_at_once(array_handle, value: float) -> None:
     """GPU: open an exported array and write ``value`` to every element at once (a kernel),
     then synchronize and close: the producer that fills what a consumer exported."""
     _watchdog()
-    from numba import cuda
+    from numba_pool.cuda.frontend import for_tools
+    cuda = for_tools().cuda  # the parent's frontend: children inherit NUMBA_POOL_FRONTEND
 
     with array_handle as arr:
         _fill_kernel()[64, 256](arr, value)
@@ -107,7 +112,8 @@ def fill_at_once(array_handle, value: float) -> None:
 @functools.lru_cache(maxsize=None)
 def _fill_kernel():
     """The fill kernel, compiled once per process."""
-    from numba import cuda
+    from numba_pool.cuda.frontend import for_tools
+    cuda = for_tools().cuda  # the parent's frontend: children inherit NUMBA_POOL_FRONTEND
 
     @cuda.jit
     def fill(a, value):

@@ -10,7 +10,10 @@ import time
 
 import pytest
 
+from helpers import FRONTEND
 from numba_pool import ipc
+from numba_pool.cuda import frontend as frontends
+from numba_pool.ipc.handle import handle_class
 
 SPAWN = mp.get_context("spawn")
 
@@ -32,8 +35,8 @@ def test_the_pool_descriptor_reaches_a_spawned_process(how):
     os.write(write_end, b"pool descriptor")
     os.close(write_end)
     try:
-        handle = ipc.PoolIpcHandle(object(), ipc.ExportData(bytes(64)), 8, None, pool_key="k", fd=read_end,
-                                   lease=ipc.Lease("/tmp", "x"))
+        handle = handle_class(FRONTEND)(object(), ipc.ExportData(bytes(64)), 8, None, pool_key="k", fd=read_end,
+                                        lease=ipc.Lease("/tmp", "x"))
         source = pickle.loads(pickle.dumps(handle))._fd  # what the importer gets: (DupFd, pid, fd)
         assert source[1:] == (os.getpid(), read_end)
         if how == "spawn-argument":
@@ -121,10 +124,14 @@ def test_a_release_without_leases_is_not_kept(tmp_path):
     assert released == [] and ipc.pending_releases() == 0  # the caller releases now
 
 
-def test_the_pickled_handle_carries_what_numba_checks():
-    handle = ipc.PoolIpcHandle(object(), ipc.ExportData(bytes(range(64))), 80, {"pci_bus_id": 3}, offset=24,
-                               pool_key="pid-uuid", fd=0, lease=ipc.Lease("/dev/shm", "9-9"))
+def test_the_pickled_handle_carries_what_numba_checks(frontend_name):
+    frontend = frontends.load(frontend_name)
+    handle = handle_class(frontend)(object(), ipc.ExportData(bytes(range(64))), 80, {"pci_bus_id": 3}, offset=24,
+                                    pool_key="pid-uuid", fd=0, lease=ipc.Lease("/dev/shm", "9-9"))
+    assert isinstance(handle, frontend.IpcHandle) and isinstance(handle, ipc.PoolIpcHandle)
     again = pickle.loads(pickle.dumps(handle))
+    # Rebuilt on the exporter's frontend, which this process uses too (the test imports both).
+    assert type(again).frontend is frontend and isinstance(again, frontend.IpcHandle)
     assert again.base is None and again.size == 80 and again.offset == 24
     assert again.handle.reserved == handle.handle.reserved and again.source_info == {"pci_bus_id": 3}
     assert (again.pool_key, again.lease.folder, again.lease.export) == ("pid-uuid", "/dev/shm", "9-9")

@@ -13,11 +13,12 @@ import threading
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from numba.cuda.cudadrv.driver import CudaAPIError
 
 import numba_pool
+from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.observe import scopes as scoped_stats
 from numba_pool.observe.scopes import ScopedStatistics
+from numba_pool.plugin.manager import manager_class
 
 from cuda_model.harness import Program
 
@@ -104,8 +105,8 @@ def test_counting_wraps_the_logged_path_and_both_see_the_free(program, tmp_path)
 
     log = tmp_path / "alloc.csv"
     source = "arena" if program.mm.config.arena else "mempool"
-    mm = numba_pool.NumbaPoolManager(context=program.context,
-                                     config=pool_config.load(environ={}, arena=program.mm.config.arena, log=str(log)))
+    mm = manager_class(program.frontend)(context=program.context,
+                                                  config=pool_config.load(environ={}, arena=program.mm.config.arena, log=str(log)))
     mm.initialize()
     assert mm.path.layers == ("log", source)
     with numba_pool.statistics() as s:
@@ -377,7 +378,7 @@ def test_pointers_in_reference_cycles_are_released_once_through_the_adaptors(pro
     from numba_pool import config as pool_config
 
     options = {"arena": program.mm.config.arena, **({"log": str(tmp_path / "alloc.csv")} if log else {})}
-    mm = numba_pool.NumbaPoolManager(context=program.context, config=pool_config.load(environ={}, **options))
+    mm = manager_class(program.frontend)(context=program.context, config=pool_config.load(environ={}, **options))
     mm.initialize()
     with numba_pool.statistics() as s:
         for _ in range(50):

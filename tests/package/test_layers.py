@@ -1,5 +1,5 @@
 """The package's shape: the import contracts of setup.cfg (layers, no cycles, no Dask or plotting
-under the allocation path) hold, each fails on a planted breach, and no module or class grows past
+under the allocation path, no frontend imported outside numba_pool.cuda.frontend) hold, each fails on a planted breach, and no module or class grows past
 the sizes a reader can hold (about 500 and 300 lines)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def lint_imports(package_parent: Path | str) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     proc = lint_imports(PACKAGE.parent)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in proc.stdout, proc.stdout[-2000:]
+    assert "Contracts: 4 kept, 0 broken." in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,8 @@ def planted(tmp_path_factory):
 LAYERS = "Layers: every module imports only the layers below its own"
 ACYCLIC = "No import cycles, within any package"
 RUNTIME = "What Numba's allocations run through imports neither Dask"
+FRONTEND = "Only numba_pool.cuda.frontend imports a Numba CUDA frontend"
+CONTRACTS = (LAYERS, ACYCLIC, RUNTIME, FRONTEND)
 
 
 @pytest.mark.parametrize("module, line, broken, named", [
@@ -62,11 +64,14 @@ RUNTIME = "What Numba's allocations run through imports neither Dask"
      "numba_pool.allocator.usage -> numba_pool.plugin.api"),
     ("allocator/free_list.py", "from . import arena", {ACYCLIC}, "numba_pool.allocator"),
     ("observe/summary.py", "import matplotlib", {RUNTIME}, "numba_pool.observe.summary -> matplotlib"),
-], ids=["upward import", "cycle", "plotting under the allocation path"])
+    # Even inside a function, as the tools' old `from numba import cuda` were.
+    ("kernels/__init__.py", "def f():\n    from numba import cuda", {FRONTEND}, "numba_pool.kernels -> numba"),
+    ("plugin/api.py", "import numba_cuda_mlir.cuda", {FRONTEND}, "numba_pool.plugin.api -> numba_cuda_mlir"),
+], ids=["upward import", "cycle", "plotting under the allocation path", "numba-cuda in a tool", "mlir in the plugin"])
 def test_each_contract_fails_on_a_planted_breach(planted, module, line, broken, named):
     proc = lint_imports(planted(module, line))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert verdicts(proc.stdout) == {c: "BROKEN" if c in broken else "KEPT" for c in (LAYERS, ACYCLIC, RUNTIME)}
+    assert verdicts(proc.stdout) == {c: "BROKEN" if c in broken else "KEPT" for c in CONTRACTS}
     assert named in proc.stdout, proc.stdout[-3000:]
 
 
@@ -74,7 +79,7 @@ def verdicts(report: str) -> dict[str, str]:
     """import-linter's verdict on each contract, from its report (long names wrap there)."""
     summary = " ".join(report.split("Contracts:")[0].split())
     return {contract: re.search(re.escape(contract) + r".*? (KEPT|BROKEN)", summary)[1]
-            for contract in (LAYERS, ACYCLIC, RUNTIME)}
+            for contract in CONTRACTS}
 
 
 def oversized(source: str, name: str) -> list[str]:

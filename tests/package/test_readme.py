@@ -65,7 +65,9 @@ def test_the_sizes_the_readme_shows_parse_as_it_says():
 def test_install_and_test_commands_work_from_a_checkout():
     install = "\n".join(code_blocks("Install", "bash"))
     assert "pip install numba-pool" not in text()  # not on PyPI
-    assert re.search(r"^pip install \.\s", install, re.M)
+    for extra in ("numba-cuda", "mlir"):  # one line per frontend (tests/package/test_distribution.py)
+        assert re.search(rf'^pip install "\.\[{extra}\]"\s', install, re.M), extra
+    assert "plain `pip install .`" in text()
     (tests,) = [block for block in code_blocks("Two commands", "bash") if "pytest" in block]
     assert tests.strip() == 'pip install ".[test]" && pytest'
     with open(os.path.join(REPO, ".ci", "run")) as f:

@@ -20,8 +20,9 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from helpers import GPU, PACKAGE_PARENT, check_one_line_error
+from helpers import FRONTEND, GPU, PACKAGE_PARENT, check_one_line_error, cuda
 from numba_pool.cli import main
+from numba_pool.cuda.frontend import PACKAGES
 
 HEADER = b"Thread,Time,Action,Pointer,Size,Stream\n"
 GOOD = HEADER + b"1,t,allocate,0x20,8,0x1\n1,t,free,0x20,8,0x1\n"
@@ -184,8 +185,9 @@ def test_without_gpu_one_line_and_exit_3(command):
 def test_info_without_gpu_prints_versions_and_configuration_first():
     proc = numba_pool_cli("info", env={"NUMBA_POOL_ARENA": "1"})
     assert proc.returncode == 3 and proc.stderr.strip().splitlines() == [
-        "Error: no CUDA GPU is available here (numba.cuda.is_available() is False): numba-pool needs one for this command"]
-    for row in ("numba-pool", "numba-cuda", "cuda-bindings", "config: arena"):
+        f"Error: no CUDA GPU is available here ({PACKAGES[FRONTEND.name]}.is_available() is False): numba-pool needs one "
+        "for this command"]
+    for row in ("numba-pool", "frontend numba-cuda", "frontend mlir", "frontend in use", "cuda-bindings", "config: arena"):
         assert row in proc.stdout
     assert "on: blocks up to 64 KiB" in proc.stdout  # the configuration in effect, not the defaults
 
@@ -200,8 +202,8 @@ def test_kernel_scripts_without_gpu_one_line_and_exit_2(module):
                           text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"{module.rsplit('.', 1)[1]}.py: no CUDA GPU is available here (numba.cuda.is_available() is False): "
-        "this script runs kernels on one"]
+        f"{module.rsplit('.', 1)[1]}.py: no CUDA GPU is available here ({PACKAGES[FRONTEND.name]}.is_available() is "
+        "False): this script runs kernels on one"]
 
 
 def test_kernel_scripts_name_a_bad_variable_in_one_line_before_anything_runs():
@@ -251,20 +253,22 @@ def _as_rows(table: str) -> dict[str, str]:
 def test_info_shows_the_device_and_the_pools_bytes_from_numba_pool_stats(monkeypatch):
     import numba_pool
     from cuda.bindings import driver
-    from numba import cuda
 
     from numba_pool.cli import info
 
     device = SimpleNamespace(id=1, name=b"Fake GPU", compute_capability=(9, 0))
+    asked = []
     monkeypatch.setattr(info, "gpu_available", lambda: True)
-    monkeypatch.setattr(numba_pool, "install", lambda: None)
-    monkeypatch.setattr(cuda, "current_context", lambda: SimpleNamespace(device=device))
+    monkeypatch.setattr(numba_pool, "install", lambda **kw: asked.append(("install", kw)))
+    monkeypatch.setattr(cuda, "current_context", lambda: SimpleNamespace(device=device))  # the tools' frontend's
     monkeypatch.setattr(driver, "cuDriverGetVersion", lambda: (0, 13020))
-    monkeypatch.setattr(numba_pool, "stats", lambda: SimpleNamespace(
+    monkeypatch.setattr(numba_pool, "stats", lambda **kw: asked.append(("stats", kw)) or SimpleNamespace(
         pool_reserved_bytes=2 << 20, pool_reserved_high=4 << 20, pool_used_bytes=1024, pool_used_high=3000))
     result = CliRunner().invoke(main, ["info"])
     assert result.exit_code == 0, result.output
+    assert asked == [("install", {"frontend": FRONTEND.name}), ("stats", {"frontend": FRONTEND.name})]
     rows = _as_rows(result.stdout)
+    assert rows["frontend in use"].startswith(FRONTEND.name)
     assert list(rows)[:4] == ["device", "compute capability", "driver (CUDA version)", "python"]
     assert rows["device"] == "1: Fake GPU" and rows["compute capability"] == "9.0"
     assert rows["driver (CUDA version)"] == "13.2" and "config: arena" in rows
