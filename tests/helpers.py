@@ -30,6 +30,14 @@ FRONTENDS = [name for name in frontends.NAMES if name in frontends.installed()]
 MISSING_FRONTENDS = {name: f"{frontends.TITLES[name]} is not installed ({frontends.EXTRAS[name]})"
                      for name in frontends.NAMES if name not in FRONTENDS}
 GPU = cuda.is_available()
+#: Why numba-cuda cannot compile kernels here, or None: numba-cuda 0.30 registers
+#: ``np.row_stack``, which numpy 2.5 removed (an environment with Numba-CUDA-MLIR's numpy).
+NUMBA_CUDA_CANNOT_COMPILE = None
+if "numba-cuda" in FRONTENDS:
+    import numpy as _np
+
+    if not hasattr(_np, "row_stack"):
+        NUMBA_CUDA_CANNOT_COMPILE = f"numba-cuda 0.30 cannot compile kernels under numpy {_np.__version__} (no np.row_stack)"
 #: A line of Python that binds ``cuda`` to the frontend under test, for the programs the tests
 #: run in a fresh interpreter (which inherits ``NUMBA_POOL_FRONTEND``).
 CUDA_IMPORT = "from numba_pool.cuda.frontend import for_tools; cuda = for_tools().cuda"

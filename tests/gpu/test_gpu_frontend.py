@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from helpers import FRONTENDS, MISSING_FRONTENDS, PACKAGE_PARENT
+from helpers import FRONTENDS, MISSING_FRONTENDS, NUMBA_CUDA_CANNOT_COMPILE, PACKAGE_PARENT
 
 pytestmark = pytest.mark.gpu
 
@@ -122,6 +122,7 @@ print(json.dumps(facts))
 
 
 @needs_both
+@pytest.mark.skipif(NUMBA_CUDA_CANNOT_COMPILE is not None, reason=str(NUMBA_CUDA_CANNOT_COMPILE))
 def test_both_frontends_in_one_process_have_their_own_managers_and_statistics():
     # NUMBA_POOL_FRONTEND unset: with both frontends serving, a call that names neither is ambiguous.
     facts = run_json_with(BOTH, {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from helpers import FRONTENDS, GPU, MISSING_FRONTENDS, PACKAGE_PARENT
+from helpers import FRONTENDS, GPU, MISSING_FRONTENDS, NUMBA_CUDA_CANNOT_COMPILE, PACKAGE_PARENT
 from readme_text import code_blocks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")]
@@ -45,6 +45,8 @@ def test_the_quick_start_runs_as_written():
     (program,) = code_blocks("Quick start", "python")
     if "from numba import cuda" in program and "numba-cuda" not in FRONTENDS:
         pytest.skip(f"the README's quick start uses numba.cuda: {MISSING_FRONTENDS['numba-cuda']}")
+    if "from numba import cuda" in program and NUMBA_CUDA_CANNOT_COMPILE:
+        pytest.skip(f"the README's quick start uses numba.cuda: {NUMBA_CUDA_CANNOT_COMPILE}")
     if "numba_cuda_mlir" in program and "mlir" not in FRONTENDS:
         pytest.skip(f"the README's quick start uses numba_cuda_mlir.cuda: {MISSING_FRONTENDS['mlir']}")
     proc = subprocess.run([sys.executable, "-c", program], env=without_plugin_env(), cwd=PACKAGE_PARENT,

@@ -92,7 +92,7 @@ def test_scoped_statistics_count_numbas_allocations():
     with numba_pool.statistics() as outer:
         assert mm.memalloc == mm.path.allocate and mm.path.layers[0] == "counting"
         a = cuda.device_array(n, dtype=np.float32)               # 400000 bytes
-        fill_kernel[blocks(n), THREADS](a, 1.5)
+        fill_kernel[blocks(n), THREADS](a, np.float32(1.5))  # float32, as every GPU test passes it
         with numba_pool.statistics() as inner:
             b = cuda.to_device(np.ones(n, dtype=np.float64))    # 800000 bytes
             c = cuda.device_array_like(b)                        # 800000 bytes
