@@ -239,18 +239,7 @@ class NumbaPoolManager:
         """Free every allocation of this context and destroy the private pool (trim the shared
         default pool).  Safe before :meth:`initialize` and safe to repeat; arrays still alive
         afterwards point to freed memory, as with Numba's default manager, and their releases
-        do nothing (Note [One class for every frontend]
-    Each Numba CUDA frontend (numba-cuda, Numba-CUDA-MLIR) has its own EMM base classes, so the
-    manager Numba instantiates is :class:`NumbaPoolManager` on that frontend's
-    ``HostOnlyCUDAMemoryManager`` (:func:`manager_class`, one class per frontend).
-    :class:`NumbaPoolManager` itself, what ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` and
-    ``cuda.set_memory_manager(numba_pool.NumbaPoolManager)`` hand to either frontend, is the
-    frontend-neutral base: instantiating it (``__new__``) builds the class of the frontend whose
-    context it is given, or, for the context-less instance ``set_memory_manager`` makes to read
-    the interface version, of the frontend module calling.  ``isinstance(m, NumbaPoolManager)``
-    holds for either frontend's managers.
-
-Note [Lifetimes across a reset]).  The next allocation creates a new pool.
+        do nothing (Note [Lifetimes across a reset]).  The next allocation creates a new pool.
         Also clears Numba's host allocations (``super().reset()``)."""
         super().reset()
         if self.host is not None:
