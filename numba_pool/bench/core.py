@@ -19,12 +19,10 @@ frontend, in one place: the bench's other modules reach both through here only (
 
 from __future__ import annotations
 
-import importlib.metadata
-
 from ..config import parse_bool
 from ..cuda import simulator
 from ..cuda.driver import check
-from ..cuda.frontend import MLIR, NUMBA_CUDA, TITLES, VARIABLE, for_tools
+from ..cuda.frontend import DISTRIBUTIONS, NUMBA_CUDA, TITLES, VARIABLE, for_tools, version
 from ..cuda.mempool import device_memory_info
 
 __all__ = ["FRONTEND", "FRONTEND_VARIABLE", "GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "MemoryInfo",
@@ -42,19 +40,13 @@ MemoryPointer = FRONTEND.MemoryPointer
 MemoryInfo = FRONTEND.MemoryInfo
 #: The variable that names a process's frontend (``numba-cuda`` or ``mlir``).
 FRONTEND_VARIABLE = VARIABLE
-#: The distribution each frontend is installed as, for its version.
-DISTRIBUTIONS = {NUMBA_CUDA: "numba-cuda", MLIR: "numba-cuda-mlir"}
 
 
 def frontend_label(name: str = FRONTEND.name) -> str:
     """The frontend ``name`` (``numba-cuda`` or ``mlir``) as the tables and the JSON report
     name it: its title and installed version, ``'Numba-CUDA-MLIR 0.6.0'``; ``'(version
     unknown)'`` where its distribution's metadata cannot be found."""
-    try:
-        version = importlib.metadata.version(DISTRIBUTIONS[name])
-    except importlib.metadata.PackageNotFoundError:
-        version = "(version unknown)"
-    return f"{TITLES[name]} {version}"
+    return f"{TITLES[name]} {version(DISTRIBUTIONS[name]) or '(version unknown)'}"
 
 
 def worker_environment() -> dict[str, str]:

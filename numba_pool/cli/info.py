@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib import metadata
 
 import click
 
@@ -44,46 +43,27 @@ def info() -> None:
     click.echo(tabulate(device_rows + rows + pool_rows, tablefmt="plain"))
 
 
-def _version(distribution: str) -> str | None:
-    """The installed version of ``distribution`` (its metadata; nothing is imported), or None."""
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def _version_rows() -> list[tuple[str, str]]:
     """Python's version and those of numba-pool and cuda-bindings."""
     import numba_pool
 
     return [("python", sys.version.split()[0]), ("numba-pool", numba_pool.__version__),
-            ("cuda-bindings", _version("cuda-bindings") or "not installed")]
+            ("cuda-bindings", frontends.version("cuda-bindings") or "not installed")]
 
 
-#: Each frontend's distributions, whose versions ``info`` shows.
-DISTRIBUTIONS = {frontends.NUMBA_CUDA: ("numba-cuda", "numba"), frontends.MLIR: ("numba-cuda-mlir",)}
+#: What ``info`` shows beside each frontend's own distribution: numba-cuda runs on numba.
+ALSO_SHOWN = {frontends.NUMBA_CUDA: ("numba",), frontends.MLIR: ()}
 
 
 def _tools_choice(environ=os.environ) -> tuple[str | None, str]:
-    """The frontend the tools use (as :func:`~numba_pool.cuda.frontend.for_tools` chooses it,
-    importing nothing) and why; None when no frontend is installed.
+    """:func:`~numba_pool.cuda.frontend.tools_choice`, its bad variable as the command's error.
 
     :raises Failure: when ``NUMBA_POOL_FRONTEND`` names no frontend.
     """
     try:
-        named = frontends.from_environment(environ)
+        return frontends.tools_choice(environ)
     except frontends.FrontendError as err:
         raise Failure(str(err)) from None
-    if named is not None:
-        return named, f"{frontends.VARIABLE}={environ[frontends.VARIABLE].strip()}"
-    imported = frontends.imported()
-    if imported:
-        return imported[0], f"imported by this process ({frontends.VARIABLE} is not set)"
-    installed = frontends.installed()
-    if not installed:
-        return None, "no Numba CUDA frontend is installed: " + " or ".join(frontends.EXTRAS.values())
-    why = "numba-cuda first when both are" if len(installed) > 1 else "the only one installed"
-    return installed[0], f"the default ({frontends.VARIABLE} is not set; {why})"
 
 
 def _frontend_rows(chosen: str | None, why: str) -> list[tuple[str, str]]:
@@ -92,13 +72,18 @@ def _frontend_rows(chosen: str | None, why: str) -> list[tuple[str, str]]:
     installed = frontends.installed()
     rows = []
     for name in frontends.NAMES:
-        versions = ", ".join(f"{d} {_version(d) or '(version unknown)'}" for d in DISTRIBUTIONS[name]
-                             if _version(d) or d == DISTRIBUTIONS[name][0])
-        state = (f"installed: {versions} ({frontends.PACKAGES[name]})" if name in installed
-                 else f"not installed ({frontends.EXTRAS[name]})")
+        if name in installed:
+            own = frontends.DISTRIBUTIONS[name]
+            versions = [f"{own} {frontends.version(own) or '(version unknown)'}"]
+            versions += [f"{d} {v}" for d in ALSO_SHOWN[name] if (v := frontends.version(d))]
+            state = f"installed: {', '.join(versions)} ({frontends.PACKAGES[name]})"
+        else:
+            state = f"not installed ({frontends.EXTRAS[name]})"
         rows.append((f"frontend {name}", state))
-    used = "none" if chosen is None else chosen if frontends.TITLES[chosen] == chosen else (
-        f"{chosen} ({frontends.TITLES[chosen]})")
+    if chosen is None:
+        used = "none"
+    else:
+        used = chosen if frontends.TITLES[chosen] == chosen else f"{chosen} ({frontends.TITLES[chosen]})"
     rows.append(("frontend in use", f"{used}: {why}"))
     return rows
 

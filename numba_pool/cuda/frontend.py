@@ -33,6 +33,7 @@ simulator.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -52,6 +53,8 @@ TITLES = {NUMBA_CUDA: "numba-cuda", MLIR: "Numba-CUDA-MLIR"}
 PACKAGES = {NUMBA_CUDA: "numba.cuda", MLIR: "numba_cuda_mlir.cuda"}
 _DRIVERS = {NUMBA_CUDA: "numba.cuda.cudadrv", MLIR: "numba_cuda_mlir.numba_cuda.cudadrv"}
 _TOP_LEVEL = {NUMBA_CUDA: "numba_cuda", MLIR: "numba_cuda_mlir"}  # what find_spec looks for
+#: The distribution each frontend is installed as (its version: :func:`version`).
+DISTRIBUTIONS = {NUMBA_CUDA: "numba-cuda", MLIR: "numba-cuda-mlir"}
 #: How each is installed with numba_pool.
 EXTRAS = {NUMBA_CUDA: "pip install 'numba-pool[numba-cuda]'", MLIR: "pip install 'numba-pool[mlir]'"}
 #: The environment variable naming the tools' frontend and breaking a tie (Note [Which frontend ...]).
@@ -213,20 +216,59 @@ def from_environment(environ=os.environ) -> str | None:
     return parse_name(value, VARIABLE) if value else None
 
 
+def version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (a frontend's, :data:`DISTRIBUTIONS`, or any
+    other), read from its metadata without importing it; None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def tools_choice(environ=os.environ) -> tuple[str | None, str]:
+    """Which frontend the tools use and why, importing nothing: ``NUMBA_POOL_FRONTEND``'s; else
+    the one imported; else the one installed, numba-cuda when both are.  ``(None, why)`` when
+    none is installed.
+
+    :raises FrontendError: when the variable names no frontend.
+    """
+    name = from_environment(environ)
+    if name is not None:
+        return name, f"{VARIABLE}={environ[VARIABLE].strip()}"
+    in_use = imported()
+    if in_use:
+        return in_use[0], f"imported by this process ({VARIABLE} is not set)"
+    found = installed()
+    if not found:
+        return None, "no Numba CUDA frontend is installed: " + " or ".join(EXTRAS.values())
+    why = "numba-cuda first when both are" if len(found) > 1 else "the only one installed"
+    return found[0], f"the default ({VARIABLE} is not set; {why})"
+
+
 def for_tools(environ=os.environ) -> Frontend:
-    """The frontend of the command line, the kernel scripts, the benchmark and a Dask worker:
-    ``NUMBA_POOL_FRONTEND``'s; else the one imported; else the one installed, numba-cuda when
-    both are.
+    """The frontend of the command line, the kernel scripts, the benchmark and a Dask worker, as
+    :func:`tools_choice` chooses it; imported now.
 
     :raises FrontendError: when none is installed, or the variable is bad.
     """
-    name = from_environment(environ)
+    name, why = tools_choice(environ)
     if name is None:
-        candidates = imported() or installed()
-        if not candidates:
-            raise FrontendError("numba_pool: no Numba CUDA frontend is installed: " + " or ".join(EXTRAS.values()))
-        name = candidates[0]
+        raise FrontendError(f"numba_pool: {why}")
     return load(name)
+
+
+def named(frontend: "str | Frontend | None" = None, culprit: str = "frontend") -> Frontend:
+    """The frontend a tool was told to use: a :class:`Frontend`, a name in any spelling
+    :func:`parse_name` reads, or None for :func:`for_tools`'s choice; imported now.
+
+    :raises FrontendError: for a name that is no frontend (naming ``culprit``), one not
+        installed, or a bad ``NUMBA_POOL_FRONTEND``.
+    """
+    if frontend is None:
+        return for_tools()
+    if isinstance(frontend, Frontend):
+        return frontend
+    return load(parse_name(frontend, culprit))
 
 
 def note_serving(frontend: Frontend) -> None:

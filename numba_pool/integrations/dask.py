@@ -144,7 +144,7 @@ def _install(options: dict, frontend: str | None) -> tuple[str, str | None, str 
     to install) or ``"not installed"`` (CUDA already used, or the frontend is not installed:
     the message says why)."""
     try:
-        chosen = _frontend(frontend)
+        chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")
     except frontends.FrontendError as err:
         return "not installed", f"numba_pool not installed: {err}", frontend
     if chosen.simulator:
@@ -161,14 +161,6 @@ def _install(options: dict, frontend: str | None) -> tuple[str, str | None, str 
         return "not installed", (f"numba_pool not installed: {err}; register the plugin before the first task that "
                                  f"uses {module}, or restart the workers (client.restart()) first"), chosen.name
     return "installed", None, chosen.name
-
-
-def _frontend(frontend: str | None):
-    """The frontend named ``frontend``, or the tools' choice; imported now.
-
-    :raises FrontendError: when it is not installed (or ``NUMBA_POOL_FRONTEND`` names none).
-    """
-    return frontends.for_tools() if frontend is None else frontends.load(frontend)
 
 
 def _in_effect(options: dict, frontend) -> bool:
@@ -203,7 +195,7 @@ def worker_statistics(frontend: str | None = None) -> dict:
     str: the same}``, when the frontend has contexts on more than one device.  Never raises.
     """
     try:
-        chosen = _frontend(frontend)
+        chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")
         if chosen.simulator:
             return {"status": "no GPU", "frontend": chosen.name, "message": simulator.NO_MEMORY_MANAGER}
         contexts = _contexts(chosen)

@@ -38,11 +38,7 @@ def frontend_of(frontend: str | Frontend | None = None) -> Frontend:
 
     :raises FrontendError: for a name that is no frontend, or one not installed.
     """
-    if frontend is None:
-        return frontends.for_tools()
-    if isinstance(frontend, Frontend):
-        return frontend
-    return frontends.load(frontends.parse_name(frontend, "numba_pool.kernels: frontend"))
+    return frontends.named(frontend, "numba_pool.kernels: frontend")
 
 
 class Kernel:

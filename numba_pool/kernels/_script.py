@@ -67,7 +67,7 @@ def frontend_for(name: str, chosen: str | None):
     from ..cuda import frontend as frontends
 
     try:
-        return frontends.load(chosen) if chosen is not None else frontends.for_tools()
+        return frontends.named(chosen, "--frontend")
     except frontends.FrontendError as err:
         print(f"{name}: {err}", file=sys.stderr)
         raise SystemExit(2) from None
