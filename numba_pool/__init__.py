@@ -21,12 +21,13 @@ from .cuda.simulator import SimulatorWarning
 from .cuda.streams import using_stream
 from .observe.scopes import ScopedStatistics, statistics
 from .observe.statistics import PoolStatistics
-from .plugin.api import (install, memory_summary, record_stream, reserved_bytes, reset_peak, scratch, stats, trim,
-                         used_bytes)
+from .plugin.api import (install, memory_summary, prefetch, record_stream, reserved_bytes, reset_peak, scratch, stats,
+                         trim, used_bytes)
 from .plugin.manager import NumbaPoolManager
 
 __all__ = [
-    "ConfigError", "FrontendError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install", "record_stream",
+    "ConfigError", "FrontendError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install",
+    "prefetch", "record_stream",
     "reset_peak", "scratch", "stats", "trim", "using_stream",
     "ScopedStatistics", "memory_summary", "reserved_bytes", "statistics", "used_bytes",
 ]

@@ -1,27 +1,37 @@
-"""Pinned and mapped host memory from a cache of ``cuMemHostAlloc`` blocks (``NUMBA_POOL_HOST``).
+"""Blocks whose next owner may be the CPU: pinned and mapped host memory (``NUMBA_POOL_HOST``)
+and managed memory (``NUMBA_POOL_MANAGED``), from a cache under **the host rule** (rule 9 of
+the stream rule, stated at the top of :mod:`numba_pool.allocator`).
 
 Numba's ``cuda.pinned_array``, ``mapped_array`` and ``cuda.pinned()`` call the plugin's
-``memhostalloc``; Numba's own does ``cuMemHostAlloc`` + ``cuMemFreeHost`` per buffer (about
-1.3 ms at 4 KiB, 46 ms at 64 MiB on driver 580).  :class:`HostBlocks` keeps freed blocks and
-hands them out again, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool`` do:
+``memhostalloc``, and ``cuda.managed_array`` its ``memallocmanaged``; Numba's own do
+``cuMemHostAlloc`` + ``cuMemFreeHost`` per buffer (about 1.3 ms at 4 KiB, 46 ms at 64 MiB on
+driver 580), or ``cuMemAllocManaged`` + ``cuMemFree`` (about 25 us at any size, H100, driver
+580; the free synchronizes the device).  :class:`HostBlocks` keeps freed blocks and hands them
+out again, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool`` do; where new
+blocks come from is its *backing* (:mod:`.backings`: ``cuMemHostAlloc``, or a managed mempool):
 
 * a request of n bytes takes a block of the next power of two (at least :data:`MIN_BLOCK`
   bytes), from a bin keyed by ``(flags, rounded size)``: mapped (``CU_MEMHOSTALLOC_DEVICEMAP``),
-  portable and write-combined blocks differ, so they never serve each other.  Not a host-located
-  mempool: ``cuMemHostGetDevicePointer`` fails on its memory, so it cannot serve ``mapped``;
-* **the host rule** (rule 9 of the stream rule, stated at the top of :mod:`numba_pool.allocator`):
-  the next owner of a host block is the *host*, which writes it with the CPU at once, so stream
-  order is not enough.  At release, an event is recorded on the legacy default stream (after all
-  earlier work of every blocking stream) and on each stream registered with
+  portable and write-combined blocks differ, so they never serve each other.  Pinned blocks are
+  not from a host-located mempool: ``cuMemHostGetDevicePointer`` fails on its memory, so it
+  cannot serve ``mapped``;
+* **the host rule**: the next owner of such a block is often the *host*, which writes it with
+  the CPU at once (``a = cuda.managed_array(n); a[:] = 1``), so stream order is not enough.  At
+  release, an event is recorded on the legacy default stream (after all earlier work of every
+  blocking stream), on the block's allocation stream when it is another
+  (:func:`numba_pool.using_stream`), and on each stream registered with
   :func:`numba_pool.record_stream`; a cached block is handed out again only once every one of
   its events has *completed as observed by the host* (``cuEventQuery`` returns
-  ``CUDA_SUCCESS``), else a new block is allocated;
-* over the cap (``NUMBA_POOL_HOST_MAX_SIZE``) an allocation first waits
-  (``cuEventSynchronize``) for the oldest cached blocks and frees them (``cuMemFreeHost``)
-  until the new block fits, else raises ``CUDA_ERROR_OUT_OF_MEMORY`` with the sizes; the cache
-  stays usable;
-* beyond ``NUMBA_POOL_HOST_RELEASE_THRESHOLD`` cached bytes, freed blocks whose events
-  completed are given back with ``cuMemFreeHost``.
+  ``CUDA_SUCCESS``), else a new block is allocated.  A block goes back to its backing only in
+  that state too (or after ``cuCtxSynchronize``), so a managed mempool never hands out memory
+  whose last use the host has not observed;
+* over the cap (``NUMBA_POOL_HOST_MAX_SIZE``, ``NUMBA_POOL_MANAGED_MAX_SIZE``) an allocation
+  first waits (``cuEventSynchronize``) for the oldest cached blocks and frees them until the
+  new block fits, else raises ``CUDA_ERROR_OUT_OF_MEMORY`` with the sizes; the cache stays
+  usable;
+* beyond the release threshold (``NUMBA_POOL_HOST_RELEASE_THRESHOLD``,
+  ``NUMBA_POOL_MANAGED_RELEASE_THRESHOLD``) of cached bytes, freed blocks whose events completed
+  are given back to the backing.
 
 Threads: releases run in finalizers, in any thread, even inside an allocation that the garbage
 collector interrupted, so they take no lock: they record events (driver calls) and append the
@@ -31,6 +41,7 @@ reset move released blocks into the bins under the lock.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from functools import partial
@@ -44,11 +55,11 @@ from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, OUT_OF_MEMORY, SUCCESS, check, report_failure, warn
 from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
+from .backings import DEVICEMAP, PinnedBacking
 
 #: The smallest block (bytes): every request is rounded up to a power of two at least this.
 MIN_BLOCK = 512
-#: ``cuMemHostAlloc`` flags (CUDA Driver API, ``CU_MEMHOSTALLOC_*``).
-DEVICEMAP = int(_cuda.CU_MEMHOSTALLOC_DEVICEMAP)
+#: ``cuMemHostAlloc`` flags (CUDA Driver API, ``CU_MEMHOSTALLOC_*``; ``DEVICEMAP`` from :mod:`.backings`).
 PORTABLE = int(_cuda.CU_MEMHOSTALLOC_PORTABLE)
 WRITECOMBINED = int(_cuda.CU_MEMHOSTALLOC_WRITECOMBINED)
 #: Cached blocks of one bin whose events are queried per allocation before a new block is made.
@@ -68,9 +79,10 @@ def block_size(size: int) -> int:
 
 @dataclass(eq=False)
 class HostBlock:
-    """One ``cuMemHostAlloc`` block: host address, device address (mapped blocks; the host
-    address under unified addressing), size in bytes (rounded), the ``cuMemHostAlloc`` flags,
-    the events of its last release, and its release order."""
+    """One block of a host-rule cache: host address, device address (mapped and managed blocks;
+    the host address under unified addressing), size in bytes (rounded), the ``cuMemHostAlloc``
+    flags (0 for managed blocks), the events of its last release, its release order, and its
+    allocation stream (the legacy one outside :func:`numba_pool.using_stream`)."""
 
     host: int
     device: int | None
@@ -78,22 +90,25 @@ class HostBlock:
     flags: int
     events: list = field(default_factory=list)
     order: int = 0
-    orphan: bool = False  # outlived reset(): cuMemFreeHost at release, as Numba does
+    orphan: bool = False  # outlived reset() of a backing that frees orphans: freed at release, as Numba does
     generation: int = 0  # the cache's generation (resets so far) that counts it in reserved
+    stream: StreamRef = LEGACY  # its allocation stream: its release records an event there too
 
 
 class HostBlocks:
-    """The cache of pinned host blocks of one manager.
+    """The cache of one manager's blocks of one kind (pinned, or managed), under the host rule.
 
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
     :param max_size: cap on reserved bytes (None: no cap).
     :param release_threshold: cached bytes kept; beyond it completed blocks are freed (None:
         keep all).
+    :param backing: where blocks come from (:mod:`.backings`); pinned host memory by default.
     """
 
     def __init__(self, cu, *, max_size: int | None = None, release_threshold: int | None = None,
-                 owner: OwnerContext | None = None):
+                 owner: OwnerContext | None = None, backing=None):
         self._cu = cu
+        self.backing = backing if backing is not None else PinnedBacking(cu)
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.max_size = max_size
         self.release_threshold = release_threshold
@@ -104,23 +119,25 @@ class HostBlocks:
         self.bins: dict[tuple[int, int], deque[HostBlock]] = {}  # (flags, size) -> oldest first
         self._free_events: list = []
         self._order = itertools.count(1)
-        self.reserved = 0  # bytes from cuMemHostAlloc not yet freed (this generation)
+        self.reserved = 0  # bytes from the backing not yet given back (this generation)
         self.cached = 0  # bytes of blocks in the bins
         self.generation = 0  # resets so far
 
     # -- allocation (under the lock) ---------------------------------------------------------
 
-    def allocate(self, size: int, flags: int) -> HostBlock:
-        """A block of at least ``size`` bytes with ``cuMemHostAlloc`` ``flags``.
+    def allocate(self, size: int, flags: int = 0, stream: StreamRef = LEGACY) -> HostBlock:
+        """A block of at least ``size`` bytes with ``cuMemHostAlloc`` ``flags`` (0 for managed
+        blocks), whose release will also wait for ``stream`` (the allocation stream).
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (one line with the sizes) when the
-            cap or the host cannot give the block even after freeing every cached block; any
+            cap or the backing cannot give the block even after freeing every cached block; any
             other driver error as returned.
         """
         rounded = block_size(size)
         with self._lock:
             self._take_released()
             block = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
+            block.stream = stream
             self.live[block.host] = block
             return block
 
@@ -160,30 +177,24 @@ class HostBlocks:
             self._free_oldest(self.max_size - rounded)
         if self.max_size is not None and self.reserved + rounded > self.max_size:
             raise self._out_of_memory(size, rounded, flags, "the cap")
-        err, host = self._cu.cuMemHostAlloc(rounded, flags)
-        if err == OUT_OF_MEMORY:
+        got = self.backing.allocate(rounded, flags)
+        if got is None:
             self._free_oldest(0)
-            err, host = self._cu.cuMemHostAlloc(rounded, flags)
-            if err == OUT_OF_MEMORY:
-                raise self._out_of_memory(size, rounded, flags, "the host (cuMemHostAlloc)")
-        check((err, host), f"cuMemHostAlloc({rounded}, flags={flags:#x})")
-        host = int(host)
-        device = None
-        if flags & DEVICEMAP:
-            result = self._cu.cuMemHostGetDevicePointer(host, 0)
-            if result[0] != SUCCESS:
-                report_failure(self._cu.cuMemFreeHost(host), "cuMemFreeHost")
-            device = int(check(result, "cuMemHostGetDevicePointer"))
+            got = self.backing.allocate(rounded, flags)
+            if got is None:
+                raise self._out_of_memory(size, rounded, flags, self.backing.refused_by())
         self.reserved += rounded
-        return HostBlock(host, device, rounded, flags, generation=self.generation)
+        return HostBlock(got[0], got[1], rounded, flags, generation=self.generation)
 
     def _out_of_memory(self, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
-        cap = f"capped at {self.max_size} bytes (NUMBA_POOL_HOST_MAX_SIZE)" if self.max_size is not None else "uncapped"
+        backing = self.backing
+        cap = f"capped at {self.max_size} bytes ({backing.cap_variable})" if self.max_size is not None else "uncapped"
         in_use = sum(b.size for b in self.live.values())
+        what = backing.describe(flags).format(size=size, rounded=rounded)
         return api_error(OUT_OF_MEMORY, (
-            f"numba_pool: out of pinned host memory allocating {size} bytes (a block of {rounded} bytes, "
-            f"cuMemHostAlloc flags {flags:#x}) after waiting for and freeing the cached blocks: refused by "
-            f"{refused_by}; host pool {cap} reserves {self.reserved} bytes, {in_use} in use, {self.cached} cached"))
+            f"numba_pool: out of {what} after waiting for and freeing the cached blocks: refused by "
+            f"{refused_by}; {backing.kind} pool {cap} reserves {self.reserved} bytes, {in_use} in use, "
+            f"{self.cached} cached"))
 
     # -- giving memory back (under the lock) -------------------------------------------------
 
@@ -217,32 +228,43 @@ class HostBlocks:
         self.cached -= block.size
         self.reserved -= block.size
         self._recycle_events(block)
-        report_failure(self._cu.cuMemFreeHost(block.host), "cuMemFreeHost")
+        report_failure(self.backing.free(block.host), f"freeing a {self.backing.kind} block")
 
     def _recycle_events(self, block: HostBlock) -> None:
         self._free_events.extend(block.events)
         block.events = []
 
     def trim(self) -> int:
-        """Free every cached block whose events completed; return the bytes freed."""
+        """Free every cached block whose events completed, then let the backing release what
+        it holds unused (a managed mempool: after ``cuCtxSynchronize``); return the bytes
+        freed.
+
+        :raises CudaAPIError: when the backing's synchronize or trim fails."""
         with self._lock:
             self._take_released()
-            return self._free_completed(0)
+            freed = self._free_completed(0)
+            self.backing.trim()
+            return freed
 
     def reset(self) -> None:
-        """Free every cached block after ``cuCtxSynchronize``; blocks still in use become
-        orphans, freed with ``cuMemFreeHost`` when their arrays go (their host memory stays
-        valid until then: freeing it under a live NumPy array would crash the process)."""
+        """Free every cached block after ``cuCtxSynchronize``.  Blocks still in use: with a
+        backing that frees orphans (pinned), they become orphans, freed when their arrays go;
+        otherwise (managed) they stay in use and come back to the cache at their release.
+        Either way their memory stays valid until then: freeing it under a live NumPy array
+        would crash the process."""
         with self._lock:
             report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (host reset)")
             self._take_released()
             for block in self._cached_oldest_first():
                 self._free_cached(block)
-            live, self.live, self.recorded = self.live, {}, {}
-            for block in list(live.values()):
-                block.orphan = True
-            self.reserved = 0
-            self.generation += 1
+            with contextlib.suppress(CudaAPIError):
+                self.backing.trim()
+            if self.backing.frees_orphans:
+                live, self.live, self.recorded = self.live, {}, {}
+                for block in list(live.values()):
+                    block.orphan = True
+                self.reserved = 0
+                self.generation += 1
             events = self._free_events
             while events:  # pop, not a loop over the list: a release may pop one meanwhile
                 try:
@@ -276,15 +298,15 @@ class HostBlocks:
             return
         if popped is None:
             return
-        streams = [LEGACY] + self.recorded.pop(block.host, [])
+        streams = [LEGACY] + ([] if block.stream is LEGACY else [block.stream]) + self.recorded.pop(block.host, [])
         block.order = next(self._order)
         self.owner.enter(self._record_release, block, streams, defer)  # rule 10
 
     def _free_orphan(self, block: HostBlock, retry: bool) -> None:
-        result = self._cu.cuMemFreeHost(block.host)
+        result = self.backing.free(block.host)
         if result[0] != SUCCESS and retry and self.owner.retry(self._free_orphan, block):  # rule 10
             return
-        report_failure(result, "cuMemFreeHost (after reset)")
+        report_failure(result, f"freeing a {self.backing.kind} block (after reset)")
 
     def _record_release(self, block: HostBlock, streams: list[StreamRef], defer, retry: bool) -> None:
         events: list = []
@@ -299,7 +321,7 @@ class HostBlocks:
                 return
             if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 return
-            warn(f"could not order the release of pinned block {block.host:#x} ({err}); "
+            warn(f"could not order the release of {self.backing.kind} block {block.host:#x} ({err}); "
                  "synchronized the device instead")
         put_back = partial(self.released.append, block)
         if defer is None or not defer(put_back):
@@ -321,13 +343,16 @@ class HostBlocks:
     # -- figures ---------------------------------------------------------------------------
 
     def statistics(self) -> dict:
-        """``host_reserved_bytes``, ``host_in_use_bytes``, ``host_cached_bytes`` (released
-        blocks not yet binned count as cached) and ``host_blocks`` (reserved blocks)."""
+        """``<prefix>_reserved_bytes``, ``<prefix>_in_use_bytes``, ``<prefix>_cached_bytes``
+        (released blocks not yet binned count as cached) and ``<prefix>_blocks`` (reserved
+        blocks), in bytes of rounded blocks; the prefix is the backing's (``host``,
+        ``managed``)."""
         live = list(self.live.values())
         pending = sum(b.size for b in list(self.released))
         cached_blocks = sum(len(b) for b in list(self.bins.values())) + len(self.released)
-        return {"host_reserved_bytes": self.reserved, "host_in_use_bytes": sum(b.size for b in live),
-                "host_cached_bytes": self.cached + pending, "host_blocks": len(live) + cached_blocks}
+        prefix = self.backing.prefix
+        return {f"{prefix}_reserved_bytes": self.reserved, f"{prefix}_in_use_bytes": sum(b.size for b in live),
+                f"{prefix}_cached_bytes": self.cached + pending, f"{prefix}_blocks": len(live) + cached_blocks}
 
     def check_invariants(self) -> None:
         """Every byte accounted for: in use + cached == reserved; no block both live and

@@ -130,6 +130,8 @@ def _rows(report, log) -> list[tuple]:
             ("end to end, reading included", _speed(report.operations, report.seconds + report.read_seconds))]
     if log.failures:
         rows.append(("allocate failure lines", log.failures))
+    if log.managed:
+        rows.append(("managed memory lines (not replayed)", log.managed))
     for reason, count in sorted(log.skipped.items()):
         rows.append((f"skipped: {reason}", count))
     return rows

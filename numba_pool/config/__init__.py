@@ -27,14 +27,15 @@ import humanfriendly
 
 from .errors import ConfigError, ConfigWarning
 from .sizes import (ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE, KEEP_ALL, MAX_BYTES, MIN_BARE_CAP,
-                    SIZE_HELP, parse_arena_size, parse_host_max_size, parse_max_size, parse_release_threshold,
-                    parse_size, release_limit)
+                    SIZE_HELP, parse_arena_size, parse_host_max_size, parse_managed_max_size, parse_max_size,
+                    parse_release_threshold, parse_size, release_limit)
 from .values import BOOL_HELP, parse_bool, parse_path, parse_peer_access
 from .variables import FRONTEND_VARIABLE, OTHER_VARIABLES, user_stacklevel, warn_unknown_variables
 
 __all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_SLAB_SIZE", "FRONTEND_VARIABLE", "KEEP_ALL",
            "KNOWN_VARIABLES", "MAX_BYTES", "MIN_BARE_CAP", "OPTIONS", "OTHER_VARIABLES", "SIZE_HELP", "ConfigError", "ConfigWarning",
-           "PoolConfig", "load", "parse_arena_size", "parse_bool", "parse_host_max_size", "parse_max_size",
+           "PoolConfig", "load", "parse_arena_size", "parse_bool", "parse_host_max_size", "parse_managed_max_size",
+           "parse_max_size",
            "parse_path", "parse_peer_access", "parse_release_threshold", "parse_size", "release_limit", "user_stacklevel"]
 
 
@@ -51,8 +52,13 @@ class PoolConfig:
     ``cuMemHostAlloc`` blocks (:mod:`numba_pool.allocator.host_blocks`); off by default, since
     a pinned block is reused only once the host has observed its last use (an event per stream
     that used it), which changes when memory comes back.  ``host_max_size`` caps its reserved bytes (None: no cap); beyond
-    ``host_release_threshold`` cached bytes, completed blocks are freed.  Build it with :func:`load`,
-    which checks every value; the constructor checks nothing.
+    ``host_release_threshold`` cached bytes, completed blocks are freed.  ``managed`` serves
+    ``cuda.managed_array`` (``memallocmanaged`` with global attachment, on devices with
+    concurrent managed access) from a managed mempool under the same host rule; on by default
+    (README, "Managed memory", says why); ``managed_max_size``, ``managed_release_threshold``
+    and ``managed_initial_size`` are its cap, threshold and reserve; ``managed_prefetch``
+    prefetches each managed array to its device at allocation (``cuMemPrefetchAsync``).  Build
+    it with :func:`load`, which checks every value; the constructor checks nothing.
     """
 
     release_threshold: int = KEEP_ALL
@@ -68,6 +74,11 @@ class PoolConfig:
     host: bool = False
     host_max_size: int | None = None
     host_release_threshold: int = KEEP_ALL
+    managed: bool = True
+    managed_max_size: int | None = None
+    managed_release_threshold: int = KEEP_ALL
+    managed_initial_size: int = 0
+    managed_prefetch: bool = False
 
     def max_size_bytes(self, device_total: int) -> int | None:
         """The hard cap of the private pool in bytes for a device of ``device_total`` bytes
@@ -100,6 +111,12 @@ class PoolConfig:
                      f"{'none' if self.host_max_size is None else size(self.host_max_size)}, release threshold "
                      f"{'keep all' if self.host_release_threshold == KEEP_ALL else size(self.host_release_threshold)}"
                      if self.host else "off: Numba's cuMemHostAlloc/cuMemFreeHost per buffer"),
+            "managed": (f"on: managed arrays from a managed mempool, blocks cached, cap "
+                        f"{'none' if self.managed_max_size is None else size(self.managed_max_size)}, release threshold "
+                        f"{'keep all' if self.managed_release_threshold == KEEP_ALL else size(self.managed_release_threshold)}"
+                        f", initial size {size(self.managed_initial_size)}, "
+                        f"{'prefetched to the device at allocation' if self.managed_prefetch else 'no prefetch'}"
+                        if self.managed else "off: Numba's cuMemAllocManaged/cuMemFree per array"),
         }
 
 
@@ -120,6 +137,11 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "host": ("NUMBA_POOL_HOST", parse_bool),
     "host_max_size": ("NUMBA_POOL_HOST_MAX_SIZE", parse_host_max_size),
     "host_release_threshold": ("NUMBA_POOL_HOST_RELEASE_THRESHOLD", parse_release_threshold),
+    "managed": ("NUMBA_POOL_MANAGED", parse_bool),
+    "managed_max_size": ("NUMBA_POOL_MANAGED_MAX_SIZE", parse_managed_max_size),
+    "managed_release_threshold": ("NUMBA_POOL_MANAGED_RELEASE_THRESHOLD", parse_release_threshold),
+    "managed_initial_size": ("NUMBA_POOL_MANAGED_INITIAL_SIZE", parse_size),
+    "managed_prefetch": ("NUMBA_POOL_MANAGED_PREFETCH", parse_bool),
 }
 
 #: Every ``NUMBA_POOL_*`` variable numba_pool reads; any other name that looks meant for it is
@@ -196,6 +218,13 @@ def _check_consistency(config: PoolConfig, given: dict[str, tuple[str, Any]]) ->
             "the first synchronization")
     if isinstance(config.max_size, int) and config.initial_size > config.max_size:
         raise ConfigError(f"{named('initial_size')} is above {named('max_size')}: the reserve must fit under the cap")
+    if config.managed_initial_size > config.managed_release_threshold:
+        raise ConfigError(
+            f"{named('managed_initial_size')} is above {named('managed_release_threshold')}: the reserve would be "
+            "released at the first synchronization")
+    if config.managed_max_size is not None and config.managed_initial_size > config.managed_max_size:
+        raise ConfigError(f"{named('managed_initial_size')} is above {named('managed_max_size')}: the reserve must fit "
+                          "under the cap")
     if config.arena_max_block > config.arena_slab_size:
         raise ConfigError(
             f"{named('arena_max_block')} is larger than {named('arena_slab_size')}: a block must fit in a slab")

@@ -234,6 +234,16 @@ def parse_host_max_size(value: Any, source: str) -> int | None:
     return _cap_bytes(value, source, "a host cache", "or 'none' for no cap")
 
 
+def parse_managed_max_size(value: Any, source: str) -> int | None:
+    """The managed cache's cap in bytes (see :func:`parse_size`); ``None``/``none`` for no cap.
+
+    :raises ConfigError: for 0 bytes, or anything :func:`parse_size` refuses.
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    return _cap_bytes(value, source, "a managed memory cache", "or 'none' for no cap")
+
+
 def _cap_bytes(value: Any, source: str, what: str, otherwise: str) -> int:
     """A cap in bytes (:func:`parse_size`), not 0.
 

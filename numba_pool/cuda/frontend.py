@@ -75,8 +75,9 @@ class Frontend:
     programs use: ``cuda.device_array``, ``cuda.stream`` ...), ``driver`` (its
     ``cudadrv.driver`` module), ``simulator`` (numba-cuda's CUDA simulator is on); the
     frontend's ``HostOnlyCUDAMemoryManager``, ``GetIpcHandleMixin``, ``MemoryPointer``,
-    ``PinnedMemory``, ``IpcHandle``, ``MemoryInfo``, ``CudaAPIError``, ``CudaSupportError``;
-    and numba_pool's ``PoolPointer`` and ``PooledPinnedMemory`` derived from its classes.
+    ``PinnedMemory``, ``ManagedMemory``, ``MemAlloc`` (``mviewbuf``'s buffer type),
+    ``IpcHandle``, ``MemoryInfo``, ``CudaAPIError``, ``CudaSupportError``; and numba_pool's
+    ``PoolPointer``, ``PooledPinnedMemory`` and ``PooledManagedMemory`` derived from its classes.
     """
 
     def __init__(self, name: str):
@@ -90,22 +91,26 @@ class Frontend:
         if self.simulator:
             self.HostOnlyCUDAMemoryManager = simulator.HostOnlyCUDAMemoryManager
             self.GetIpcHandleMixin = simulator.StandInMixin
-            self.MemoryPointer = self.PinnedMemory = simulator.MemoryPointer
+            self.MemoryPointer = self.PinnedMemory = self.ManagedMemory = simulator.MemoryPointer
+            self.MemAlloc = object
             self.IpcHandle, self.MemoryInfo = simulator.IpcHandle, simulator.MemoryInfo
             simulator.note_environment()
         else:
             for cls in ("HostOnlyCUDAMemoryManager", "GetIpcHandleMixin", "MemoryPointer", "PinnedMemory",
-                        "IpcHandle", "MemoryInfo"):
+                        "ManagedMemory", "IpcHandle", "MemoryInfo"):
                 setattr(self, cls, getattr(self.driver, cls))
+            self.MemAlloc = self.driver.mviewbuf.MemAlloc
         self.PoolPointer = self.derive(pointers.PoolPointer, self.MemoryPointer)
         self.PooledPinnedMemory = self.derive(pointers.PooledPinnedMemory, self.PinnedMemory)
+        managed_bases = (self.ManagedMemory,) if self.MemAlloc is object else (self.ManagedMemory, self.MemAlloc)
+        self.PooledManagedMemory = self.derive(pointers.PooledManagedMemory, *managed_bases)
 
-    def derive(self, ours: type, base: type, **namespace: Any) -> type:
-        """numba_pool's class ``ours`` (a mixin) on this frontend's ``base``: ``ours`` first, so
+    def derive(self, ours: type, *bases: type, **namespace: Any) -> type:
+        """numba_pool's class ``ours`` (a mixin) on this frontend's ``bases``: ``ours`` first, so
         its methods win; the class attribute ``frontend`` names this frontend."""
         namespace.update(__module__=ours.__module__, __qualname__=ours.__qualname__, __doc__=ours.__doc__,
                          frontend=self)
-        return type(ours.__name__, (ours, base), namespace)
+        return type(ours.__name__, (ours, *bases), namespace)
 
     def current_context(self, device: int | None = None):
         """This frontend's context of ``device`` (an ordinal), or of the current device;

@@ -2,7 +2,9 @@
 
 The pool is either a private one made with ``cuMemPoolCreate`` (optionally capped with
 ``CUmemPoolProps.maxSize``) or the device's default pool (``cuDeviceGetDefaultMemPool``), which
-CuPy's and PyTorch's ``cudaMallocAsync`` back ends share.  Allocation and free themselves
+CuPy's and PyTorch's ``cudaMallocAsync`` back ends share.  A device's *managed* pool
+(``NUMBA_POOL_MANAGED``: ``CU_MEM_ALLOCATION_TYPE_MANAGED``, :meth:`MemPool.managed`) is always
+private, never capped by the driver (which refuses ``maxSize`` there) and never exportable.  Allocation and free themselves
 (``cuMemAllocFromPoolAsync`` / ``cuMemFreeAsync``) are issued by :mod:`numba_pool.allocator`
 directly on :attr:`MemPool.handle`, to keep wrappers off the hot path; this module holds the
 rest: creation, attributes (CUDA Driver API, "Stream Ordered Memory Allocator"), trimming and
@@ -53,6 +55,7 @@ class MemPool:
     def __init__(self, cu, device_id: int, config: PoolConfig, device_total: int):
         self._cu = cu
         self.device_id = device_id
+        self.kind = "device"
         self.is_private = not config.use_default_pool
         self.max_size = None if config.use_default_pool else config.max_size_bytes(device_total)
         self.exportable, self.not_exportable_because = False, "the device's default mempool is not exportable"
@@ -69,6 +72,33 @@ class MemPool:
             self.handle = check(cu.cuDeviceGetDefaultMemPool(cu.CUdevice(device_id)), "cuDeviceGetDefaultMemPool")
         self.set_release_threshold(config.release_threshold)
         self.peers: list[int] = self.grant_peer_access() if config.peer_access == "all" else []
+
+    @classmethod
+    def managed(cls, cu, device_id: int, release_threshold: int) -> "MemPool":
+        """The device's managed (unified) memory pool: ``cuMemPoolCreate`` with
+        ``CU_MEM_ALLOCATION_TYPE_MANAGED`` located on ``device_id``; its allocations report
+        ``CU_POINTER_ATTRIBUTE_IS_MANAGED`` and the host reads and writes them.  No
+        ``maxSize`` (the driver refuses it on managed pools, ``CUDA_ERROR_INVALID_VALUE``: the
+        cache caps it, :mod:`numba_pool.allocator.backings`), no IPC handle types (refused too),
+        no peer grants (managed memory is reachable from every device with concurrent managed
+        access).
+
+        :param release_threshold: bytes the pool keeps reserved at a synchronization.
+        :raises CudaAPIError: when the driver refuses to create or configure the pool.
+        """
+        pool = cls.__new__(cls)
+        pool._cu, pool.device_id, pool.kind = cu, device_id, "managed"
+        pool.is_private, pool.max_size, pool.peers = True, None, []
+        pool.exportable, pool.not_exportable_because = False, "managed mempools cannot be exported"
+        pool._export_fd = None
+        props = cu.CUmemPoolProps()
+        props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
+        props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+        props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = device_id
+        pool.handle = check(cu.cuMemPoolCreate(props), "cuMemPoolCreate (managed)")
+        pool.set_release_threshold(release_threshold)
+        return pool
 
     def _handle_types(self, wanted: bool):
         """``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`` when IPC is wanted and the device's
@@ -175,6 +205,44 @@ class MemPool:
             check(self._cu.cuMemPoolDestroy(self.handle), "cuMemPoolDestroy")
         else:
             self.trim(0)
+
+
+def concurrent_managed_access(cu, device_id: int) -> bool:
+    """Whether the device and the host may access managed memory at once
+    (``CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS``; 1 on Pascal and later under Linux, 0
+    on Windows/WSL and older devices).  Without it the host must not touch managed memory
+    while any kernel runs, so numba_pool leaves managed memory to Numba's own path."""
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
+    return bool(check(cu.cuDeviceGetAttribute(attr, cu.CUdevice(device_id)),
+                      "cuDeviceGetAttribute(CONCURRENT_MANAGED_ACCESS)"))
+
+
+def is_managed(pointer: int, cu=None) -> bool:
+    """Whether an address is in managed memory (``CU_POINTER_ATTRIBUTE_IS_MANAGED``); False for
+    memory the driver does not know."""
+    cu = _driver.cu if cu is None else cu
+    attr = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
+    err, value = cu.cuPointerGetAttribute(attr, pointer)
+    return err == _driver.SUCCESS and bool(value)
+
+
+def prefetch(cu, address: int, nbytes: int, device: int | None, stream) -> None:
+    """Migrate managed memory ``[address, address + nbytes)`` to ``device`` (an ordinal), or to
+    the host (None), in stream order on ``stream`` (a ``CUstream``): ``cuMemPrefetchAsync`` in
+    CUDA 13's form, with a ``CUmemLocation`` (``CU_MEM_LOCATION_TYPE_DEVICE`` or ``_HOST``).
+    The range is rounded to the CPU's pages by the driver.
+
+    :raises CudaAPIError: when the driver refuses (not managed memory: ``CUDA_ERROR_INVALID_VALUE``;
+        a device without concurrent managed access: ``CUDA_ERROR_INVALID_DEVICE``)."""
+    location = cu.CUmemLocation()
+    if device is None:
+        location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST
+    else:
+        location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        location.id = device
+    where = "the host" if device is None else f"device {device}"
+    check(cu.cuMemPrefetchAsync(cu.CUdeviceptr(address), nbytes, location, 0, stream),
+          f"cuMemPrefetchAsync({nbytes} bytes at {address:#x} to {where})")
 
 
 def read_write_access(cu, device: int):

@@ -1,6 +1,7 @@
 """The pointers numba_pool hands to Numba, released from ``__del__``: device memory as a
 ``MemoryPointer`` (:class:`PoolPointer`), pinned host memory from the host cache as a
-``PinnedMemory`` (:class:`PooledPinnedMemory`).
+``PinnedMemory`` (:class:`PooledPinnedMemory`), managed memory as a ``ManagedMemory`` that is
+also a buffer (:class:`PooledManagedMemory`).
 
 Both are mixins: each frontend's ``MemoryPointer`` and ``PinnedMemory`` get their own subclass
 (:meth:`numba_pool.cuda.frontend.Frontend.derive`: ``frontend.PoolPointer`` ...), which is what
@@ -100,6 +101,28 @@ class PoolPointer:
         release = self._release
         if release is not None and not _finalizing():
             release()
+
+
+class PooledManagedMemory(PoolPointer):
+    """Mixin for a frontend's ``ManagedMemory`` (with its ``mviewbuf.MemAlloc``, the buffer
+    protocol NumPy reads): managed memory from numba_pool's managed cache, what
+    ``cuda.managed_array`` wraps in a NumPy array and keeps as the array's ``gpu_data``.
+    A :class:`PoolPointer` otherwise: released exactly once, on :meth:`free` or collection,
+    never at exit.
+
+    Numba's own ``memallocmanaged`` returns ``ManagedMemory(...).own()``: a
+    ``ManagedOwnedPointer`` whose ``weakref.finalize`` calls the ``ManagedMemory``'s, which
+    Numba keeps alive in the manager's ``allocations``; two ``weakref.finalize`` objects (1.7-1.9
+    µs each on a lent H100's host).  This one object is both, as :class:`PoolPointer` is for
+    device memory.
+    """
+
+    def __init__(self, context, pointer, size: int, release: Callable[[], None]):
+        # ManagedMemory.__init__'s attributes beyond MemoryPointer's (a CI test checks the list).
+        PoolPointer.__init__(self, context, pointer, size, release)
+        self.owned = None
+        self._buflen_ = size
+        self._bufptr_ = int(pointer)
 
 
 class PooledPinnedMemory:

@@ -1,8 +1,10 @@
 """The allocation log: every allocate and free in RMM's logging format (CSV).
 
-Header ``Thread,Time,Action,Pointer,Size,Stream``; actions ``allocate``, ``free`` and
-``allocate failure``; pointer and stream in hex; time ``HH:MM:SS.ffffff`` (RMM's
-``logging_resource_adaptor`` pattern ``%t,%H:%M:%S.%f``).  Rows are buffered and written when
+Header ``Thread,Time,Action,Pointer,Size,Stream,Kind``: RMM's six columns, then the kind of
+memory (``device``, or ``managed`` for ``cuda.managed_array``); actions ``allocate``, ``free``
+and ``allocate failure``; pointer and stream in hex; time ``HH:MM:SS.ffffff`` (RMM's
+``logging_resource_adaptor`` pattern ``%t,%H:%M:%S.%f``).  Readers of RMM's format that take
+the first six columns read it unchanged.  Rows are buffered and written when
 the buffer fills, at :meth:`AllocationLog.flush` (called by ``reset``) and at exit.  With
 logging off nothing of this module runs: the logging adaptor (:class:`LoggedAllocations`) is in
 a device's allocation path (:mod:`numba_pool.plugin.path`) only when a log is configured.
@@ -22,8 +24,10 @@ from ..cuda.errors import CudaAPIError
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import per_thread
 
-HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
+HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream", "Kind")
 ACTIONS = ("allocate", "free", "allocate failure")
+#: The Kind column's values: device memory (Numba's ``memalloc``), managed memory (``memallocmanaged``).
+KINDS = ("device", "managed")
 #: Rows buffered before they are written.
 FLUSH_EVERY = 4096
 
@@ -45,21 +49,22 @@ class AllocationLog:
         self._lock = threading.Lock()
         atexit.register(self.flush)
 
-    def _add(self, action: str, pointer: int, size: int, stream: int) -> None:
+    def _add(self, action: str, pointer: int, size: int, stream: int, kind: str) -> None:
         now = datetime.datetime.now().strftime("%H:%M:%S.%f")
-        self._rows.append((threading.get_ident(), now, action, f"{pointer:#x}", size, f"{stream:#x}"))
+        self._rows.append((threading.get_ident(), now, action, f"{pointer:#x}", size, f"{stream:#x}", kind))
         if len(self._rows) >= FLUSH_EVERY:
             self.flush(wait=False)
 
-    def allocate(self, pointer: int, size: int, stream: int) -> None:
-        """Log an allocation of ``size`` bytes at ``pointer`` on stream handle ``stream``."""
-        self._add("allocate", pointer, size, stream)
+    def allocate(self, pointer: int, size: int, stream: int, kind: str = "device") -> None:
+        """Log an allocation of ``size`` bytes at ``pointer`` on stream handle ``stream``, of
+        memory of ``kind`` (:data:`KINDS`)."""
+        self._add("allocate", pointer, size, stream, kind)
 
-    def free(self, pointer: int, size: int, stream: int) -> None:
-        self._add("free", pointer, size, stream)
+    def free(self, pointer: int, size: int, stream: int, kind: str = "device") -> None:
+        self._add("free", pointer, size, stream, kind)
 
-    def failure(self, size: int, stream: int) -> None:
-        self._add("allocate failure", 0, size, stream)
+    def failure(self, size: int, stream: int, kind: str = "device") -> None:
+        self._add("allocate failure", 0, size, stream, kind)
 
     def close(self) -> None:
         """Write the buffered rows and close the file; rows added later are dropped."""
@@ -93,11 +98,13 @@ class LoggedAllocations:
 
     :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
     :param log: where the rows go.
+    :param kind: the Kind column of its rows (:data:`KINDS`).
     """
 
-    def __init__(self, upstream: Callable[[int], PoolPointer], log: AllocationLog):
+    def __init__(self, upstream: Callable[[int], PoolPointer], log: AllocationLog, kind: str = "device"):
         self._upstream = upstream
         self._log = log
+        self._kind = kind
 
     def allocate(self, size: int) -> PoolPointer:
         """``size`` bytes from upstream, logged; the pointer Numba gets takes over upstream's release.
@@ -107,15 +114,15 @@ class LoggedAllocations:
         try:
             mem = self._upstream(size)
         except CudaAPIError:
-            self._log.failure(size, stream)
+            self._log.failure(size, stream, self._kind)
             raise
         address = mem.device_pointer_value
-        self._log.allocate(address, size, stream)
+        self._log.allocate(address, size, stream, self._kind)
         return type(mem)(mem.context, mem.device_pointer, size,
                            partial(self._log_then_release, address, size, stream, mem.take_release()))
 
     def _log_then_release(self, address: int, size: int, stream: int, release: Callable[[], None]) -> None:
         # Any thread, from a finalizer: never raises (the row goes to a deque; a full buffer is
         # written only if no other thread is writing: AllocationLog.flush(wait=False)).
-        self._log.free(address, size, stream)
+        self._log.free(address, size, stream, self._kind)
         release()

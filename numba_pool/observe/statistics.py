@@ -27,7 +27,9 @@ class PoolStatistics:
     the largest of them, bytes cached, quarantined and free in the slabs, and the slabs.
     ``host_*``: pinned host blocks (``NUMBA_POOL_HOST``; zero, ``host_on`` false, when off):
     bytes from ``cuMemHostAlloc`` (rounded to powers of two), in pinned/mapped arrays, cached
-    for reuse, and the blocks reserved.
+    for reuse, and the blocks reserved.  ``managed_*``: managed memory (``NUMBA_POOL_MANAGED``;
+    zero, ``managed_on`` false, when off or not supported): bytes of blocks from the managed
+    mempool (rounded to powers of two), in managed arrays, cached for reuse, and the blocks.
 
     The same figures under RMM's names (``rmm.statistics.Statistics``): :attr:`current_bytes`,
     :attr:`current_count`, :attr:`peak_bytes`, :attr:`peak_count`, :attr:`total_bytes`,
@@ -62,6 +64,11 @@ class PoolStatistics:
     host_in_use_bytes: int = 0
     host_cached_bytes: int = 0
     host_blocks: int = 0
+    managed_on: bool = False
+    managed_reserved_bytes: int = 0
+    managed_in_use_bytes: int = 0
+    managed_cached_bytes: int = 0
+    managed_blocks: int = 0
 
     # -- RMM's names (rmm.statistics.Statistics) ------------------------------------------
 
@@ -106,13 +113,14 @@ _RENAMED = frozenset({"bytes_in_use", "blocks_in_use", "peak_bytes_in_use", "pea
                       "total_allocations", "total_bytes"})
 
 
-def collect(usage, allocator, host=None) -> PoolStatistics:
+def collect(usage, allocator, host=None, managed=None) -> PoolStatistics:
     """The statistics of one device now.
 
     :param usage: the manager's :class:`~numba_pool.allocator.usage.UsageTracker` (drained here).
     :param allocator: the device's :class:`~numba_pool.allocator.device.DeviceAllocator`.
     :param host: its :class:`~numba_pool.allocator.host_blocks.HostBlocks`, when the pinned host
         cache is on.
+    :param managed: its managed cache (a ``HostBlocks`` on a managed mempool), when on.
     """
     allocator.issue_frees()  # the legacy-stream frees releases queued, before the pool is read
     pool = allocator.pool.usage()
@@ -124,7 +132,7 @@ def collect(usage, allocator, host=None) -> PoolStatistics:
         pool_reserved_bytes=pool.reserved, pool_reserved_high=pool.reserved_high,
         pool_used_bytes=pool.used, pool_used_high=pool.used_high,
         oom_retries=usage.oom_retries, oom_errors=usage.oom_errors,
-        **_arena_fields(allocator.arena), **_host_fields(host))
+        **_arena_fields(allocator.arena), **_cache_fields(host, "host_on"), **_cache_fields(managed, "managed_on"))
 
 
 def _arena_fields(arena) -> dict:
@@ -137,7 +145,7 @@ def _arena_fields(arena) -> dict:
             "arena_free_bytes": a.free, "arena_slabs": a.slabs}
 
 
-def _host_fields(host) -> dict:
-    if host is None:
+def _cache_fields(cache, switch: str) -> dict:
+    if cache is None:
         return {}
-    return {"host_on": True, **host.statistics()}
+    return {switch: True, **cache.statistics()}

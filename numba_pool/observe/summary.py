@@ -21,7 +21,8 @@ def _size(nbytes: int) -> str:
 def format_summary(stats: PoolStatistics, *, device: int | None = None, scratch=None) -> str:
     """The summary table of ``stats``: allocations (bytes requested and counts: current, peak,
     total), frees, the pool's reserved and used bytes with their high watermarks, the arena's
-    figures when it is on, the pinned host cache's (``NUMBA_POOL_HOST``) when it is on, the calling thread's scratch block when ``scratch`` (a
+    figures when it is on, the pinned host cache's (``NUMBA_POOL_HOST``) and the managed cache's
+    (``NUMBA_POOL_MANAGED``) when on, the calling thread's scratch block when ``scratch`` (a
     :class:`~numba_pool.allocator.scratch.ScratchBlock`) is given, and the out-of-memory counts.  Sizes
     in binary units with the exact bytes.
 
@@ -53,6 +54,13 @@ def format_summary(stats: PoolStatistics, *, device: int | None = None, scratch=
             ("host pinned in use", _size(s.host_in_use_bytes), blank, blank),
             ("host pinned cached", _size(s.host_cached_bytes), blank, blank),
             ("host pinned blocks", s.host_blocks, blank, blank),
+        ]
+    if s.managed_on:
+        rows += [
+            ("managed reserved", _size(s.managed_reserved_bytes), blank, blank),
+            ("managed in use", _size(s.managed_in_use_bytes), blank, blank),
+            ("managed cached", _size(s.managed_cached_bytes), blank, blank),
+            ("managed blocks", s.managed_blocks, blank, blank),
         ]
     if scratch is not None:
         rows += [

@@ -56,6 +56,7 @@ from ..observe.alloclog import AllocationLog
 from ..observe.statistics import PoolStatistics, collect
 from . import settings
 from .host_memory import host_memory
+from .managed_memory import ManagedSource, managed_cache
 from .path import Path, compose
 
 
@@ -66,8 +67,10 @@ class NumbaPoolManager:
     instances are of :func:`manager_class`'s subclass for it (Note [One class for every
     frontend]).  Pinned and mapped host
     memory come from the host cache (:mod:`numba_pool.allocator.host_blocks`) when
-    ``NUMBA_POOL_HOST`` is on; otherwise, and for ``mempin`` and managed memory, Numba's own
-    handling (``HostOnlyCUDAMemoryManager``).
+    ``NUMBA_POOL_HOST`` is on, managed memory from the managed cache when ``NUMBA_POOL_MANAGED``
+    is on (the default) and the device has concurrent managed access; otherwise, and for
+    ``mempin`` and host-attached managed memory, Numba's own handling
+    (``HostOnlyCUDAMemoryManager``).
 
     :param config: the options of this manager (tests and the benchmark); None: the process's
         (:mod:`numba_pool.plugin.settings`), as Numba's ``context=`` alone gives.
@@ -75,8 +78,9 @@ class NumbaPoolManager:
     Documented seams, for tests and tools: :attr:`allocator` (the device's
     :class:`~numba_pool.allocator.device.DeviceAllocator`, None before initialization and after a
     reset), :attr:`path` (the composed :class:`~numba_pool.plugin.path.Path`), :attr:`host` (the
-    pinned host cache, or None), :attr:`log` (the allocation log, or None), :attr:`config` (the
-    options in effect once initialized).
+    pinned host cache, or None), :attr:`managed` (the managed cache, or None;
+    :attr:`managed_off_because` says why when it is None), :attr:`log` (the allocation log, or
+    None), :attr:`config` (the options in effect once initialized).
     """
 
     #: The frontend whose base classes this class derives from (None on this neutral base).
@@ -99,6 +103,8 @@ class NumbaPoolManager:
         self.allocator: DeviceAllocator | None = None
         self.path: Path | None = None
         self.host: HostBlocks | None = None  # kept across resets, as Numba keeps its own host memory
+        self.managed: HostBlocks | None = None  # the managed cache and its pool, kept across resets
+        self.managed_off_because = "the plugin is not initialized yet"
         self._init_lock = threading.Lock()  # guards initialization, reset and composing the path
         self._usage = UsageTracker()  # this device's usage events, across resets
         self.log: AllocationLog | None = None  # NUMBA_POOL_LOG's, kept across resets
@@ -142,11 +148,14 @@ class NumbaPoolManager:
                                         before_retry=self.deallocations.clear, deferral=self.deferral,
                                         after_reset=self.allocate_unadapted, pointer=self.frontend.PoolPointer)
             self.config = config
+            if self.context_proxy is None:
+                self.context_proxy = _proxy(self.context)
             if config.host and self.host is None:
                 self.host = HostBlocks(cu, max_size=config.host_max_size,
                                        release_threshold=_config.release_limit(config.host_release_threshold),
                                        owner=OwnerContext.of(cu, self.context))
-                self.context_proxy = weakref.proxy(self.context)
+            if self.managed is None:
+                self.managed, self.managed_off_because = managed_cache(cu, self.device_id, self.context, config)
             if config.log and self.log is None:
                 self.log = AllocationLog(config.log)
             _register(self)  # before composing: a scope opening from now on recomposes this path
@@ -160,7 +169,10 @@ class NumbaPoolManager:
             self.path = None
             self.__dict__.pop("memalloc", None)
             return
-        self.path = compose(allocator, log=self.log, counting=scopes.counting())
+        managed = None
+        if self.managed is not None:
+            managed = ManagedSource(self, self.managed, self.device_id if self.config.managed_prefetch else None).allocate
+        self.path = compose(allocator, managed=managed, log=self.log, counting=scopes.counting())
         self.memalloc = self.path.allocate
 
     def recompose(self) -> None:
@@ -208,6 +220,26 @@ class NumbaPoolManager:
             return super().memhostalloc(size, mapped, portable, wc)
         return host_memory(self, self.host, size, mapped, portable, wc)
 
+    def memallocmanaged(self, size: int, attach_global: bool = True):
+        """``size`` bytes of managed (unified) memory, which the host and every device may
+        access, as Numba's: a ``ManagedMemory`` that is also a buffer (``cuda.managed_array``
+        wraps it in a NumPy array).  With ``NUMBA_POOL_MANAGED`` on, globally attached memory
+        comes from the device's managed mempool through a cache under the host rule (a block is
+        handed out again only once the host has observed every earlier use complete:
+        :mod:`numba_pool.allocator`, rule 9); host-attached memory (``attach_global=False``),
+        0 bytes, and a device without concurrent managed access get Numba's own
+        (``cuMemAllocManaged``).
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the managed cache's sizes and
+            its cap (``NUMBA_POOL_MANAGED_MAX_SIZE``).
+        """
+        self.initialize()
+        path = self.path
+        allocate = None if path is None else path.allocate_managed
+        if allocate is None or not attach_global or size <= 0:
+            return super().memallocmanaged(size, attach_global)
+        return allocate(size)
+
     def get_memory_info(self):
         """``(free, total)`` bytes that allocations through this manager can still get.
 
@@ -244,6 +276,8 @@ class NumbaPoolManager:
         super().reset()
         if self.host is not None:
             self.host.reset()
+        if self.managed is not None:
+            self.managed.reset()
         with self._init_lock:
             allocator = self.allocator
             if allocator is None:
@@ -283,8 +317,8 @@ class NumbaPoolManager:
         ref = as_stream_ref(stream)
         address = data_address(array)
         self.initialize()
-        if not self.allocator.record_stream(address, ref) and not (
-                self.host is not None and self.host.record_stream(address, ref)):
+        if not self.allocator.record_stream(address, ref) and not any(
+                cache is not None and cache.record_stream(address, ref) for cache in (self.host, self.managed)):
             raise ValueError(
                 f"numba_pool.record_stream: address {address:#x} is not in a live allocation of "
                 f"numba_pool on device {self.device_id}")
@@ -292,7 +326,7 @@ class NumbaPoolManager:
     def statistics(self) -> PoolStatistics:
         """A snapshot of this manager's usage and its pool's attributes."""
         self.initialize()
-        return collect(self._usage, self.allocator, self.host)
+        return collect(self._usage, self.allocator, self.host, self.managed)
 
     def reset_peak(self) -> None:
         """Reset the peaks (ours and the pool's high watermarks) to the current values."""
@@ -305,11 +339,24 @@ class NumbaPoolManager:
         """Give the arena's empty slabs back, synchronize the context so every stream-ordered
         free has completed, then release reserved but unused pool memory down to
         ``keep_bytes`` (``cuMemPoolTrimTo``); with ``NUMBA_POOL_HOST``, free the cached pinned
-        blocks whose events completed (``cuMemFreeHost``)."""
+        blocks whose events completed (``cuMemFreeHost``); with ``NUMBA_POOL_MANAGED``, give
+        the cached managed blocks whose events completed back to the managed mempool and trim
+        it to 0 (after another synchronize)."""
         self.initialize()
         self.allocator.trim(keep_bytes)
-        if self.host is not None:
-            self.host.trim()
+        for cache in (self.host, self.managed):
+            if cache is not None:
+                cache.trim()
+
+
+def _proxy(context):
+    """What pinned and managed memory hold of their context: a weak proxy, as Numba's own pass
+    (no reference cycle through the context), or the object itself where it cannot be weakly
+    referenced (a stand-in context of a test or a tool)."""
+    try:
+        return weakref.proxy(context)
+    except TypeError:
+        return context
 
 
 # -- the managers of the process, composed again when an adaptor is switched on or off -----

@@ -6,6 +6,11 @@ What Numba's ``memalloc(size)`` runs, inside out (RMM's resource adaptors, stack
       logging adaptor     while NUMBA_POOL_LOG names a file                       (observe.alloclog)
         block source      the arena when it is on, else the mempool blocks        (allocator)
 
+Numba's ``memallocmanaged(size, attach_global=True)`` runs the same adaptors on the managed
+block source (:class:`~numba_pool.plugin.managed_memory.ManagedSource`, the managed cache) when
+``NUMBA_POOL_MANAGED`` is on and the device has concurrent managed access; its log rows say
+``managed`` in the Kind column.
+
 The block source allocates and gives each pointer its release.  An adaptor calls the layer below
 and hands Numba a pointer of its own, which takes over the release of the pointer below
 (``PoolPointer.take_release``: one owner, one release): its release does the adaptor's part (a
@@ -38,21 +43,28 @@ from ..observe.scopes import CountedAllocations
 @dataclass(frozen=True)
 class Path:
     """A composed allocation path: ``allocate(size)`` (bytes -> pointer) and the names of its
-    layers, outermost first (``("counting", "log", "arena")``)."""
+    layers, outermost first (``("counting", "log", "arena")``); ``allocate_managed(size)``, the
+    managed path through the same adaptors (None: managed memory is Numba's own)."""
 
     allocate: Callable[[int], PoolPointer]
     layers: tuple[str, ...]
+    allocate_managed: Callable[[int], PoolPointer] | None = None
 
 
-def compose(allocator: DeviceAllocator, *, log: AllocationLog | None = None, counting: bool = False) -> Path:
-    """The allocation path of ``allocator``'s device: its block source, wrapped by the logging
-    adaptor when ``log`` is given, then by the counting adaptor when ``counting``."""
-    allocate = allocator.source.allocate
+def compose(allocator: DeviceAllocator, *, managed: Callable[[int], PoolPointer] | None = None,
+            log: AllocationLog | None = None, counting: bool = False) -> Path:
+    """The allocation paths of ``allocator``'s device: its block source (and the managed
+    source ``managed``, when given), each wrapped by the logging adaptor when ``log`` is given,
+    then by the counting adaptor when ``counting``."""
     layers = ["arena" if allocator.arena is not None else "mempool"]
+    layers += ["log"] * (log is not None) + ["counting"] * counting
+    return Path(_adapt(allocator.source.allocate, "device", log, counting), tuple(reversed(layers)),
+                None if managed is None else _adapt(managed, "managed", log, counting))
+
+
+def _adapt(allocate: Callable[[int], PoolPointer], kind: str, log: AllocationLog | None, counting: bool):
     if log is not None:
-        allocate = LoggedAllocations(allocate, log).allocate
-        layers.append("log")
+        allocate = LoggedAllocations(allocate, log, kind).allocate
     if counting:
         allocate = CountedAllocations(allocate).allocate
-        layers.append("counting")
-    return Path(allocate, tuple(reversed(layers)))
+    return allocate

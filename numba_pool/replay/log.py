@@ -1,6 +1,8 @@
-"""Reading an allocation log: RMM's logging format (what ``NUMBA_POOL_LOG`` writes, and what
-RMM's ``logging_resource_adaptor`` writes: pointers and streams in hex with or without ``0x``),
-plain or gzip, validated line by line, held as compact columns (:class:`Operations`).
+"""Reading an allocation log: RMM's logging format (what RMM's ``logging_resource_adaptor``
+writes: pointers and streams in hex with or without ``0x``), or ``NUMBA_POOL_LOG``'s, which adds
+a seventh column, Kind (``device`` or ``managed``); plain or gzip, validated line by line, held
+as compact columns (:class:`Operations`).  Replay is of device memory through the arena:
+managed rows are read, checked and counted (:attr:`ParsedLog.managed`), not replayed.
 
 A line's fields are exact: the size a whole number of bytes in decimal digits (``100``, not
 ``100.0``, ``+100`` or ``1_000``); the pointer and the stream hexadecimal digits with or without
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from ..observe.alloclog import ACTIONS, HEADER
+from ..observe.alloclog import ACTIONS, HEADER, KINDS
 
 __all__ = ["LogError", "Operation", "Operations", "ParsedLog", "read_log", "parse_log", "LEGACY_KEY"]
 
@@ -39,6 +41,9 @@ ALLOCATE, FREE = 0, 1  # Operations.actions codes
 #: the format does not, and a quote changes how the line splits.
 _NOT_FAST = b'_+"'
 _ACTION_NAMES = ("allocate", "free")
+#: RMM's header: numba_pool's without the Kind column.
+RMM_HEADER = HEADER[:6]
+_MANAGED = b"managed"
 
 
 class LogError(ValueError):
@@ -112,6 +117,7 @@ class ParsedLog:
     operations: Operations
     skipped: Counter = field(default_factory=Counter)  # reason -> lines skipped
     failures: int = 0  # "allocate failure" lines (nothing to replay)
+    managed: int = 0  # rows of managed memory (Kind column "managed"): read, not replayed
     source: str = "log"  # the file it came from
     allocations: int = 0  # allocate operations among :attr:`operations`
     lines: int = 0  # lines read, the header's included
@@ -152,8 +158,9 @@ def _hex(text: str, what: str) -> int:
     return value
 
 
-def _parse_row(raw: bytes) -> tuple[str, int, int, int] | None:
+def _parse_row(raw: bytes, header: tuple[str, ...]) -> tuple[str, int, int, int, str] | None:
     """The slow, exact path for a line the fast path did not take: None for a blank line.
+    Returns ``(action, pointer, size, stream, kind)``; the kind is ``device`` in RMM's format.
 
     :raises ValueError: saying what is wrong with the line.
     """
@@ -167,9 +174,12 @@ def _parse_row(raw: bytes) -> tuple[str, int, int, int] | None:
             raise ValueError(f"not a CSV row ({err})") from None
     else:
         row = text.split(",")
-    if len(row) != len(HEADER):
-        raise ValueError(f"expected {len(HEADER)} fields ({','.join(HEADER)}), found {len(row)}")
-    _thread, _time, action, pointer, size, stream = (f.strip() for f in row)
+    if len(row) != len(header):
+        raise ValueError(f"expected {len(header)} fields ({','.join(header)}), found {len(row)}")
+    _thread, _time, action, pointer, size, stream, *kind = (f.strip() for f in row)
+    kind = kind[0] if kind else "device"
+    if kind not in KINDS:
+        raise ValueError(f"kind {_clip(kind)} is not one of {', '.join(KINDS)}")
     if action not in ACTIONS:
         raise ValueError(f"action {_clip(action)} is not one of {', '.join(ACTIONS)}")
     if size.startswith("-") and size[1:].isdigit():
@@ -178,12 +188,13 @@ def _parse_row(raw: bytes) -> tuple[str, int, int, int] | None:
         raise ValueError(f"size {_clip(size)} is not a whole number of bytes in decimal digits")
     if len(size) > 20 or int(size) >= _LIMIT:
         raise ValueError(f"size {_clip(size)} does not fit in 64 bits")
-    return action, _hex(pointer, "pointer"), int(size), _hex(stream, "stream")
+    return action, _hex(pointer, "pointer"), int(size), _hex(stream, "stream"), kind
 
 
 def _parse(lines: Iterator[bytes], source: str, skip_bad_lines: bool,
-           progress: Callable[[], None] | None) -> ParsedLog:
+           progress: Callable[[], None] | None, header: tuple[str, ...] = HEADER) -> ParsedLog:
     """Validate the lines after the header (bytes, line ends included) into a :class:`ParsedLog`.
+    ``header`` is the file's: numba_pool's (with Kind) or RMM's.
 
     The hot loop takes well-formed lines without decoding them (``int`` reads bytes); anything
     else goes to :func:`_parse_row`, which decodes, explains and accepts CSV quoting.
@@ -199,6 +210,9 @@ def _parse(lines: Iterator[bytes], source: str, skip_bad_lines: bool,
     get = state.get
     allocations = 0
     allocate, free = b"allocate", b"free"
+    columns = len(header)
+    with_kind = columns == len(HEADER)
+    device_kinds = (b"device", b"device\n", b"device\r\n")
     line = 1
 
     def bad(line: int, raw: bytes, reason: str, kind: str) -> None:
@@ -216,7 +230,8 @@ def _parse(lines: Iterator[bytes], source: str, skip_bad_lines: bool,
             # int() also takes "1_000", "+100" and "0x10_00", which the log's format does not,
             # and a quote makes the split wrong: such lines go to the exact path.  (One
             # translate, ~75 ns a line; three `in` tests took ~290 ns.)
-            if len(parts) == 6 and len(raw.translate(None, _NOT_FAST)) == len(raw):
+            if (len(parts) == columns and len(raw.translate(None, _NOT_FAST)) == len(raw)
+                    and (not with_kind or parts[6] in device_kinds)):
                 action = parts[2]
                 try:
                     pointer, size, stream = int(parts[3], 16), int(parts[4]), int(parts[5], 16)
@@ -228,13 +243,16 @@ def _parse(lines: Iterator[bytes], source: str, skip_bad_lines: bool,
                         action = None
             if action != allocate and action != free:
                 try:
-                    row = _parse_row(raw)
+                    row = _parse_row(raw, header)
                 except ValueError as err:
                     bad(line, raw, str(err), "unparsable")
                     continue
                 if row is None:
                     continue
-                text_action, pointer, size, stream = row
+                text_action, pointer, size, stream, kind = row
+                if kind == "managed":
+                    parsed.managed += 1
+                    continue
                 if text_action == "allocate failure":
                     parsed.failures += 1
                     continue
@@ -270,8 +288,11 @@ def _parse(lines: Iterator[bytes], source: str, skip_bad_lines: bool,
     return parsed
 
 
-def _check_header(first: bytes | None, source: str) -> None:
-    expected = ",".join(HEADER)
+def _check_header(first: bytes | None, source: str) -> tuple[str, ...]:
+    """The file's header, numba_pool's or RMM's.
+
+    :raises LogError: for neither, an empty file, UTF-16 or non-UTF-8 text."""
+    expected = ",".join(HEADER) + f" (or RMM's {','.join(RMM_HEADER)})"
     if first is None or not first.strip():
         raise LogError(f"{source}: line 1: the file is empty: expected the header {expected}")
     if first.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
@@ -283,8 +304,10 @@ def _check_header(first: bytes | None, source: str) -> None:
         raise LogError(f"{source}: line 1: not a text file (byte {first[err.start]:#04x} at offset {err.start} "
                        f"is not UTF-8): expected a CSV allocation log with the header {expected}") from None
     text = text.rstrip("\r\n")
-    if tuple(f.strip() for f in text.split(",")) != HEADER:
+    header = tuple(f.strip() for f in text.split(","))
+    if header not in (HEADER, RMM_HEADER):
         raise LogError(f"{source}: line 1: {_clip(text)}: expected the header {expected}")
+    return header
 
 
 def parse_log(lines: Iterable[str] | Iterable[bytes], skip_bad_lines: bool = False, source: str = "log") -> ParsedLog:
@@ -313,8 +336,8 @@ def parse_log(lines: Iterable[str] | Iterable[bytes], skip_bad_lines: bool = Fal
     if isinstance(first, str):
         first = first.encode("utf-8", "surrogateescape")
         it = (line.encode("utf-8", "surrogateescape") for line in it)
-    _check_header(first, source)
-    return _parse(it, source, skip_bad_lines, None)
+    header = _check_header(first, source)
+    return _parse(it, source, skip_bad_lines, None, header)
 
 
 def read_log(path: str | os.PathLike, skip_bad_lines: bool = False,
@@ -344,8 +367,8 @@ def read_log(path: str | os.PathLike, skip_bad_lines: bool = False,
             first = next(lines, None)
         except (gzip.BadGzipFile, EOFError, zlib.error) as err:
             raise LogError(f"{source}: line 1: damaged gzip file ({err or 'it ends early'})") from None
-        _check_header(first, source)
-        parsed = _parse(lines, source, skip_bad_lines, report)
+        header = _check_header(first, source)
+        parsed = _parse(lines, source, skip_bad_lines, report, header)
         parsed.bytes_read = tell()
     if progress is not None:
         progress(parsed.bytes_read)

@@ -137,6 +137,8 @@ def _check_not_empty(log: ParsedLog) -> None:
     why = [f"{count:,} skipped ({reason})" for reason, count in sorted(log.skipped.items())]
     if log.failures:
         why.append(f"{log.failures:,} allocate failure line{'s' * (log.failures != 1)}")
+    if log.managed:
+        why.append(f"{log.managed:,} managed memory line{'s' * (log.managed != 1)} (replay is of device memory)")
     lines = "the header is its only line" if not why else "of its lines, " + ", ".join(why)
     raise LogError(f"{log.source}: nothing to replay: {lines}")
 

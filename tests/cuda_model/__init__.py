@@ -54,6 +54,9 @@ What is deliberately conservative (stricter than the driver), and why
   current context's streams only; an event records only on a stream of its own context.
 * **Pinned host memory** (``cuMemHostAlloc`` ...): see :class:`_HostCalls`; the host's own
   uses are ops of a pseudo stream, the host, ordered after what it has observed complete.
+* **Managed memory** (pools of ``CU_MEM_ALLOCATION_TYPE_MANAGED``, ``cuMemPrefetchAsync``): see
+  :mod:`cuda_model.managed`; the host uses it too (``host_use`` on a managed address), checked
+  against the device's uses of the same granules.
 
 Model-only API for tests: :meth:`CudaModel.launch`, :meth:`CudaModel.copy_async`,
 :meth:`CudaModel.host_use`, :meth:`CudaModel.host_stats`, :attr:`CudaModel.violations`,

@@ -22,7 +22,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 #: The model's own files: a call site is the nearest frame outside them (the harness and the
 #: model's tests are users of the model).
 _MODEL_FILES = frozenset(os.path.normcase(os.path.join(_HERE, name))
-                         for name in ("__init__.py", "base.py", "ordering.py", "memory.py", "calls.py", "model.py"))
+                         for name in ("__init__.py", "base.py", "ordering.py", "memory.py", "calls.py", "managed.py",
+                                       "model.py"))
 
 
 def _round_up(nbytes: int) -> int:

@@ -185,9 +185,15 @@ class _MemoryCalls:
 
     @_driver
     def cuMemPoolCreate(self, props: Any):
+        """A managed pool (``CU_MEM_ALLOCATION_TYPE_MANAGED``) refuses ``maxSize`` and IPC handle
+        types with ``CUDA_ERROR_INVALID_VALUE``, as the driver does (H100, driver 580)."""
         if props is None:
             return _R.CUDA_ERROR_INVALID_VALUE, None
-        pool = self._memory.create_pool(int(getattr(props, "maxSize", 0) or 0))
+        max_size = int(getattr(props, "maxSize", 0) or 0)
+        managed = props.allocType == _cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
+        if managed and (max_size or int(props.handleTypes)):
+            return _R.CUDA_ERROR_INVALID_VALUE, None
+        pool = self._memory.create_pool(max_size, managed=managed)
         return SUCCESS, _cu.CUmemoryPool(pool.handle)
 
     @_driver
@@ -273,11 +279,15 @@ class _MemoryCalls:
 
     @_driver
     def cuPointerGetAttribute(self, attribute: Any, ptr: Any):
-        if attribute != _cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+        """``MEMPOOL_HANDLE`` and ``IS_MANAGED`` of a live pool allocation."""
+        kinds = _cu.CUpointer_attribute
+        if attribute not in (kinds.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, kinds.CU_POINTER_ATTRIBUTE_IS_MANAGED):
             return _R.CUDA_ERROR_INVALID_VALUE, None
         alloc = self._memory.find(_handle(ptr))
         if alloc is None:
             return _R.CUDA_ERROR_INVALID_VALUE, None
+        if attribute == kinds.CU_POINTER_ATTRIBUTE_IS_MANAGED:
+            return SUCCESS, alloc.pool.managed
         return SUCCESS, alloc.pool.handle
 
     def _allocate(self, pool: _Pool, nbytes: int, s: _Stream) -> Optional[int]:
@@ -319,9 +329,11 @@ class _MemoryCalls:
 
 class _DeviceCalls:
     """The device queries numba_pool makes when it creates a pool: one device, whose mempools
-    support POSIX file descriptor handles (``handle_types``), no peers."""
+    support POSIX file descriptor handles (``handle_types``), no peers, with concurrent managed
+    access unless ``concurrent_managed_access`` is set to 0."""
 
     handle_types = int(_cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    concurrent_managed_access = 1
 
     @_driver
     def cuDeviceGetCount(self):
@@ -341,6 +353,8 @@ class _DeviceCalls:
             return SUCCESS, self.handle_types
         if attr == _cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
             return SUCCESS, 1
+        if attr == _cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+            return SUCCESS, self.concurrent_managed_access
         raise AttributeError(f"CudaModel does not model cuDeviceGetAttribute({attr!r})")
 
     @_driver
@@ -456,13 +470,18 @@ class _HostCalls:
         """The CPU reads or writes host bytes [address, address + nbytes) for ``owner`` now."""
         site = site or _call_site()
         with self._lock:
-            self._host_seq += 1
-            vc = dict(self._streams.host_vc)
-            vc[HOST_ID] = self._host_seq
-            op = Op(HOST_ID, self._host_seq, vc, "host use", HOST_HANDLE)
-            self._streams.host_vc[HOST_ID] = self._host_seq
+            op = self._host_op()
             self._check_host_use(HOST_HANDLE, HOST_ID, op, int(address), int(nbytes), owner, site)
             return op
+
+    def _host_op(self) -> "Op":
+        """The next op of the host's pseudo stream: after everything the host has observed;
+        device ops enqueued later are ordered after it (they join the host's clock)."""
+        self._host_seq += 1
+        vc = dict(self._streams.host_vc)
+        vc[HOST_ID] = self._host_seq
+        self._streams.host_vc[HOST_ID] = self._host_seq
+        return Op(HOST_ID, self._host_seq, vc, "host use", HOST_HANDLE)
 
     def host_stats(self) -> dict:
         """Pinned host memory: live blocks, reserved bytes, cuMemHostAlloc/cuMemFreeHost calls."""

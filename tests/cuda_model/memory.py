@@ -189,8 +189,9 @@ class _Pool:
 
     reserved = live bytes + free pieces not unmapped; used = live bytes."""
 
-    def __init__(self, handle: int, max_size: int, is_default: bool):
+    def __init__(self, handle: int, max_size: int, is_default: bool, managed: bool = False):
         self.handle, self.max_size, self.is_default = handle, max_size, is_default
+        self.managed = managed  # CU_MEM_ALLOCATION_TYPE_MANAGED: the host may use its memory
         self.alive = True
         self.threshold = 0
         self.reserved = self.used = self.reserved_high = self.used_high = 0
@@ -272,8 +273,8 @@ class _Memory:
         self.live: dict[int, _Allocation] = {}
         self._free_order = 0
 
-    def create_pool(self, max_size: int, is_default: bool = False) -> _Pool:
-        pool = self.pools[self._next_handle] = _Pool(self._next_handle, max_size, is_default)
+    def create_pool(self, max_size: int, is_default: bool = False, managed: bool = False) -> _Pool:
+        pool = self.pools[self._next_handle] = _Pool(self._next_handle, max_size, is_default, managed)
         self._next_handle += self.POOL_HANDLE_STEP
         return pool
 

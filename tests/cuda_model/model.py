@@ -10,10 +10,11 @@ from cuda.bindings import driver as _cu
 
 from .base import _DRIVER_FUNCTION, GRANULE, _call_site, _handle, _round_up
 from .calls import CONTEXT, _DeviceCalls, _HostCalls, _MemoryCalls, _StreamCalls
+from .managed import _ManagedCalls
 from .memory import Violation, _AddressSpace, _Granules, _Memory, _Pool, _Use
 from .ordering import Op, _Event, _Events, _Stream, _Streams, op_a_precedes
 
-class CudaModel(_StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
+class CudaModel(_ManagedCalls, _StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
     """A drop-in for ``cuda.bindings.driver`` (one device, one context) that checks stream
     ordering of memory reuse.  See the module docstring.
 

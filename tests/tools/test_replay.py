@@ -37,15 +37,33 @@ def test_log_round_trips_through_the_parser(tmp_path, monkeypatch):
     log.failure(1 << 40, 1)
     log.free(0x7F0000000000, 1000, 1)
     log.free(0x7F0000000400, 20, 0x55)
+    log.allocate(0x7F0000000000, 4096, 1, "managed")  # managed memory at an address device memory had
+    log.free(0x7F0000000000, 4096, 1, "managed")
     log.flush()
     text = open(path).read().splitlines()
-    assert text[0] == "Thread,Time,Action,Pointer,Size,Stream"
-    assert text[3].split(",")[2:] == ["allocate failure", "0x0", str(1 << 40), "0x1"]
+    assert text[0] == "Thread,Time,Action,Pointer,Size,Stream,Kind"
+    assert text[3].split(",")[2:] == ["allocate failure", "0x0", str(1 << 40), "0x1", "device"]
+    assert text[6].split(",")[2:] == ["allocate", "0x7f0000000000", "4096", "0x1", "managed"]
     parsed = parse_log(open(path))
     assert [(op.action, op.pointer, op.size, op.stream) for op in parsed.operations] == [
         ("allocate", 0x7F0000000000, 1000, 1), ("allocate", 0x7F0000000400, 20, 0x55),
         ("free", 0x7F0000000000, 1000, 1), ("free", 0x7F0000000400, 20, 0x55)]
-    assert parsed.failures == 1
+    assert parsed.failures == 1 and parsed.managed == 2  # managed rows: read and counted, not replayed
+
+
+def test_a_log_of_managed_memory_only_has_nothing_to_replay(tmp_path):
+    path = tmp_path / "managed.csv"
+    path.write_text("Thread,Time,Action,Pointer,Size,Stream,Kind\n1,t,allocate,0x1000,64,0x1,managed\n"
+                    "1,t,free,0x1000,64,0x1,managed\n")
+    with pytest.raises(LogError, match="nothing to replay: of its lines, 2 managed memory lines"):
+        replay(str(path))
+
+
+def test_an_unknown_kind_is_named(tmp_path):
+    path = tmp_path / "kind.csv"
+    path.write_text("Thread,Time,Action,Pointer,Size,Stream,Kind\n1,t,allocate,0x1000,64,0x1,pinned\n")
+    with pytest.raises(LogError, match="line 2: .*kind 'pinned' is not one of device, managed"):
+        parse_log(open(path))
 
 
 def test_rmm_style_pointers_without_0x_and_stream_zero_replay(tmp_path):

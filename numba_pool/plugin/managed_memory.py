@@ -1,0 +1,80 @@
+"""The managed memory objects Numba gets from the managed cache (``NUMBA_POOL_MANAGED``,
+:mod:`numba_pool.allocator.host_blocks` on a :class:`~numba_pool.allocator.backings.ManagedBacking`):
+the block source of a device's managed allocation path (:mod:`numba_pool.plugin.path`)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from .. import config as _config
+from ..allocator.backings import ManagedBacking
+from ..allocator.host_blocks import HostBlocks
+from ..cuda.context import OwnerContext
+from ..cuda.mempool import MemPool, concurrent_managed_access, prefetch
+from ..cuda.pointers import PooledManagedMemory
+from ..cuda.streams import LEGACY, current_stream
+
+
+class ManagedSource:
+    """Managed memory for one manager: ``allocate(size)`` takes a block from ``cache`` (the host
+    rule: a block is handed out again only once the host observed its last uses complete), on
+    the thread's allocation stream, and wraps it in the frontend's ``PooledManagedMemory``,
+    whose release gives the block back (held back inside ``defer_cleanup``).
+
+    :param manager: the :class:`~numba_pool.plugin.manager.NumbaPoolManager` (its frontend,
+        context proxy, deferral and driver object).
+    :param cache: the managed cache.
+    :param prefetch_to: the device ordinal each new array is prefetched to
+        (``NUMBA_POOL_MANAGED_PREFETCH``), or None.
+    """
+
+    def __init__(self, manager, cache: HostBlocks, prefetch_to: int | None):
+        self._cache = cache
+        self._defer = manager.deferral.defer
+        self._context = manager.context_proxy
+        self._pointer = manager.frontend.PooledManagedMemory
+        self._cu = cache._cu
+        self._prefetch_to = prefetch_to
+
+    def allocate(self, size: int) -> PooledManagedMemory:
+        """``size`` bytes of managed memory (``size`` > 0), which the host may write at once.
+        With prefetch on, ``cuMemPrefetchAsync`` to the device follows on the allocation stream
+        (a driver call, and the pages migrate back when the host touches them first).
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes (the cap
+            ``NUMBA_POOL_MANAGED_MAX_SIZE``, or the device); a failed prefetch's error, after
+            the block went back to the cache.
+        """
+        stream = current_stream()
+        if stream.value == LEGACY.value:
+            stream = LEGACY  # also inside numba_pool.scratch, whose stream object is its own
+        block = self._cache.allocate(size, 0, stream)
+        mem = self._pointer(self._context, self._cu.CUdeviceptr(block.host), size,
+                            partial(self._cache.release, block, self._defer))
+        if self._prefetch_to is not None:
+            try:
+                prefetch(self._cu, block.host, size, self._prefetch_to, stream.handle)
+            except Exception:
+                mem.free()
+                raise
+        return mem
+
+
+
+def managed_cache(cu, device_id: int, context, config: _config.PoolConfig) -> tuple[HostBlocks | None, str]:
+    """The managed cache of a device on its managed mempool (reserving ``managed_initial_size``
+    bytes), and ``""``; or None and why not: switched off, or a device without concurrent
+    managed access, where the host must not touch managed memory while a kernel runs (Numba's
+    own ``cuMemAllocManaged`` serves it then).
+
+    :raises CudaAPIError: when the driver refuses to create or fill the managed pool."""
+    if not config.managed:
+        return None, "NUMBA_POOL_MANAGED is off"
+    if not concurrent_managed_access(cu, device_id):
+        return None, (f"device {device_id} has no concurrent managed access "
+                      "(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0)")
+    pool = MemPool.managed(cu, device_id, config.managed_release_threshold)
+    pool.reserve(config.managed_initial_size)
+    return HostBlocks(cu, max_size=config.managed_max_size,
+                      release_threshold=_config.release_limit(config.managed_release_threshold),
+                      owner=OwnerContext.of(cu, context), backing=ManagedBacking(cu, pool)), ""
