@@ -61,16 +61,22 @@ that runs this code against random legal programs (the test package ``cuda_model
    arena's domain event or an event on its stream *at the drop*, and later names only that
    event and the legacy stream: a stream may be destroyed once its arrays are gone, and the
    driver gives its handle to the next new stream, which orders nothing of the old one's work.
-9. **Host blocks wait for the host** (pinned and mapped memory, ``NUMBA_POOL_HOST``;
-   :mod:`.host_blocks`, kept apart because it shares no domain, arena or mempool with the rules
-   above).  The next owner of a host block is the CPU, which writes it at once, so stream order
-   is not enough: at release an event is recorded on the legacy stream (after all work of
-   blocking streams) and on each stream registered with ``record_stream`` (non-blocking streams
-   need it, as for device blocks), and the block is handed out again only once every one of
-   those events has *completed as the host observes it* (``cuEventQuery`` returns
-   ``CUDA_SUCCESS``); otherwise a new block is allocated.  Blocks are freed (``cuMemFreeHost``)
-   only after their events completed (``cuEventSynchronize`` when over the cap) or after
-   ``cuCtxSynchronize`` (reset).
+9. **Blocks whose next owner may be the CPU wait for the host** (:mod:`.host_blocks`, on the
+   backings of :mod:`.backings`; kept apart because it shares no domain, arena or mempool with
+   the rules above).  Pinned and mapped memory (``NUMBA_POOL_HOST``) and managed memory
+   (``NUMBA_POOL_MANAGED``, from the device's managed mempool): the host writes a new owner's
+   block at once (``a = cuda.managed_array(n); a[:] = 1``), so stream order is not enough.  At
+   release an event is recorded on the legacy stream (after all work of blocking streams), on
+   the block's allocation stream when it is another (``using_stream``), and on each stream
+   registered with ``record_stream`` (other non-blocking streams need it, as for device
+   blocks); the block is handed out again only once every one of those events has *completed
+   as the host observes it* (``cuEventQuery`` returns ``CUDA_SUCCESS``); otherwise a new block
+   is allocated.  Blocks go back to their backing (``cuMemFreeHost``; ``cuMemFreeAsync`` to the
+   managed mempool, which may hand them out at once) only in that state, after their events
+   completed (``cuEventSynchronize`` when over the cap) or after ``cuCtxSynchronize`` (trim,
+   reset): whatever the managed mempool hands out is idle memory.  Where the device has no
+   concurrent managed access, and for host-attached managed memory, Numba's own
+   ``cuMemAllocManaged`` serves managed arrays.
 10. **A release runs in its owner's context** (:class:`numba_pool.cuda.context.OwnerContext`).
     A finalizer may run in a thread with no current context (one that never used CUDA), or with
     another one: another device's, or another context of the same device (``cuCtxCreate``,
@@ -117,7 +123,7 @@ the ordering argument above has not been made for it; :func:`.threads.require_gi
 Modules, bottom up: :mod:`.usage` (lock-free usage events), :mod:`.free_list` (one domain's heap),
 :mod:`.waits` (rules 2 and 8), :mod:`.sources` (what both block sources share),
 :mod:`.mempool_blocks` (rule 7), :mod:`.quarantine` and :mod:`.domains` (rules 4-6),
-:mod:`.arena` (rules 1, 3-6), :mod:`.scratch` (a bump-allocated block), :mod:`.host_blocks`
-(rule 9), :mod:`.device` (one device's allocator: the block sources, the barriers that
+:mod:`.arena` (rules 1, 3-6), :mod:`.scratch` (a bump-allocated block), :mod:`.backings` and
+:mod:`.host_blocks` (rule 9: pinned and managed memory), :mod:`.device` (one device's allocator: the block sources, the barriers that
 synchronize, ``record_stream``, IPC holds; rules 11 and 12), :mod:`.threads` (the GIL check).
 """

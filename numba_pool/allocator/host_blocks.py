@@ -116,6 +116,7 @@ class HostBlocks:
         self.live: dict[int, HostBlock] = {}  # host address -> block handed out
         self.recorded: dict[int, list[StreamRef]] = {}  # host address -> record_stream streams
         self.released: deque[HostBlock] = deque()  # freed, not yet in a bin
+        self.held: dict[int, HostBlock] = {}  # host address -> released, held back by defer_cleanup
         self.bins: dict[tuple[int, int], deque[HostBlock]] = {}  # (flags, size) -> oldest first
         self._free_events: list = []
         self._order = itertools.count(1)
@@ -323,9 +324,14 @@ class HostBlocks:
                 return
             warn(f"could not order the release of {self.backing.kind} block {block.host:#x} ({err}); "
                  "synchronized the device instead")
-        put_back = partial(self.released.append, block)
+        self.held[block.host] = block  # before defer: the block is never neither held, released nor live
+        put_back = partial(self._put_back, block)
         if defer is None or not defer(put_back):
             put_back()
+
+    def _put_back(self, block: HostBlock) -> None:
+        self.held.pop(block.host, None)
+        self.released.append(block)
 
     def _record(self, stream: StreamRef):
         if stream.belongs_to_another_thread():
@@ -342,12 +348,16 @@ class HostBlocks:
 
     # -- figures ---------------------------------------------------------------------------
 
+    def _held_now(self) -> list[HostBlock]:
+        """Released blocks that ``defer_cleanup`` holds back, of this generation."""
+        return [b for b in list(self.held.values()) if b.generation == self.generation]
+
     def statistics(self) -> dict:
-        """``<prefix>_reserved_bytes``, ``<prefix>_in_use_bytes``, ``<prefix>_cached_bytes``
-        (released blocks not yet binned count as cached) and ``<prefix>_blocks`` (reserved
-        blocks), in bytes of rounded blocks; the prefix is the backing's (``host``,
-        ``managed``)."""
-        live = list(self.live.values())
+        """``<prefix>_reserved_bytes``, ``<prefix>_in_use_bytes`` (live blocks, and released
+        ones that ``defer_cleanup`` holds back), ``<prefix>_cached_bytes`` (released blocks not
+        yet binned count as cached) and ``<prefix>_blocks`` (reserved blocks), in bytes of
+        rounded blocks; the prefix is the backing's (``host``, ``managed``)."""
+        live = list(self.live.values()) + self._held_now()
         pending = sum(b.size for b in list(self.released))
         cached_blocks = sum(len(b) for b in list(self.bins.values())) + len(self.released)
         prefix = self.backing.prefix
@@ -363,5 +373,5 @@ class HostBlocks:
             hosts = [b.host for b in cached] + list(self.live)
             assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
             assert self.cached == sum(b.size for b in cached), (self.cached, cached)
-            in_use = sum(b.size for b in self.live.values())
+            in_use = sum(b.size for b in [*self.live.values(), *self._held_now()])
             assert in_use + self.cached == self.reserved, (in_use, self.cached, self.reserved)

@@ -13,7 +13,10 @@ small ``max_size``; views, frees from other host threads, frees by the garbage c
 releases run *between two driver calls of the allocator* (the model's preempt points: what a
 finalizer in another thread, or the collector, does at that moment), and another thread's
 kernel launch and drop of a live array parked at one of the allocator's driver calls
-(``park``).  Arrays are dropped in threads with no current CUDA context too.  After every step: no
+(``park``); managed arrays (``cuda.managed_array``), which the host writes at once at their
+allocation and touches later (the host rule: their new owner is the CPU), used by kernels on any
+stream and dropped like the others, under a small cap of the managed cache.  Arrays are dropped
+in threads with no current CUDA context too.  After every step: no
 ordering violation, no exception in a release, the arena's invariants.  1, 4 and 8 host threads,
 arena on and off.  Each example's manager and pointers derive from one frontend's classes,
 drawn from those installed (numba-cuda, Numba-CUDA-MLIR): ``test_operations_count`` checks that
@@ -48,6 +51,7 @@ PARK = os.environ.get("NUMBA_POOL_FUZZ_PARK", "1") != "0"
 SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 40_000), st.sampled_from([256, 1000, 4096, 100_000]))
 OPERATIONS: dict = {}  # (threads, arena) -> operations run, reported by test_operations_count
 FRONTEND_OPERATIONS: dict = {}  # frontend name -> operations run
+MANAGED_HOST_USES: list = [0]  # host uses of managed memory the model checked
 #: Only these rules, comma-separated (``NUMBA_POOL_FUZZ_RULES=allocate,launch,drop,hold``): a run
 #: that looks for one class of defect.  Default: every rule.
 RULES = [r for r in os.environ.get("NUMBA_POOL_FUZZ_RULES", "").split(",") if r]
@@ -67,7 +71,7 @@ class LegalPrograms(RuleBasedStateMachine):
         # (FlakyStrategyDefinition in 800-example runs on a busy host).
         gc.disable()
         self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20, adaptors=adaptors,
-                         frontend=frontend)
+                         frontend=frontend, managed_max_size=1 << 20)
         self.p.preempt_every(preempt)
         arena = self.p.mm.allocator.arena
         if eager and arena is not None:
@@ -81,7 +85,7 @@ class LegalPrograms(RuleBasedStateMachine):
         try:
             if hasattr(self, "p"):
                 try:
-                    self.p.finish()
+                    MANAGED_HOST_USES[0] += self.p.finish()["managed_host_uses"]
                     key = (self.threads, self.arena)
                     OPERATIONS[key] = OPERATIONS.get(key, 0) + self.p.operations
                     name = self.p.frontend.name
@@ -109,6 +113,18 @@ class LegalPrograms(RuleBasedStateMachine):
     def allocate(self, data, size, scoped, thread):
         stream = data.draw(st.sampled_from(self.streams)) if scoped else None
         self.p.allocate(size, stream, thread)
+
+    @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
+    def allocate_managed(self, data, size, scoped, thread):
+        """``cuda.managed_array``: the host writes the new array at once (the host rule)."""
+        stream = data.draw(st.sampled_from(self.streams)) if scoped else None
+        self.p.allocate_managed(size, stream, thread)
+
+    @precondition(lambda self: any(f.managed for f in self.families()))
+    @rule(data=st.data(), thread=st.integers(0, 7))
+    def host_access(self, data, thread):
+        """The owner of a managed array reads or writes it on the host."""
+        self.p.host_access(data.draw(st.sampled_from([f for f in self.families() if f.managed])), thread)
 
     @rule(data=st.data(), sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=4), scoped=st.booleans())
     def scratch(self, data, sizes, scoped):
@@ -337,7 +353,9 @@ def test_operations_count():
     """Runs last in this file: the fuzzer ran at least 20,000 operations (CI's floor), a fair
     share of them on each installed frontend's classes."""
     total = sum(OPERATIONS.values())
-    print(f"\nfuzzer operations: {total} ({OPERATIONS}; by frontend {FRONTEND_OPERATIONS})")
+    print(f"\nfuzzer operations: {total} ({OPERATIONS}; by frontend {FRONTEND_OPERATIONS}; "
+          f"{MANAGED_HOST_USES[0]} host uses of managed memory checked)")
     if EXAMPLES >= 100:
         assert total >= 20_000, OPERATIONS
+        assert MANAGED_HOST_USES[0] >= 1_000, MANAGED_HOST_USES
         assert all(FRONTEND_OPERATIONS.get(name, 0) >= 2_000 for name in FRONTENDS), FRONTEND_OPERATIONS

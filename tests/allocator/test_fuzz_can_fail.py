@@ -1,4 +1,5 @@
-"""The fuzzer can fail: with one rule of the stream rule broken on purpose, the fuzzer's own state
+"""The fuzzer can fail: with one rule of the stream rule broken on purpose (rule 9 among them:
+managed blocks reused before the host observed their kernels finish), the fuzzer's own state
 machine (tests/allocator/test_fuzz.py), narrowed to the streams and sizes where the broken rule
 matters, finds a violation the model names.  A clean run of the fuzzer then means something.
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 
 from numba_pool.allocator import arena as arena_module
+from numba_pool.allocator import host_blocks as host_blocks_module
 from numba_pool.allocator import waits as waits_module
 from numba_pool.cuda.streams import StreamRef
 from test_fuzz import LegalPrograms
@@ -51,6 +53,12 @@ def wait_for_nothing(self, recorded, stream):
     """Rule 2 broken: a release ignores the streams recorded for its block."""
 
 
+def reuse_without_the_hosts_observation(self, block):
+    """Rule 9 broken: a cached managed block counts as complete at once, before the host has
+    observed its last uses finish (its events are never queried)."""
+    return True
+
+
 def ignore_holds(waiting):
     """Rule 2 broken for holds: a release does not wait for an IPC export's importers."""
     streams = [w for w in (waiting or []) if isinstance(w, StreamRef)]
@@ -63,10 +71,11 @@ class Narrowed(LegalPrograms):
 
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = create_stream = park = hold = let_go = None
-    open_defer = close_defer = reset_inside = None
+    open_defer = close_defer = reset_inside = allocate_managed = host_access = None
     blocking: tuple = (True, True, False)
     size = 1000
     holds = False  # True: the fuzzer's hold and let_go rules too
+    managed = False  # True: managed arrays (the host writes each at its allocation) instead of device ones
 
     @initialize()
     def start_narrowed(self):
@@ -88,7 +97,11 @@ class Narrowed(LegalPrograms):
 
     @rule(data=st.data(), scoped=st.booleans())
     def allocate(self, data, scoped):
-        self.p.allocate(self.size, data.draw(st.sampled_from(self.streams)) if scoped else None)
+        stream = data.draw(st.sampled_from(self.streams)) if scoped else None
+        if self.managed:
+            self.p.allocate_managed(self.size, stream)
+        else:
+            self.p.allocate(self.size, stream)
 
     @precondition(lambda self: self.families())
     @rule(data=st.data())
@@ -99,6 +112,14 @@ class Narrowed(LegalPrograms):
     @rule(data=st.data(), legalize=st.sampled_from(["record", "wait"]))
     def drop(self, data, legalize):
         self.p.drop(data.draw(st.sampled_from(list(self.p.families.values()))), legalize=legalize)
+
+
+def test_the_fuzzer_finds_a_managed_block_reused_before_the_host_saw_its_kernels_finish(monkeypatch):
+    monkeypatch.setattr(host_blocks_module.HostBlocks, "_completed", reuse_without_the_hosts_observation)
+    machine = type("Planted", (Narrowed,), {"arena": False, "threads": 1, "blocking": (True, False), "managed": True})
+    with pytest.raises(AssertionError, match="unordered reuse of managed memory") as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    assert "new owner" in str(caught.value) and "the host (CPU)" in str(caught.value)
 
 
 @pytest.mark.parametrize("owner, function, planted, arena, streams, holds", [
@@ -124,3 +145,5 @@ def test_the_narrowed_fuzzer_passes_on_the_real_allocator():
     for arena, streams in ((True, (True, True)), (True, (False, False)), (False, (True, False))):
         machine = type("Real", (Narrowed,), {"arena": arena, "threads": 1, "blocking": streams, "holds": True})
         run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
+    machine = type("RealManaged", (Narrowed,), {"arena": False, "threads": 1, "blocking": (True, False), "managed": True})
+    run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))

@@ -55,6 +55,7 @@ class Family:
     recorded: set = field(default_factory=set)
     zombie: bool = False  # outlived a reset: never used again
     scratch: bool = False  # carved from a scratch block
+    managed: bool = False  # managed memory (cuda.managed_array): the host writes it at its allocation
 
     def _repr_pretty_(self, printer, cycle):
         # Hypothesis prints a drawn Family in its "Draw N:" lines and its pretty-printer keeps
@@ -63,7 +64,7 @@ class Family:
         # "leaks" seen when hypothesis shrank a failure).
         printer.text(f"Family(id={self.id}, address={self.address:#x}, size={self.size}, "
                      f"stream={self.stream:#x}, refs={len(self.refs)}, uses={len(self.uses)}, "
-                     f"recorded={sorted(self.recorded)}, zombie={self.zombie})")
+                     f"recorded={sorted(self.recorded)}, zombie={self.zombie}, managed={self.managed})")
 
 
 #: Where a use's stream is destroyed: its handle may name a new stream later, which orders
@@ -99,13 +100,15 @@ class Program:
         folder) and a ``numba_pool.statistics()`` scope open in every host thread.
     :param frontend: whose base classes the manager and its pointers derive from
         (``"numba-cuda"`` or ``"mlir"``); None: the tools' choice (``NUMBA_POOL_FRONTEND``).
+    :param managed_max_size: the managed cache's cap (bytes; the managed cache is on, as by
+        default), to reach its out of memory.
     """
 
     def __init__(self, *, arena: bool, threads: int = 1, max_size: int | None = None,
                  release_threshold: int | None = None, device_total: int = 64 << 20,
                  host: bool = False, host_max_size: int | None = None,
                  host_release_threshold: int | None = None, host_total: int = 1 << 30,
-                 adaptors: bool = False, frontend: str | None = None):
+                 adaptors: bool = False, frontend: str | None = None, managed_max_size: int | None = None):
         # Numba's import leaves a large heap that every full collection scans (about 60 ms
         # each): freeze it, so that the collections the programs run (the collector freeing
         # cycles is one of the fuzzed actions) scan only the objects the tests create.
@@ -121,6 +124,8 @@ class Program:
             options["release_threshold"] = release_threshold
         if host:
             options.update(host=True, host_max_size=host_max_size, host_release_threshold=host_release_threshold)
+        if managed_max_size is not None:
+            options["managed_max_size"] = managed_max_size
         if adaptors:
             folder = self._stack.enter_context(tempfile.TemporaryDirectory())
             options["log"] = os.path.join(folder, "allocations.csv")
@@ -255,6 +260,33 @@ class Program:
         if self.inject is not None and self.inject.done and self.inject.during == "allocate":
             self.inject.judge(self, family)
         return family
+
+    def allocate_managed(self, size: int, stream: int | None = None, thread: int = 0) -> Family | None:
+        """``cuda.managed_array``'s allocation of ``size`` bytes in host thread ``thread``
+        (inside ``using_stream(stream)`` if given), which the host then writes at once, as
+        ``a = cuda.managed_array(n); a[:] = 1`` does: the model checks that write against the
+        previous owners' last uses (the host rule).  None when the managed cache is out of
+        memory (the error must be numba_pool's)."""
+        def body():
+            with self.using_stream(stream):
+                return self.mm.memallocmanaged(size, True)
+        try:
+            pointer = self.run(thread, body)
+        except CudaAPIError as err:
+            assert err.code == OOM and "out of managed memory allocating" in str(err), str(err)
+            self.operations += 1
+            return None
+        family = self._track(pointer, size, stream if stream is not None else LEGACY)
+        family.managed = True
+        self.run(thread, self.model.host_use, family.address, size, family.id)
+        self.operations += 2
+        return family
+
+    def host_access(self, family: Family, thread: int = 0) -> None:
+        """The owner of a managed array reads or writes it on the host (``a.sum()``, ``a[:] = 0``)."""
+        if family.managed and not family.zombie:
+            self.run(thread, self.model.host_use, family.address, family.size, family.id)
+            self.operations += 1
 
     def _track(self, pointer, size: int, stream: int) -> Family:
         family = Family(next(self._ids), [pointer], pointer.device_pointer_value, size, stream,
@@ -465,9 +497,10 @@ class Program:
         self.after_reset()
 
     def after_reset(self) -> None:
-        """Every array the reset freed is a zombie, never used again (held ones too)."""
+        """Every array the reset freed is a zombie, never used again (held ones too); managed
+        arrays outlive a reset (their memory stays valid until they are dropped)."""
         for f in [*self.families.values(), *(f for f, _ in self.holds), *self.reliant]:
-            f.zombie = True
+            f.zombie = f.zombie or not f.managed
         self.reliant = [f for f in self.reliant if not f.zombie]
         self.operations += 1
 
@@ -503,6 +536,8 @@ class Program:
         arena = self.mm.allocator.arena if self.mm.allocator is not None else None
         if arena is not None:
             arena.check_invariants()
+        if self.mm.managed is not None:
+            self.mm.managed.check_invariants()
 
     def finish(self) -> dict:
         """Drop everything, let every hold go, trim, and check that every byte is accounted for."""
@@ -520,6 +555,7 @@ class Program:
         stats = self.mm.statistics()
         assert stats.bytes_in_use == 0 and stats.blocks_in_use == 0, stats
         assert stats.pool_used_bytes == 0, stats
+        assert stats.managed_in_use_bytes == 0 and stats.managed_cached_bytes == stats.managed_reserved_bytes, stats
         return self.model.stats()
 
 

@@ -213,12 +213,12 @@ class CudaModel(_ManagedCalls, _StreamCalls, _MemoryCalls, _DeviceCalls, _HostCa
         """Counts: ops, launches, allocs, fresh_allocs, reuse_same_stream, reuse_cross_stream
         (of which reuse_cross_stream_pending: a free not yet known complete, reused through an
         event or legacy-stream dependency), frees, oom, unmapped_bytes, driver_calls, no_context
-        (calls refused for want of a current context), context_pushes, violations, live_allocations,
-        granule_segments."""
+        (calls refused for want of a current context), context_pushes, managed_host_uses (host
+        uses of managed memory), prefetches, violations, live_allocations, granule_segments."""
         with self._lock:
             keys = ("ops", "launches", "allocs", "fresh_allocs", "reuse_same_stream", "reuse_cross_stream",
                     "reuse_cross_stream_pending", "frees", "oom", "unmapped_bytes", "driver_calls", "no_context",
-                    "context_pushes")
+                    "context_pushes", "managed_host_uses", "prefetches")
             out = {k: self._counts[k] for k in keys}
             out.update(violations=len(self.violations), live_allocations=len(self._memory.live),
                        granule_segments=len(self._granules))

@@ -1,0 +1,278 @@
+"""Managed memory (``cuda.managed_array``, ``NUMBA_POOL_MANAGED``) run for real on the CUDA model:
+the host rule, rule 9 of numba_pool/allocator ("a released block is handed out again only after
+the host has observed every event of its release complete") holds for managed blocks, the
+managed mempool never hands out memory whose last use the host has not seen finish, and planted
+bugs that break it are caught.
+
+The new owner of a managed block is the host: every allocation here is written by the host at
+once (``Program.allocate_managed``), which the model checks against the previous owner's kernels.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numba_pool
+import pytest
+from cuda.bindings import driver as real_cu
+
+from cuda_model.harness import LEGACY, Program
+from numba_pool.allocator.host_blocks import HostBlocks
+from numba_pool.cuda.errors import CudaAPIError
+from numba_pool.observe.summary import format_summary
+
+
+@pytest.fixture
+def prog(request, frontend_name):
+    p = Program(arena=False, frontend=frontend_name, **getattr(request, "param", {}))
+    yield p
+    p.close()
+
+
+def sync(prog: Program, stream: int) -> None:
+    assert prog.model.cuStreamSynchronize(real_cu.CUstream(stream))[0] == 0
+
+
+def kernel(prog: Program, family, stream: int) -> None:
+    prog.launch(stream, [family])
+
+
+def drop(prog: Program, family) -> int:
+    address = family.address
+    prog.drop(family, legalize="record")
+    gc.collect()
+    return address
+
+
+# -- controls: legal programs, no violation, and the cache reuses ---------------------------
+
+
+def test_a_managed_array_is_the_frontends_managed_memory_from_a_managed_pool(prog):
+    f = prog.allocate_managed(1000)
+    pointer = f.refs[0]
+    assert isinstance(pointer, prog.frontend.ManagedMemory) and pointer.size == 1000
+    assert pointer._bufptr_ == pointer.device_pointer_value == f.address
+    assert prog.model.cuPointerGetAttribute(real_cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                            f.address) == (real_cu.CUresult.CUDA_SUCCESS, True)
+    assert prog.mm.managed.backing.pool.handle != prog.mm.allocator.pool.handle
+    prog.check()
+
+
+def test_not_reused_before_the_host_saw_the_kernel_complete(prog):
+    a = prog.allocate_managed(4096)
+    kernel(prog, a, LEGACY)
+    address = drop(prog, a)
+    b = prog.allocate_managed(4096)  # the kernel may still run: another block
+    assert b.address != address
+    sync(prog, LEGACY)
+    c = prog.allocate_managed(4096)  # now the host knows: reused
+    assert c.address == address
+    prog.check()
+
+
+def test_a_blocking_stream_kernel_is_covered_by_the_legacy_event(prog):
+    s = prog.create_stream(blocking=True)
+    a = prog.allocate_managed(4096)
+    kernel(prog, a, s)
+    address = drop(prog, a)
+    sync(prog, LEGACY)  # the legacy event follows s's kernel
+    assert prog.allocate_managed(4096).address == address
+    prog.check()
+
+
+def test_a_non_blocking_stream_needs_record_stream_or_the_scope(prog):
+    s = prog.create_stream(blocking=False)
+    a = prog.allocate_managed(4096)
+    kernel(prog, a, s)
+    address = drop(prog, a)  # legalize="record": record_stream(a, s)
+    sync(prog, LEGACY)
+    assert prog.allocate_managed(4096).address != address  # s's event not complete yet
+    sync(prog, s)
+    assert prog.allocate_managed(4096).address == address
+    # Allocated inside using_stream(s): its release waits for s with no record_stream.
+    b = prog.allocate_managed(8192, stream=s)
+    kernel(prog, b, s)
+    address = b.address
+    prog.drop(b, legalize="record")
+    assert b.recorded == set()  # nothing recorded: s is the allocation stream
+    gc.collect()
+    sync(prog, LEGACY)
+    assert prog.allocate_managed(8192).address != address
+    sync(prog, s)
+    assert prog.allocate_managed(8192).address == address
+    prog.check()
+
+
+def test_released_in_a_thread_without_a_context(prog):
+    a = prog.allocate_managed(4096)
+    kernel(prog, a, LEGACY)
+    before = prog.model.stats()
+    address = a.address
+    prog.drop(a, legalize="record", how="bare")
+    after = prog.model.stats()
+    assert after["context_pushes"] > before["context_pushes"] and after["no_context"] == before["no_context"]
+    sync(prog, LEGACY)
+    assert prog.allocate_managed(4096).address == address
+    prog.check()
+    assert not prog.warnings, [str(w.message) for w in prog.warnings]
+
+
+def test_held_back_by_defer_cleanup_until_the_block_exits(prog):
+    a = prog.allocate_managed(4096)
+    address = a.address
+    with prog.mm.defer_cleanup():
+        drop(prog, a)
+        sync(prog, LEGACY)
+        assert prog.allocate_managed(4096).address != address
+        assert prog.mm.statistics().managed_in_use_bytes == 2 * 4096  # held back counts as in use
+    assert prog.allocate_managed(4096).address == address
+    prog.check()
+
+
+# -- options and figures ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prog", [{"managed_max_size": 8192}], indirect=True)
+def test_the_cap_waits_for_cached_blocks_then_refuses_in_one_line(prog):
+    a = prog.allocate_managed(4096)
+    kernel(prog, a, LEGACY)
+    drop(prog, a)
+    b = prog.allocate_managed(8192)  # over the cap: waits for a's event, frees it, fits
+    assert b is not None
+    with pytest.raises(CudaAPIError) as caught:
+        prog.mm.memallocmanaged(100, True)
+    message = str(caught.value)
+    assert "out of managed memory allocating 100 bytes (a block of 512 bytes)" in message and "\n" not in message
+    assert "capped at 8192 bytes (NUMBA_POOL_MANAGED_MAX_SIZE)" in message and "8192 in use" in message
+    drop(prog, b)
+    assert prog.allocate_managed(100) is not None  # usable after the error
+    prog.mm.managed.check_invariants()
+    prog.check()
+
+
+def test_trim_gives_cached_blocks_back_and_trims_the_managed_pool(prog):
+    families = [prog.allocate_managed(1 << 16) for _ in range(3)]
+    for f in families:
+        kernel(prog, f, LEGACY)
+        drop(prog, f)
+    pool = prog.mm.managed.backing.pool
+    assert pool.usage().reserved == 3 << 16
+    prog.mm.trim()
+    assert pool.usage().reserved == 0
+    s = prog.mm.statistics()
+    assert (s.managed_reserved_bytes, s.managed_cached_bytes, s.managed_blocks) == (0, 0, 0)
+    prog.check()
+
+
+def test_statistics_summary_scopes_and_the_log(frontend_name, tmp_path):
+    p = Program(arena=True, frontend=frontend_name, adaptors=True)
+    try:
+        with numba_pool.statistics() as scope:
+            f = p.mm.memallocmanaged(1000, True)
+            s = p.mm.statistics()
+            assert scope.current_bytes == 1000 and scope.current_count == 1  # the counting adaptor
+        assert (s.managed_on, s.managed_in_use_bytes, s.managed_blocks) == (True, 1024, 1)
+        assert s.bytes_in_use == 0  # device memory's figures are device memory's
+        assert "managed in use" in format_summary(s) and "| managed in use " in format_summary(s) and "1 KiB (1024 bytes)" in format_summary(s)
+        address = f.device_pointer_value
+        del f
+        gc.collect()
+        p.mm.log.flush()
+        rows = [line.split(",") for line in open(p.mm.log.path).read().splitlines()[1:]]
+        assert [(r[2], int(r[3], 16), r[4], r[6]) for r in rows if r[6] == "managed"] == [
+            ("allocate", address, "1000", "managed"), ("free", address, "1000", "managed")]
+        assert p.mm.path.layers == ("counting", "log", "arena")
+    finally:
+        p.close()
+
+
+def test_prefetch_at_allocation_is_a_stream_ordered_prefetch(frontend_name):
+    from numba_pool import config as pool_config
+    p = Program(arena=False, frontend=frontend_name)
+    try:
+        mm = type(p.mm)(context=p.context, config=pool_config.load(environ={}, managed_prefetch=True))
+        mm.initialize()
+        before = p.model.stats()["prefetches"]
+        pointer = mm.memallocmanaged(4096, True)
+        assert p.model.stats()["prefetches"] == before + 1
+        del pointer
+    finally:
+        p.close()
+
+
+def test_a_device_without_concurrent_managed_access_keeps_numbas_path(frontend_name, monkeypatch):
+    from cuda_model import CudaModel
+    monkeypatch.setattr(CudaModel, "concurrent_managed_access", 0)
+    p = Program(arena=False, frontend=frontend_name)
+    try:
+        assert p.mm.managed is None and p.mm.path.allocate_managed is None
+        assert "no concurrent managed access (CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0)" in \
+            p.mm.managed_off_because
+        assert not p.mm.statistics().managed_on
+    finally:
+        p.close()
+
+
+def test_a_managed_array_outlives_a_reset(prog):
+    keep = prog.allocate_managed(4096)
+    kernel(prog, keep, LEGACY)
+    prog.reset()
+    assert not keep.zombie
+    prog.host_access(keep)  # its memory is still there
+    kernel(prog, keep, LEGACY)
+    s = prog.mm.statistics()
+    assert s.managed_in_use_bytes == 4096
+    drop(prog, keep)
+    prog.check()
+
+
+# -- planted bugs are caught ---------------------------------------------------------------
+
+
+def test_planted_reuse_without_the_hosts_observation_is_caught(prog, monkeypatch):
+    monkeypatch.setattr(HostBlocks, "_completed", lambda self, block: True)
+    a = prog.allocate_managed(4096)
+    kernel(prog, a, LEGACY)
+    drop(prog, a)
+    prog.allocate_managed(4096)  # the host writes it while a's kernel may run
+    assert any(v.kind == "unordered reuse of managed memory" for v in prog.model.violations), prog.model.violations
+
+
+def test_planted_release_that_forgets_the_allocation_stream_is_caught(prog, monkeypatch):
+    s = prog.create_stream(blocking=False)
+    release = HostBlocks.release
+
+    def legacy_only(self, block, defer=None):
+        block.stream = numba_pool.cuda.streams.LEGACY
+        release(self, block, defer)
+
+    monkeypatch.setattr(HostBlocks, "release", legacy_only)
+    a = prog.allocate_managed(4096, stream=s)
+    kernel(prog, a, s)
+    drop(prog, a)
+    sync(prog, LEGACY)
+    prog.allocate_managed(4096)
+    assert any(v.kind == "unordered reuse of managed memory" for v in prog.model.violations), prog.model.violations
+
+
+def test_the_model_refuses_what_the_driver_refuses():
+    from cuda_model import CudaModel
+    model = CudaModel()
+    props = real_cu.CUmemPoolProps()
+    props.allocType = real_cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
+    props.maxSize = 1 << 20
+    assert model.cuMemPoolCreate(props)[0] == real_cu.CUresult.CUDA_ERROR_INVALID_VALUE  # no cap on managed pools
+    props.maxSize = 0
+    err, pool = model.cuMemPoolCreate(props)
+    assert err == 0
+    err, device = model.cuMemAllocFromPoolAsync(4096, pool, 0)
+    other = real_cu.CUmemPoolProps()
+    other.allocType = real_cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    _, plain = model.cuMemPoolCreate(other)
+    _, not_managed = model.cuMemAllocFromPoolAsync(4096, plain, 0)
+    model.host_use(int(not_managed), 256, "a")
+    assert [v.kind for v in model.violations] == ["host use of device memory"]
+    location = real_cu.CUmemLocation()
+    location.type = real_cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    assert model.cuMemPrefetchAsync(device, 4096, location, 0, 0) == (real_cu.CUresult.CUDA_SUCCESS,)
+    assert model.cuMemPrefetchAsync(not_managed, 4096, location, 0, 0)[0] == real_cu.CUresult.CUDA_ERROR_INVALID_VALUE
