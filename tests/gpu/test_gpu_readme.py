@@ -43,6 +43,22 @@ def test_the_main_job_command_prints_the_memory_summary():
 
 def test_the_quick_start_runs_as_written():
     (program,) = code_blocks("Quick start", "python")
+    proc = _run_readme_program(program)
+    assert "numba_pool memory summary: device 0" in proc.stdout and "allocations" in proc.stdout
+
+
+def test_the_managed_memory_example_runs_after_the_quick_start():
+    """The "Managed memory" example, run with the quick start's imports and kernel: the CPU reads
+    what the kernel computed, the array is numba_pool's, and the prefetches are accepted."""
+    (program,) = code_blocks("Quick start", "python")
+    (managed,) = code_blocks("Managed memory", "python")
+    check = ("\nfrom numba_pool.cuda.pointers import PooledManagedMemory\n"
+             "assert isinstance(a.gpu_data, PooledManagedMemory) and (a[:4] == 2.0).all()\nprint('managed: OK')\n")
+    proc = _run_readme_program(program + "\n" + managed + check)
+    assert "managed: OK" in proc.stdout and "[2. 2. 2. 2.]" in proc.stdout
+
+
+def _run_readme_program(program: str) -> subprocess.CompletedProcess:
     if "from numba import cuda" in program and "numba-cuda" not in FRONTENDS:
         pytest.skip(f"the README's quick start uses numba.cuda: {MISSING_FRONTENDS['numba-cuda']}")
     if "from numba import cuda" in program and NUMBA_CUDA_CANNOT_COMPILE:
@@ -53,4 +69,4 @@ def test_the_quick_start_runs_as_written():
                           capture_output=True, text=True, timeout=300)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr
-    assert "numba_pool memory summary: device 0" in proc.stdout and "allocations" in proc.stdout
+    return proc
