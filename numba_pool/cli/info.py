@@ -1,5 +1,5 @@
-"""``numba-pool info``: device, driver, versions, the configuration in effect and the pool's
-attributes."""
+"""``numba-pool info``: device, driver, managed memory per device, versions, the configuration
+in effect and the pool's attributes."""
 
 from __future__ import annotations
 
@@ -8,14 +8,20 @@ import sys
 
 import click
 
+from ..cuda import driver as _driver
 from ..cuda import frontend as frontends
+from ..cuda.errors import CudaAPIError
+from ..cuda.mempool import concurrent_managed_access
+from ..plugin.managed_memory import why_not_served
 from .errors import Failure, gpu_available, load_config, require_gpu, tools_frontend
 
 
 @click.command()
 def info() -> None:
-    """Device, driver, versions, both Numba CUDA frontends (installed or not, and which one the
-    tools use, and why), the configuration in effect and the pool's attributes.
+    """Device, driver, managed memory on each device (whether it has concurrent managed access,
+    and so whether numba_pool or Numba's own path serves ``cuda.managed_array`` there, and why),
+    versions, both Numba CUDA frontends (installed or not, and which one the tools use, and
+    why), the configuration in effect and the pool's attributes.
 
     Exit status 0; 2 for a bad ``NUMBA_POOL_*`` variable (one line naming it) or when the
     frontend to use is not installed; 3 without a CUDA GPU, after the versions and the
@@ -38,7 +44,7 @@ def info() -> None:
         require_gpu()
     frontend = tools_frontend()
     numba_pool.install(frontend=frontend.name)
-    device_rows = _device_rows(frontend.cuda.current_context().device)
+    device_rows = _device_rows(frontend.cuda.current_context().device) + _managed_rows(config)
     pool_rows = _pool_rows(numba_pool.stats(frontend=frontend.name))
     click.echo(tabulate(device_rows + rows + pool_rows, tablefmt="plain"))
 
@@ -95,6 +101,32 @@ def _device_rows(device) -> list[tuple[str, str]]:
     return [("device", f"{device.id}: {name}"),
             ("compute capability", ".".join(map(str, device.compute_capability))),
             ("driver (CUDA version)", f"{driver_version // 1000}.{driver_version % 1000 // 10}")]
+
+
+#: Who serves ``cuda.managed_array`` where numba_pool does not.
+NUMBA_MANAGED = "managed arrays from Numba's own path (cuMemAllocManaged/cuMemFree per array)"
+
+
+def _managed_rows(config) -> list[tuple[str, str]]:
+    """One row per device: who serves its managed arrays, numba_pool's managed cache or Numba's
+    own path and why (:func:`numba_pool.plugin.managed_memory.why_not_served`, the manager's
+    decision), asked without creating a context on the other devices.
+
+    :raises Failure: when the driver refuses a query.
+    """
+    cu = _driver.cu
+    try:
+        count = _driver.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        access = [concurrent_managed_access(cu, device_id) for device_id in range(count)]
+    except CudaAPIError as err:
+        raise Failure(str(err)) from None
+    facts = [(concurrent, why_not_served(cu, device_id, config, concurrent)) for device_id, concurrent in enumerate(access)]
+    served = ("numba_pool serves managed arrays from a managed mempool, blocks cached "
+              "(host-attached ones, attach_global=False, stay Numba's)")
+    return [(f"managed on device {device_id}",
+             f"concurrent managed access: {'yes' if concurrent else 'no'}; "
+             + (f"{NUMBA_MANAGED}: {reason}" if reason else served))
+            for device_id, (concurrent, reason) in enumerate(facts)]
 
 
 def _pool_rows(stats) -> list[tuple[str, str]]:

@@ -40,7 +40,11 @@ Outcomes of the plugin's setup on a worker (each written to the worker's log, lo
 Statistics are published through ``worker.metrics["numba_pool"]``: they appear in
 ``client.scheduler_info()["workers"][address]["metrics"]["numba_pool"]`` (refreshed at each
 heartbeat); :func:`stats` asks the workers directly.  They never raise into the worker or the
-scheduler: a failure becomes ``{"status": "error", "message": ...}``.
+scheduler: a failure becomes ``{"status": "error", "message": ...}``.  They include managed
+memory's figures (``managed_on``, ``managed_reserved_bytes``, ``managed_in_use_bytes``,
+``managed_cached_bytes``, ``managed_blocks``): ``managed_on`` is false where numba_pool leaves
+``cuda.managed_array`` to Numba (``managed=False``, or a device without concurrent managed
+access; ``numba-pool info`` on the worker's host says which).
 """
 
 from __future__ import annotations
@@ -80,9 +84,10 @@ class NumbaPoolPlugin(WorkerPlugin):
         ``"numba-cuda"`` or ``"mlir"`` (kept as :attr:`frontend` and sent to the workers); None:
         each worker's own choice (:func:`numba_pool.cuda.frontend.for_tools`).
     :param options: :func:`numba_pool.install`'s options (sizes in bytes or with units, e.g.
-        ``max_size="80%"``, ``arena=True``); on the workers they override the workers'
-        ``NUMBA_POOL_*`` environment variables.  ``log`` is one path for every worker: workers
-        on one host would share the file, so leave it to the workers' own environment.
+        ``max_size="80%"``, ``arena=True``, ``managed_max_size="8 GiB"``); on the workers they
+        override the workers' ``NUMBA_POOL_*`` environment variables.  ``log`` is one path for
+        every worker: workers on one host would share the file, so leave it to the workers' own
+        environment.
     :raises ConfigError: at construction, on the client, for an unknown option or a bad value.
     :raises FrontendError: at construction, on the client, for a ``frontend`` that names none.
 
@@ -191,8 +196,9 @@ def worker_statistics(frontend: str | None = None) -> dict:
     GPU"``, ``"not installed"``.)  With ``"ok"``: ``device`` (the lowest device ordinal where
     the frontend has a context), ``manager`` (``"NumbaPoolManager"``) and the statistics of
     :func:`numba_pool.stats` (:meth:`PoolStatistics.to_dict
-    <numba_pool.PoolStatistics.to_dict>`; bytes and counts); ``other_devices``, ``{ordinal as
-    str: the same}``, when the frontend has contexts on more than one device.  Never raises.
+    <numba_pool.PoolStatistics.to_dict>`, every key: bytes and counts, the ``arena_*``,
+    ``host_*`` and ``managed_*`` figures and their ``*_on`` switches); ``other_devices``,
+    ``{ordinal as str: the same}``, when the frontend has contexts on more than one device.  Never raises.
     """
     try:
         chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")

@@ -99,8 +99,9 @@ class PoolStatistics:
 
     def to_dict(self) -> dict[str, int | bool]:
         """The figures as a flat dict: RMM's ``current/peak/total`` x ``bytes/count`` keys, then
-        ``total_frees``, the ``pool_*`` and ``oom_*`` keys, and the ``arena_*`` keys (all zero,
-        ``arena_on`` false, when the arena is off).  Bytes everywhere but the counts."""
+        ``total_frees``, the ``pool_*`` and ``oom_*`` keys, the ``arena_*`` keys (all zero,
+        ``arena_on`` false, when the arena is off), then the pinned cache's ``host_*`` and the
+        managed cache's ``managed_*`` keys (zero, with ``host_on``/``managed_on`` false, when off).  Bytes everywhere but the counts."""
         rmm_style = {name: getattr(self, name) for name in RMM_KEYS}
         rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RENAMED}
         return {**rmm_style, **rest}

@@ -68,13 +68,29 @@ def managed_cache(cu, device_id: int, context, config: _config.PoolConfig) -> tu
     own ``cuMemAllocManaged`` serves it then).
 
     :raises CudaAPIError: when the driver refuses to create or fill the managed pool."""
-    if not config.managed:
-        return None, "NUMBA_POOL_MANAGED is off"
-    if not concurrent_managed_access(cu, device_id):
-        return None, (f"device {device_id} has no concurrent managed access "
-                      "(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0)")
+    why = why_not_served(cu, device_id, config)
+    if why:
+        return None, why
     pool = MemPool.managed(cu, device_id, config.managed_release_threshold)
     pool.reserve(config.managed_initial_size)
     return HostBlocks(cu, max_size=config.managed_max_size,
                       release_threshold=_config.release_limit(config.managed_release_threshold),
                       owner=OwnerContext.of(cu, context), backing=ManagedBacking(cu, pool)), ""
+
+
+def why_not_served(cu, device_id: int, config: _config.PoolConfig, concurrent: bool | None = None) -> str:
+    """Why numba_pool does not serve the managed arrays of device ``device_id`` (Numba's own
+    ``cuMemAllocManaged`` does), or ``""`` when it does: the one decision that the manager
+    (:func:`managed_cache`) and ``numba-pool info`` make.
+
+    :param concurrent: the device's concurrent managed access, when the caller has read it.
+    :raises CudaAPIError: when the device attribute cannot be read."""
+    if not config.managed:
+        return "NUMBA_POOL_MANAGED is off"
+    if concurrent is None:
+        concurrent = concurrent_managed_access(cu, device_id)
+    if not concurrent:
+        return (f"device {device_id} has no concurrent managed access "
+                "(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0): the host must not touch managed memory "
+                "while a kernel runs")
+    return ""

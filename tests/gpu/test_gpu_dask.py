@@ -1,5 +1,6 @@
 """numba_pool on a dask-cuda cluster, one worker per GPU: Numba kernels in ``client.map`` are
-served by numba_pool on every worker, as its per-worker statistics show.
+served by numba_pool on every worker, device arrays and managed arrays, as its per-worker
+statistics show.
 
 Needs two GPUs or more and dask-cuda.  Run with ``pytest -s tests/gpu/test_gpu_dask.py`` to see
 the statistics of each worker; ``NUMBA_POOL_ARENA=1`` runs it with the arena (the workers
@@ -49,6 +50,29 @@ def allocate_and_checksum(seed: int) -> dict:
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "pid": os.getpid()}
 
 
+def allocate_managed(seed: int) -> dict:
+    """On a worker: a managed array (``cuda.managed_array``) that a kernel fills and the host
+    reads; whether numba_pool's managed cache served it, and the worker's manager's word on it
+    (its managed cache, or why there is none: ``NUMBA_POOL_MANAGED`` off, or no concurrent
+    managed access)."""
+    from numba_pool.cuda import driver
+    from numba_pool.cuda.frontend import for_tools
+    from numba_pool.cuda.mempool import concurrent_managed_access
+    from numba_pool.cuda.pointers import PooledManagedMemory
+    from numba_pool.kernels import fill_kernel
+
+    cuda = for_tools().cuda
+
+    a = cuda.managed_array(N_ELEMENTS, dtype=np.float32)
+    fill_kernel[(N_ELEMENTS + 255) // 256, 256](a, np.float32(seed))
+    cuda.synchronize()
+    context = cuda.current_context()
+    mm = context.memory_manager
+    return {"checksum": float(np.asarray(a).sum()), "ours": isinstance(a.gpu_data, PooledManagedMemory),
+            "managed cache": mm.managed is not None, "why not": mm.managed_off_because,
+            "concurrent access": concurrent_managed_access(driver.cu, context.device.id)}
+
+
 def expected_checksum(seed: int) -> float:
     return float(seed) * N_ELEMENTS + float(np.arange(N_ELEMENTS, dtype=np.float32).sum())
 
@@ -59,6 +83,7 @@ def test_local_cuda_cluster_workers_allocate_through_numba_pool():
     import cloudpickle
     from distributed import Client
 
+    import numba_pool
     import numba_pool.integrations.dask as npd
 
     # The workers need not import this test module: send its functions by value.
@@ -68,11 +93,15 @@ def test_local_cuda_cluster_workers_allocate_through_numba_pool():
         workers = sorted(client.scheduler_info()["workers"])
         assert len(workers) == _gpu_count()
         responses = client.register_plugin(npd.NumbaPoolPlugin())  # options: the workers' NUMBA_POOL_*
+        managed_on = numba_pool.config.load().managed  # the same environment's
         assert list(responses.values()) == [{"status": "OK"}] * len(workers), responses
         futures = {address: client.map(allocate_and_checksum, range(TASKS_PER_WORKER), workers=[address],
                                        allow_other_workers=False, pure=False)
                    for address in workers}
         results = {address: client.gather(fs, errors="raise") for address, fs in futures.items()}
+        managed = {address: client.submit(allocate_managed, 3, workers=[address], allow_other_workers=False,
+                                          pure=False).result(timeout=120)
+                   for address in workers}
         statistics = npd.stats(client)
         print("\nnumba_pool statistics per worker:")
         print(json.dumps(statistics, indent=1, sort_keys=True))
@@ -87,6 +116,17 @@ def test_local_cuda_cluster_workers_allocate_through_numba_pool():
             assert s["status"] == "ok" and s["manager"] == "NumbaPoolManager", s
             total = s.get("total_count", s.get("total_allocations"))
             assert total >= 2 * TASKS_PER_WORKER, s  # two arrays per task
+            # The managed array: right either way; numba_pool's exactly where the manager has its
+            # managed cache: NUMBA_POOL_MANAGED on (the default; the workers inherit this
+            # environment) and a device with concurrent managed access.
+            m = managed[address]
+            assert m["checksum"] == 3.0 * N_ELEMENTS and m["ours"] == m["managed cache"], m
+            assert m["managed cache"] == (managed_on and m["concurrent access"]), m
+            assert s["managed_on"] == m["managed cache"], (s, m)
+            if m["managed cache"]:  # its block, in use or cached: the managed pool's bytes
+                assert s["managed_reserved_bytes"] >= 4 * N_ELEMENTS and s["managed_blocks"] >= 1, s
+            else:
+                print(f"{address}: managed arrays from Numba's own path: {m['why not']}")
         assert len(gpus) == len(workers)  # one GPU per worker
 
         # The same figures reach the scheduler through worker.metrics, with a heartbeat.
@@ -98,3 +138,4 @@ def test_local_cuda_cluster_workers_allocate_through_numba_pool():
             time.sleep(0.5)
         for address, m in metrics.items():
             assert m.get("status") == "ok" and m.get("total_count", m.get("total_allocations", 0)) > 0, (address, m)
+            assert m.get("managed_on") == managed[address]["managed cache"], (address, m)

@@ -13,6 +13,7 @@ import json
 import pickle
 import sys
 import tempfile
+import types
 
 import pytest
 
@@ -245,3 +246,107 @@ def test_plugin_metric_adds_the_setup_outcome(monkeypatch):
     assert npd._run_statistics(worker) == worker.metrics[npd.METRIC](worker)
     plugin.teardown(worker)
     assert npd.METRIC not in worker.metrics
+
+
+# -- managed memory's figures and options ------------------------------------------------------
+
+#: A device's figures with managed memory on: every field a distinct value, so that a key taken
+#: from the wrong field shows.
+MANAGED_FIGURES = dict(managed_on=True, managed_reserved_bytes=3 << 20, managed_in_use_bytes=1 << 20,
+                       managed_cached_bytes=2 << 20, managed_blocks=5)
+MANAGED_KEYS = set(MANAGED_FIGURES)
+
+
+def managed_statistics() -> numba_pool.PoolStatistics:
+    required = [f.name for f in dataclasses.fields(numba_pool.PoolStatistics) if f.default is dataclasses.MISSING]
+    return numba_pool.PoolStatistics(**{name: 7 for name in required}, **MANAGED_FIGURES)
+
+
+def test_the_plugins_metric_carries_the_managed_figures(monkeypatch):
+    class Worker:
+        address = "tcp://worker:1"
+        metrics: dict = {}
+
+    monkeypatch.setattr(npd, "_install", lambda options, frontend: ("installed", None, FRONTEND.name))
+    monkeypatch.setattr(npd, "_contexts", lambda frontend: {0: FakeContext(fake_manager(managed_statistics()))})
+    plugin, worker = npd.NumbaPoolPlugin(), Worker()
+    plugin.setup(worker)
+    metric = worker.metrics[npd.METRIC](worker)
+    assert metric["status"] == "ok" and MANAGED_KEYS <= set(metric)
+    assert {key: metric[key] for key in MANAGED_KEYS} == MANAGED_FIGURES
+    assert npd._run_statistics(worker) == metric  # what npd.stats(client) gets from this worker
+    assert json.loads(json.dumps(metric))["managed_on"] is True  # reaches the scheduler as it is
+
+
+# A worker in this process (threads) whose numba_pool serves managed memory: setup "installs" and
+# its frontend has one context, whose manager has managed figures.
+MANAGED_WORKER = f"""
+import numba_pool
+import numba_pool.integrations.dask as npd_fake
+
+class FakeContext:
+    def __init__(self, memory_manager):
+        self.memory_manager = memory_manager
+    def push(self):
+        pass
+    def pop(self):
+        pass
+
+mm = object.__new__(numba_pool.NumbaPoolManager)
+mm.allocator = object()
+mm.statistics = lambda: numba_pool.PoolStatistics(
+    **{{n: 7 for n in {sorted(f.name for f in dataclasses.fields(numba_pool.PoolStatistics)
+                               if f.default is dataclasses.MISSING)!r}}}, **{MANAGED_FIGURES!r})
+npd_fake._install = lambda options, frontend: ("installed", None, {FRONTEND.name!r})
+npd_fake._contexts = lambda frontend: {{0: FakeContext(mm)}}
+"""
+
+
+def test_managed_figures_reach_the_scheduler_with_the_workers_metrics():
+    out = run_cluster(False, prelude=MANAGED_WORKER, before=False,
+                      plugin={"managed_max_size": "1 GiB", "managed_prefetch": True},
+                      env={"NUMBA_POOL_FRONTEND": FRONTEND.name})
+    assert out["register"] == [{"status": "OK"}]
+    for where in ("stats", "metrics"):  # asked of the worker; sent by its heartbeat
+        [result] = out[where]
+        assert result["status"] == "ok" and result["frontend"] == FRONTEND.name, (where, result)
+        assert {key: result.get(key) for key in MANAGED_KEYS} == MANAGED_FIGURES, (where, result)
+    assert out["task"] == 3
+
+
+def test_the_plugin_takes_the_managed_options_and_hands_them_to_install(monkeypatch):
+    options = {"managed": True, "managed_max_size": "1 GiB", "managed_release_threshold": "64 MiB",
+               "managed_initial_size": "2 MiB", "managed_prefetch": True}
+    plugin = npd.NumbaPoolPlugin(arena=True, **options)
+    copy = pickle.loads(pickle.dumps(plugin))  # what reaches a worker
+    assert copy.options == {"arena": True, **options}
+    installed = []
+    gpu = types.SimpleNamespace(name=FRONTEND.name, simulator=False,
+                                cuda=types.SimpleNamespace(is_available=lambda: True))
+    monkeypatch.setattr(npd.frontends, "named", lambda name, what: gpu)
+    monkeypatch.setattr(npd, "install", lambda **kw: installed.append(kw))
+    monkeypatch.setattr(npd, "_contexts", lambda frontend: {})
+
+    class Worker:
+        address = "tcp://worker:1"
+        metrics: dict = {}
+
+    copy.setup(Worker())
+    assert copy.status == "installed" and installed == [{"frontend": FRONTEND.name, "arena": True, **options}]
+    assert numba_pool.config.load(environ={}, **options) == numba_pool.config.PoolConfig(
+        managed_max_size=1 << 30, managed_release_threshold=64 << 20, managed_initial_size=2 << 20,
+        managed_prefetch=True)
+    assert npd.NumbaPoolPlugin(managed=False).options == {"managed": False}
+
+
+@pytest.mark.parametrize("options, culprit", [
+    ({"managed": "maybe"}, "install(managed)='maybe' is not a switch"),
+    ({"managed_max_size": "lots"}, "install(managed_max_size)='lots' is not a size"),
+    ({"managed_initial_size": "2 MiB", "managed_max_size": "1 MiB"},
+     "install(managed_initial_size)='2 MiB' (2097152 bytes) is above install(managed_max_size)='1 MiB'"),
+    ({"managed_prefetsh": True}, "did you mean 'managed_prefetch'?"),
+])
+def test_bad_managed_options_fail_on_the_client(options, culprit):
+    with pytest.raises(numba_pool.ConfigError) as caught:
+        npd.NumbaPoolPlugin(**options)
+    assert culprit in str(caught.value)

@@ -44,6 +44,17 @@ def test_old_constructor_and_field_names_still_work():
                        total_allocations=5, total_frees=6, pool_reserved_bytes=7, pool_reserved_high=8,
                        pool_used_bytes=9, pool_used_high=10, oom_retries=11, oom_errors=12)
     assert s.to_dict()["current_bytes"] == 1 and not s.arena_on and s.arena_slabs == 0
+    assert not s.managed_on and (s.managed_reserved_bytes, s.managed_in_use_bytes, s.managed_cached_bytes,
+                                 s.managed_blocks) == (0, 0, 0, 0)
+
+
+def test_to_dict_carries_the_managed_figures():
+    """What Dask's worker metrics and ``npd.stats`` publish (``numba_pool.integrations.dask``)."""
+    managed = {"managed_on": True, "managed_reserved_bytes": 4 << 20, "managed_in_use_bytes": 1 << 20,
+               "managed_cached_bytes": 3 << 20, "managed_blocks": 6}
+    d = snapshot(**managed).to_dict()
+    assert {k: d[k] for k in managed} == managed
+    assert snapshot().to_dict()["managed_on"] is False  # present, and false, when off or not supported
 
 
 # -- memory_summary on the model ----------------------------------------------------------
