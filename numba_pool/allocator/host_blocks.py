@@ -56,7 +56,10 @@ from ..cuda.driver import EVENT_FLAGS, OUT_OF_MEMORY, SUCCESS, check, report_fai
 from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
 from .backings import DEVICEMAP, PinnedBacking
+from .waits import Deferral
 
+#: The streams a release records on when the block has no other (the common case, built once).
+_LEGACY_ONLY = (LEGACY,)
 #: The smallest block (bytes): every request is rounded up to a power of two at least this.
 MIN_BLOCK = 512
 #: ``cuMemHostAlloc`` flags (CUDA Driver API, ``CU_MEMHOSTALLOC_*``; ``DEVICEMAP`` from :mod:`.backings`).
@@ -93,6 +96,7 @@ class HostBlock:
     orphan: bool = False  # outlived reset() of a backing that frees orphans: freed at release, as Numba does
     generation: int = 0  # the cache's generation (resets so far) that counts it in reserved
     stream: StreamRef = LEGACY  # its allocation stream: its release records an event there too
+    handle: object = None  # its CUdeviceptr, made once (managed blocks: what the pointer holds)
 
 
 class HostBlocks:
@@ -171,7 +175,10 @@ class HostBlocks:
     def _completed(self, block: HostBlock) -> bool:
         """Every event of ``block``'s release has completed, as the host sees (``cuEventQuery``)."""
         query = self._cu.cuEventQuery
-        return all(query(event)[0] == SUCCESS for event in block.events)
+        for event in block.events:
+            if query(event)[0] != SUCCESS:
+                return False
+        return True
 
     def _new_block(self, size: int, rounded: int, flags: int) -> HostBlock:
         if self.max_size is not None and self.reserved + rounded > self.max_size:
@@ -286,22 +293,27 @@ class HostBlocks:
                     return True
         return False
 
-    def release(self, block: HostBlock, defer: Callable[[Callable[[], None]], bool] | None = None) -> None:
-        """Give ``block`` back: events on the legacy stream and every recorded stream, now, then
-        into :attr:`released`, now or, when ``defer(put_back)`` keeps it (``defer_cleanup``),
-        later: the events are recorded while the streams are alive (Note [A release made free
-        later orders now], :mod:`numba_pool.allocator.waits`).  Never raises; where it cannot
-        record, it synchronizes the context (``cuCtxSynchronize``) and the block needs no
-        event.  A block whose release straddles a reset is counted by the next generation."""
+    def release(self, block: HostBlock, deferral: Deferral | None = None) -> None:
+        """Give ``block`` back: events on the legacy stream, its allocation stream and every
+        recorded stream, now, then into :attr:`released`, now or, while ``deferral`` holds
+        releases back (``defer_cleanup``), when it lets them go: the events are recorded while
+        the streams are alive (Note [A release made free later orders now],
+        :mod:`numba_pool.allocator.waits`).  Never raises; where it cannot record, it
+        synchronizes the context (``cuCtxSynchronize``) and the block needs no event.  A block
+        whose release straddles a reset is counted by the next generation."""
         popped = self.live.pop(block.host, None)
         if block.orphan:  # a reset marked it (before or after our pop): freed as Numba does
             self._free_orphan(block, True)
             return
         if popped is None:
             return
-        streams = [LEGACY] + ([] if block.stream is LEGACY else [block.stream]) + self.recorded.pop(block.host, [])
+        recorded = self.recorded.pop(block.host, None) if self.recorded else None
+        if recorded is None and block.stream is LEGACY:
+            streams = _LEGACY_ONLY
+        else:
+            streams = [LEGACY] + ([] if block.stream is LEGACY else [block.stream]) + (recorded or [])
         block.order = next(self._order)
-        self.owner.enter(self._record_release, block, streams, defer)  # rule 10
+        self.owner.enter(self._record_release, block, streams, deferral)  # rule 10
 
     def _free_orphan(self, block: HostBlock, retry: bool) -> None:
         result = self.backing.free(block.host)
@@ -309,7 +321,7 @@ class HostBlocks:
             return
         report_failure(result, f"freeing a {self.backing.kind} block (after reset)")
 
-    def _record_release(self, block: HostBlock, streams: list[StreamRef], defer, retry: bool) -> None:
+    def _record_release(self, block: HostBlock, streams, deferral: Deferral | None, retry: bool) -> None:
         events: list = []
         try:
             for stream in streams:
@@ -318,23 +330,25 @@ class HostBlocks:
         except Exception as err:  # noqa: BLE001 - a release never raises
             self._free_events.extend(events)  # those recorded before the failure: reused, not leaked
             block.events = []
-            if retry and self.owner.retry(self._record_release, block, streams, defer):  # rule 10
+            if retry and self.owner.retry(self._record_release, block, streams, deferral):  # rule 10
                 return
             if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 return
             warn(f"could not order the release of {self.backing.kind} block {block.host:#x} ({err}); "
                  "synchronized the device instead")
+        if deferral is None or not deferral.depth:
+            self.released.append(block)
+            return
         self.held[block.host] = block  # before defer: the block is never neither held, released nor live
-        put_back = partial(self._put_back, block)
-        if defer is None or not defer(put_back):
-            put_back()
+        if not deferral.defer(partial(self._put_back, block)):
+            self._put_back(block)
 
     def _put_back(self, block: HostBlock) -> None:
         self.held.pop(block.host, None)
         self.released.append(block)
 
     def _record(self, stream: StreamRef):
-        if stream.belongs_to_another_thread():
+        if stream.thread is not None and stream.belongs_to_another_thread():
             raise RuntimeError("a stream recorded for it is another thread's per-thread default stream")
         try:
             event = self._free_events.pop()

@@ -2,9 +2,10 @@
 
 Two parts.  The **allocator** part times ``memalloc`` + release of every allocator in one
 process, taking turns in short blocks.  The **end-to-end** part times ``cuda.device_array`` (and
-pinned host memory, and a batch pipeline) under each manager in a process of its own, since
-Numba binds the manager when it creates a context; the processes of a round take lock-step turns
-on one CPU core.  Every table is self-checked.
+pinned host memory, a batch pipeline, managed memory and a managed pipeline) under each manager
+in a process of its own, since Numba binds the manager when it creates a context; the processes
+of a round take lock-step turns on one CPU core.  Every table is self-checked (the managed rows
+against issue 21's targets too).
 
 The modules, lowest first (each imports only modules above it in this list):
 
@@ -14,17 +15,17 @@ The modules, lowest first (each imports only modules above it in this list):
 ``core``               what the bench takes from numba_pool's allocator core and from the frontend
                        (``numba.cuda`` or ``numba_cuda_mlir.cuda``, ``NUMBA_POOL_FRONTEND``), in one place
 ``timing``             how a bench process times: one core, collector off, turns, calibrated counts
-``checks``             the self-checks: floor inversions, rounds and runs that disagree
+``checks``             the self-checks: floor inversions, rounds and runs that disagree, targets missed
 ``noop``               the no-op floors, EMM plugins (``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.noop``)
 ``anchors``            the other plugins measured beside numba_pool: RMM's, and one on CuPy's pool
                        (``NUMBA_CUDA_MEMORY_MANAGER=numba_pool.bench.anchors``)
 ``launch``             running a bench module in a fresh process and reading its JSON line (parent)
-``host_worker``        worker: the host rows (pinned and mapped allocate+free, the batch pipeline)
+``host_worker``        worker: the host rows (pinned, mapped and managed allocate+free, the two pipelines)
 ``worker``             worker: the ``cuda.device_array`` rows; ``__main__`` is the worker's entry
                        (``python -m numba_pool.bench``)
 ``end_to_end``         parent: the managers measured end to end, and their workers run, round by round
 ``device_tables``      parent: the ``cuda.device_array`` figures over rounds, ratios to default, tables
-``host_tables``        parent: the host figures read back, over rounds, checks and tables
+``host_tables``        parent: the host figures (pinned, managed) read back, over rounds, checks and tables
 ``allocator_cost``     the allocator part, in its own process (``python -m numba_pool.bench.allocator_cost``)
                        and its tables in the parent
 ``report``             parent: both parts run, printed and put in the JSON report (for ``numba_pool.cli``)

@@ -1,7 +1,7 @@
-"""The end-to-end worker: ``python -m numba_pool.bench [--host PARTS]`` checks and times under
-the memory manager its environment selects (:func:`numba_pool.bench.worker.run_worker`), taking
-lock-step turns with the round's other workers where the parent gives them
-(:mod:`numba_pool.bench.turns`), and prints one JSON line.
+"""The end-to-end worker: ``python -m numba_pool.bench [--host PARTS] [--no-device]`` checks and
+times under the memory manager its environment selects
+(:func:`numba_pool.bench.worker.run_worker`), taking lock-step turns with the round's other
+workers where the parent gives them (:mod:`numba_pool.bench.turns`), and prints one JSON line.
 
 A numba_pool from before this package (``--baseline DIR``) runs the same way: its
 ``numba_pool.bench`` is a module with the same entry.
@@ -10,7 +10,7 @@ A numba_pool from before this package (``--baseline DIR``) runs the same way: it
 import json
 import sys
 
-from numba_pool.bench.host_worker import parse_parts
+from numba_pool.bench.host_worker import parse_arguments
 from numba_pool.bench.timing import worker_core
 from numba_pool.bench.turns import worker_turn
 from numba_pool.bench.worker import run_worker
@@ -18,6 +18,6 @@ from numba_pool.bench.worker import run_worker
 turn = worker_turn()
 turn.begin(worker_core())
 try:
-    print(json.dumps(run_worker(parse_parts(sys.argv[1:]))), flush=True)
+    print(json.dumps(run_worker(*parse_arguments(sys.argv[1:]))), flush=True)
 finally:
     turn.end()

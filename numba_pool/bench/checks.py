@@ -17,6 +17,10 @@ Pure functions over the tables' JSON (no GPU), each returning a list of :class:`
   per size and allocator, the largest over the smallest of the runs' ratios (overhead above
   ``Numba alone`` over the no-op floor's) above ``1 +`` :data:`TOLERANCE`, or a ratio not positive.
   Ratios, not µs: the host's speed changes between runs, and the µs with it, the ratios hold.
+* **Targets** (:func:`target_flags`): a row's ratio to default (default's time over the row's,
+  x faster) below a :class:`Target` the project set (issue 21's for managed memory: at least 2x
+  at 4 KiB, 5x at 64 MiB, the pipeline faster at every size), or missing where the row has the
+  table (no default row to compare with): a target missed is flagged, never shown met.
 """
 
 from __future__ import annotations
@@ -146,6 +150,47 @@ def ratio_runs_flags(runs: list[dict[tuple[str, str, str], float]]) -> list[Flag
     return flags
 
 
+@dataclass(frozen=True)
+class Target:
+    """A ratio to default a row must reach: in ``table``, at ``figure`` (a cell's name, such as
+    ``'managed_array 4 KiB'``), at least ``times`` x faster than default (default's time over
+    the row's), or more than ``times`` where ``strictly``."""
+
+    table: str
+    figure: str
+    times: float
+    strictly: bool = False
+
+    def met(self, ratio: float) -> bool:
+        """Whether ``ratio`` (x faster than default) reaches the target."""
+        return ratio > self.times if self.strictly else ratio >= self.times
+
+    @property
+    def wanted(self) -> str:
+        """The target in words: ``'at least 2x faster than default'``, ``'faster than default'``."""
+        if self.strictly:
+            return "faster than default" if self.times == 1 else f"more than {self.times:g}x faster than default"
+        return f"at least {self.times:g}x faster than default"
+
+
+def target_flags(ratios: dict[tuple[str, str, str], float], targets, rows: list[tuple[str, str]]) -> list[Flag]:
+    """A flag for each target of ``targets`` that a row misses: for each ``(table, label)`` of
+    ``rows`` (the rows held to the targets, in the tables where they have figures), each target
+    of that table whose ratio ``ratios[(table, figure, label)]`` (x faster than default) does
+    not reach it, or is missing (no default figure to compare with: the target cannot be shown met)."""
+    flags = []
+    for table, label in rows:
+        for target in (t for t in targets if t.table == table):
+            ratio = ratios.get((table, target.figure, label))
+            if ratio is None:
+                flags.append(Flag(table, target.figure, label, f"no ratio to default: the target ({target.wanted}) "
+                                  "cannot be checked"))
+            elif not target.met(ratio):
+                flags.append(Flag(table, target.figure, label, f"{ratio:.2f}x faster than default, the target is "
+                                  f"{target.wanted}: target missed"))
+    return flags
+
+
 def flagged(flags: list[Flag], table: str) -> set[tuple[str, str]]:
     """The ``(figure, label)`` cells of ``table`` that a flag names."""
     return {(f.figure, f.label) for f in flags if f.table == table}
@@ -156,5 +201,5 @@ def summary(flags: list[Flag]) -> str:
     if flags:
         return (f"SELF-CHECKS: {len(flags)} FAILED (the rows marked '!' above): these figures do not hold; "
                 "do not quote them")
-    return (f"self-checks passed: no floor inversion, rounds/runs within {TOLERANCE:.0%} of each other "
-            "(where measured)")
+    return (f"self-checks passed: no floor inversion, rounds/runs within {TOLERANCE:.0%} of each other, "
+            "targets met (where measured)")

@@ -14,7 +14,8 @@ frontend, in one place: the bench's other modules reach both through here only (
 * :func:`check` (a driver call's result, or one-line error) and :func:`device_memory_info`
   (free and total bytes), for the no-op floors.
 * :func:`parse_bool`, for ``NUMBA_POOL_NOOP_FINALIZER``.
-* What a worker reads of a numba_pool manager: :func:`pool_handle` and :func:`has_host_cache`.
+* What a worker reads of a numba_pool manager: :func:`pool_handle` and :func:`has_cache` (its
+  pinned or managed cache).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..cuda.mempool import device_memory_info
 
 __all__ = ["FRONTEND", "FRONTEND_VARIABLE", "GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "MemoryInfo",
            "MemoryPointer", "NUMBA_CUDA", "SIMULATOR", "TITLES", "check", "cuda", "device_memory_info",
-           "frontend_label", "has_host_cache", "parse_bool", "pool_handle", "simulator", "worker_environment"]
+           "frontend_label", "has_cache", "parse_bool", "pool_handle", "simulator", "worker_environment"]
 
 #: The frontend of this bench process (:func:`numba_pool.cuda.frontend.for_tools`), and its
 #: ``cuda`` module.
@@ -63,7 +64,9 @@ def pool_handle(manager):
     return getattr(pool, "handle", None)
 
 
-def has_host_cache(manager) -> bool:
-    """Whether ``manager`` serves pinned host memory from numba_pool's host cache
-    (``NUMBA_POOL_HOST``: a numba_pool manager's ``host``)."""
-    return getattr(manager, "host", None) is not None
+def has_cache(manager, attribute: str = "host") -> bool:
+    """Whether ``manager`` serves a kind of memory from numba_pool's cache of it: ``attribute``
+    names the numba_pool manager's cache, ``"host"`` for pinned memory (``NUMBA_POOL_HOST``),
+    ``"managed"`` for managed memory (``NUMBA_POOL_MANAGED``)."""
+    return getattr(manager, attribute, None) is not None
+

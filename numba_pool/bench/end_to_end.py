@@ -27,10 +27,12 @@ collector off while it times (:func:`numba_pool.bench.timing.quiet_host`): two p
 same code read up to 2 µs apart otherwise.  Per manager and figure, rounds whose largest over
 smallest exceeds 1.10 are flagged (:mod:`numba_pool.bench.checks`), as are rows below a floor.
 
-With ``--host pinned,pipeline`` (or one of the two; the parent chooses per manager,
-:func:`numba_pool.bench.host_tables.plan`), the worker also checks and times the host rows of
-:mod:`numba_pool.bench.host_worker` (``cuda.pinned_array`` and ``mapped_array`` allocate+free, a
-batch pipeline), returned under ``"host"``.
+With ``--host pinned,pipeline,managed,managed-pipeline`` (or some of them; the parent chooses
+per manager, :func:`numba_pool.bench.host_tables.plan`), the worker also checks and times the
+host rows of :mod:`numba_pool.bench.host_worker` (``cuda.pinned_array`` and ``mapped_array``
+allocate+free, a batch pipeline; ``cuda.managed_array`` allocate+free, a managed pipeline),
+returned under ``"host"``; with ``--no-device`` it times those alone, without the
+``cuda.device_array`` rows.
 
 Two floors: ``no-op floor`` (:class:`numba_pool.bench.noop.NoopManager`, a finalizer that does
 nothing, which Numba wraps in ``weakref.finalize`` as for RMM's and CuPy's plugins) and
@@ -59,7 +61,7 @@ class Manager:
     label: str
     env: dict
     cwd: str | None = None  # a folder holding another numba_pool to import (a baseline)
-    args: tuple = ()  # the worker's arguments: ("--host", "pinned,pipeline") for the host rows
+    args: tuple = ()  # the worker's arguments: ("--host", "pinned,pipeline", "--no-device") ...
 
 
 DEFAULT = Manager(labels.DEFAULT, {MANAGER_VARIABLE: "default"})

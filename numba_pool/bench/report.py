@@ -8,8 +8,10 @@ filled, and the failed checks returned.
   manager (:mod:`numba_pool.bench.end_to_end`, through ``end_to_end.measure`` or
   ``end_to_end.measure_round``, called through the module so that a test can stand in for the
   workers), the ``cuda.device_array`` tables (:mod:`numba_pool.bench.device_tables`) and the
-  host tables (:mod:`numba_pool.bench.host_tables`) of each run, then the runs' ratios side by
-  side.
+  host tables, pinned and managed memory (:mod:`numba_pool.bench.host_tables`), of each run,
+  then the runs' ratios side by side.  Each kind of row can be left out (``host_rows``,
+  ``managed_rows``, ``device_rows``: the command's ``--no-host-rows``, ``--no-managed-rows``,
+  ``--no-device-rows``).
 
 :func:`run` runs the parts a command asks for.  A failure the bench cannot go on from (a worker
 or an allocator run that failed, not an anchor: those are noted and left out) raises
@@ -57,7 +59,8 @@ class Setting:
 
 
 def run(setting: Setting, *, part: str, baseline: str | None, anchors: bool, plain_pool: bool, no_arena: bool,
-        rounds: int, runs: int, warm_up: int, turns: bool, host_rows: bool) -> tuple[dict, list[checks.Flag]]:
+        rounds: int, runs: int, warm_up: int, turns: bool, host_rows: bool, managed_rows: bool = True,
+        device_rows: bool = True) -> tuple[dict, list[checks.Flag]]:
     """Run ``part`` (``all``, ``allocator`` or ``end-to-end``) with the command's options and
     print its tables.  Returns the JSON report (the device, date and core, the frontend as the
     tables name it, ``frontend``, and by name, ``frontend_name``; each part's figures and notes,
@@ -72,7 +75,8 @@ def run(setting: Setting, *, part: str, baseline: str | None, anchors: bool, pla
         flags += allocator_part(report, setting, baseline=baseline, plain_pool=plain_pool, anchors=anchors, runs=runs)
     if part in ("all", "end-to-end"):
         flags += end_to_end_part(report, setting, anchors=anchors, no_arena=no_arena, rounds=rounds, baseline=baseline,
-                                 host_rows=host_rows, runs=runs, warm_up=warm_up, turns=turns)
+                                 host_rows=host_rows, managed_rows=managed_rows, device_rows=device_rows, runs=runs,
+                                 warm_up=warm_up, turns=turns)
     report["checks_failed"] = [str(f) for f in flags]
     return report, flags
 
@@ -133,16 +137,23 @@ def _allocator_run(args: list[str], core: int, run: int, runs: int) -> dict:
 # -- the end-to-end part ----------------------------------------------------------------------
 
 def end_to_end_part(report: dict, setting: Setting, *, anchors: bool, no_arena: bool, rounds: int,
-                    baseline: str | None, host_rows: bool = True, runs: int = 1, warm_up: int = 0,
-                    turns: bool = False) -> list[checks.Flag]:
+                    baseline: str | None, host_rows: bool = True, managed_rows: bool = True, device_rows: bool = True,
+                    runs: int = 1, warm_up: int = 0, turns: bool = False) -> list[checks.Flag]:
     """Run the end-to-end part: ``warm_up`` untimed rounds, then ``runs`` runs of ``rounds``
     interleaved rounds, a process per manager and round; print each run's tables (with
-    ``host_rows``, the pinned and batch-pipeline tables too) and, for two runs or more, their
-    ratios to default side by side; fill ``report``; return the failed checks.
+    ``device_rows``, the ``cuda.device_array`` tables; with ``host_rows``, the pinned and
+    batch-pipeline tables; with ``managed_rows``, the managed allocate+free and managed pipeline
+    tables) and, for two runs or more, their ratios to default side by side; fill ``report``;
+    return the failed checks.
 
-    :raises BenchError: when a worker other than an anchor's failed.
+    :raises BenchError: when a worker other than an anchor's failed, or when no kind of row is
+        asked for.
     """
-    managers, notes, host_notes = end_to_end_managers(anchors, no_arena, baseline, host_rows, setting.frontend)
+    if not (device_rows or host_rows or managed_rows):
+        raise BenchError("--no-device-rows, --no-host-rows and --no-managed-rows together leave the end-to-end part "
+                         "nothing to time")
+    managers, notes, host_notes = end_to_end_managers(anchors, no_arena, baseline, host_rows, setting.frontend,
+                                                      managed_rows=managed_rows, device_rows=device_rows)
     for round_ in range(warm_up):
         one_round(managers, setting.core, notes, f"warm-up round {round_ + 1}/{warm_up} (not timed)", turns,
                   warm_up=True)
@@ -153,8 +164,8 @@ def end_to_end_part(report: dict, setting: Setting, *, anchors: bool, no_arena: 
         run_report = report if runs == 1 else {}
         run_notes = list(notes)  # this run's: the warm-up's and earlier runs' notes plus its own
         dated = dataclasses.replace(setting, date=f"{setting.date}; {of_run.rstrip(', ')}") if runs > 1 else setting
-        flags += device_array_tables(run_report, dated, per_round, seconds, managers, run_notes, rounds)
-        if host_rows:
+        flags += device_array_tables(run_report, dated, per_round, seconds, managers, run_notes, rounds, device_rows)
+        if host_rows or managed_rows:
             flags += host_rows_tables(run_report, setting, per_round, managers, host_notes, rounds)
         reports.append(run_report)
     if runs > 1:
@@ -193,9 +204,13 @@ def _compare_runs(report: dict, reports: list[dict]) -> list[checks.Flag]:
 
 
 def end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, host_rows: bool,
-                        frontend: str = FRONTEND.name) -> tuple[list, list[str], list[str]]:
+                        frontend: str = FRONTEND.name, managed_rows: bool = True,
+                        device_rows: bool = True) -> tuple[list, list[str], list[str]]:
     """The end-to-end workers (the anchors that are installed and built for ``frontend``, the
-    baselines, host parts planned), the notes on anchors left out, and the host tables' notes."""
+    baselines, host parts planned: pinned with ``host_rows``, managed with ``managed_rows``;
+    without ``device_rows``, the workers that would time nothing else left out,
+    :func:`numba_pool.bench.host_tables.plan`), the notes on anchors left out, and the host
+    tables' notes."""
     managers = [m for m in end_to_end.MANAGERS if not (no_arena and m is end_to_end.ARENA)]
     notes = []
     for anchor in end_to_end.ANCHORS if anchors else []:
@@ -207,9 +222,8 @@ def end_to_end_managers(anchors: bool, no_arena: bool, baseline: str | None, hos
             notes.append(anchor_module.missing_note(anchor.label))
     if baseline:
         managers += end_to_end.baselines(baseline)
-    host_notes = []
-    if host_rows:
-        managers, host_notes = host_tables.plan(managers)
+    memories = (host_worker.PINNED_MEMORY,) * host_rows + (host_worker.MANAGED_MEMORY,) * managed_rows
+    managers, host_notes = host_tables.plan(managers, memories, device=device_rows)
     return managers, notes, host_notes
 
 
@@ -257,18 +271,33 @@ def _measure_all(managers: list, core: int, what: str, turns: bool,
 
 
 def device_array_tables(report: dict, setting: Setting, per_round: dict, seconds: dict, managers: list,
-                        notes: list[str], rounds: int) -> list[checks.Flag]:
-    """Print the ``cuda.device_array`` tables of one run; fill ``report``; return the failed checks."""
+                        notes: list[str], rounds: int, device: bool = True) -> list[checks.Flag]:
+    """Print the ``cuda.device_array`` tables of one run (without ``device``, none: the workers
+    did not time them), then the run's notes; fill ``report``; return the failed checks."""
     slowest = max(((max(s), label) for label, s in seconds.items() if s), default=None)
     if slowest:
         click.echo(f"end to end: {sum(map(len, seconds.values()))} workers in {sum(map(sum, seconds.values())):.0f} s, "
                    f"the slowest {slowest[0]:.0f} s ({slowest[1]})", err=True)
+    flags = _device_array_tables(report, setting, per_round, managers, rounds) if device else []
+    if rounds < 2:
+        notes.append("one round: the rounds' agreement is not checked (--rounds 5 or more)")
+    echo_notes_and_flags(notes, flags)
+    report.update({"end_to_end_notes": notes, "worker_seconds": seconds,
+                   "worker_env": {m.label: m.env for m in managers}})
+    return flags
+
+
+def _device_array_tables(report: dict, setting: Setting, per_round: dict, managers: list,
+                         rounds: int) -> list[checks.Flag]:
+    """Print the ``cuda.device_array`` tables; put their figures in ``report``; return the failed checks."""
     results = {label: device_tables.median_over_rounds(r) for label, r in per_round.items()}
     for label, ratios in device_tables.ratios_to_default(results).items():
         results[label]["vs_default"] = ratios
     flags = checks.end_to_end_floor_flags(results) + checks.rounds_flags(per_round)
-    host_rows = any(m.args for m in managers)
-    host_variable = "; numba_pool rows with NUMBA_POOL_HOST=1, which these figures do not use" if host_rows else ""
+    variables = [v for v in (host_tables.HOST_VARIABLE, host_tables.MANAGED_VARIABLE)
+                 if any(m.env.get(v) == "1" for m in managers)]
+    host_variable = (f"; numba_pool rows with {' and '.join(f'{v}=1' for v in variables)}, which these figures do "
+                     "not use") if variables else ""
     click.echo(f"{setting.heading}; cuda.device_array end to end (CPU core "
                f"{setting.core}, collector off{host_variable}): medians of {worker.REPEATS} repeats of "
                f"{worker.MIN_PAIRS} to {worker.MAX_PAIRS} pairs (about {worker.PAIRS_BUDGET_S * 1e3:.0f} ms a "
@@ -279,11 +308,7 @@ def device_array_tables(report: dict, setting: Setting, per_round: dict, seconds
     pair = results.get(NUMBA_POOL, {}).get("driver_pair_us")
     if pair is not None:
         click.echo(f"a cuMemAllocFromPoolAsync + cuMemFreeAsync pair alone, from Python: {pair:.2f} us")
-    if rounds < 2:
-        notes.append("one round: the rounds' agreement is not checked (--rounds 5 or more)")
-    echo_notes_and_flags(notes, flags)
-    report.update({"results": results, "end_to_end_notes": notes, "worker_seconds": seconds,
-                   "worker_env": {m.label: m.env for m in managers}})
+    report["results"] = results
     return flags
 
 
@@ -292,40 +317,37 @@ def ratios_of(report: dict) -> dict[tuple[str, str, str], float]:
     ratios = {("end to end", figure, label): ratio
               for label, r in report.get("results", {}).items() if label != DEFAULT
               for figure, ratio in r.get("vs_default", {}).items()}
-    for label, r in report.get("host_results", {}).items():
-        if label == DEFAULT:
-            continue
-        for field, sizes in r.get("vs_default", {}).items():
-            ratios.update({(host_tables.TABLE_OF[field], host_tables.figure_name(field, size), label): v
-                           for size, v in sizes.items()})
+    ratios.update(host_tables.keyed_ratios({label: r.get("vs_default", {})
+                                            for label, r in report.get("host_results", {}).items()
+                                            if label != DEFAULT}))
     return ratios
 
 
 def host_rows_tables(report: dict, setting: Setting, per_round: dict, managers: list, notes: list[str],
                      rounds: int) -> list[checks.Flag]:
-    """Print the pinned and batch-pipeline tables from the workers' host figures
-    (:mod:`numba_pool.bench.host_tables`); fill ``report``; return the failed checks."""
-    host_rounds, unread = host_tables.collect(per_round, {m.label for m in managers if m.args})
+    """Print the host tables, pinned and managed memory (:data:`numba_pool.bench.host_tables.TABLES`,
+    those with figures), from the workers' host figures; fill ``report``; return the failed
+    checks: rounds that disagree, a row whose memory did not come from numba_pool's cache
+    although asked, and the managed targets missed."""
+    host_rounds, unread = host_tables.collect(per_round, {m.label for m in managers if host_tables.hosts(m)})
     notes = notes + unread
     results = {label: host_tables.median_over_rounds(r) for label, r in host_rounds.items()}
     for label, ratios in host_tables.ratios_to_default(results).items():
         results[label]["vs_default"] = ratios
-    expected = {m.label for m in managers if m.env.get(host_tables.HOST_VARIABLE) == "1"}
-    flags = host_tables.rounds_flags(results) + host_tables.host_cache_flags(results, expected)
-    heading = f"{setting.heading};"
-    method = (f"(CPU core {setting.core}, collector off; numba_pool rows with NUMBA_POOL_HOST=1): medians of "
-              f"{host_worker.REPEATS} repeats of {host_worker.MIN_COUNT} to {host_worker.MAX_COUNT} operations (about "
-              f"{host_worker.BUDGET_S * 1e3:.0f} ms a repeat), median over {rounds} rounds")
-    if any(host_worker.PINNED in r for r in results.values()):
-        click.echo(f"{heading} pinned host memory end to end {method}: us per allocate+free pair of "
-                   "cuda.pinned_array / cuda.mapped_array (uint8), and how many times faster than default")
-        click.echo(host_tables.render_host(results, flags))
-    if any(host_worker.PIPELINE in r for r in results.values()):
-        click.echo(f"{heading} batch pipeline end to end {method}: ms per batch of a pinned staging buffer filled "
-                   "on the host, to_device on a stream, device temporaries of the batch size, half of it and 4 KiB, "
-                   "two kernels, copy_to_host into a pinned buffer, stream synchronize; every buffer allocated and "
-                   "dropped per batch; and how many times faster than default")
-        click.echo(host_tables.render_pipeline(results, flags))
+    flags = host_tables.rounds_flags(results)
+    for memory in host_worker.MEMORIES:
+        variable = host_tables.VARIABLE_OF[memory.name]
+        flags += host_tables.cache_flags(results, {m.label for m in managers if m.env.get(variable) == "1"}, memory)
+    flags += host_tables.target_flags(results)
+    for table in (t for name, t in host_tables.TABLES.items() if host_tables.present(name, results)):
+        method = (f"(CPU core {setting.core}, collector off; numba_pool rows with "
+                  f"{host_tables.VARIABLE_OF[table.memory.name]}=1): medians of {host_worker.REPEATS} repeats of "
+                  f"{host_worker.MIN_COUNT} to {host_worker.MAX_COUNT} operations (about "
+                  f"{host_worker.BUDGET_S * 1e3:.0f} ms a repeat), median over {rounds} rounds")
+        targets = host_tables.targets_text(table.name)
+        click.echo(f"{setting.heading}; {table.title} {method}: {table.what}; and how many times faster than default"
+                   + (f"; {targets}" if targets else ""))
+        click.echo(host_tables.render(table.name, results, flags))
     if not results:
         notes.append("no host rows: no worker returned host figures")
     echo_notes_and_flags(notes, flags)

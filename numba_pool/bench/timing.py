@@ -154,10 +154,15 @@ def cached_jit(func):
 
 
 @functools.cache
-def seed_kernels() -> tuple:
-    """``(fill_kernel, sqrt_kernel)`` of :mod:`numba_pool.kernels`, through :func:`cached_jit`
-    (once per process), compiled by the bench's frontend."""
-    from numba_pool.kernels import fill_kernel, sqrt_kernel
+def example_kernel(name: str):
+    """The kernel ``name`` of :mod:`numba_pool.kernels` (``"fill_kernel"``, ``"increment_kernel"``,
+    ``"sqrt_kernel"``) compiled by the bench's frontend through :func:`cached_jit`, once per
+    process."""
+    import numba_pool.kernels as kernels
 
-    return (cached_jit(fill_kernel.python_function(FRONTEND)),
-            cached_jit(sqrt_kernel.python_function(FRONTEND)))
+    return cached_jit(getattr(kernels, name).python_function(FRONTEND))
+
+
+def seed_kernels() -> tuple:
+    """``(fill_kernel, sqrt_kernel)`` of :mod:`numba_pool.kernels` (:func:`example_kernel`)."""
+    return example_kernel("fill_kernel"), example_kernel("sqrt_kernel")

@@ -17,7 +17,8 @@ Measured, after checking the kernels' output:
 Each figure is the median of :data:`REPEATS` timed repeats after a warm-up, the sizes taking
 turns inside each repeat, on one CPU core with the collector off
 (:func:`numba_pool.bench.timing.quiet_host`).  With host parts, the rows of
-:mod:`numba_pool.bench.host_worker` follow under ``"host"``.  ``cuda`` is the bench's frontend's
+:mod:`numba_pool.bench.host_worker` (pinned and managed memory) follow under ``"host"``; with
+``--no-device``, they are all the worker times.  ``cuda`` is the bench's frontend's
 (:data:`numba_pool.bench.core.cuda`: the parent passes its ``NUMBA_POOL_FRONTEND``), named in the
 result as ``frontend``.
 """
@@ -41,10 +42,12 @@ MIN_PAIRS, MAX_PAIRS = 100, 1000  # allocate+free pairs per repeat of a size
 THREADS = 256  # per block, for the seed kernels
 
 
-def run_worker(host_parts: tuple = ()) -> dict:
+def run_worker(host_parts: tuple = (), device: bool = True) -> dict:
     """Check, then time, under whatever manager the environment selected. Returns medians:
-    ``seed_loop_ms`` and ``alloc_free_us`` keyed by the size in bytes as a string (JSON); with
-    ``host_parts`` (:data:`numba_pool.bench.host_worker.PARTS`), their figures under ``"host"``.
+    with ``device`` (the worker's default; ``--no-device`` leaves it out), ``seed_loop_ms`` and
+    ``alloc_free_us`` keyed by the size in bytes as a string (JSON); with ``host_parts``
+    (:data:`numba_pool.bench.host_worker.PARTS`), their figures under ``"host"``; always
+    ``frontend``.
 
     :raises SystemExit: when a kernel's output is wrong under this manager: refusing to time.
     """
@@ -52,12 +55,15 @@ def run_worker(host_parts: tuple = ()) -> dict:
     rmm_resource = os.environ.get(anchors.RMM_VARIABLE)
     if rmm_resource:
         anchors.prepare_rmm(rmm_resource)
-    check_kernels()
+    if device:
+        check_kernels()
     if host_parts:
         host_worker.check(host_parts)
-    seed_loop = seed_loop_body()
-    with quiet_host() as core:
-        result = _time_device_arrays(seed_loop, core, repeats)
+    result = {"frontend": FRONTEND.name}
+    if device:
+        seed_loop = seed_loop_body()
+        with quiet_host() as core:
+            result.update(_time_device_arrays(seed_loop, core, repeats))
     if host_parts:
         result["host"] = host_worker.measure(host_parts, repeats=worker_repeats(host_worker.REPEATS))
     return result

@@ -75,8 +75,9 @@ class MemPool:
 
     @classmethod
     def managed(cls, cu, device_id: int, release_threshold: int) -> "MemPool":
-        """The device's managed (unified) memory pool: ``cuMemPoolCreate`` with
-        ``CU_MEM_ALLOCATION_TYPE_MANAGED`` located on ``device_id``; its allocations report
+        """Device ``device_id``'s managed (unified) memory pool: ``cuMemPoolCreate`` with
+        ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and no location (``CU_MEM_LOCATION_TYPE_NONE``: no
+        preferred location, pages migrate on demand, as ``cuMemAllocManaged``'s); its allocations report
         ``CU_POINTER_ATTRIBUTE_IS_MANAGED`` and the host reads and writes them.  No
         ``maxSize`` (the driver refuses it on managed pools, ``CUDA_ERROR_INVALID_VALUE``: the
         cache caps it, :mod:`numba_pool.allocator.backings`), no IPC handle types (refused too),
@@ -94,8 +95,12 @@ class MemPool:
         props = cu.CUmemPoolProps()
         props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
         props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
-        props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        props.location.id = device_id
+        # No location: a pool located on the device gives its memory that device as preferred
+        # location, and the host's first touch of a 4 KiB array then cost 1.2 ms instead of
+        # 0.07 ms; located on the host, kernels read it remotely (2x slower on a 64 MiB array).
+        # With none, pages migrate on demand as cuMemAllocManaged's do (H100, driver 580,
+        # 2026-11-25, docs/perf-notes.md).
+        props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_NONE
         pool.handle = check(cu.cuMemPoolCreate(props), "cuMemPoolCreate (managed)")
         pool.set_release_threshold(release_threshold)
         return pool

@@ -29,7 +29,7 @@ def _release_host(manager, host: HostBlocks, block: HostBlock, mapped: bool) -> 
     mapped block, then give the block back (held back inside ``defer_cleanup``)."""
     if mapped:
         manager.allocations.pop(block.host, None)
-    host.release(block, manager.deferral.defer)
+    host.release(block, manager.deferral)
 
 
 def _pooled_mapped_memory(numba_driver, context, block: HostBlock, size: int, finalizer):

@@ -12,7 +12,7 @@ from ..allocator.host_blocks import HostBlocks
 from ..cuda.context import OwnerContext
 from ..cuda.mempool import MemPool, concurrent_managed_access, prefetch
 from ..cuda.pointers import PooledManagedMemory
-from ..cuda.streams import LEGACY, current_stream
+from ..cuda.streams import LEGACY, per_thread, scopes_entered
 
 
 class ManagedSource:
@@ -30,7 +30,7 @@ class ManagedSource:
 
     def __init__(self, manager, cache: HostBlocks, prefetch_to: int | None):
         self._cache = cache
-        self._defer = manager.deferral.defer
+        self._deferral = manager.deferral
         self._context = manager.context_proxy
         self._pointer = manager.frontend.PooledManagedMemory
         self._cu = cache._cu
@@ -45,12 +45,14 @@ class ManagedSource:
             ``NUMBA_POOL_MANAGED_MAX_SIZE``, or the device); a failed prefetch's error, after
             the block went back to the cache.
         """
-        stream = current_stream()
+        stream = per_thread.stream if scopes_entered else LEGACY
         if stream.value == LEGACY.value:
             stream = LEGACY  # also inside numba_pool.scratch, whose stream object is its own
         block = self._cache.allocate(size, 0, stream)
-        mem = self._pointer(self._context, self._cu.CUdeviceptr(block.host), size,
-                            partial(self._cache.release, block, self._defer))
+        handle = block.handle
+        if handle is None:
+            handle = block.handle = self._cu.CUdeviceptr(block.host)
+        mem = self._pointer(self._context, handle, size, partial(self._cache.release, block, self._deferral))
         if self._prefetch_to is not None:
             try:
                 prefetch(self._cu, block.host, size, self._prefetch_to, stream.handle)

@@ -31,13 +31,14 @@ S4K, S1M, S64M = (str(s) for s in h.SIZES)
                                          (["--host", "pipeline"], ("pipeline",)), (["--host", ""], ())])
 def test_worker_parts_come_from_its_arguments(argv, parts):
     assert h.parse_parts(argv) == parts
+    assert h.parse_arguments(argv) == (parts, True)  # the cuda.device_array part unless --no-device
 
 
 def test_an_unknown_part_is_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as exit_:
         h.parse_parts(["--host", "pinned,pipline"])
     assert exit_.value.code == 2
-    assert "--host: unknown part 'pipline' (known: pinned, pipeline)" in capsys.readouterr().err
+    assert "--host: unknown part 'pipline' (known: pinned, pipeline, managed, managed-pipeline)" in capsys.readouterr().err
 
 
 def test_the_worker_module_refuses_an_unknown_part_before_touching_cuda():
@@ -107,23 +108,34 @@ class _Overrides:
 def test_where_pinned_memory_comes_from_is_said_in_words(frontend_name):
     from types import SimpleNamespace
 
-    assert h.pinned_source(None) == "no memory manager (the CUDA simulator)"
-    assert h.pinned_source(SimpleNamespace(host=object())) == "numba_pool host cache"
-    assert h.pinned_source(_Overrides()) == f"{__name__}._Overrides.memhostalloc"
-    assert h.pinned_source(_numba(frontend_name)) == "cuMemHostAlloc per array"  # either frontend's own
+    def source(manager):
+        return h.memory_source(manager, h.PINNED_MEMORY)
+
+    assert source(None) == "no memory manager (the CUDA simulator)"
+    assert source(SimpleNamespace(host=object())) == "numba_pool host cache"
+    assert source(_Overrides()) == f"{__name__}._Overrides.memhostalloc"
+    assert source(_numba(frontend_name)) == "cuMemHostAlloc per array"  # either frontend's own
 
 
 SIMULATED = """
 import json, sys
 from numba_pool.bench import host_worker as h
-if sys.argv[1] == "planted":
-    from numba_pool.bench.core import cuda
+from numba_pool.bench.core import cuda
+from numba.cuda.simulator.cudadrv.devicearray import managed_array
 
+cuda.managed_array = managed_array  # the simulator has one (a NumPy array), but does not export it
+if sys.argv[1] == "planted":
     @cuda.jit
     def combine(full, half, small):  # forgets to add: the output must be refused
         pass
 
     h.combine = combine
+if sys.argv[1] == "planted-managed":
+    @cuda.jit
+    def increment(a):  # forgets to increment: the managed check must refuse
+        pass
+
+    h.example_kernel = lambda name: increment
 h.check(h.PARTS, sizes=[4096])
 print(json.dumps(h.measure(h.PARTS, sizes=[4096], repeats=1, budget_s=0.0)))
 """
@@ -142,14 +154,24 @@ def test_the_worker_checks_and_times_under_the_simulator_and_its_output_reads_ba
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = t.host_figures({"host": json.loads(proc.stdout.strip().splitlines()[-1])})
     assert set(figures[h.PINNED]) == set(figures[h.MAPPED]) == set(figures[h.PIPELINE]) == {"4096"}
+    assert set(figures[h.MANAGED]) == set(figures[h.MANAGED_PIPELINE]) == {"4096"}  # the managed parts too
     assert figures["counts"][h.PIPELINE] == {"4096": h.MIN_COUNT} and figures["repeats"] == 1
+    assert figures["counts"][h.MANAGED_PIPELINE] == {"4096": h.MIN_COUNT}
     assert figures["host_cache"] is False and figures["pinned_from"] == "no memory manager (the CUDA simulator)"
+    assert figures["managed_cache"] is False and figures["managed_from"] == "no memory manager (the CUDA simulator)"
 
 
 def test_a_wrong_pipeline_output_is_refused_before_timing():
     proc = _simulated("planted")
     assert proc.returncode == 1 and proc.stdout == ""
     assert "bench: the batch pipeline's output is wrong at 4 KiB: refusing to time" in proc.stderr
+
+
+def test_a_managed_array_the_kernel_did_not_increment_is_refused_before_timing():
+    proc = _simulated("planted-managed")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert ("bench: a managed array's data is wrong after the host's writes, the increment kernel and the host's "
+            "read at 4 KiB: refusing to time") in proc.stderr
 
 
 # -- the parent's side: reading figures, rounds, ratios, checks ------------------------------------
@@ -181,12 +203,14 @@ def test_host_figures_read_back_and_none_without_them():
     figures = t.host_figures({"host": POOL})
     assert figures[h.PINNED] == {S4K: 6.1, S1M: 6.2, S64M: 6.3} and figures["counts"][h.PINNED][S4K] == 1000
     assert figures["host_cache"] is True and figures["repeats"] == 9
-    assert set(t.host_figures({"host": ANCHOR})) == {"repeats", "host_cache", "pinned_from", "counts", h.PIPELINE}
+    assert set(t.host_figures({"host": ANCHOR})) == {"repeats", "host_cache", "pinned_from", "managed_cache",
+                                                     "managed_from", "counts", h.PIPELINE}
 
 
 @pytest.mark.parametrize("bad, message", [
     ([], "'host' is list, not an object"),
-    ({"repeats": 9}, "'host' has none of pinned_array_us, mapped_array_us, pipeline_ms"),
+    ({"repeats": 9}, "'host' has none of pinned_array_us, mapped_array_us, pipeline_ms, managed_array_us, "
+                     "managed_pipeline_ms"),
     ({**POOL, "repeats": 0}, "repeats = 0 is not a positive count"),
     ({**POOL, h.PINNED: {}}, "pinned_array_us is not a non-empty object of sizes"),
     ({**POOL, h.PINNED: {"4 KiB": 6.1}}, "pinned_array_us: '4 KiB' is not a size in bytes"),
@@ -249,11 +273,12 @@ def test_rounds_more_than_ten_percent_apart_are_flagged_per_cell():
 def test_a_row_run_with_the_host_cache_that_did_not_use_it_is_flagged():
     results = merged({"numba_pool": [POOL, {**POOL, "host_cache": False}], "default": [DEFAULT],
                       "cupy (pool)": [ANCHOR]})
-    flags = t.host_cache_flags(results, {"numba_pool"})  # default and the anchors: Numba's, as expected
+    flags = t.cache_flags(results, {"numba_pool"})  # default and the anchors: Numba's, as expected
     assert [(f.table, f.figure, f.label) for f in flags] == [("pinned alloc+free", "every size", "numba_pool"),
                                                              ("batch pipeline", "every size", "numba_pool")]
     assert "did not come from numba_pool's host cache although NUMBA_POOL_HOST=1" in flags[0].message
-    assert t.host_cache_flags(merged({"numba_pool": [POOL]}), {"numba_pool"}) == []
+    assert t.cache_flags(merged({"numba_pool": [POOL]}), {"numba_pool"}) == []
+    assert t.cache_flags(results, {"numba_pool"}, h.MANAGED_MEMORY) == []  # no managed figures: no managed flag
 
 
 # -- the tables -------------------------------------------------------------------------------------
@@ -276,7 +301,7 @@ def test_ratios_read_as_times_faster(ratio, text):
 
 def test_pinned_table_rows_cells_and_ratios():
     results = merged({"default": [DEFAULT], "numba_pool": [POOL], "cupy (pool)": [ANCHOR]})
-    table = t.render_host(results)
+    table = t.render(t.HOST_TABLE, results)
     header = table.splitlines()[0]
     assert "pinned memory from" in header and "pinned_array 4 KiB us (x faster)" in header
     assert "mapped_array 64 MiB us (x faster)" in header
@@ -290,19 +315,18 @@ def test_pinned_table_rows_cells_and_ratios():
 def test_pipeline_table_has_the_anchors_and_marks_flagged_cells():
     results = merged({"default": [DEFAULT], "numba_pool": [POOL], "cupy (pool)": [ANCHOR]})
     flags = [checks.Flag(t.PIPELINE_TABLE, "batch 1 MiB", "numba_pool", "rounds disagree")]
-    table = t.render_pipeline(results, flags)
+    table = t.render(t.PIPELINE_TABLE, results, flags)
     assert "batch 4 KiB ms (x faster)" in table.splitlines()[0]
     assert cells(table, "numba_pool")[2:] == ["0.2000 (15.5x)", "0.6000 (7.00x) !", "14.90 (8.79x)"]
     assert cells(table, "cupy (pool)")[1:] == ["cuMemHostAlloc per array", "3.000 (1.03x)", "4.000 (1.05x)",
                                                "130.0 (1.01x)"]
-    assert "!" not in t.render_host(results, flags)  # a flag marks its own table only
+    assert "!" not in t.render(t.HOST_TABLE, results, flags)  # a flag marks its own table only
 
 
 def test_a_row_flag_marks_every_cell_of_the_row_and_nothing_is_clean_beside_it():
     results = merged({"default": [DEFAULT], "numba_pool": [POOL]})
-    flags = t.host_cache_flags({**results, "numba_pool": {**results["numba_pool"], "host_cache": False}},
-                               {"numba_pool"})
-    table = t.render_host(results, flags)
+    flags = t.cache_flags({**results, "numba_pool": {**results["numba_pool"], "host_cache": False}}, {"numba_pool"})
+    table = t.render(t.HOST_TABLE, results, flags)
     assert all(cell.endswith(" !") for cell in cells(table, "numba_pool")[2:])
     assert not any(cell.endswith("!") for cell in cells(table, "default"))
 
@@ -310,10 +334,10 @@ def test_a_row_flag_marks_every_cell_of_the_row_and_nothing_is_clean_beside_it()
 def test_tables_without_default_have_no_ratios_and_missing_cells_show_a_dash():
     partial = host([6.1, 6.2, 6.3], [9.1, 9.2, 9.3], None, cache=True)
     del partial[h.MAPPED][S1M], partial["counts"][h.MAPPED][S1M]
-    table = t.render_host(merged({"numba_pool": [partial]}))
+    table = t.render(t.HOST_TABLE, merged({"numba_pool": [partial]}))
     assert "x faster" not in table and cells(table, "numba_pool")[2:] == ["6.100", "6.200", "6.300", "9.100", "-",
                                                                            "9.300"]
-    assert t.render_pipeline(merged({"numba_pool": [partial]})).count("\n") == 1  # headers only: no pipeline figures
+    assert t.render(t.PIPELINE_TABLE, merged({"numba_pool": [partial]})).count("\n") == 1  # headers only: no pipeline figures
 
 
 # -- which worker runs what, and the end-to-end part with the workers faked ----------------------------
@@ -322,7 +346,7 @@ def test_plan_gives_each_worker_its_parts_and_numba_pool_the_host_cache():
     managers = [end_to_end.DEFAULT, end_to_end.NUMBA_POOL, end_to_end.ARENA, end_to_end.FLOOR, end_to_end.BARE_FLOOR,
                 end_to_end.CUPY,
                 *end_to_end.baselines("/elsewhere")]
-    planned, notes = t.plan(managers)
+    planned, notes = t.plan(managers, (h.PINNED_MEMORY,), known=lambda cwd: h.PARTS)
     by_label = {m.label: m for m in planned}
     assert by_label["default"].args == ("--host", "pinned,pipeline")
     assert "NUMBA_POOL_HOST" not in by_label["default"].env
@@ -336,14 +360,15 @@ def test_plan_gives_each_worker_its_parts_and_numba_pool_the_host_cache():
     assert end_to_end.NUMBA_POOL.args == () and "NUMBA_POOL_HOST" not in end_to_end.NUMBA_POOL.env  # constants unchanged
     assert notes == [t.FLOORS_NOTE, "cupy (pool): batch pipeline only: their pinned memory is Numba's own, as "
                      "default's (pinned_array and mapped_array rows would time default's path again)"]
-    assert t.plan([end_to_end.DEFAULT, end_to_end.NUMBA_POOL])[1] == []
+    assert t.plan([end_to_end.DEFAULT, end_to_end.NUMBA_POOL], (h.PINNED_MEMORY,))[1] == []
+    assert all("NUMBA_POOL_MANAGED" not in m.env for m in planned)  # pinned rows only: managed left as it is
 
 
 def test_measure_hands_the_worker_its_arguments(monkeypatch):
     seen = []
     said = {"frontend": core.FRONTEND.name}  # what a worker says it ran under
     monkeypatch.setattr(launch, "run_module", lambda module, args, env, cwd: seen.append((module, args, env)) or said)
-    planned, _ = t.plan([end_to_end.ARENA, end_to_end.FLOOR])
+    planned, _ = t.plan([end_to_end.ARENA, end_to_end.FLOOR], (h.PINNED_MEMORY,))
     for manager in planned:
         end_to_end.measure(manager, core=2)
     assert [(m, a) for m, a, _ in seen] == [("numba_pool.bench", ["--host", "pinned,pipeline"]),
@@ -380,7 +405,8 @@ def test_end_to_end_prints_the_host_tables_and_fills_the_json_report(monkeypatch
     monkeypatch.setattr(end_to_end, "measure", measure)
     monkeypatch.setattr(anchors, "installed", lambda label: label == "cupy (pool)")
     report = {}
-    flags = bench_report.end_to_end_part(report, SETTING, anchors=True, no_arena=False, rounds=3, baseline=None)
+    flags = bench_report.end_to_end_part(report, SETTING, anchors=True, no_arena=False, rounds=3, baseline=None,
+                                         managed_rows=False)
     out = capsys.readouterr().out
     assert [(f.table, f.figure, f.label) for f in flags] == [("batch pipeline", "batch 64 MiB", "numba_pool")]
     assert "numba_pool rows with NUMBA_POOL_HOST=1, which these figures do not use" in out
@@ -406,7 +432,8 @@ def test_end_to_end_flags_a_numba_pool_row_whose_pinned_memory_was_numbas(monkey
     measure, _ = fake_worker(uncached=True)
     monkeypatch.setattr(end_to_end, "measure", measure)
     monkeypatch.setattr(anchors, "installed", lambda label: False)
-    flags = bench_report.end_to_end_part({}, SETTING, anchors=True, no_arena=False, rounds=2, baseline=None)
+    flags = bench_report.end_to_end_part({}, SETTING, anchors=True, no_arena=False, rounds=2, baseline=None,
+                                         managed_rows=False)
     assert {(f.table, f.figure, f.label) for f in flags} == {("pinned alloc+free", "every size", "numba_pool arena"),
                                                              ("batch pipeline", "every size", "numba_pool arena")}
     out = capsys.readouterr().out
@@ -419,7 +446,7 @@ def test_no_host_rows_leaves_the_workers_as_they_were(monkeypatch, capsys):
     monkeypatch.setattr(anchors, "installed", lambda label: False)
     report = {}
     assert bench_report.end_to_end_part(report, SETTING, anchors=True, no_arena=False, rounds=2, baseline=None,
-                                        host_rows=False) == []
+                                        host_rows=False, managed_rows=False) == []
     out = capsys.readouterr().out
     assert all(m.args == () and "NUMBA_POOL_HOST" not in m.env for m in seen)
     assert "pinned host memory" not in out and "NUMBA_POOL_HOST" not in out and "host_results" not in report

@@ -405,7 +405,8 @@ def test_bench_hands_its_options_to_the_parts_and_writes_their_report(fake_gpu_b
     setting, options = fake_gpu_bench["setting"], fake_gpu_bench["options"]
     assert (setting.device, setting.core) == ("Fake GPU", core)
     assert options == {"part": "end-to-end", "baseline": str(tmp_path), "anchors": True, "plain_pool": False,
-                       "no_arena": False, "rounds": 3, "runs": 1, "warm_up": 1, "turns": True, "host_rows": True}
+                       "no_arena": False, "rounds": 3, "runs": 1, "warm_up": 1, "turns": True, "host_rows": True,
+                       "managed_rows": True, "device_rows": True}
     assert json.loads((tmp_path / "out.json").read_text()) == {"device": "Fake GPU"}
     assert result.stdout.strip().splitlines()[-1].startswith("self-checks passed")
 
