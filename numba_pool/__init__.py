@@ -21,13 +21,15 @@ from .cuda.simulator import SimulatorWarning
 from .cuda.streams import using_stream
 from .observe.scopes import ScopedStatistics, statistics
 from .observe.statistics import PoolStatistics
-from .plugin.api import (install, memory_summary, prefetch, record_stream, reserved_bytes, reset_peak, scratch, stats,
-                         trim, used_bytes)
+from .plugin.api import (dump_snapshot, install, live_allocations, memory_summary, on_out_of_memory, prefetch,
+                         record_history, record_stream, reserved_bytes, reset_peak, scratch, snapshot, stats, trim,
+                         used_bytes)
 from .plugin.manager import NumbaPoolManager
 
 __all__ = [
     "ConfigError", "FrontendError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install",
-    "prefetch", "record_stream",
+    "prefetch", "record_stream", "record_history", "snapshot", "dump_snapshot", "on_out_of_memory",
+    "live_allocations",
     "reset_peak", "scratch", "stats", "trim", "using_stream",
     "ScopedStatistics", "memory_summary", "reserved_bytes", "statistics", "used_bytes",
 ]

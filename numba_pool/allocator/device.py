@@ -22,7 +22,7 @@ from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.mempool import MemPool, device_memory_info
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef
-from .arena import ArenaBlocks
+from .arena import ArenaBlocks, layout
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
 from .waits import Deferral, Hold, StreamWaits
@@ -135,6 +135,37 @@ class DeviceAllocator:
         return None
 
     # -- figures ----------------------------------------------------------------------------
+
+    def segments(self) -> list[dict]:
+        """What this generation holds, for a snapshot: one segment per arena slab (its blocks
+        allocated, awaiting their free, or free), per scratch block (its carved arrays are not
+        tracked here: the snapshot fills them from the history) and per live mempool
+        allocation, then the mempool's reserve that nothing holds (reserved minus everything
+        above, with the driver's rounding).  Each segment: ``kind`` (``"arena slab"``,
+        ``"scratch"``, ``"mempool"``, ``"mempool reserve"``), ``address``, ``size``,
+        ``stream`` (0 for the legacy stream), ``blocks`` as ``(address, size, state)``.
+        Bytes throughout."""
+        self.issue_frees()
+        out = []
+        slab_starts = set()
+        if self.arena is not None:
+            for start, size, key, blocks in layout(self.arena):
+                slab_starts.add(start)
+                out.append({"kind": "arena slab", "address": start, "size": size,
+                            "stream": key if isinstance(key, int) else 0, "blocks": blocks})
+        for ptr, size in self.mempool_blocks.ledger.copy().items():
+            start = int(ptr)
+            if start in slab_starts:
+                continue  # the arena's slab (its ledger entry is the slab's allocation)
+            kind = "scratch" if start in self.scratch_blocks else "mempool"
+            out.append({"kind": kind, "address": start, "size": size, "stream": 0,
+                        "blocks": [(start, size, "allocated")]})
+        held = sum(segment["size"] for segment in out)
+        reserve = self.pool.usage().reserved - held
+        if reserve > 0:
+            out.append({"kind": "mempool reserve", "address": 0, "size": reserve, "stream": 0,
+                        "blocks": [(0, reserve, "free")]})
+        return out
 
     def issue_frees(self) -> None:
         """Issue the legacy-stream frees that releases queued (Note [Legacy-stream frees are

@@ -389,3 +389,18 @@ class HostBlocks:
             assert self.cached == sum(b.size for b in cached), (self.cached, cached)
             in_use = sum(b.size for b in [*self.live.values(), *self._held_now()])
             assert in_use + self.cached == self.reserved, (in_use, self.cached, self.reserved)
+
+
+def segments(cache: HostBlocks) -> list[dict]:
+    """Every block ``cache`` reserves, one segment each, for a snapshot: ``kind`` (the
+    backing's: ``"pinned"``, ``"managed"``), ``address``, ``size`` (bytes, rounded), ``stream``
+    0, ``blocks`` as ``[(address, size, state)]``: ``"allocated"`` (live, or held back by
+    ``defer_cleanup``), ``"awaiting_free"`` (cached, its events not yet seen complete), ``"free"``
+    (cached, reusable).  Takes the cache's lock."""
+    with cache._lock:
+        cache._take_released()
+        live = [(b, "allocated") for b in [*list(cache.live.values()), *cache._held_now()]]
+        cached = [(b, "free" if cache._completed(b) else "awaiting_free")
+                  for bin_ in cache.bins.values() for b in bin_]
+        return [{"kind": cache.backing.kind, "address": b.host, "size": b.size, "stream": 0,
+                 "blocks": [(b.host, b.size, state)]} for b, state in live + cached]

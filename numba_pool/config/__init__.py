@@ -57,8 +57,11 @@ class PoolConfig:
     concurrent managed access) from a managed mempool under the same host rule; on by default
     (README, "Managed memory", says why); ``managed_max_size``, ``managed_release_threshold``
     and ``managed_initial_size`` are its cap, threshold and reserve; ``managed_prefetch``
-    prefetches each managed array to its device at allocation (``cuMemPrefetchAsync``).  Build
-    it with :func:`load`, which checks every value; the constructor checks nothing.
+    prefetches each managed array to its device at allocation (``cuMemPrefetchAsync``).
+    ``oom_snapshot`` is a file the first out-of-memory error writes a snapshot to (PyTorch's
+    viewer reads it); ``leak_report`` prints the sites still holding memory at exit.  Both start
+    the allocation history.  Build it with :func:`load`, which checks every value; the
+    constructor checks nothing.
     """
 
     release_threshold: int = KEEP_ALL
@@ -79,6 +82,8 @@ class PoolConfig:
     managed_release_threshold: int = KEEP_ALL
     managed_initial_size: int = 0
     managed_prefetch: bool = False
+    oom_snapshot: str | None = None
+    leak_report: bool = False
 
     def max_size_bytes(self, device_total: int) -> int | None:
         """The hard cap of the private pool in bytes for a device of ``device_total`` bytes
@@ -117,6 +122,8 @@ class PoolConfig:
                         f", initial size {size(self.managed_initial_size)}, "
                         f"{'prefetched to the device at allocation' if self.managed_prefetch else 'no prefetch'}"
                         if self.managed else "off: Numba's cuMemAllocManaged/cuMemFree per array"),
+            "oom snapshot": self.oom_snapshot or "off",
+            "leak report": "on: the sites still holding memory, printed at exit" if self.leak_report else "off",
         }
 
 
@@ -142,6 +149,8 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "managed_release_threshold": ("NUMBA_POOL_MANAGED_RELEASE_THRESHOLD", parse_release_threshold),
     "managed_initial_size": ("NUMBA_POOL_MANAGED_INITIAL_SIZE", parse_size),
     "managed_prefetch": ("NUMBA_POOL_MANAGED_PREFETCH", parse_bool),
+    "oom_snapshot": ("NUMBA_POOL_OOM_SNAPSHOT", parse_path),
+    "leak_report": ("NUMBA_POOL_LEAK_REPORT", parse_bool),
 }
 
 #: Every ``NUMBA_POOL_*`` variable numba_pool reads; any other name that looks meant for it is

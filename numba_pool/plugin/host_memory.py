@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from ..allocator.host_blocks import HostBlock, HostBlocks, host_flags
+from ..observe import history as _history
 
 
 def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bool, wc: bool):
@@ -17,6 +18,11 @@ def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bo
     """
     block = host.allocate(size, host_flags(mapped, portable, wc))
     finalizer = partial(_release_host, manager, host, block, mapped)
+    history = _history.current()
+    if history is not None:  # numba_pool.record_history: the block and its stack, and its release
+        history.allocated(manager.device_id, block.host, size, 0, "pinned", history.capture())
+        finalizer = partial(history.release_recorded, manager.device_id, block.host, size, 0, "pinned", finalizer,
+                            manager.deferral)
     if not mapped:
         return manager.frontend.PooledPinnedMemory(manager.context_proxy, block.host, size, finalizer)
     mem = _pooled_mapped_memory(manager.frontend.driver, manager.context_proxy, block, size, finalizer)

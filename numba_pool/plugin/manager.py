@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from functools import partial
 
 from .. import config as _config
 from ..allocator import threads
@@ -51,13 +52,14 @@ from ..cuda.frontend import Frontend
 from ..cuda.mempool import MemPool, device_memory_info
 from ..cuda.pointers import PoolPointer, data_address
 from ..cuda.streams import as_stream_ref
+from ..observe import history as _history
 from ..observe import scopes
 from ..observe.alloclog import AllocationLog
 from ..observe.statistics import PoolStatistics, collect
-from . import settings
+from . import debugging, settings
 from .host_memory import host_memory
 from .managed_memory import ManagedSource, managed_cache
-from .path import Path, compose
+from .path import Path, Recording, compose
 
 
 class NumbaPoolManager:
@@ -156,6 +158,10 @@ class NumbaPoolManager:
                                        owner=OwnerContext.of(cu, self.context))
             if self.managed is None:
                 self.managed, self.managed_off_because = managed_cache(cu, self.device_id, self.context, config)
+            if config.leak_report:
+                debugging.enable_leak_report(managers)
+            if config.oom_snapshot:
+                debugging.ensure_recording()
             if config.log and self.log is None:
                 self.log = AllocationLog(config.log)
             _register(self)  # before composing: a scope opening from now on recomposes this path
@@ -169,10 +175,7 @@ class NumbaPoolManager:
             self.path = None
             self.__dict__.pop("memalloc", None)
             return
-        managed = None
-        if self.managed is not None:
-            managed = ManagedSource(self, self.managed, self.device_id if self.config.managed_prefetch else None).allocate
-        self.path = compose(allocator, managed=managed, log=self.log, counting=scopes.counting())
+        self.path = _compose(self, allocator)
         self.memalloc = self.path.allocate
 
     def recompose(self) -> None:
@@ -273,6 +276,7 @@ class NumbaPoolManager:
         afterwards point to freed memory, as with Numba's default manager, and their releases
         do nothing (Note [Lifetimes across a reset]).  The next allocation creates a new pool.
         Also clears Numba's host allocations (``super().reset()``)."""
+        _note("reset", self.device_id)
         super().reset()
         if self.host is not None:
             self.host.reset()
@@ -343,6 +347,7 @@ class NumbaPoolManager:
         the cached managed blocks whose events completed back to the managed mempool and trim
         it to 0 (after another synchronize)."""
         self.initialize()
+        _note("trim", self.device_id)
         self.allocator.trim(keep_bytes)
         for cache in (self.host, self.managed):
             if cache is not None:
@@ -378,6 +383,34 @@ def manager_class(frontend: Frontend) -> type:
         return cls
 
 
+def managers() -> list[NumbaPoolManager]:
+    """The managers initialized at least once, every frontend's, alive now."""
+    with _registry_lock:
+        return list(_managers)
+
+
+def _compose(manager: NumbaPoolManager, allocator: DeviceAllocator) -> Path:
+    """``manager``'s allocation paths with the adaptors switched on now
+    (:func:`numba_pool.plugin.path.compose`)."""
+    managed = None
+    if manager.managed is not None:
+        prefetch_to = manager.device_id if manager.config.managed_prefetch else None
+        managed = ManagedSource(manager, manager.managed, prefetch_to).allocate
+    recording = None
+    history = _history.current()
+    if history is not None:
+        recording = Recording(history, manager.device_id, manager.deferral, lambda: device_memory_info(allocator.cu)[0],
+                              partial(debugging.out_of_memory, managers, manager.config.oom_snapshot))
+    return compose(allocator, managed=managed, log=manager.log, counting=scopes.counting(), recording=recording)
+
+
+def _note(action: str, device: int) -> None:
+    """A ``trim`` or ``reset`` event in the history, when it records."""
+    history = _history.current()
+    if history is not None:
+        history.record(action, device, 0, 0, 0, "device")
+
+
 def _register(manager: NumbaPoolManager) -> None:
     with _registry_lock:
         _managers.add(manager)
@@ -391,3 +424,4 @@ def _recompose_all() -> None:
 
 
 scopes.on_counting_changed(_recompose_all)
+_history.on_change(_recompose_all)

@@ -2,6 +2,7 @@
 
 What Numba's ``memalloc(size)`` runs, inside out (RMM's resource adaptors, stacked)::
 
+    recording adaptor     while numba_pool.record_history() is on                 (observe.history)
     counting adaptor      while a numba_pool.statistics() scope is open anywhere  (observe.scopes)
       logging adaptor     while NUMBA_POOL_LOG names a file                       (observe.alloclog)
         block source      the arena when it is on, else the mempool blocks        (allocator)
@@ -36,7 +37,9 @@ from typing import Callable
 
 from ..allocator.device import DeviceAllocator
 from ..cuda.pointers import PoolPointer
+from ..cuda.streams import per_thread
 from ..observe.alloclog import AllocationLog, LoggedAllocations
+from ..observe.history import History, RecordedAllocations
 from ..observe.scopes import CountedAllocations
 
 
@@ -51,20 +54,53 @@ class Path:
     allocate_managed: Callable[[int], PoolPointer] | None = None
 
 
+@dataclass(frozen=True)
+class Recording:
+    """What the recording adaptor needs besides the allocation it wraps: the ``history``, the
+    ``device`` ordinal, the manager's ``deferral`` (``defer_cleanup``), ``device_free()`` (free
+    bytes, for an ``oom`` entry) and ``on_oom(device, size, error)``."""
+
+    history: History
+    device: int
+    deferral: object
+    device_free: Callable[[], int]
+    on_oom: Callable
+
+
 def compose(allocator: DeviceAllocator, *, managed: Callable[[int], PoolPointer] | None = None,
-            log: AllocationLog | None = None, counting: bool = False) -> Path:
+            log: AllocationLog | None = None, counting: bool = False, recording: Recording | None = None) -> Path:
     """The allocation paths of ``allocator``'s device: its block source (and the managed
     source ``managed``, when given), each wrapped by the logging adaptor when ``log`` is given,
-    then by the counting adaptor when ``counting``."""
+    then by the counting adaptor when ``counting``, then by the recording adaptor when
+    ``recording``."""
     layers = ["arena" if allocator.arena is not None else "mempool"]
-    layers += ["log"] * (log is not None) + ["counting"] * counting
-    return Path(_adapt(allocator.source.allocate, "device", log, counting), tuple(reversed(layers)),
-                None if managed is None else _adapt(managed, "managed", log, counting))
+    layers += ["log"] * (log is not None) + ["counting"] * counting + ["history"] * (recording is not None)
+    device = _adapt(allocator.source.allocate, "device", log, counting, recording, _kind_of(allocator))
+    return Path(device, tuple(reversed(layers)),
+                None if managed is None else _adapt(managed, "managed", log, counting, recording, None))
 
 
-def _adapt(allocate: Callable[[int], PoolPointer], kind: str, log: AllocationLog | None, counting: bool):
+def _adapt(allocate: Callable[[int], PoolPointer], kind: str, log: AllocationLog | None, counting: bool,
+           recording: Recording | None, kind_of):
     if log is not None:
         allocate = LoggedAllocations(allocate, log, kind).allocate
     if counting:
         allocate = CountedAllocations(allocate).allocate
+    if recording is not None:
+        allocate = RecordedAllocations(allocate, recording.history, recording.device, kind, kind_of=kind_of,
+                                       deferral=recording.deferral, device_free=recording.device_free,
+                                       on_oom=recording.on_oom).allocate
     return allocate
+
+
+def _kind_of(allocator: DeviceAllocator) -> Callable[[int], str]:
+    """``(size) -> kind`` of a device allocation made now: ``scratch`` inside
+    ``numba_pool.scratch``, ``arena`` for what the arena serves, else ``device`` (the mempool)."""
+    arena = allocator.arena
+    limit = arena.max_block if arena is not None else -1
+
+    def kind_of(size: int) -> str:
+        if per_thread.stream.scratch is not None:
+            return "scratch"
+        return "arena" if size <= limit else "device"
+    return kind_of

@@ -1,0 +1,302 @@
+"""Allocation history: what :func:`numba_pool.record_history` records, in a bounded ring.
+
+Per allocation: its address, requested size, stream, device, kind (``device``, ``arena``,
+``scratch``, ``pinned``, ``managed``), thread, time and the Python stack at the allocation; per
+event: ``alloc``, ``free_requested`` (the array was dropped), ``free_completed`` (numba_pool
+made the memory reusable: at once, or when the ``defer_cleanup`` block that held it back
+exits), ``oom``, ``trim`` and ``reset``.  The events go to a ring of ``max_entries``
+(:class:`collections.deque` with a ``maxlen``); the allocations alive now are kept apart, so
+that a snapshot names the frames of every live block however old.
+
+The names follow PyTorch's ``torch.cuda.memory._record_memory_history`` and its trace entries
+(``torch.cuda.memory._snapshot``), whose viewer reads :func:`numba_pool.dump_snapshot`'s files.
+
+Cost
+----
+Off (the default): nothing.  The recording adaptor (:class:`RecordedAllocations`) is in a
+device's allocation path only while history is on (:mod:`numba_pool.plugin.path`); switching
+it on or off composes every path again (:func:`on_change`).  On: the stack is captured as
+``(code object, line number)`` pairs, walking ``f_back`` (no file names, no
+:mod:`traceback`); file and function names are read from the code objects when a snapshot is
+taken (:func:`resolve`).
+
+Threads
+-------
+Releases run in finalizers, in any thread, even inside an allocation the garbage collector
+interrupted (:mod:`numba_pool.allocator`, "Threads"): recording takes no lock.  Each step is
+one atomic container operation: ``deque.append`` on the ring (which drops its oldest entry at
+``maxlen``), ``dict`` set and ``pop`` on the live table, keyed by (device, address).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+from ..cuda.driver import OUT_OF_MEMORY
+from ..cuda.errors import CudaAPIError, api_error
+from ..cuda.pointers import PoolPointer
+from ..cuda.streams import per_thread
+
+#: Events kept by default (each a few hundred bytes with its frames).
+DEFAULT_MAX_ENTRIES = 100_000
+#: Frames kept per allocation at most (the innermost ones).
+MAX_FRAMES = 64
+STACKS = ("python", "none")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One recorded event: ``action`` (``alloc``, ``free_requested``, ``free_completed``,
+    ``oom``, ``trim``, ``reset``), the device ordinal, ``address`` (0 where none), ``size``
+    (bytes requested; for ``oom`` the request), ``stream`` (the handle's value), ``kind``,
+    ``thread`` (``threading.get_ident()``), ``time_ns`` (``time.time_ns()``), ``frames``
+    (``(code, line)`` pairs, innermost first; empty with ``stacks="none"``) and, for ``oom``, the
+    device's free bytes."""
+
+    action: str
+    device: int
+    address: int
+    size: int
+    stream: int
+    kind: str
+    thread: int
+    time_ns: int
+    frames: tuple = ()
+    device_free: int = 0
+
+
+class History:
+    """The process's recording: the ring of :class:`Entry` and the live allocations.
+
+    :param max_entries: events kept (the oldest dropped first).
+    :param stacks: ``"python"`` (capture each allocation's stack) or ``"none"``.
+    """
+
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python"):
+        self.entries: deque[Entry] = deque(maxlen=max_entries)
+        self.live: dict[tuple[int, int], Entry] = {}  # (device, address) -> its alloc entry
+        self.stacks = stacks
+
+    def capture(self, skip: int = 2) -> tuple:
+        """The calling thread's stack as ``(code, line)`` pairs, innermost first, starting
+        ``skip`` frames above this call; ``()`` when stacks are off."""
+        if self.stacks != "python":
+            return ()
+        frame = sys._getframe(skip)
+        frames = []
+        while frame is not None and len(frames) < MAX_FRAMES:
+            frames.append((frame.f_code, frame.f_lineno))
+            frame = frame.f_back
+        return tuple(frames)
+
+    def record(self, action: str, device: int, address: int, size: int, stream: int, kind: str,
+               frames: tuple = (), device_free: int = 0) -> Entry:
+        entry = Entry(action, device, address, size, stream, kind, threading.get_ident(), time.time_ns(), frames,
+                      device_free)
+        self.entries.append(entry)
+        return entry
+
+    def allocated(self, device: int, address: int, size: int, stream: int, kind: str, frames: tuple) -> None:
+        self.live[(device, address)] = self.record("alloc", device, address, size, stream, kind, frames)
+
+    def free_requested(self, device: int, address: int, size: int, stream: int, kind: str) -> Entry | None:
+        """The array was dropped: its live entry goes (the one with its frames is returned)."""
+        alloc = self.live.pop((device, address), None)
+        frames = alloc.frames if alloc is not None else ()
+        self.record("free_requested", device, address, size, stream, kind, frames)
+        return alloc
+
+    def free_completed(self, device: int, address: int, size: int, stream: int, kind: str, frames: tuple) -> None:
+        self.record("free_completed", device, address, size, stream, kind, frames)
+
+    def release_recorded(self, device: int, address: int, size: int, stream: int, kind: str,
+                         release: Callable[[], None], deferral) -> None:
+        """A release through the history: ``free_requested``, the release itself, then
+        ``free_completed`` now, or when ``deferral`` (``defer_cleanup``) lets it go.  Never
+        raises (a finalizer)."""
+        alloc = self.free_requested(device, address, size, stream, kind)
+        release()
+        completed = partial(self.free_completed, device, address, size, stream, kind,
+                            alloc.frames if alloc is not None else ())
+        if deferral is None or not deferral.defer(completed):
+            completed()
+
+
+# -- the process's recording, switched by numba_pool.record_history ---------------------------
+
+_lock = threading.Lock()  # guards _current and _listeners' list
+_current: History | None = None
+_listeners: list[Callable[[], None]] = []
+
+
+def current() -> History | None:
+    """The recording in effect, or None (off)."""
+    return _current
+
+
+def start(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python") -> None:
+    """Record from now on (a new, empty recording); tell the listeners.
+
+    :raises ValueError: for ``max_entries`` < 1 or ``stacks`` other than ``"python"``/``"none"``.
+    """
+    global _current
+    if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
+        raise ValueError(f"numba_pool.record_history: max_entries={max_entries!r} must be a positive number of events")
+    if stacks not in STACKS:
+        raise ValueError(f"numba_pool.record_history: stacks={stacks!r} must be one of {', '.join(map(repr, STACKS))}")
+    with _lock:
+        _current = History(max_entries, stacks)
+    _tell()
+
+
+def stop() -> None:
+    """Stop recording (what was recorded is dropped); tell the listeners."""
+    global _current
+    with _lock:
+        _current = None
+    _tell()
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` after recording starts or stops (the plugin composes its paths again)."""
+    with _lock:
+        _listeners.append(listener)
+
+
+def _tell() -> None:
+    with _lock:
+        listeners = list(_listeners)
+    for listener in listeners:
+        listener()
+
+
+# -- the recording adaptor ------------------------------------------------------------------
+
+class RecordedAllocations:
+    """The recording adaptor: each allocation (with its stack) and its release, and an
+    out-of-memory error, into ``history``; the error's message also names the sites holding
+    most memory on the device, and ``on_oom(device, size)`` runs (observers, the snapshot
+    file).
+
+    :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
+    :param device: the device ordinal.
+    :param kind: ``"device"`` (refined per allocation by ``kind_of``) or ``"managed"``.
+    :param kind_of: ``(size) -> kind`` for the device path (arena block, scratch, mempool).
+    :param deferral: the manager's ``defer_cleanup`` state (``free_completed`` waits for it).
+    :param device_free: ``() -> free bytes`` of the device, for the ``oom`` entry.
+    :param on_oom: ``(device, size, error) -> None``, after the ``oom`` entry.
+    """
+
+    def __init__(self, upstream: Callable[[int], PoolPointer], history: History, device: int, kind: str, *,
+                 kind_of: Callable[[int], str] | None = None, deferral=None,
+                 device_free: Callable[[], int] = lambda: 0, on_oom: Callable | None = None):
+        self._upstream = upstream
+        self._history = history
+        self._device = device
+        self._kind = kind
+        self._kind_of = kind_of
+        self._deferral = deferral
+        self._device_free = device_free
+        self._on_oom = on_oom
+
+    def allocate(self, size: int) -> PoolPointer:
+        """``size`` bytes from upstream, recorded with the caller's stack.
+
+        :raises CudaAPIError: upstream's; out of memory with the sites holding most memory on
+            the device added to its message."""
+        history = self._history
+        frames = history.capture()
+        stream = per_thread.stream.value
+        kind = self._kind_of(size) if self._kind_of is not None else self._kind
+        try:
+            mem = self._upstream(size)
+        except CudaAPIError as err:
+            if err.code != OUT_OF_MEMORY:
+                raise
+            raise self._out_of_memory(size, stream, kind, frames, err) from None
+        address = mem.device_pointer_value
+        history.allocated(self._device, address, size, stream, kind, frames)
+        return type(mem)(mem.context, mem.device_pointer, size,
+                         partial(history.release_recorded, self._device, address, size, stream, kind,
+                                 mem.take_release(), self._deferral))
+
+    def _out_of_memory(self, size: int, stream: int, kind: str, frames: tuple, err: CudaAPIError) -> CudaAPIError:
+        try:
+            free = self._device_free()
+        except CudaAPIError:
+            free = 0
+        self._history.record("oom", self._device, 0, size, stream, kind, frames, free)
+        sites = top_sites(self._history, self._device, limit=3)
+        held = "; ".join(f"{site} holds {_size(nbytes)} in {count} array{'s' * (count != 1)}"
+                         for site, nbytes, count in sites)
+        error = api_error(err.code, f"{err.msg}; largest holders (numba_pool.record_history): {held or 'none recorded'}")
+        if self._on_oom is not None:
+            self._on_oom(self._device, size, error)
+        return error
+
+
+# -- reading it: sites, frames ----------------------------------------------------------------
+
+_SKIP: tuple[str, ...] = ()
+
+
+def _skipped_dirs() -> tuple[str, ...]:
+    """The folders of numba_pool, numba, numba-cuda and Numba-CUDA-MLIR (frames there are not
+    the user's)."""
+    global _SKIP
+    if not _SKIP:
+        dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        for name in ("numba", "numba_cuda", "numba_cuda_mlir"):
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, "__file__", None):
+                dirs.append(os.path.dirname(os.path.abspath(module.__file__)))
+        _SKIP = tuple(d + os.sep for d in dirs)
+    return _SKIP
+
+
+def site_of(frames: tuple) -> str:
+    """``file:line`` of the innermost frame outside numba_pool and Numba (the user's line that
+    allocated), else of the innermost frame; ``"<no stack>"`` without frames."""
+    skip = _skipped_dirs()
+    for code, line in frames:
+        if not code.co_filename.startswith(skip):
+            return f"{code.co_filename}:{line}"
+    if frames:
+        code, line = frames[0]
+        return f"{code.co_filename}:{line}"
+    return "<no stack>"
+
+
+def resolve(frames: tuple) -> list[dict]:
+    """Frames as PyTorch's snapshot has them: ``[{"filename", "line", "name"}]``, innermost
+    first (file and function names read from the code objects now)."""
+    return [{"filename": code.co_filename, "line": line, "name": code.co_name} for code, line in frames]
+
+
+def live_by_site(history: History, device: int | None = None) -> dict[str, list[Entry]]:
+    """The live allocations (of ``device``, or every device) grouped by allocation site."""
+    groups: dict[str, list[Entry]] = {}
+    for (dev, _), entry in list(history.live.items()):
+        if device is None or dev == device:
+            groups.setdefault(site_of(entry.frames), []).append(entry)
+    return groups
+
+
+def top_sites(history: History, device: int | None = None, limit: int | None = None) -> list[tuple[str, int, int]]:
+    """``(site, bytes, allocations)`` held now, most bytes first."""
+    rows = [(site, sum(e.size for e in entries), len(entries))
+            for site, entries in live_by_site(history, device).items()]
+    rows.sort(key=lambda row: (-row[1], -row[2], row[0]))
+    return rows[:limit]
+
+
+def _size(nbytes: int) -> str:
+    import humanfriendly
+    return humanfriendly.format_size(nbytes, binary=True) if nbytes >= 1024 else f"{nbytes} bytes"

@@ -1,0 +1,160 @@
+"""Snapshots in the schema of PyTorch's ``torch.cuda.memory._snapshot()``, which its memory
+viewer reads (pytorch.org/memory_viz, ``python -m torch.cuda._memory_viz``).
+
+The mapping (docs/guide.md, "Snapshots", says it for users):
+
+=========================  =====================================================================
+PyTorch                    numba_pool
+=========================  =====================================================================
+segment                    an arena slab; a mempool allocation (one block: the driver's pool
+                           is opaque below it); a scratch block (its carved arrays as blocks,
+                           from the history); the mempool's reserve that no allocation holds
+                           (reserved minus the rest, the driver's rounding included: one free
+                           block at address 0); a pinned or managed block (one block)
+segment ``kind``           numba_pool's own key: ``arena slab``, ``mempool``, ``scratch``,
+                           ``mempool reserve``, ``pinned``, ``managed``
+block ``active_allocated`` an array holds it (or ``defer_cleanup`` holds it back)
+``active_awaiting_free``   released, not yet reusable: an arena block waiting for its fence or
+                           an IPC hold, a cached pinned or managed block whose events the host
+                           has not seen complete
+``inactive``               free: reusable now
+block ``requested_size``   the size Numba asked for (from the history; without it, the block)
+block ``frames``           the stack at the allocation (from the history; empty without it)
+``device_traces[d]``       the history's events on device ``d`` (``alloc``,
+                           ``free_requested``, ``free_completed``, ``oom``, ``trim``,
+                           ``reset``), oldest first, with numba_pool's ``kind`` and ``thread``
+=========================  =====================================================================
+
+Totals: the segments' ``total_size`` add up to the mempool's reserved bytes plus the pinned and
+managed caches' (:class:`~numba_pool.observe.statistics.PoolStatistics`), and with the history
+on, the active blocks' requested sizes to the bytes in use.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Iterable
+
+from ..allocator.free_list import ALIGNMENT as ALIGN_ARRAYS  # scratch carving's alignment too
+from .history import History, _skipped_dirs, resolve
+
+#: numba_pool's block states -> PyTorch's.
+STATES = {"allocated": "active_allocated", "awaiting_free": "active_awaiting_free", "free": "inactive"}
+#: PyTorch's split between small and large segments (bytes).
+LARGE = 1 << 20
+
+
+def build(segments_by_device: dict[int, list[dict]], history: History | None) -> dict:
+    """The snapshot dict: ``segments`` (every device's, tagged ``device``) and
+    ``device_traces`` (one list per device ordinal up to the highest seen).
+
+    :param segments_by_device: device ordinal -> segments as the allocator and the caches give
+        them (``kind``, ``address``, ``size``, ``stream``, ``blocks`` of ``(address, size,
+        state)``).
+    :param history: the recording, or None (no frames, no traces, requested sizes = block sizes).
+    """
+    live = dict(history.live) if history is not None else {}
+    segments = [_segment(device, segment, live) for device, segs in sorted(segments_by_device.items())
+                for segment in segs]
+    devices = max([*segments_by_device, *(e.device for e in (history.entries if history else ()))], default=-1) + 1
+    traces: list[list[dict]] = [[] for _ in range(devices)]
+    for entry in list(history.entries) if history is not None else ():
+        traces[entry.device].append(_trace(entry))
+    return {"segments": segments, "device_traces": traces,
+            "allocator_settings": {"allocator": "numba_pool"}}
+
+
+def dump(snapshot: dict, path) -> None:
+    """Write ``snapshot`` to ``path`` as a pickle (what PyTorch's viewer reads)."""
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+
+
+def _segment(device: int, segment: dict, live: dict) -> dict:
+    blocks = _blocks(device, segment, live)
+    allocated = sum(b["requested_size"] for b in blocks if b["state"] == "active_allocated")
+    active = sum(b["size"] for b in blocks if b["state"] != "inactive")
+    return {"device": device, "address": segment["address"], "total_size": segment["size"],
+            "stream": segment["stream"], "segment_type": "large" if segment["size"] >= LARGE else "small",
+            "segment_pool_id": (0, 0), "allocated_size": allocated, "active_size": active,
+            "requested_size": allocated, "kind": segment["kind"], "blocks": blocks}
+
+
+def _blocks(device: int, segment: dict, live: dict) -> list[dict]:
+    if segment["kind"] == "scratch":
+        return _carved(device, segment, live)
+    blocks = []
+    for address, size, state in segment["blocks"]:
+        entry = live.get((device, address)) if state == "allocated" else None
+        blocks.append(_block(address, size, STATES[state], entry))
+    return blocks
+
+
+def _carved(device: int, segment: dict, live: dict) -> list[dict]:
+    """A scratch block's arrays (live entries of the history inside it, each rounded up to the
+    carving alignment) and the gaps between them, free; without the history, one block."""
+    start, end = segment["address"], segment["address"] + segment["size"]
+    arrays = sorted((address, entry) for (dev, address), entry in live.items()
+                    if dev == device and start <= address < end)
+    if not arrays:
+        return [_block(start, segment["size"], "active_allocated", None)]
+    blocks, position = [], start
+    for address, entry in arrays:
+        if address > position:
+            blocks.append(_block(position, address - position, "inactive", None))
+        size = min(-(-entry.size // ALIGN_ARRAYS) * ALIGN_ARRAYS, end - address)
+        blocks.append(_block(address, size, "active_allocated", entry))
+        position = address + size
+    if position < end:
+        blocks.append(_block(position, end - position, "inactive", None))
+    return blocks
+
+
+def _block(address: int, size: int, state: str, entry) -> dict:
+    requested = min(entry.size, size) if entry is not None else (size if state == "active_allocated" else 0)
+    return {"address": address, "size": size, "requested_size": requested, "state": state,
+            "frames": resolve(entry.frames) if entry is not None else []}
+
+
+def _trace(entry) -> dict:
+    out = {"action": entry.action, "addr": entry.address, "size": entry.size, "stream": entry.stream,
+           "time_us": entry.time_ns // 1000, "frames": resolve(entry.frames), "kind": entry.kind,
+           "thread": entry.thread}
+    if entry.action == "oom":
+        out["device_free"] = entry.device_free
+    return out
+
+
+def summarize(snapshot: dict, limit: int = 10) -> dict:
+    """What ``numba-pool snapshot summarize`` prints: the top allocation sites by bytes held
+    (``(site, bytes, blocks)``), the segments per kind (``(kind, segments, reserved,
+    allocated)``) and the totals (reserved, allocated, free inside allocations, free)."""
+    sites: dict[str, list[int]] = {}
+    kinds: dict[str, list[int]] = {}
+    reserved = allocated = 0
+    for segment in snapshot["segments"]:
+        reserved += segment["total_size"]
+        row = kinds.setdefault(segment.get("kind", "segment"), [0, 0, 0])
+        row[0] += 1
+        row[1] += segment["total_size"]
+        for block in segment["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            allocated += block["requested_size"]
+            row[2] += block["requested_size"]
+            site = _site(block["frames"])
+            entry = sites.setdefault(site, [0, 0])
+            entry[0] += block["requested_size"]
+            entry[1] += 1
+    top = sorted(((s, b, n) for s, (b, n) in sites.items()), key=lambda r: (-r[1], r[0]))[:limit]
+    return {"sites": top, "kinds": sorted(((k, *v) for k, v in kinds.items()), key=lambda r: -r[2]),
+            "reserved": reserved, "allocated": allocated}
+
+
+def _site(frames: Iterable[dict]) -> str:
+    frames = list(frames)
+    skip = _skipped_dirs()
+    for frame in frames:
+        if not frame["filename"].startswith(skip):
+            return f"{frame['filename']}:{frame['line']}"
+    return f"{frames[0]['filename']}:{frames[0]['line']}" if frames else "<no stack>"

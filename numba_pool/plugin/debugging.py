@@ -1,0 +1,131 @@
+"""Memory debugging across the process's managers: snapshots of every device
+(:mod:`numba_pool.observe.snapshot`), out-of-memory observers and the snapshot file
+``NUMBA_POOL_OOM_SNAPSHOT``, and the leak report ``NUMBA_POOL_LEAK_REPORT``.
+
+What the history records, and its adaptor, are :mod:`numba_pool.observe.history`'s; this module
+holds what needs every manager at once, so the registry of managers comes in as an argument
+(``managers()``, from :mod:`numba_pool.plugin.manager`)."""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+from typing import Callable, Iterable
+
+from ..allocator.host_blocks import segments as cache_segments
+from ..cuda.driver import warn
+from ..observe import history as _history
+from ..observe import snapshot as _snapshot
+
+_lock = threading.Lock()  # guards _observers, _dumped and _leak_report
+_observers: list[Callable] = []
+_dumped: set[str] = set()  # NUMBA_POOL_OOM_SNAPSHOT paths written (the first out of memory only)
+_leak_report: list[Callable[[], Iterable]] = []  # the registry's accessor, once the report is on
+
+
+def segments_of(manager) -> list[dict]:
+    """One manager's segments: its device allocator's, then its pinned and managed caches'."""
+    if manager.allocator is None:
+        return []
+    segments = manager.allocator.segments()
+    for cache in (manager.host, manager.managed):
+        if cache is not None:
+            segments += cache_segments(cache)
+    return segments
+
+
+def snapshot_of(managers: Iterable) -> dict:
+    """The snapshot of ``managers`` (every device they serve) with the history in effect."""
+    by_device: dict[int, list[dict]] = {}
+    for manager in managers:
+        by_device.setdefault(manager.device_id, []).extend(segments_of(manager))
+    return _snapshot.build(by_device, _history.current())
+
+
+def ensure_recording() -> None:
+    """Start the history (with Python stacks) unless it is on: observers, the snapshot file and
+    the leak report name allocation sites."""
+    if _history.current() is None:
+        _history.start()
+
+
+def add_observer(callback: Callable) -> None:
+    """Call ``callback(device, size, snapshot)`` at each out-of-memory error (after the retry),
+    in the allocating thread, before the error is raised."""
+    if not callable(callback):
+        raise TypeError(f"numba_pool.on_out_of_memory: {callback!r} is not callable")
+    with _lock:
+        _observers.append(callback)
+    ensure_recording()
+
+
+def out_of_memory(managers: Callable[[], Iterable], oom_snapshot: str | None, device: int, size: int, error) -> None:
+    """An allocation of ``size`` bytes on ``device`` failed after the retry: one snapshot, to
+    the file ``oom_snapshot`` the first time, then to every observer.  Never raises: an
+    observer's exception becomes a warning, and the out-of-memory error goes on."""
+    with _lock:
+        observers = list(_observers)
+        write = oom_snapshot is not None and oom_snapshot not in _dumped
+        if write:
+            _dumped.add(oom_snapshot)
+    if not observers and not write:
+        return
+    snapshot = snapshot_of(managers())
+    if write:
+        try:
+            _snapshot.dump(snapshot, oom_snapshot)
+        except OSError as err:
+            warn(f"NUMBA_POOL_OOM_SNAPSHOT={oom_snapshot!r}: the snapshot could not be written ({err.strerror})")
+    for observer in observers:
+        try:
+            observer(device, size, snapshot)
+        except Exception as err:  # noqa: BLE001 - the out-of-memory error is what the program gets
+            warn(f"an out-of-memory observer ({observer!r}) raised {err!r}")
+
+
+def live_allocations(group_by: str | None = "site", device: int | None = None) -> list:
+    """What the history says is held now (:func:`numba_pool.live_allocations`)."""
+    recording = _history.current()
+    if recording is None:
+        raise RuntimeError("numba_pool.live_allocations: no history is being recorded: call "
+                           "numba_pool.record_history() first (or set NUMBA_POOL_LEAK_REPORT=1)")
+    if group_by == "site":
+        return _history.top_sites(recording, device)
+    if group_by is None:
+        return sorted(((_history.site_of(e.frames), e.size, e.device, e.address, e.kind)
+                       for e in list(recording.live.values())), key=lambda r: (-r[1], r[0]))
+    raise ValueError(f"numba_pool.live_allocations: group_by={group_by!r} must be 'site' or None")
+
+
+def enable_leak_report(managers: Callable[[], Iterable]) -> None:
+    """Print the leak report at exit (once per process), and record from now on."""
+    ensure_recording()
+    with _lock:
+        if _leak_report:
+            return
+        _leak_report.append(managers)
+    atexit.register(print_leak_report)
+
+
+def leak_report(limit: int = 10) -> str:
+    """The report: the top ``limit`` sites still holding memory, one line each with bytes and
+    arrays; ``""`` when nothing is held."""
+    recording = _history.current()
+    rows = _history.top_sites(recording) if recording is not None else []
+    if not rows:
+        return ""
+    total = sum(nbytes for _, nbytes, _ in rows)
+    lines = [f"numba_pool: memory still held at exit (NUMBA_POOL_LEAK_REPORT): {_history._size(total)} "
+             f"from {len(rows)} site{'s' * (len(rows) != 1)}"]
+    lines += [f"  {site}: {_history._size(nbytes)} in {count} array{'s' * (count != 1)}"
+              for site, nbytes, count in rows[:limit]]
+    if len(rows) > limit:
+        lines.append(f"  ... and {len(rows) - limit} more sites")
+    return "\n".join(lines)
+
+
+def print_leak_report() -> None:
+    report = leak_report()
+    if report:
+        print(report, file=sys.stderr, flush=True)
