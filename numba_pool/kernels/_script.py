@@ -98,6 +98,9 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
                         help="keep the last K arrays alive (a pipeline's window) instead of freeing each at once")
     parser.add_argument("--summary", action="store_true",
                         help="print numba_pool.memory_summary() at the end (when numba_pool is the memory manager)")
+    parser.add_argument("--snapshot", metavar="FILE", default=None,
+                        help="record the allocation history and write a snapshot to FILE at the end "
+                             "(numba_pool.dump_snapshot: PyTorch's memory viewer reads it)")
     parser.add_argument("--frontend", type=_frontend_name, default=None,
                         help="the Numba CUDA frontend: numba-cuda (numba.cuda) or mlir (numba_cuda_mlir.cuda) "
                              "(default: NUMBA_POOL_FRONTEND, else the one installed, numba-cuda first)")
@@ -109,6 +112,10 @@ def parse_args(description: str, argv=None) -> argparse.Namespace:
         if getattr(args, option) is None:
             setattr(args, option, value)
     require_gpu(parser.prog, args.frontend)
+    if args.snapshot is not None:
+        import numba_pool
+
+        numba_pool.record_history()
     return args
 
 
@@ -140,11 +147,13 @@ class Window:
             self.items.append(item)
 
 
-def report(name: str, ok: bool, detail: str, summary: bool = False, frontend=None) -> int:
+def report(name: str, ok: bool, detail: str, summary: bool = False, frontend=None, snapshot: str | None = None) -> int:
     """Print one line naming the memory manager in use (the CUDA simulator has none) and the
     frontend, ``sqrt: OK (1048576 elements x 10) under NumbaPoolManager, frontend numba-cuda``,
     and, with ``summary``, numba_pool's memory summary (or one line saying why there is none);
-    return the exit status.  ``frontend``: the one the script ran on (None: the tools')."""
+    return the exit status.  ``frontend``: the one the script ran on (None: the tools').
+    ``snapshot``: a file to write numba_pool's snapshot to, with one line of its totals and
+    ``stats()``'s."""
     if frontend is None:
         from ..cuda.frontend import for_tools
 
@@ -156,6 +165,8 @@ def report(name: str, ok: bool, detail: str, summary: bool = False, frontend=Non
     print(f"{name}: {'OK' if ok else 'WRONG RESULT'} ({detail}) under {manager}, frontend {frontend.title}")
     if summary:
         _print_summary(frontend)
+    if snapshot is not None:
+        _write_snapshot(snapshot, frontend)
     sys.stdout.flush()
     return 0 if ok else 1
 
@@ -167,3 +178,23 @@ def _print_summary(frontend) -> None:
         print(numba_pool.memory_summary(frontend=frontend.name))
     except RuntimeError as err:  # numba_pool is not the memory manager: its one line says why
         print(f"no memory summary: {err}")
+
+
+def _write_snapshot(path: str, frontend) -> None:
+    import numba_pool
+
+    try:
+        stats = numba_pool.stats(frontend=frontend.name)
+    except RuntimeError as err:  # numba_pool is not the memory manager: its one line says why
+        print(f"no snapshot: {err}")
+        return
+    from numba_pool.observe.snapshot import dump
+
+    snapshot = numba_pool.snapshot()
+    dump(snapshot, path)
+    reserved = sum(s["total_size"] for s in snapshot["segments"])
+    allocated = sum(b["requested_size"] for s in snapshot["segments"] for b in s["blocks"]
+                    if b["state"] == "active_allocated")
+    print(f"snapshot: {path}: {len(snapshot['segments'])} segments, reserved {reserved} bytes, allocated {allocated} "
+          f"bytes; stats: reserved {stats.pool_reserved_bytes + stats.host_reserved_bytes + stats.managed_reserved_bytes} "
+          f"bytes, in use {stats.bytes_in_use} bytes")

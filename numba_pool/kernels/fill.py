@@ -37,7 +37,7 @@ def main(argv=None, n_streams: int = 4) -> int:
         cuda.synchronize()
         ok &= all(bool((out == k + 1).all()) for k, out in enumerate(outputs))
     detail = f"{n_streams} streams x {','.join(map(str, args.n))} elements x {args.iterations}"
-    return report("fill", ok, detail, args.summary, args.frontend)
+    return report("fill", ok, detail, args.summary, args.frontend, args.snapshot)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         del d
     sizes = ",".join(map(str, args.n))
     detail = f"{sizes} elements x {args.iterations}, keeping {args.keep}"
-    return report("increment", ok, detail, args.summary, args.frontend)
+    return report("increment", ok, detail, args.summary, args.frontend, args.snapshot)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         window.add(d)
         del d
     detail = f"{','.join(map(str, args.n))} elements x {args.iterations}"
-    return report("sqrt", ok, detail, args.summary, args.frontend)
+    return report("sqrt", ok, detail, args.summary, args.frontend, args.snapshot)
 
 
 if __name__ == "__main__":

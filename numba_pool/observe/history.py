@@ -192,12 +192,16 @@ class RecordedAllocations:
     :param deferral: the manager's ``defer_cleanup`` state (``free_completed`` waits for it).
     :param device_free: ``() -> free bytes`` of the device, for the ``oom`` entry.
     :param on_oom: ``(device, size, error) -> None``, after the ``oom`` entry.
+    :param skip: frames of numba_pool between the caller and this adaptor (the stack starts
+        above them: 1 when Numba calls the path directly, 2 through the manager's
+        ``memallocmanaged``).
     """
 
     def __init__(self, upstream: Callable[[int], PoolPointer], history: History, device: int, kind: str, *,
                  kind_of: Callable[[int], str] | None = None, deferral=None,
-                 device_free: Callable[[], int] = lambda: 0, on_oom: Callable | None = None):
+                 device_free: Callable[[], int] = lambda: 0, on_oom: Callable | None = None, skip: int = 1):
         self._upstream = upstream
+        self._skip = skip + 1
         self._history = history
         self._device = device
         self._kind = kind
@@ -212,7 +216,7 @@ class RecordedAllocations:
         :raises CudaAPIError: upstream's; out of memory with the sites holding most memory on
             the device added to its message."""
         history = self._history
-        frames = history.capture()
+        frames = history.capture(self._skip)
         stream = per_thread.stream.value
         kind = self._kind_of(size) if self._kind_of is not None else self._kind
         try:
@@ -298,5 +302,6 @@ def top_sites(history: History, device: int | None = None, limit: int | None = N
 
 
 def _size(nbytes: int) -> str:
+    """``"2.93 KiB (3000 bytes)"``; below 1 KiB ``"1000 bytes"``."""
     import humanfriendly
-    return humanfriendly.format_size(nbytes, binary=True) if nbytes >= 1024 else f"{nbytes} bytes"
+    return f"{humanfriendly.format_size(nbytes, binary=True)} ({nbytes} bytes)" if nbytes >= 1024 else f"{nbytes} bytes"

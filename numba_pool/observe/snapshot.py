@@ -27,7 +27,9 @@ block ``frames``           the stack at the allocation (from the history; empty 
 
 Totals: the segments' ``total_size`` add up to the mempool's reserved bytes plus the pinned and
 managed caches' (:class:`~numba_pool.observe.statistics.PoolStatistics`), and with the history
-on, the active blocks' requested sizes to the bytes in use.
+on, the active blocks' requested sizes to the bytes in use plus the live managed and pinned
+arrays' requested bytes; inside a ``numba_pool.scratch`` scope, ``stats()`` counts the scratch
+block where the snapshot counts the arrays carved from it.
 """
 
 from __future__ import annotations

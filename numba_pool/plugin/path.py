@@ -89,7 +89,7 @@ def _adapt(allocate: Callable[[int], PoolPointer], kind: str, log: AllocationLog
     if recording is not None:
         allocate = RecordedAllocations(allocate, recording.history, recording.device, kind, kind_of=kind_of,
                                        deferral=recording.deferral, device_free=recording.device_free,
-                                       on_oom=recording.on_oom).allocate
+                                       on_oom=recording.on_oom, skip=1 if kind == "device" else 2).allocate
     return allocate
 
 
