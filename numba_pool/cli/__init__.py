@@ -5,7 +5,8 @@ configuration, bad options and bad input files, 3 for a machine without a CUDA G
 (:mod:`numba_pool.cli.errors`).  The command alone prints its help (exit status 0).
 
 One module per command: :mod:`~numba_pool.cli.info`, :mod:`~numba_pool.cli.replay` and
-:mod:`~numba_pool.cli.bench` (whose measuring is :mod:`numba_pool.bench`'s).
+:mod:`~numba_pool.cli.bench` (whose measuring is :mod:`numba_pool.bench`'s); the ``snapshot``
+group is a package, :mod:`~numba_pool.cli.snapshot`, one module per subcommand.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import click
 
 from . import bench, info, replay
+from .snapshot import snapshot
 from .errors import OneLineErrors
 
 
@@ -25,3 +27,4 @@ def main() -> None:
 main.add_command(info.info)
 main.add_command(bench.bench)
 main.add_command(replay.replay)
+main.add_command(snapshot)

@@ -9,7 +9,7 @@ import click
 from .. import config as _config
 from .. import replay as offline_replay
 from ..replay import figure as replay_plot
-from .errors import Failure
+from .errors import Failure, checked_plot_path
 
 
 def _human(nbytes: int) -> str:
@@ -57,7 +57,7 @@ def replay(trace, slab_size, max_block, release_threshold, plot_path, skip_bad_l
 
     # Everything the user typed is checked before a long read.
     _check_arena_options(slab_size, max_block, release_threshold)
-    plot_path = _checked_plot_path(plot_path) if plot_path is not None else None
+    plot_path = checked_plot_path(plot_path, "--plot") if plot_path is not None else None
     log = _read_log(trace, skip_bad_lines)
     report = _replay(log, slab_size, max_block, release_threshold)
     click.echo(tabulate(_rows(report, log), tablefmt="plain", disable_numparse=True))
@@ -71,19 +71,6 @@ def _check_arena_options(slab_size, max_block, release_threshold) -> None:
                                      names=("--slab-size", "--max-block", "--release-threshold"))
     except ValueError as err:
         raise Failure(str(err)) from None
-
-
-def _checked_plot_path(plot_path: str) -> str:
-    """The file the figure will be written to (``.png`` added without an extension).
-
-    :raises Failure: when it cannot be written there, or matplotlib cannot be imported.
-    """
-    try:
-        plot_path = replay_plot.plot_path(plot_path, option="--plot")
-        replay_plot.require_matplotlib()
-    except replay_plot.PlotError as err:
-        raise Failure(str(err)) from None
-    return plot_path
 
 
 def _read_log(trace: str, skip_bad_lines: bool):
@@ -122,8 +109,8 @@ def _replay(log, slab_size, max_block, release_threshold):
 def _rows(report, log) -> list[tuple]:
     """The table: operations, peaks (bytes) and their ratio, speeds, failures and skipped lines."""
     rows = [("operations", f"{report.operations:,}"), ("allocations", f"{report.allocations:,}"),
-            ("peak requested (rounded to 256 B)", _size(report.peak_requested)),
-            ("peak reserved", _size(report.peak_reserved)),
+            ("peak requested (rounded to 256 B)", size_text(report.peak_requested)),
+            ("peak reserved", size_text(report.peak_reserved)),
             ("peak reserved / peak requested", f"{report.fragmentation:.4f}"),
             ("largest slab count", report.max_slabs),
             ("replay speed", _speed(report.operations, report.seconds)),
@@ -137,7 +124,8 @@ def _rows(report, log) -> list[tuple]:
     return rows
 
 
-def _size(nbytes: int) -> str:
+def size_text(nbytes: int) -> str:
+    """A size as the command line's tables show it: binary units and the exact bytes."""
     return f"{_human(nbytes)} ({nbytes} bytes)" if nbytes >= 1024 else f"{nbytes} bytes"
 
 

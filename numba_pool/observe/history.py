@@ -251,7 +251,7 @@ class RecordedAllocations:
 _SKIP: tuple[str, ...] = ()
 
 
-def _skipped_dirs() -> tuple[str, ...]:
+def skipped_dirs() -> tuple[str, ...]:
     """The folders of numba_pool, numba, numba-cuda and Numba-CUDA-MLIR (frames there are not
     the user's)."""
     global _SKIP
@@ -268,7 +268,7 @@ def _skipped_dirs() -> tuple[str, ...]:
 def site_of(frames: tuple) -> str:
     """``file:line`` of the innermost frame outside numba_pool and Numba (the user's line that
     allocated), else of the innermost frame; ``"<no stack>"`` without frames."""
-    skip = _skipped_dirs()
+    skip = skipped_dirs()
     for code, line in frames:
         if not code.co_filename.startswith(skip):
             return f"{code.co_filename}:{line}"

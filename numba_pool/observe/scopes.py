@@ -46,6 +46,7 @@ from typing import Callable
 from ..allocator.usage import DRAIN_AT, UsageTracker
 from ..cuda import simulator
 from ..cuda.pointers import PoolPointer
+from .history import skipped_dirs
 
 
 class _ThreadScopes(threading.local):
@@ -296,22 +297,12 @@ def _count_free(scopes: tuple, size: int, release) -> None:
     release()
 
 
-_SKIP: tuple[str, ...] = ()
-
-
 def _call_site() -> tuple[str, int, str]:
     """The innermost frame outside numba, numba-cuda, Numba-CUDA-MLIR and numba_pool: (file,
     line, function)."""
-    global _SKIP
-    if not _SKIP:
-        dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # numba_pool/
-        for name in ("numba", "numba_cuda", "numba_cuda_mlir"):
-            module = sys.modules.get(name)
-            if module is not None and getattr(module, "__file__", None):
-                dirs.append(os.path.dirname(os.path.abspath(module.__file__)))
-        _SKIP = tuple(d + os.sep for d in dirs)
+    skip = skipped_dirs()
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIP):
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame = frame.f_back
     if frame is None:
         return ("<numba_pool>", 0, "?")

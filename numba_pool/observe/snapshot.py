@@ -38,7 +38,7 @@ import pickle
 from typing import Iterable
 
 from ..allocator.free_list import ALIGNMENT as ALIGN_ARRAYS  # scratch carving's alignment too
-from .history import History, _skipped_dirs, resolve
+from .history import History, resolve, skipped_dirs
 
 #: numba_pool's block states -> PyTorch's.
 STATES = {"allocated": "active_allocated", "awaiting_free": "active_awaiting_free", "free": "inactive"}
@@ -128,9 +128,10 @@ def _trace(entry) -> dict:
 
 
 def summarize(snapshot: dict, limit: int = 10) -> dict:
-    """What ``numba-pool snapshot summarize`` prints: the top allocation sites by bytes held
-    (``(site, bytes, blocks)``), the segments per kind (``(kind, segments, reserved,
-    allocated)``) and the totals (reserved, allocated, free inside allocations, free)."""
+    """What ``numba-pool snapshot summarize`` builds its tables from: ``sites``, the top
+    allocation sites by bytes held (``(site, bytes, blocks)``, at most ``limit``; None: all),
+    ``kinds``, the segments per kind (``(kind, segments, reserved, allocated)``), and the totals
+    ``reserved`` and ``allocated`` (requested bytes of active blocks), in bytes."""
     sites: dict[str, list[int]] = {}
     kinds: dict[str, list[int]] = {}
     reserved = allocated = 0
@@ -144,7 +145,7 @@ def summarize(snapshot: dict, limit: int = 10) -> dict:
                 continue
             allocated += block["requested_size"]
             row[2] += block["requested_size"]
-            site = _site(block["frames"])
+            site = site_of_frames(block["frames"])
             entry = sites.setdefault(site, [0, 0])
             entry[0] += block["requested_size"]
             entry[1] += 1
@@ -153,9 +154,11 @@ def summarize(snapshot: dict, limit: int = 10) -> dict:
             "reserved": reserved, "allocated": allocated}
 
 
-def _site(frames: Iterable[dict]) -> str:
+def site_of_frames(frames: Iterable[dict]) -> str:
+    """``file:line`` of the innermost resolved frame outside numba_pool and Numba (the user's
+    allocating line), else of the innermost frame; ``"<no stack>"`` without frames."""
     frames = list(frames)
-    skip = _skipped_dirs()
+    skip = skipped_dirs()
     for frame in frames:
         if not frame["filename"].startswith(skip):
             return f"{frame['filename']}:{frame['line']}"

@@ -80,7 +80,8 @@ def _try_writing(path: str, option: str) -> None:
 _UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "bytes"))
 
 
-def _unit(nbytes: int) -> tuple[int, str]:
+def binary_unit(nbytes: int) -> tuple[int, str]:
+    """``(scale, name)`` of the largest binary unit (KiB, MiB ...) not above ``nbytes``."""
     return next((size, name) for size, name in _UNITS if nbytes >= size or size == 1)
 
 
@@ -114,7 +115,7 @@ def figure(report, title: str | None = None):
     from matplotlib.figure import Figure
 
     size = lambda n: humanfriendly.format_size(n, binary=True)  # noqa: E731
-    scale, unit = _unit(max([report.peak_reserved, report.peak_requested, 1]))
+    scale, unit = binary_unit(max([report.peak_reserved, report.peak_requested, 1]))
     ops = [s[0] for s in report.series]
     fig = Figure(figsize=(8, 4.5))
     FigureCanvasAgg(fig)
