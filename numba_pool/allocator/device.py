@@ -259,7 +259,19 @@ class DeviceAllocator:
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
         with contextlib.suppress(CudaAPIError):
             self.pool.trim(0)
-        weakref.finalize(self, _destroy_pool, self.pool, self.waits.owner).atexit = False
+        destroy_when_collected(self, self.pool, self.waits.owner)
+
+
+def destroy_when_collected(holder, pool: MemPool, owner: OwnerContext) -> None:
+    """Destroy ``pool`` (:meth:`MemPool.destroy`) once ``holder`` is garbage: nothing can
+    allocate from it or release into it any more.  In the owner's context, whatever thread the
+    collector runs in; not at exit (the context goes with the process)."""
+    weakref.finalize(holder, _destroy_pool, pool, owner).atexit = False
+
+
+def destroy_now(pool: MemPool, owner: OwnerContext) -> None:
+    """Destroy ``pool`` now, in the owner's context; a failure is not raised."""
+    _destroy_pool(pool, owner)
 
 
 def _destroy_pool(pool: MemPool, owner: OwnerContext) -> None:

@@ -255,14 +255,19 @@ class HostBlocks:
             return freed
 
     def reset(self) -> None:
-        """Free every cached block after ``cuCtxSynchronize``.  Blocks still in use: with a
-        backing that frees orphans (pinned), they become orphans, freed when their arrays go;
-        otherwise (managed) they stay in use and come back to the cache at their release.
-        Either way their memory stays valid until then: freeing it under a live NumPy array
-        would crash the process."""
+        """Free every cached block after ``cuCtxSynchronize``, in the owner's context (rule 10:
+        ``cuda.close()`` resets with no context current).  The blocks to free are taken before
+        the synchronize, as rule 4's snapshot is: a block released meanwhile waits for its
+        events.  Blocks still in use: with a backing that frees orphans (pinned), they become
+        orphans, freed when their arrays go; otherwise (managed) they stay in use and come back
+        to the cache at their release.  Either way their memory stays valid until then: freeing
+        it under a live NumPy array would crash the process."""
+        self.owner.enter(self._reset)
+
+    def _reset(self, retry: bool) -> None:  # OwnerContext.enter's signature
         with self._lock:
-            report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (host reset)")
             self._take_released()
+            report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (host reset)")
             for block in self._cached_oldest_first():
                 self._free_cached(block)
             with contextlib.suppress(CudaAPIError):
@@ -287,8 +292,8 @@ class HostBlocks:
         """Make the release of the live block holding host or device ``address`` wait for
         ``stream``'s work; False when no live block holds it."""
         for block in list(self.live.values()):
-            for base in (block.host, block.device):
-                if base is not None and base <= address < base + block.size:
+            for base in (block.host,) if block.device in (None, block.host) else (block.host, block.device):
+                if base <= address < base + block.size:
                     self.recorded.setdefault(block.host, []).append(stream)
                     return True
         return False
@@ -312,6 +317,7 @@ class HostBlocks:
             streams = _LEGACY_ONLY
         else:
             streams = [LEGACY] + ([] if block.stream is LEGACY else [block.stream]) + (recorded or [])
+        block.stream = LEGACY  # a cached block keeps no stream (nor the object that owns it) alive
         block.order = next(self._order)
         self.owner.enter(self._record_release, block, streams, deferral)  # rule 10
 

@@ -26,16 +26,19 @@ The modules, lowest first (each imports only modules above it in this list):
 ``end_to_end``         parent: the managers measured end to end, and their workers run, round by round
 ``device_tables``      parent: the ``cuda.device_array`` figures over rounds, ratios to default, tables
 ``host_tables``        parent: the host figures (pinned, managed) read back, over rounds, checks and tables
+``history_cost``       the allocation history's rows of the allocator part: its paths off and recording
+                       (worker), their table (parent)
 ``allocator_cost``     the allocator part, in its own process (``python -m numba_pool.bench.allocator_cost``)
                        and its tables in the parent
 ``report``             parent: both parts run, printed and put in the JSON report (for ``numba_pool.cli``)
 =====================  ================================================================================
 
 Worker side: ``worker``, ``host_worker`` and ``__main__`` run inside each end-to-end process,
-``allocator_cost.run`` inside each allocator process, with ``timing``, ``turns``, ``noop`` and
-``anchors`` beneath them.  Parent side: ``report`` over ``end_to_end``, ``device_tables``,
-``host_tables``, ``launch`` and ``allocator_cost``'s tables.  Nothing here imports
-:mod:`numba_pool.cli`; this package imports none of its modules.
+``allocator_cost.run`` inside each allocator process, with ``history_cost``, ``timing``, ``turns``,
+``noop`` and ``anchors`` beneath them.  Parent side: ``report`` over ``end_to_end``,
+``device_tables``, ``host_tables``, ``launch`` and the tables of ``allocator_cost`` and
+``history_cost``.  Nothing here imports :mod:`numba_pool.cli`; this package imports none of its
+modules.
 
 Every process of a bench runs under one Numba CUDA frontend, numba-cuda or Numba-CUDA-MLIR: the
 parent's (``numba-pool bench --frontend``), which each process it starts gets as

@@ -23,6 +23,11 @@ the no-op floor's, both above ``Numba alone``: per repeat ``(t_x - t_alone) / (t
 reported as the median with its 95 % interval by the same method (:func:`paired_ratios`).  The
 tables are checked (:mod:`numba_pool.bench.checks`): a row below a floor is flagged, and so are
 ratios of runs (``numba-pool bench --repeat-run N``) more than 10 % apart.
+
+The allocation history's rows (:mod:`numba_pool.bench.history_cost`) take their turns in the same
+repeats: numba_pool's paths after :func:`numba_pool.record_history` was switched on and off (the
+``numba_pool`` rows themselves) beside paths it never touched, and the same paths recording,
+without stacks and with Python stacks at several depths; the history's own table shows them.
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import checks
+from . import checks, history_cost
 from .core import FRONTEND, cuda
-from .labels import ARENA, BASELINE_SUFFIX, NOOP_FLOOR, NUMBA_POOL, PLAIN_SUFFIX, REFERENCE, size_label
+from .labels import (ARENA, BASELINE_SUFFIX, NEVER_RECORDED_SUFFIX, NOOP_FLOOR, NUMBA_POOL, PLAIN_SUFFIX, REFERENCE,
+                     is_history_row, size_label)
 from .timing import quiet_host
 
 SIZES = [256, 64 << 10, 4 << 20]
@@ -138,27 +144,39 @@ def _has_plugin_manager(package) -> bool:
     return (Path(package.__file__).parent / "plugin" / "manager.py").is_file()
 
 
-def allocators(context, baseline: str | None = None, plain: bool = False) -> dict[str, Callable[[int], object]]:
-    """The ``memalloc`` of each allocator measured, by label; ``plain`` adds numba_pool on a
-    pool that is neither exportable nor reachable from peers."""
+def allocators(context, baseline: str | None = None, plain: bool = False,
+               history: bool = False) -> tuple[dict[str, Callable[[int], object]], dict[str, object]]:
+    """The ``memalloc`` of each allocator measured, by label, and the numba_pool managers behind
+    them (``{label: manager}``); ``plain`` adds numba_pool on a pool that is neither exportable
+    nor reachable from peers.  With ``history``, numba_pool's own managers are taken after the
+    history was switched on and off (:func:`numba_pool.bench.history_cost.switch_on_and_off`),
+    and two more, made after it, are the paths it never touched (:data:`NEVER_RECORDED_SUFFIX`).
+
+    :raises numba_pool.bench.history_cost.HistoryBenchError: when switching the history left a
+        path changed.
+    """
     import numba_pool
     from .noop import BareNoopManager, NoopManager
 
-    chosen = {}
+    managers = {}
     packages = [(numba_pool, "")]
     if baseline:
         packages.append((import_baseline(baseline), BASELINE_SUFFIX))
     for package, suffix in packages:
         for arena, label in ((False, NUMBA_POOL), (True, ARENA)):
-            chosen[label + suffix] = pool_manager(package, context, arena).memalloc
+            managers[label + suffix] = pool_manager(package, context, arena)
             if plain and not suffix:
-                chosen[label + PLAIN_SUFFIX] = pool_manager(package, context, arena, ipc=False,
-                                                             peer_access="none").memalloc
+                managers[label + PLAIN_SUFFIX] = pool_manager(package, context, arena, ipc=False, peer_access="none")
+    if history:
+        history_cost.switch_on_and_off({label: m for label, m in managers.items() if not label.endswith(BASELINE_SUFFIX)})
+        for arena, label in ((False, NUMBA_POOL), (True, ARENA)):
+            managers[label + NEVER_RECORDED_SUFFIX] = pool_manager(numba_pool, context, arena)
+    chosen = {label: manager.memalloc for label, manager in managers.items()}
     for cls, label in ((NoopManager, NOOP_FLOOR), (BareNoopManager, REFERENCE)):
         floor = cls(context=context)
         floor.initialize()
         chosen[label] = floor.memalloc
-    return chosen
+    return chosen, managers
 
 
 def _block(memalloc: Callable[[int], object], size: int, pairs: int) -> float:
@@ -172,22 +190,26 @@ def _block(memalloc: Callable[[int], object], size: int, pairs: int) -> float:
 
 def time_in_turns(memallocs: dict, size: int, repeats: int = REPEATS, pairs: int = PAIRS,
                   synchronize: Callable[[], None] = lambda: None,
-                  prepare: dict[str, Callable[[], None]] | None = None) -> dict[str, list[float]]:
+                  prepare: dict[str, Callable[[], None]] | None = None,
+                  blocks: dict[str, Callable] | None = None) -> dict[str, list[float]]:
     """µs per allocate+free pair of ``size`` bytes, per allocator and repeat, the allocators
     taking turns in rotated order; one untimed warm-up block each first.  ``prepare[label]``,
-    where given, is called untimed before each block of ``label`` (RMM's current resource)."""
+    where given, is called untimed before each block of ``label`` (RMM's current resource);
+    ``blocks[label]``, where given, times ``label``'s blocks in place of the plain block, with
+    the same arguments (the history's rows: the block called at a stack depth)."""
     labels = list(memallocs)
     before = prepare or {}
+    timed = {label: (blocks or {}).get(label, _block) for label in labels}
     times: dict[str, list[float]] = {label: [] for label in labels}
     for label in labels:
         before.get(label, _nothing)()
-        _block(memallocs[label], size, pairs)
+        timed[label](memallocs[label], size, pairs)
     synchronize()
     for repeat in range(repeats):
         shift = repeat % len(labels)
         for label in labels[shift:] + labels[:shift]:
             before.get(label, _nothing)()
-            times[label].append(_block(memallocs[label], size, pairs))
+            times[label].append(timed[label](memallocs[label], size, pairs))
             synchronize()
     return times
 
@@ -197,40 +219,58 @@ def _nothing() -> None:
 
 
 def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain: bool = False,
-        anchors: bool = False) -> dict:
+        anchors: bool = False, history: bool = True) -> dict:
     """Measure in this process (it creates the CUDA context of the bench's frontend,
     :data:`numba_pool.bench.core.FRONTEND`), on one CPU core with the collector off
     (:func:`numba_pool.bench.timing.quiet_host`).  Returns ``{"sizes": {size: {label: row}},
     "notes": [...], "core": n, "frontend": name}``: per size, each allocator's median µs per
     pair, its paired difference (µs) from :data:`REFERENCE` and from :data:`FLOOR`, its ratio to
     the floor's overhead (:func:`paired_ratios`), and its paired difference from its counterpart
-    without the baseline or plain-pool suffix where there is one.  ``notes``: anchors left out,
-    one line each."""
+    without the baseline or plain-pool suffix where there is one; with ``history``, the
+    allocation history's rows too (:mod:`numba_pool.bench.history_cost`, :func:`rows_of`).
+    ``notes``: anchors left out, recorded depths other than wanted, one line each."""
     context = cuda.current_context()
-    memallocs = allocators(context, baseline, plain)
+    memallocs, managers = allocators(context, baseline, plain, history)
     prepare, notes = {}, []
     if anchors:
         from . import anchors as anchor_module
 
         extra, prepare, notes = anchor_module.in_process(context)
         memallocs.update(extra)
+    recorded = history_cost.recorded(managers) if history else []
+    memallocs.update({row.label: row.memalloc for row in recorded})
+    results = {}
     with quiet_host() as core:
-        results = {str(size): rows_of(time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize,
-                                                  prepare=prepare)) for size in sizes}
-    return {"sizes": results, "notes": notes, "core": core, "frontend": FRONTEND.name}
+        blocks = history_cost.ready(recorded, _block, sizes[0], PAIRS, cuda.synchronize)
+        for size in sizes:
+            times = time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize, prepare=prepare, blocks=blocks)
+            results[str(size)] = rows_of(times, history_cost.about(recorded))
+    return {"sizes": results, "notes": notes + history_cost.notes(recorded), "core": core, "frontend": FRONTEND.name}
 
 
-def rows_of(times: dict[str, list[float]]) -> dict[str, dict]:
+def rows_of(times: dict[str, list[float]], history: dict[str, dict] | None = None) -> dict[str, dict]:
     """One size's table rows from its times (µs per pair, per allocator and repeat): per
-    allocator, the median and its paired differences and ratio (:func:`run`)."""
+    allocator, the median and its paired differences and ratio (:func:`run`).  ``history``
+    (``{label: {"of", "stacks", "depth", "frames"}}``, :func:`numba_pool.bench.history_cost.about`)
+    names the recorded rows: each gets ``history``, that with ``added``, its paired difference
+    from the path it records (``of``); a path with a counterpart the history never touched gets
+    ``vs_never_recorded``."""
     above, over_floor, ratios = paired_differences(times, REFERENCE), paired_differences(times, FLOOR), paired_ratios(times)
-    return {label: {"median_us": statistics.median(samples),
+    rows = {label: {"median_us": statistics.median(samples),
                     "above_reference": _as_dict(above.get(label)),
                     "above_floor": _as_dict(over_floor.get(label)),
                     "ratio_to_floor": _as_dict(ratios.get(label)),
                     "vs_baseline": _versus(times, label, BASELINE_SUFFIX),
-                    "vs_plain": _versus(times, label, PLAIN_SUFFIX)}
+                    "vs_plain": _versus(times, label, PLAIN_SUFFIX),
+                    "vs_never_recorded": _versus(times, label, NEVER_RECORDED_SUFFIX),
+                    "history": None}
             for label, samples in times.items()}
+    for label, recorded in (history or {}).items():
+        if label in rows:
+            of = recorded["of"]
+            added = (paired_differences({label: times[label], of: times[of]}, of)[label] if of in times else None)
+            rows[label]["history"] = {**recorded, "added": _as_dict(added)}
+    return rows
 
 
 def _versus(times: dict[str, list[float]], label: str, suffix: str) -> dict | None:
@@ -248,7 +288,8 @@ def render(results: dict, flags: list = ()) -> str:
     """The table: per size and allocator, the median µs per pair, the paired difference from
     Numba alone, the ratio of its overhead to the no-op floor's, and the paired difference from
     the baseline where there is one, each with its 95 % interval.  A row that a check flagged
-    (:mod:`numba_pool.bench.checks`) has ``!`` after its allocator."""
+    (:mod:`numba_pool.bench.checks`) has ``!`` after its allocator.  The allocation history's
+    rows are left to their own table (:func:`numba_pool.bench.history_cost.render`)."""
     from tabulate import tabulate
 
     def cell(d: dict | None) -> str:
@@ -261,6 +302,8 @@ def render(results: dict, flags: list = ()) -> str:
     rows = []
     for size, per_label in results.items():
         for label, r in per_label.items():
+            if is_history_row(label):
+                continue  # the history's own table (numba_pool.bench.history_cost.render)
             shown = label + " !" if (size, label) in marked else label
             rows.append([size_label(int(size)), shown, f"{r['median_us']:.2f}", cell(r["above_reference"]),
                          ratio(r.get("ratio_to_floor")), cell(r.get("vs_baseline")), cell(r.get("vs_plain"))])
@@ -293,5 +336,6 @@ def render_runs(runs: list[dict], flags: list = ()) -> str:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    folders = [a for a in args if a not in ("--plain", "--anchors")]
-    print(json.dumps(run(folders[0] if folders else None, plain="--plain" in args, anchors="--anchors" in args)))
+    folders = [a for a in args if a not in ("--plain", "--anchors", "--no-history")]
+    print(json.dumps(run(folders[0] if folders else None, plain="--plain" in args, anchors="--anchors" in args,
+                         history="--no-history" not in args)))

@@ -21,6 +21,11 @@ Pure functions over the tables' JSON (no GPU), each returning a list of :class:`
   x faster) below a :class:`Target` the project set (issue 21's for managed memory: at least 2x
   at 4 KiB, 5x at 64 MiB, the pipeline faster at every size), or missing where the row has the
   table (no default row to compare with): a target missed is flagged, never shown met.
+* **The allocation history's cost** (:func:`history_flags`, issue 22's targets): in the allocator
+  part, recording Python stacks adds at most :data:`HISTORY_MAX_ADDED_US` per allocate+free pair
+  at a stack depth of :data:`HISTORY_CHECKED_DEPTH` (a recorded row's paired difference from the
+  same path off, its median), and a path the history was switched on and off on is within
+  :data:`HISTORY_OFF_US` of one it never touched (:mod:`numba_pool.bench.history_cost`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from dataclasses import dataclass
 from .labels import BASELINE_SUFFIX, NOOP_FLOOR, REFERENCE, SEED_LOOP, WITH_FINALIZER, figure_label
 
 TOLERANCE = 0.10
+HISTORY_MAX_ADDED_US = 5.0  # µs per pair that recording Python stacks may add ...
+HISTORY_CHECKED_DEPTH = 20  # ... at this stack depth
+HISTORY_OFF_US = 0.05  # µs per pair a path may differ by, once the history was switched on and off
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,33 @@ def target_flags(ratios: dict[tuple[str, str, str], float], targets, rows: list[
             elif not target.met(ratio):
                 flags.append(Flag(table, target.figure, label, f"{ratio:.2f}x faster than default, the target is "
                                   f"{target.wanted}: target missed"))
+    return flags
+
+
+def history_flags(results: dict) -> list[Flag]:
+    """The allocation history's checks over one allocator table, ``{size: {label: row}}`` (table
+    ``history``): a row recording Python stacks at depth :data:`HISTORY_CHECKED_DEPTH` whose
+    added cost (``row["history"]["added"]``, median, µs) is above :data:`HISTORY_MAX_ADDED_US`, or
+    missing; a path off whose paired difference from the path never switched on
+    (``vs_never_recorded``, median, µs) is more than :data:`HISTORY_OFF_US` either way."""
+    flags = []
+    for size, rows in results.items():
+        for label, row in rows.items():
+            history = row.get("history")
+            if history and history["stacks"] == "python" and history["depth"] == HISTORY_CHECKED_DEPTH:
+                added = history.get("added")
+                if added is None:
+                    flags.append(Flag("history", size, label, f"no paired difference from {history['of']}: "
+                                      f"the added cost (at most {HISTORY_MAX_ADDED_US:g} us) cannot be checked"))
+                elif added["median"] > HISTORY_MAX_ADDED_US:
+                    flags.append(Flag("history", size, label, f"{added['median']:+.2f} us per pair added at "
+                                      f"{history['frames']} frames [95% CI {added['low']:+.2f}, {added['high']:+.2f}]: "
+                                      f"more than {HISTORY_MAX_ADDED_US:g} us"))
+            off = row.get("vs_never_recorded")
+            if off is not None and abs(off["median"]) > HISTORY_OFF_US:
+                flags.append(Flag("history", size, label, f"{off['median']:+.2f} us per pair from the same path never "
+                                  f"switched on [95% CI {off['low']:+.2f}, {off['high']:+.2f}], after the history was "
+                                  f"switched on and off: more than {HISTORY_OFF_US:g} us"))
     return flags
 
 

@@ -16,6 +16,10 @@ frontend, in one place: the bench's other modules reach both through here only (
 * :func:`parse_bool`, for ``NUMBA_POOL_NOOP_FINALIZER``.
 * What a worker reads of a numba_pool manager: :func:`pool_handle` and :func:`has_cache` (its
   pinned or managed cache).
+* The allocation history, for its rows in the allocator part (:mod:`numba_pool.bench.history_cost`):
+  :func:`record_history` (the public switch), :class:`History` (a recording) and
+  :data:`MAX_FRAMES` (the frames it keeps per allocation), and the one composition point of a
+  device's allocation path, :func:`compose` with a :class:`Recording`.
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ from ..cuda import simulator
 from ..cuda.driver import check
 from ..cuda.frontend import DISTRIBUTIONS, NUMBA_CUDA, TITLES, VARIABLE, for_tools, version
 from ..cuda.mempool import device_memory_info
+from ..observe.history import MAX_FRAMES, History
+from ..plugin.api import record_history
+from ..plugin.path import Recording, compose
 
-__all__ = ["FRONTEND", "FRONTEND_VARIABLE", "GetIpcHandleMixin", "HostOnlyCUDAMemoryManager", "MemoryInfo",
-           "MemoryPointer", "NUMBA_CUDA", "SIMULATOR", "TITLES", "check", "cuda", "device_memory_info",
-           "frontend_label", "has_cache", "parse_bool", "pool_handle", "simulator", "worker_environment"]
+__all__ = ["FRONTEND", "FRONTEND_VARIABLE", "GetIpcHandleMixin", "History", "HostOnlyCUDAMemoryManager", "MAX_FRAMES",
+           "MemoryInfo", "MemoryPointer", "NUMBA_CUDA", "Recording", "SIMULATOR", "TITLES", "check", "compose", "cuda",
+           "device_memory_info", "frontend_label", "has_cache", "parse_bool", "pool_handle", "record_history",
+           "simulator", "worker_environment"]
 
 #: The frontend of this bench process (:func:`numba_pool.cuda.frontend.for_tools`), and its
 #: ``cuda`` module.

@@ -20,6 +20,22 @@ WITH_FINALIZER = (DEFAULT, *ANCHORS)  # Numba wraps their finalizers in weakref.
 BASELINE_SUFFIX = " (baseline)"  # after a row of another installed numba_pool (--baseline)
 PLAIN_SUFFIX = " (plain pool)"  # not exportable, no peer access: what IPC and peers cost
 SEED_LOOP = "benchmark loop"  # the end-to-end figure of the tutorials' loop (seed_loop_ms in the JSON)
+NEVER_RECORDED_SUFFIX = " (history never on)"  # a manager made after the history was switched on and off
+HISTORY_DEPTHS = (5, 20, 50)  # the stack depths the allocation history's rows record (numba_pool.bench.history_cost)
+HISTORY_MARK = " + history"  # between a path's label and how its allocations are recorded
+
+
+def history_label(path: str, depth: int | None) -> str:
+    """The row of ``path`` (``numba_pool``, ``numba_pool arena``) through the allocation
+    history's adaptor: with Python stacks at ``depth`` frames, ``'numba_pool arena + history,
+    depth 20'``; without stacks (None), ``'numba_pool arena + history, no stacks'``."""
+    return f"{path}{HISTORY_MARK}, " + ("no stacks" if depth is None else f"depth {depth}")
+
+
+def is_history_row(label: str) -> bool:
+    """Whether ``label`` is one of the allocation history's rows (a recorded path, or a path the
+    history never touched), which the history's own table shows."""
+    return HISTORY_MARK in label or label.endswith(NEVER_RECORDED_SUFFIX)
 
 
 def size_label(nbytes: int) -> str:

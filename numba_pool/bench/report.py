@@ -3,7 +3,8 @@ started, its tables printed (``click.echo``; progress on standard error), the JS
 filled, and the failed checks returned.
 
 * :func:`allocator_part`: ``python -m numba_pool.bench.allocator_cost`` once per run
-  (:mod:`numba_pool.bench.allocator_cost`), each run's table, then the runs' ratios side by side.
+  (:mod:`numba_pool.bench.allocator_cost`), each run's table and the allocation history's
+  (:mod:`numba_pool.bench.history_cost`), then the runs' ratios side by side.
 * :func:`end_to_end_part`: warm-up rounds, then runs of interleaved rounds of one worker per
   manager (:mod:`numba_pool.bench.end_to_end`, through ``end_to_end.measure`` or
   ``end_to_end.measure_round``, called through the module so that a test can stand in for the
@@ -26,7 +27,7 @@ import time
 
 import click
 
-from . import allocator_cost, checks, device_tables, end_to_end, host_tables, host_worker, launch, worker
+from . import allocator_cost, checks, device_tables, end_to_end, history_cost, host_tables, host_worker, launch, worker
 from . import anchors as anchor_module
 from .core import FRONTEND, frontend_label
 from .labels import DEFAULT, NUMBA_POOL
@@ -104,13 +105,20 @@ def allocator_part(report: dict, setting: Setting, *, baseline: str | None, plai
     agreement = checks.runs_flags(tables)
     flags = []
     for run, table in enumerate(tables):
-        floor_flags = checks.allocator_floor_flags(table)
+        floor_flags, history_flags = checks.allocator_floor_flags(table), checks.history_flags(table)
         click.echo(f"{setting.heading}; allocator cost in one process, run "
                    f"{run + 1}/{runs} (CPU core {setting.core}): medians of {allocator_cost.REPEATS} repeats of "
                    f"{allocator_cost.PAIRS} pairs, allocators taking turns")
         click.echo(allocator_cost.render(table, floor_flags + agreement))
-        echo_notes_and_flags(outputs[run]["notes"] if run == 0 else [], floor_flags)
-        flags += floor_flags
+        if history_cost.present(table):
+            click.echo(f"{setting.heading}; the allocation history's cost (numba_pool.record_history), run {run + 1}/"
+                       f"{runs}, in the same turns: each path off (after switching the history on and off; added: "
+                       f"vs the same path never switched on, checked within {checks.HISTORY_OFF_US:g} us) and "
+                       f"recording (added: vs the path off, paired per repeat; at depth "
+                       f"{checks.HISTORY_CHECKED_DEPTH}, checked at most {checks.HISTORY_MAX_ADDED_US:g} us)")
+            click.echo(history_cost.render(table, floor_flags + agreement + history_flags))
+        echo_notes_and_flags(outputs[run]["notes"] if run == 0 else [], floor_flags + history_flags)
+        flags += floor_flags + history_flags
     if runs > 1:
         click.echo(f"ratios to the no-op floor's overhead, run by run (agree within {checks.TOLERANCE:.0%}?):")
         click.echo(allocator_cost.render_runs(tables, agreement))

@@ -45,6 +45,25 @@ memory's figures (``managed_on``, ``managed_reserved_bytes``, ``managed_in_use_b
 ``managed_cached_bytes``, ``managed_blocks``): ``managed_on`` is false where numba_pool leaves
 ``cuda.managed_array`` to Numba (``managed=False``, or a device without concurrent managed
 access; ``numba-pool info`` on the worker's host says which).
+
+Memory debugging on request (issue 22), asked of the workers now, as :func:`stats` is::
+
+    npd.record_history(client)  # numba_pool.record_history() on every worker
+    ...  # the tasks to look at
+    for address, snapshot in npd.snapshots(client).items():  # numba_pool.snapshot() of each worker
+        with open(f"snapshot-{address.replace('/', '_').replace(':', '_')}.pickle", "wb") as f:
+            pickle.dump(snapshot, f)  # what numba_pool.dump_snapshot writes: PyTorch's viewer reads it
+
+:func:`record_history` switches the allocation history of the workers there now, on or off,
+as :func:`numba_pool.record_history` does in one process: it is a switch of the running
+process, not an option of numba_pool's installation, so it is a function beside :func:`stats`
+and not an option of the plugin (whose options are :func:`numba_pool.install`'s, checked
+against what is in effect when the plugin is registered again).  Workers that join later do not
+record until it is called again; the plugin's ``leak_report`` and ``oom_snapshot`` options
+start the history on every worker, joiners included, when numba_pool initializes there (its
+first allocation).  :func:`snapshots` gives each
+worker's snapshot (:func:`worker_snapshot`): its segments without the history, its frames and
+traces with it.
 """
 
 from __future__ import annotations
@@ -64,9 +83,12 @@ except ImportError as err:  # the missing one is distributed itself, not one of 
 from .. import config as _config
 from ..cuda import frontend as frontends
 from ..cuda import simulator
-from ..plugin import settings
+from ..observe import history as _history
+from ..observe import snapshot as _snapshot
+from ..plugin import debugging, settings
 from ..plugin.api import install
-from ..plugin.manager import NumbaPoolManager
+from ..plugin.api import record_history as _record_history
+from ..plugin.manager import NumbaPoolManager, managers
 
 #: A child of the worker's logger, so that ``client.get_worker_logs()`` shows its lines.
 logger = logging.getLogger("distributed.worker.numba_pool")
@@ -265,16 +287,106 @@ def stats(client) -> dict[str, dict]:
     ``{"status": "error", "message": ...}``.  With an asynchronous client, returns an
     awaitable of the same.
     """
-    results = client.run(_run_statistics, on_error="return")
-    if inspect.isawaitable(results):
-        async def finish():
-            return _checked(await results)
+    return _then(client.run(_run_statistics, on_error="return"), _checked)
 
-        return finish()
-    return _checked(results)
+
+def _then(results, finish):
+    """``finish(results)``, or, where ``results`` is awaitable (an asynchronous client), an
+    awaitable of it."""
+    if inspect.isawaitable(results):
+        async def finished():
+            return finish(await results)
+
+        return finished()
+    return finish(results)
 
 
 def _checked(results: dict) -> dict[str, dict]:
     return {address: (result if isinstance(result, dict)
                       else {"status": "error", "message": f"{type(result).__name__}: {result}"})
+            for address, result in results.items()}
+
+
+# -- memory debugging on request: the history and snapshots -----------------------------------
+
+def record_history(client, enabled: bool = True, stacks: str = "python",
+                   max_entries: int = _history.DEFAULT_MAX_ENTRIES) -> dict[str, dict]:
+    """:func:`numba_pool.record_history` with these arguments on every worker of ``client``'s
+    cluster now (``client.run``): from now on, each worker records its allocations (with the
+    Python stack at each, unless ``stacks="none"``) and their events, in a ring of
+    ``max_entries``; ``enabled=False`` stops and drops the recording.  Workers that join later
+    do not record until this is called again.  Returns each worker's recording after the call,
+    ``{worker address: {"recording": True, "stacks": ..., "max_entries": ...}}`` or ``{...:
+    {"recording": False}}``; with an asynchronous client, an awaitable of the same.
+
+    :raises ValueError: (a worker's, raised again here) for another ``stacks`` or a
+        ``max_entries`` below 1.
+    """
+    return _then(client.run(_record_history_here, enabled, stacks, max_entries), dict)
+
+
+def _record_history_here(enabled: bool, stacks: str, max_entries: int) -> dict:
+    """:func:`record_history`'s function on each worker: switch, then say what records."""
+    _record_history(enabled, stacks=stacks, max_entries=max_entries)
+    return recording()
+
+
+def recording() -> dict:
+    """This process's recording: ``{"recording": True, "stacks": "python" or "none",
+    "max_entries": n}``, or ``{"recording": False}``."""
+    current = _history.current()
+    if current is None:
+        return {"recording": False}
+    return {"recording": True, "stacks": current.stacks, "max_entries": current.entries.maxlen}
+
+
+def worker_snapshot() -> dict:
+    """:func:`numba_pool.snapshot` of this process (a worker): the memory of every device
+    numba_pool serves here, every frontend's, in the schema of PyTorch's
+    ``torch.cuda.memory._snapshot()``, with the frames and traces of the allocation history where
+    it records (:func:`record_history`).  Each manager's memory is read with its own CUDA context
+    pushed, as for the statistics: on the worker's event loop thread none is current, and the
+    pool's queries need one.  A process where numba_pool serves no device gives the empty
+    snapshot.  Never raises: a failure gives the empty snapshot with ``error``, one line."""
+    try:
+        by_device: dict[int, list[dict]] = {}
+        for manager in managers():
+            by_device.setdefault(manager.device_id, []).extend(_segments_in_context(manager))
+        return _snapshot.build(by_device, _history.current())
+    except Exception as err:  # one worker's failure must not lose the others' snapshots
+        return failed_snapshot(f"{type(err).__name__}: {err}")
+
+
+def _segments_in_context(manager) -> list[dict]:
+    """``manager``'s segments (:func:`numba_pool.plugin.debugging.segments_of`), its context
+    pushed around them; none, and nothing pushed, before it has a pool."""
+    if manager.allocator is None:
+        return []
+    context = manager.context
+    context.push()
+    try:
+        return debugging.segments_of(manager)
+    finally:
+        context.pop()
+
+
+def failed_snapshot(message: str) -> dict:
+    """The empty snapshot (no segment, no trace), with ``error``: ``message``."""
+    return {**_snapshot.build({}, None), "error": message}
+
+
+def snapshots(client) -> dict[str, dict]:
+    """Each worker's snapshot (:func:`worker_snapshot`: :func:`numba_pool.snapshot` there),
+    asked of the workers of ``client``'s cluster now (``client.run``): ``{worker address:
+    snapshot}``.  Written with ``pickle.dump`` (as :func:`numba_pool.dump_snapshot` writes
+    one), PyTorch's viewer reads it.
+    Frames and traces need the history on the workers (:func:`record_history`).  A worker that
+    could not answer gets the empty snapshot with ``error`` (one line).  With an asynchronous
+    client, returns an awaitable of the same.
+    """
+    return _then(client.run(worker_snapshot, on_error="return"), _snapshots_checked)
+
+
+def _snapshots_checked(results: dict) -> dict[str, dict]:
+    return {address: (result if isinstance(result, dict) else failed_snapshot(f"{type(result).__name__}: {result}"))
             for address, result in results.items()}

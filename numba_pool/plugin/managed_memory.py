@@ -9,7 +9,10 @@ from functools import partial
 from .. import config as _config
 from ..allocator.backings import ManagedBacking
 from ..allocator.host_blocks import HostBlocks
+from ..allocator.device import destroy_now, destroy_when_collected
 from ..cuda.context import OwnerContext
+from ..cuda.driver import warn
+from ..cuda.errors import CudaAPIError
 from ..cuda.mempool import MemPool, concurrent_managed_access, prefetch
 from ..cuda.pointers import PooledManagedMemory
 from ..cuda.streams import LEGACY, per_thread, scopes_entered
@@ -69,15 +72,30 @@ def managed_cache(cu, device_id: int, context, config: _config.PoolConfig) -> tu
     managed access, where the host must not touch managed memory while a kernel runs (Numba's
     own ``cuMemAllocManaged`` serves it then).
 
-    :raises CudaAPIError: when the driver refuses to create or fill the managed pool."""
+    A driver that refuses a managed mempool leaves managed arrays to Numba (a warning says
+    so); device arrays do not depend on it.
+
+    :raises CudaAPIError: when the pool cannot reserve ``managed_initial_size`` bytes (a
+        configuration the user asked for; the pool is destroyed first)."""
     why = why_not_served(cu, device_id, config)
     if why:
         return None, why
-    pool = MemPool.managed(cu, device_id, config.managed_release_threshold)
-    pool.reserve(config.managed_initial_size)
-    return HostBlocks(cu, max_size=config.managed_max_size,
-                      release_threshold=_config.release_limit(config.managed_release_threshold),
-                      owner=OwnerContext.of(cu, context), backing=ManagedBacking(cu, pool)), ""
+    try:
+        pool = MemPool.managed(cu, device_id, config.managed_release_threshold)
+    except CudaAPIError as err:  # device arrays need no managed pool: Numba's path serves managed ones
+        warn(f"device {device_id}: no managed mempool ({err.msg}); managed arrays take Numba's own path")
+        return None, f"the driver refused a managed mempool on device {device_id} ({err.msg})"
+    owner = OwnerContext.of(cu, context)
+    try:
+        pool.reserve(config.managed_initial_size)
+    except CudaAPIError:
+        destroy_now(pool, owner)
+        raise
+    cache = HostBlocks(cu, max_size=config.managed_max_size,
+                       release_threshold=_config.release_limit(config.managed_release_threshold),
+                       owner=owner, backing=ManagedBacking(cu, pool))
+    destroy_when_collected(cache, pool, owner)  # after the manager and its last managed array
+    return cache, ""
 
 
 def why_not_served(cu, device_id: int, config: _config.PoolConfig, concurrent: bool | None = None) -> str:

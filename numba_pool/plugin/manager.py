@@ -272,10 +272,12 @@ class NumbaPoolManager:
 
     def reset(self) -> None:
         """Free every allocation of this context and destroy the private pool (trim the shared
-        default pool).  Safe before :meth:`initialize` and safe to repeat; arrays still alive
-        afterwards point to freed memory, as with Numba's default manager, and their releases
-        do nothing (Note [Lifetimes across a reset]).  The next allocation creates a new pool.
-        Also clears Numba's host allocations (``super().reset()``)."""
+        default pool).  Safe before :meth:`initialize` and safe to repeat; device arrays still
+        alive afterwards point to freed memory, as with Numba's default manager, and their
+        releases do nothing (Note [Lifetimes across a reset]).  The next allocation creates a
+        new pool.  Pinned and managed arrays still alive keep valid memory (the host may touch
+        it: freeing it would crash the process) until they are dropped; the caches free what
+        they hold.  Also clears Numba's host allocations (``super().reset()``)."""
         _note("reset", self.device_id)
         super().reset()
         if self.host is not None:

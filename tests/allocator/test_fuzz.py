@@ -62,8 +62,8 @@ class LegalPrograms(RuleBasedStateMachine):
     arena = False
 
     @initialize(preempt=st.sampled_from([0, 3, 7, 13]), eager=st.booleans(), adaptors=st.booleans(),
-                frontend=st.sampled_from(FRONTENDS))
-    def start(self, preempt, eager, adaptors=False, frontend=None):
+                frontend=st.sampled_from(FRONTENDS), managed_threshold=st.sampled_from([None, 0, 8192]))
+    def start(self, preempt, eager, adaptors=False, frontend=None, managed_threshold=None):
         # The collector runs only at the program's own points (collect_garbage, the preempt
         # hook, destroy_stream, finish), never on the process's allocation count: a cycle freed
         # at another moment changes what the pool holds, so an allocation under max_size could
@@ -71,7 +71,7 @@ class LegalPrograms(RuleBasedStateMachine):
         # (FlakyStrategyDefinition in 800-example runs on a busy host).
         gc.disable()
         self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20, adaptors=adaptors,
-                         frontend=frontend, managed_max_size=1 << 20)
+                         frontend=frontend, managed_max_size=1 << 20, managed_release_threshold=managed_threshold)
         self.p.preempt_every(preempt)
         arena = self.p.mm.allocator.arena
         if eager and arena is not None:

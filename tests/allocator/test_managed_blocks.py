@@ -276,3 +276,106 @@ def test_the_model_refuses_what_the_driver_refuses():
     location.type = real_cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     assert model.cuMemPrefetchAsync(device, 4096, location, 0, 0) == (real_cu.CUresult.CUDA_SUCCESS,)
     assert model.cuMemPrefetchAsync(not_managed, 4096, location, 0, 0)[0] == real_cu.CUresult.CUDA_ERROR_INVALID_VALUE
+
+
+# -- the paths where a block goes back to the managed mempool (which hands it out at once) ---
+
+
+@pytest.mark.parametrize("prog", [{"managed_release_threshold": 0}], indirect=True)
+def test_over_the_release_threshold_only_complete_blocks_go_back_to_the_pool(prog):
+    a = prog.allocate_managed(4096)
+    kernel(prog, a, LEGACY)
+    address = drop(prog, a)
+    b = prog.allocate_managed(8192)  # the threshold frees complete cached blocks: a's is not complete
+    assert b.address != address and prog.mm.statistics().managed_cached_bytes == 4096
+    sync(prog, LEGACY)
+    c = prog.allocate_managed(8192)  # a's block is complete now: back to the pool
+    assert prog.mm.statistics().managed_cached_bytes == 0 and c is not None
+    prog.check()
+
+
+@pytest.mark.parametrize("prog", [{"managed_max_size": 8192}], indirect=True)
+def test_over_the_cap_a_block_waits_for_its_events_before_the_pool_gets_it(prog):
+    a = prog.allocate_managed(8192)
+    kernel(prog, a, LEGACY)
+    address = drop(prog, a)
+    b = prog.allocate_managed(8192)  # over the cap: waits for a's kernel, frees it; the pool hands it out again
+    assert b.address == address
+    prog.check()
+
+
+@pytest.mark.parametrize("prog", [{"managed_release_threshold": 0}], indirect=True)
+def test_planted_threshold_free_without_the_hosts_observation_is_caught(prog, monkeypatch):
+    def free_every_cached(self, keep):  # the bug: no _completed check before giving blocks back
+        freed = 0
+        for block in self._cached_oldest_first():
+            if self.cached <= keep:
+                break
+            freed += block.size
+            self._free_cached(block)
+        return freed
+
+    monkeypatch.setattr(HostBlocks, "_free_completed", free_every_cached)
+    a = prog.allocate_managed(4096)
+    kernel(prog, a, LEGACY)
+    drop(prog, a)
+    prog.allocate_managed(4096)  # the pool hands a's block out while its kernel may run
+    prog.allocate_managed(4096)
+    assert any(v.kind == "unordered reuse of managed memory" for v in prog.model.violations), prog.model.violations
+
+
+@pytest.mark.parametrize("prog", [{"managed_max_size": 8192}], indirect=True)
+def test_planted_cap_free_without_waiting_is_caught(prog, monkeypatch):
+    def free_oldest_without_waiting(self, down_to):  # the bug: no cuEventSynchronize first
+        for block in self._cached_oldest_first():
+            if self.reserved <= down_to:
+                return
+            self._free_cached(block)
+
+    monkeypatch.setattr(HostBlocks, "_free_oldest", free_oldest_without_waiting)
+    a = prog.allocate_managed(8192)
+    kernel(prog, a, LEGACY)
+    drop(prog, a)
+    prog.allocate_managed(8192)
+    assert any(v.kind == "unordered reuse of managed memory" for v in prog.model.violations), prog.model.violations
+
+
+def test_a_cached_block_keeps_no_stream_alive(prog):
+    import weakref
+    s = prog.create_stream(blocking=False)
+    a = prog.allocate_managed(4096, stream=s)
+    owner = weakref.ref(prog.stream_objects[s])
+    kernel(prog, a, s)
+    drop(prog, a)
+    sync(prog, s)
+    assert prog.destroy_stream(s)
+    gc.collect()
+    assert owner() is None  # the released block's StreamRef let the stream's object go
+
+
+def test_a_driver_without_managed_pools_leaves_device_arrays_working(frontend_name, monkeypatch):
+    from cuda_model import CudaModel
+    real = CudaModel.cuMemPoolCreate
+
+    def refuse_managed(self, props):
+        if props.allocType == real_cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED:
+            return real_cu.CUresult.CUDA_ERROR_NOT_SUPPORTED, None
+        return real(self, props)
+
+    monkeypatch.setattr(CudaModel, "cuMemPoolCreate", refuse_managed)
+    with pytest.warns(RuntimeWarning, match="no managed mempool .*CUDA_ERROR_NOT_SUPPORTED.*managed arrays take Numba's own path"):
+        p = Program(arena=False, frontend=frontend_name)
+    try:
+        assert p.mm.managed is None and "the driver refused a managed mempool on device 0" in p.mm.managed_off_because
+        assert p.allocate(4096) is not None  # device arrays do not depend on it
+    finally:
+        p.close()
+
+
+def test_a_reset_with_no_current_context_frees_the_cached_blocks(prog):
+    a = prog.allocate_managed(4096)
+    drop(prog, a)
+    pool = prog.mm.managed.backing.pool
+    prog.bare.submit(prog.mm.reset).result()  # cuda.close() resets with no context current
+    assert prog.mm.statistics().managed_cached_bytes == 0
+    assert pool.usage().used == 0  # the pool got the block back: nothing leaked

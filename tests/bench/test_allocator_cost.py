@@ -250,7 +250,8 @@ def test_rows_keep_the_old_fields_and_add_the_floor_and_the_ratio():
     times = {"numba_pool": [t + 1.0 for t in alone], "no-op floor": [t + 0.5 for t in alone], "Numba alone": alone}
     rows = a.rows_of(times)
     assert set(rows["numba_pool"]) == {"median_us", "above_reference", "vs_baseline", "vs_plain", "above_floor",
-                                       "ratio_to_floor"}
+                                       "ratio_to_floor", "vs_never_recorded", "history"}
+    assert rows["numba_pool"]["vs_never_recorded"] is None and rows["numba_pool"]["history"] is None
     assert rows["numba_pool"]["above_reference"]["median"] == pytest.approx(1.0)
     assert rows["numba_pool"]["above_floor"]["median"] == pytest.approx(0.5)
     assert rows["numba_pool"]["ratio_to_floor"]["median"] == pytest.approx(2.0)

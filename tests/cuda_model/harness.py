@@ -102,13 +102,16 @@ class Program:
         (``"numba-cuda"`` or ``"mlir"``); None: the tools' choice (``NUMBA_POOL_FRONTEND``).
     :param managed_max_size: the managed cache's cap (bytes; the managed cache is on, as by
         default), to reach its out of memory.
+    :param managed_release_threshold: cached managed bytes kept (beyond them, complete blocks go
+        back to the managed mempool, which hands them out again at once).
     """
 
     def __init__(self, *, arena: bool, threads: int = 1, max_size: int | None = None,
                  release_threshold: int | None = None, device_total: int = 64 << 20,
                  host: bool = False, host_max_size: int | None = None,
                  host_release_threshold: int | None = None, host_total: int = 1 << 30,
-                 adaptors: bool = False, frontend: str | None = None, managed_max_size: int | None = None):
+                 adaptors: bool = False, frontend: str | None = None, managed_max_size: int | None = None,
+                 managed_release_threshold: int | None = None):
         # Numba's import leaves a large heap that every full collection scans (about 60 ms
         # each): freeze it, so that the collections the programs run (the collector freeing
         # cycles is one of the fuzzed actions) scan only the objects the tests create.
@@ -126,6 +129,8 @@ class Program:
             options.update(host=True, host_max_size=host_max_size, host_release_threshold=host_release_threshold)
         if managed_max_size is not None:
             options["managed_max_size"] = managed_max_size
+        if managed_release_threshold is not None:
+            options["managed_release_threshold"] = managed_release_threshold
         if adaptors:
             folder = self._stack.enter_context(tempfile.TemporaryDirectory())
             options["log"] = os.path.join(folder, "allocations.csv")

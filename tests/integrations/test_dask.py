@@ -350,3 +350,169 @@ def test_bad_managed_options_fail_on_the_client(options, culprit):
     with pytest.raises(numba_pool.ConfigError) as caught:
         npd.NumbaPoolPlugin(**options)
     assert culprit in str(caught.value)
+
+
+# -- memory debugging on request: the history and snapshots ------------------------------------
+
+class PushCounting:
+    """What a Numba context does for worker_snapshot: push and pop (the model's stand-in has
+    neither); counts both."""
+
+    def __init__(self, context):
+        self.pushes = self.pops = 0
+        context.push, context.pop = self.push, self.pop
+
+    def push(self):
+        self.pushes += 1
+
+    def pop(self):
+        self.pops += 1
+
+
+@pytest.fixture
+def program():
+    """numba_pool's real manager on the CUDA model (tests/cuda_model), the history off after."""
+    from cuda_model.harness import Program
+
+    p = Program(arena=True)
+    yield p
+    numba_pool.record_history(False)
+    p.close()
+
+
+def allocate_here(p, size: int):
+    return p.mm.memalloc(size)  # the line a snapshot's frames must name
+
+
+def test_a_workers_snapshot_is_numba_pools_read_in_each_managers_context(program):
+    context = PushCounting(program.context)
+    numba_pool.record_history()
+    kept, dropped = allocate_here(program, 1000), allocate_here(program, 100_000)
+    del dropped
+    snapshot = npd.worker_snapshot()
+    assert context.pushes == context.pops >= 1  # the context was current while the pool was read
+    assert snapshot == numba_pool.snapshot() and "error" not in snapshot
+    [block] = [b for s in snapshot["segments"] for b in s["blocks"] if b["requested_size"] == 1000]
+    assert block["state"] == "active_allocated" and block["frames"][0]["name"] == "allocate_here"
+    assert [e["action"] for e in snapshot["device_traces"][0]] == ["alloc", "alloc", "free_requested", "free_completed"]
+    pickle.loads(pickle.dumps(snapshot))  # goes to the client as it is
+    del kept
+
+
+def test_a_snapshot_without_the_history_has_the_segments_and_no_frames(program):
+    PushCounting(program.context)
+    kept = allocate_here(program, 1000)
+    snapshot = npd.worker_snapshot()
+    assert snapshot["segments"] and snapshot["device_traces"] == [[]]
+    assert all(b["frames"] == [] for s in snapshot["segments"] for b in s["blocks"])
+    del kept
+
+
+def test_a_manager_without_a_pool_is_read_without_pushing_its_context():
+    context = types.SimpleNamespace(push=lambda: pytest.fail("pushed"), pop=lambda: pytest.fail("popped"))
+    mm = object.__new__(numba_pool.NumbaPoolManager)  # not initialized: no pool
+    mm.allocator, mm.context = None, context
+    assert npd._segments_in_context(mm) == []
+
+
+def test_a_workers_snapshot_never_raises(monkeypatch, program):
+    def broken():
+        raise OSError("driver gone")
+
+    monkeypatch.setattr(npd, "managers", broken)
+    assert npd.worker_snapshot() == {"segments": [], "device_traces": [], "allocator_settings": {"allocator": "numba_pool"},
+                                     "error": "OSError: driver gone"}
+    program.context.push = broken  # a context that cannot be made current
+    monkeypatch.setattr(npd, "managers", lambda: [program.mm])
+    assert npd.worker_snapshot()["error"] == "OSError: driver gone"
+
+
+class FakeClient:
+    """``client.run`` on two workers in this process: the second fails where errors are returned;
+    with ``asynchronous``, an awaitable of the same."""
+
+    def __init__(self, asynchronous: bool = False):
+        self.asynchronous = asynchronous
+
+    def run(self, function, *args, on_error="raise"):
+        results = {"tcp://a:1": function(*args)}
+        if on_error == "return":
+            results["tcp://b:2"] = OSError("worker lost")
+        if self.asynchronous:
+            async def later():
+                return results
+
+            return later()
+        return results
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_snapshots_by_worker_address_a_worker_that_failed_says_so(program, asynchronous):
+    import asyncio
+
+    PushCounting(program.context)
+    kept = allocate_here(program, 1000)
+    result = npd.snapshots(FakeClient(asynchronous))
+    if asynchronous:
+        result = asyncio.run(result)
+    assert result == {"tcp://a:1": numba_pool.snapshot(),
+                      "tcp://b:2": {"segments": [], "device_traces": [], "allocator_settings": {"allocator": "numba_pool"},
+                                    "error": "OSError: worker lost"}}
+    del kept
+
+
+def test_record_history_switches_every_worker_and_says_what_records(program):
+    from numba_pool.observe import history
+
+    assert npd.record_history(FakeClient(), stacks="none", max_entries=10) == {
+        "tcp://a:1": {"recording": True, "stacks": "none", "max_entries": 10}}
+    assert history.current().stacks == "none" and program.mm.path.layers[0] == "history"
+    assert npd.record_history(FakeClient()) == {
+        "tcp://a:1": {"recording": True, "stacks": "python", "max_entries": history.DEFAULT_MAX_ENTRIES}}
+    assert npd.record_history(FakeClient(), enabled=False) == {"tcp://a:1": {"recording": False}}
+    assert history.current() is None and "history" not in program.mm.path.layers
+    with pytest.raises(ValueError, match=r"stacks='cpp' must be one of 'python', 'none'"):
+        npd.record_history(FakeClient(), stacks="cpp")
+
+
+# A worker in this process (threads) with numba_pool's manager on the CUDA model: the history is
+# switched on through the client, an array allocated, and each worker's snapshot asked for.
+SNAPSHOT_PROGRAM = """
+import json, sys
+sys.path.insert(0, TESTS)
+from distributed import Client, LocalCluster
+from cuda_model.harness import Program
+import numba_pool.integrations.dask as npd
+
+def main():
+    p = Program(arena=True)
+    p.context.push = p.context.pop = lambda: None
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=None) as cluster, \\
+            Client(cluster) as client:
+        out = {"recording": list(npd.record_history(client, max_entries=100).values())}
+        kept = p.mm.memalloc(1000)  # in this process: the worker's
+        [snapshot] = npd.snapshots(client).values()
+        out["blocks"] = [(b["requested_size"], b["frames"][0]["name"] if b["frames"] else None)
+                         for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+        out["traces"] = [e["action"] for e in snapshot["device_traces"][0]]
+        out["off"] = list(npd.record_history(client, enabled=False).values())
+        del kept
+    p.close()
+    print(json.dumps(out))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_workers_snapshot_reaches_the_client_through_dask():
+    from helpers import TESTS
+
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = run_python(SNAPSHOT_PROGRAM.replace("TESTS", repr(TESTS)), {"DASK_TEMPORARY_DIRECTORY": scratch},
+                          timeout=CLUSTER_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["recording"] == [{"recording": True, "stacks": "python", "max_entries": 100}]
+    assert out["blocks"] == [[1000, "main"]] and out["traces"] == ["alloc"]
+    assert out["off"] == [{"recording": False}]
