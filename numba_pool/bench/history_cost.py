@@ -160,7 +160,7 @@ def frames_recorded(history: History) -> int:
     """The frames of the newest allocation ``history`` recorded (0 when it recorded none)."""
     for entry in reversed(history.entries):
         if entry.action == "alloc":
-            return len(entry.frames)
+            return len(entry.frames) // 2  # a flat list: code, offset per frame
     return 0
 
 

@@ -30,12 +30,12 @@ one atomic container operation: ``deque.append`` on the ring (which drops its ol
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import deque, namedtuple
 from functools import partial
 from typing import Callable
 
@@ -51,25 +51,17 @@ MAX_FRAMES = 64
 STACKS = ("python", "none")
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One recorded event: ``action`` (``alloc``, ``free_requested``, ``free_completed``,
-    ``oom``, ``trim``, ``reset``), the device ordinal, ``address`` (0 where none), ``size``
-    (bytes requested; for ``oom`` the request), ``stream`` (the handle's value), ``kind``,
-    ``thread`` (``threading.get_ident()``), ``time_ns`` (``time.time_ns()``), ``frames``
-    (``(code, line)`` pairs, innermost first; empty with ``stacks="none"``) and, for ``oom``, the
-    device's free bytes."""
-
-    action: str
-    device: int
-    address: int
-    size: int
-    stream: int
-    kind: str
-    thread: int
-    time_ns: int
-    frames: tuple = ()
-    device_free: int = 0
+#: One recorded event: ``action`` (``alloc``, ``free_requested``, ``free_completed``, ``oom``,
+#: ``trim``, ``reset``), the device ordinal, ``address`` (0 where none), ``size`` (bytes
+#: requested; for ``oom`` the request), ``stream`` (the handle's value), ``kind``, ``thread``
+#: (``threading.get_ident()``), ``time_ns`` (``time.time_ns()``), ``frames`` (the captured
+#: stack, :meth:`History.capture`: :func:`resolve` turns it into files and lines; empty with
+#: ``stacks="none"``) and, for ``oom``, the device's free bytes.  A named tuple, made
+#: with ``tuple.__new__``: a frozen dataclass cost 2 µs an entry, three entries a pair.
+Entry = namedtuple("Entry", "action device address size stream kind thread time_ns frames device_free")
+_new_entry = tuple.__new__
+_now = time.time_ns
+_thread = threading.get_ident
 
 
 class History:
@@ -84,22 +76,28 @@ class History:
         self.live: dict[tuple[int, int], Entry] = {}  # (device, address) -> its alloc entry
         self.stacks = stacks
 
-    def capture(self, skip: int = 2) -> tuple:
-        """The calling thread's stack as ``(code, line)`` pairs, innermost first, starting
-        ``skip`` frames above this call; ``()`` when stacks are off."""
+    def capture(self, skip: int = 2) -> list:
+        """The calling thread's stack, innermost first, starting ``skip`` frames above this
+        call, as a flat list ``[code, offset, code, offset, ...]`` (:func:`pairs` reads it);
+        ``()`` when stacks are off.  The bytecode offset, not ``f_lineno``, which Python
+        computes by scanning the line table (0.4 µs a frame); one flat list, not a tuple per
+        frame (0.5 µs less at 20 frames)."""
         if self.stacks != "python":
             return ()
         frame = sys._getframe(skip)
-        frames = []
-        while frame is not None and len(frames) < MAX_FRAMES:
-            frames.append((frame.f_code, frame.f_lineno))
+        frames: list = []
+        append = frames.append
+        for _ in range(MAX_FRAMES):
+            if frame is None:
+                break
+            append(frame.f_code)
+            append(frame.f_lasti)
             frame = frame.f_back
-        return tuple(frames)
+        return frames
 
     def record(self, action: str, device: int, address: int, size: int, stream: int, kind: str,
                frames: tuple = (), device_free: int = 0) -> Entry:
-        entry = Entry(action, device, address, size, stream, kind, threading.get_ident(), time.time_ns(), frames,
-                      device_free)
+        entry = _new_entry(Entry, (action, device, address, size, stream, kind, _thread(), _now(), frames, device_free))
         self.entries.append(entry)
         return entry
 
@@ -265,23 +263,44 @@ def skipped_dirs() -> tuple[str, ...]:
     return _SKIP
 
 
+_line_tables: dict = {}  # code object -> (offsets, lines): its line table, read once
+
+
+def pairs(frames) -> list[tuple]:
+    """``(code, offset)`` pairs of a captured stack (:meth:`History.capture`), innermost first."""
+    return list(zip(frames[::2], frames[1::2]))
+
+
+def line_of(code, offset: int) -> int:
+    """The source line of bytecode ``offset`` in ``code`` (``co_lines()``, cached per code
+    object), 0 when it has none."""
+    table = _line_tables.get(code)
+    if table is None:
+        ranges = [(start, line) for start, _, line in code.co_lines()]
+        table = _line_tables[code] = ([start for start, _ in ranges], [line or 0 for _, line in ranges])
+    i = bisect.bisect_right(table[0], offset) - 1
+    return table[1][i] if i >= 0 else code.co_firstlineno
+
+
 def site_of(frames: tuple) -> str:
     """``file:line`` of the innermost frame outside numba_pool and Numba (the user's line that
     allocated), else of the innermost frame; ``"<no stack>"`` without frames."""
     skip = skipped_dirs()
-    for code, line in frames:
+    stack = pairs(frames)
+    for code, offset in stack:
         if not code.co_filename.startswith(skip):
-            return f"{code.co_filename}:{line}"
-    if frames:
-        code, line = frames[0]
-        return f"{code.co_filename}:{line}"
+            return f"{code.co_filename}:{line_of(code, offset)}"
+    if stack:
+        code, offset = stack[0]
+        return f"{code.co_filename}:{line_of(code, offset)}"
     return "<no stack>"
 
 
 def resolve(frames: tuple) -> list[dict]:
     """Frames as PyTorch's snapshot has them: ``[{"filename", "line", "name"}]``, innermost
-    first (file and function names read from the code objects now)."""
-    return [{"filename": code.co_filename, "line": line, "name": code.co_name} for code, line in frames]
+    first (file, line and function read from the code objects now)."""
+    return [{"filename": code.co_filename, "line": line_of(code, offset), "name": code.co_name}
+            for code, offset in pairs(frames)]
 
 
 def live_by_site(history: History, device: int | None = None) -> dict[str, list[Entry]]:

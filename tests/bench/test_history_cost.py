@@ -114,7 +114,7 @@ def test_recorded_rows_record_into_their_own_history_through_the_managers_path(p
         actions = [(e.action, e.size) for e in row.history.entries]
         assert actions == [("alloc", 1000), ("free_requested", 1000), ("free_completed", 1000)]
         frames = row.history.entries[0].frames
-        assert (frames[0][0].co_name if frames else None) == (None if row.stacks == "none" else
+        assert (frames[0].co_name if frames else None) == (None if row.stacks == "none" else
                                                               "test_recorded_rows_record_into_their_own_history_"
                                                               "through_the_managers_path")
     assert history.current() is None and "history" not in program.mm.path.layers  # the process records nothing
