@@ -385,8 +385,10 @@ class HostBlocks:
                 f"{prefix}_cached_bytes": self.cached + pending, f"{prefix}_blocks": len(live) + cached_blocks}
 
     def check_invariants(self) -> None:
-        """Every byte accounted for: in use + cached == reserved; no block both live and
-        cached, or twice in the bins.  :raises AssertionError: otherwise."""
+        """Every byte accounted for: in use + cached + released (not yet binned) == reserved; no
+        block both live and cached, or twice in the bins.  A release may land while this runs
+        (a finalizer at one of its driver calls): it waits in :attr:`released`, counted there.
+        :raises AssertionError: otherwise."""
         with self._lock:
             self._take_released()
             cached = [b for bin_ in self.bins.values() for b in bin_]
@@ -394,7 +396,8 @@ class HostBlocks:
             assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
             assert self.cached == sum(b.size for b in cached), (self.cached, cached)
             in_use = sum(b.size for b in [*self.live.values(), *self._held_now()])
-            assert in_use + self.cached == self.reserved, (in_use, self.cached, self.reserved)
+            released = sum(b.size for b in list(self.released) if b.generation == self.generation)
+            assert in_use + self.cached + released == self.reserved, (in_use, self.cached, released, self.reserved)
 
 
 def segments(cache: HostBlocks) -> list[dict]:
