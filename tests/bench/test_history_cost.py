@@ -249,6 +249,9 @@ def model_run(monkeypatch, small_rings):
     """``allocator_cost.run`` on the CUDA model: the context and synchronize of the model's
     program, the no-op floors on a made-up buffer (the model has no ``cuMemAlloc``)."""
     p = Program(arena=False)
+    # A worker has one frontend; this process may have both frontends' managers from other
+    # tests, which makes NumbaPoolManager(context=<a stand-in>) ask which is meant.
+    monkeypatch.setenv("NUMBA_POOL_FRONTEND", p.frontend.name)
     monkeypatch.setattr(a, "cuda", SimpleNamespace(current_context=lambda: p.context, synchronize=lambda: None))
 
     def grow(self, nbytes):

@@ -370,11 +370,15 @@ class PushCounting:
 
 
 @pytest.fixture
-def program():
-    """numba_pool's real manager on the CUDA model (tests/cuda_model), the history off after."""
+def program(monkeypatch):
+    """numba_pool's real manager on the CUDA model (tests/cuda_model), the history off after;
+    the process's managers are this one alone (other tests' managers may still be alive)."""
     from cuda_model.harness import Program
+    from numba_pool.plugin import api
 
     p = Program(arena=True)
+    monkeypatch.setattr(npd, "managers", lambda: [p.mm])
+    monkeypatch.setattr(api, "managers", lambda: [p.mm])
     yield p
     numba_pool.record_history(False)
     p.close()
