@@ -61,7 +61,7 @@ def build(segments_by_device: dict[int, list[dict]], history: History | None) ->
     devices = max([*segments_by_device, *(e.device for e in (history.entries if history else ()))], default=-1) + 1
     traces: list[list[dict]] = [[] for _ in range(devices)]
     for entry in list(history.entries) if history is not None else ():
-        traces[entry.device].append(_trace(entry))
+        traces[entry.device].extend(_trace(entry))
     return {"segments": segments, "device_traces": traces,
             "allocator_settings": {"allocator": "numba_pool"}}
 
@@ -118,13 +118,17 @@ def _block(address: int, size: int, state: str, entry) -> dict:
             "frames": resolve(entry.frames) if entry is not None else []}
 
 
-def _trace(entry) -> dict:
+def _trace(entry) -> list[dict]:
+    """The trace entries of one history entry: a ``free`` is ``free_requested`` and
+    ``free_completed`` at once."""
     out = {"action": entry.action, "addr": entry.address, "size": entry.size, "stream": entry.stream,
            "time_us": entry.time_ns // 1000, "frames": resolve(entry.frames), "kind": entry.kind,
            "thread": entry.thread}
     if entry.action == "oom":
         out["device_free"] = entry.device_free
-    return out
+    if entry.action == "free":
+        return [{**out, "action": "free_requested"}, {**out, "action": "free_completed"}]
+    return [out]
 
 
 def summarize(snapshot: dict, limit: int = 10) -> dict:
