@@ -43,7 +43,7 @@ from typing import Callable
 from ..cuda.driver import OUT_OF_MEMORY
 from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.pointers import PoolPointer
-from ..cuda.streams import per_thread
+from ..cuda.streams import LEGACY, per_thread, scopes_entered
 
 #: Events kept by default (each a few hundred bytes with its frames).
 DEFAULT_MAX_ENTRIES = 100_000
@@ -185,8 +185,9 @@ class RecordedAllocations:
 
     :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
     :param device: the device ordinal.
-    :param kind: ``"device"`` (refined per allocation by ``kind_of``) or ``"managed"``.
-    :param kind_of: ``(size) -> kind`` for the device path (arena block, scratch, mempool).
+    :param kind: ``"device"`` (refined per allocation: ``scratch`` inside ``numba_pool.scratch``,
+        ``arena`` up to ``arena_limit`` bytes) or ``"managed"``.
+    :param arena_limit: the largest request the arena serves (bytes), -1 without an arena.
     :param deferral: the manager's ``defer_cleanup`` state (``free_completed`` waits for it).
     :param device_free: ``() -> free bytes`` of the device, for the ``oom`` entry.
     :param on_oom: ``(device, size, error) -> None``, after the ``oom`` entry.
@@ -196,14 +197,14 @@ class RecordedAllocations:
     """
 
     def __init__(self, upstream: Callable[[int], PoolPointer], history: History, device: int, kind: str, *,
-                 kind_of: Callable[[int], str] | None = None, deferral=None,
+                 arena_limit: int = -1, deferral=None,
                  device_free: Callable[[], int] = lambda: 0, on_oom: Callable | None = None, skip: int = 1):
         self._upstream = upstream
         self._skip = skip + 1
         self._history = history
         self._device = device
         self._kind = kind
-        self._kind_of = kind_of
+        self._arena_limit = arena_limit
         self._deferral = deferral
         self._device_free = device_free
         self._on_oom = on_oom
@@ -215,8 +216,11 @@ class RecordedAllocations:
             the device added to its message."""
         history = self._history
         frames = history.capture(self._skip)
-        stream = per_thread.stream.value
-        kind = self._kind if self._kind_of is None else self._kind_of(size)
+        ref = per_thread.stream if scopes_entered else LEGACY
+        stream = ref.value
+        kind = self._kind
+        if kind == "device":
+            kind = "scratch" if ref.scratch is not None else "arena" if size <= self._arena_limit else "device"
         try:
             mem = self._upstream(size)
         except CudaAPIError as err:

@@ -37,7 +37,6 @@ from typing import Callable
 
 from ..allocator.device import DeviceAllocator
 from ..cuda.pointers import PoolPointer
-from ..cuda.streams import per_thread
 from ..observe.alloclog import AllocationLog, LoggedAllocations
 from ..observe.history import History, RecordedAllocations
 from ..observe.scopes import CountedAllocations
@@ -75,32 +74,20 @@ def compose(allocator: DeviceAllocator, *, managed: Callable[[int], PoolPointer]
     ``recording``."""
     layers = ["arena" if allocator.arena is not None else "mempool"]
     layers += ["log"] * (log is not None) + ["counting"] * counting + ["history"] * (recording is not None)
-    device = _adapt(allocator.source.allocate, "device", log, counting, recording, _kind_of(allocator))
+    arena_limit = allocator.arena.max_block if allocator.arena is not None else -1
+    device = _adapt(allocator.source.allocate, "device", log, counting, recording, arena_limit)
     return Path(device, tuple(reversed(layers)),
-                None if managed is None else _adapt(managed, "managed", log, counting, recording, None))
+                None if managed is None else _adapt(managed, "managed", log, counting, recording, -1))
 
 
 def _adapt(allocate: Callable[[int], PoolPointer], kind: str, log: AllocationLog | None, counting: bool,
-           recording: Recording | None, kind_of):
+           recording: Recording | None, arena_limit: int):
     if log is not None:
         allocate = LoggedAllocations(allocate, log, kind).allocate
     if counting:
         allocate = CountedAllocations(allocate).allocate
     if recording is not None:
-        allocate = RecordedAllocations(allocate, recording.history, recording.device, kind, kind_of=kind_of,
+        allocate = RecordedAllocations(allocate, recording.history, recording.device, kind, arena_limit=arena_limit,
                                        deferral=recording.deferral, device_free=recording.device_free,
                                        on_oom=recording.on_oom, skip=1 if kind == "device" else 2).allocate
     return allocate
-
-
-def _kind_of(allocator: DeviceAllocator) -> Callable[[int], str]:
-    """``(size) -> kind`` of a device allocation made now: ``scratch`` inside
-    ``numba_pool.scratch``, ``arena`` for what the arena serves, else ``device`` (the mempool)."""
-    arena = allocator.arena
-    limit = arena.max_block if arena is not None else -1
-
-    def kind_of(size: int) -> str:
-        if per_thread.stream.scratch is not None:
-            return "scratch"
-        return "arena" if size <= limit else "device"
-    return kind_of
