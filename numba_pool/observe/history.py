@@ -269,6 +269,23 @@ def skipped_dirs() -> tuple[str, ...]:
     return _SKIP
 
 
+#: Path parts that mark a frame as Numba's or numba_pool's in a dump from any machine, whose
+#: install folders differ from this one's.
+PACKAGE_FOLDERS = tuple(f"{os.sep}{package}{os.sep}" for package in ("numba", "numba_cuda", "numba_cuda_mlir",
+                                                                      "numba_pool"))
+#: numba_pool's example kernels and scripts: user code, for the purpose of naming a site.
+_EXAMPLES = f"{os.sep}numba_pool{os.sep}kernels{os.sep}"
+
+
+def is_library_frame(filename: str) -> bool:
+    """Whether a frame's file is numba_pool's (but its example kernels) or Numba's: in this
+    process's folders of them (:func:`skipped_dirs`), or, for a dump from another machine,
+    under a folder named after one of their packages."""
+    if _EXAMPLES in filename:
+        return False
+    return filename.startswith(skipped_dirs()) or any(part in filename for part in PACKAGE_FOLDERS)
+
+
 _line_tables: dict = {}  # code object -> (offsets, lines): its line table, read once
 
 
@@ -291,10 +308,9 @@ def line_of(code, offset: int) -> int:
 def site_of(frames: tuple) -> str:
     """``file:line`` of the innermost frame outside numba_pool and Numba (the user's line that
     allocated), else of the innermost frame; ``"<no stack>"`` without frames."""
-    skip = skipped_dirs()
     stack = pairs(frames)
     for code, offset in stack:
-        if not code.co_filename.startswith(skip):
+        if not is_library_frame(code.co_filename):
             return f"{code.co_filename}:{line_of(code, offset)}"
     if stack:
         code, offset = stack[0]

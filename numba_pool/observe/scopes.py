@@ -46,7 +46,7 @@ from typing import Callable
 from ..allocator.usage import DRAIN_AT, UsageTracker
 from ..cuda import simulator
 from ..cuda.pointers import PoolPointer
-from .history import skipped_dirs
+from .history import is_library_frame
 
 
 class _ThreadScopes(threading.local):
@@ -298,11 +298,10 @@ def _count_free(scopes: tuple, size: int, release) -> None:
 
 
 def _call_site() -> tuple[str, int, str]:
-    """The innermost frame outside numba, numba-cuda, Numba-CUDA-MLIR and numba_pool: (file,
-    line, function)."""
-    skip = skipped_dirs()
+    """The innermost frame outside numba, numba-cuda, Numba-CUDA-MLIR and numba_pool (but its
+    example kernels): (file, line, function)."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(skip):
+    while frame is not None and is_library_frame(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return ("<numba_pool>", 0, "?")

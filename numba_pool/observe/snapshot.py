@@ -38,7 +38,7 @@ import pickle
 from typing import Iterable
 
 from ..allocator.free_list import ALIGNMENT as ALIGN_ARRAYS  # scratch carving's alignment too
-from .history import History, resolve, skipped_dirs
+from .history import History, is_library_frame, resolve
 
 #: numba_pool's block states -> PyTorch's.
 STATES = {"allocated": "active_allocated", "awaiting_free": "active_awaiting_free", "free": "inactive"}
@@ -160,10 +160,11 @@ def summarize(snapshot: dict, limit: int = 10) -> dict:
 
 def site_of_frames(frames: Iterable[dict]) -> str:
     """``file:line`` of the innermost resolved frame outside numba_pool and Numba (the user's
-    allocating line), else of the innermost frame; ``"<no stack>"`` without frames."""
+    allocating line; :func:`~numba_pool.observe.history.is_library_frame`, which also knows
+    them in a dump from another machine), else of the innermost frame; ``"<no stack>"``
+    without frames."""
     frames = list(frames)
-    skip = skipped_dirs()
     for frame in frames:
-        if not frame["filename"].startswith(skip):
+        if not is_library_frame(frame["filename"]):
             return f"{frame['filename']}:{frame['line']}"
     return f"{frames[0]['filename']}:{frames[0]['line']}" if frames else "<no stack>"
