@@ -36,7 +36,9 @@ class Quarantine:
     def take(self) -> dict[int, list[int]]:
         """The snapshot before a fence: every block waiting now, as rounded size -> starts."""
         taken = {}
-        for size, waiting in list(self.waiting.items()):
+        # dict.copy, not list(items()): building the item tuples can run the collector, whose
+        # finalizers (releases) add sizes to ``waiting`` mid-iteration (found by a history test).
+        for size, waiting in self.waiting.copy().items():
             count = len(waiting)
             if count:
                 # Two C-level steps: a release appending meanwhile lands after the first `count`
@@ -80,7 +82,7 @@ class Quarantine:
     def bytes(self) -> tuple[int, int]:
         """(quarantined, cached) bytes."""
         def total(lists):
-            return sum(size * len(starts) for size, starts in list(lists.items()))
+            return sum(size * len(starts) for size, starts in lists.copy().items())
         return total(self.waiting), total(self.ready)
 
     def empty(self) -> None:

@@ -328,7 +328,7 @@ def resolve(frames: tuple) -> list[dict]:
 def live_by_site(history: History, device: int | None = None) -> dict[str, list[Entry]]:
     """The live allocations (of ``device``, or every device) grouped by allocation site."""
     groups: dict[str, list[Entry]] = {}
-    for (dev, _), entry in list(history.live.items()):
+    for (dev, _), entry in history.live.copy().items():  # copy: releases pop from it meanwhile
         if device is None or dev == device:
             groups.setdefault(site_of(entry.frames), []).append(entry)
     return groups
