@@ -229,9 +229,7 @@ def parse_host_max_size(value: Any, source: str) -> int | None:
 
     :raises ConfigError: for 0 bytes, or anything :func:`parse_size` refuses.
     """
-    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
-        return None
-    return _cap_bytes(value, source, "a host cache", "or 'none' for no cap")
+    return _optional_cap(value, source, "a host cache")
 
 
 def parse_managed_max_size(value: Any, source: str) -> int | None:
@@ -239,9 +237,14 @@ def parse_managed_max_size(value: Any, source: str) -> int | None:
 
     :raises ConfigError: for 0 bytes, or anything :func:`parse_size` refuses.
     """
+    return _optional_cap(value, source, "a managed memory cache")
+
+
+def _optional_cap(value: Any, source: str, what: str) -> int | None:
+    """A cache's cap: None for ``None``/``none``, else :func:`_cap_bytes`."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
-    return _cap_bytes(value, source, "a managed memory cache", "or 'none' for no cap")
+    return _cap_bytes(value, source, what, "or 'none' for no cap")
 
 
 def _cap_bytes(value: Any, source: str, what: str, otherwise: str) -> int:

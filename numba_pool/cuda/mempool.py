@@ -52,14 +52,20 @@ class MemPool:
     :raises CudaAPIError: when the driver refuses to create or configure the pool.
     """
 
-    def __init__(self, cu, device_id: int, config: PoolConfig, device_total: int):
+    def __init__(self, cu, device_id: int, config: PoolConfig, device_total: int, *, managed: bool = False):
         self._cu = cu
         self.device_id = device_id
-        self.kind = "device"
-        self.is_private = not config.use_default_pool
-        self.max_size = None if config.use_default_pool else config.max_size_bytes(device_total)
-        self.exportable, self.not_exportable_because = False, "the device's default mempool is not exportable"
+        self.kind = "managed" if managed else "device"
+        self.is_private = managed or not config.use_default_pool
+        self.max_size = None if not self.is_private or managed else config.max_size_bytes(device_total)
+        self.exportable, self.not_exportable_because = False, ("managed mempools cannot be exported" if managed else
+                                                               "the device's default mempool is not exportable")
         self._export_fd: int | None = None
+        if managed:
+            self.handle = self._create_managed()
+            self.set_release_threshold(config.managed_release_threshold)
+            self.peers: list[int] = []  # managed memory is reachable from every device with concurrent access
+            return
         if self.is_private:
             props = cu.CUmemPoolProps()
             props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -71,10 +77,10 @@ class MemPool:
         else:
             self.handle = check(cu.cuDeviceGetDefaultMemPool(cu.CUdevice(device_id)), "cuDeviceGetDefaultMemPool")
         self.set_release_threshold(config.release_threshold)
-        self.peers: list[int] = self.grant_peer_access() if config.peer_access == "all" else []
+        self.peers = self.grant_peer_access() if config.peer_access == "all" else []
 
     @classmethod
-    def managed(cls, cu, device_id: int, release_threshold: int) -> "MemPool":
+    def managed(cls, cu, device_id: int, config: PoolConfig) -> "MemPool":
         """Device ``device_id``'s managed (unified) memory pool: ``cuMemPoolCreate`` with
         ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and no location (``CU_MEM_LOCATION_TYPE_NONE``: no
         preferred location, pages migrate on demand, as ``cuMemAllocManaged``'s); its allocations report
@@ -84,14 +90,14 @@ class MemPool:
         no peer grants (managed memory is reachable from every device with concurrent managed
         access).
 
-        :param release_threshold: bytes the pool keeps reserved at a synchronization.
+        :param config: the options in effect (``managed_release_threshold``: bytes the pool keeps
+            reserved at a synchronization).
         :raises CudaAPIError: when the driver refuses to create or configure the pool.
         """
-        pool = cls.__new__(cls)
-        pool._cu, pool.device_id, pool.kind = cu, device_id, "managed"
-        pool.is_private, pool.max_size, pool.peers = True, None, []
-        pool.exportable, pool.not_exportable_because = False, "managed mempools cannot be exported"
-        pool._export_fd = None
+        return cls(cu, device_id, config, 0, managed=True)
+
+    def _create_managed(self):
+        cu = self._cu
         props = cu.CUmemPoolProps()
         props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
         props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
@@ -101,9 +107,7 @@ class MemPool:
         # With none, pages migrate on demand as cuMemAllocManaged's do (H100, driver 580,
         # 2026-11-25, docs/perf-notes.md).
         props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_NONE
-        pool.handle = check(cu.cuMemPoolCreate(props), "cuMemPoolCreate (managed)")
-        pool.set_release_threshold(release_threshold)
-        return pool
+        return check(cu.cuMemPoolCreate(props), "cuMemPoolCreate (managed)")
 
     def _handle_types(self, wanted: bool):
         """``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`` when IPC is wanted and the device's

@@ -349,10 +349,7 @@ def worker_snapshot() -> dict:
     pool's queries need one.  A process where numba_pool serves no device gives the empty
     snapshot.  Never raises: a failure gives the empty snapshot with ``error``, one line."""
     try:
-        by_device: dict[int, list[dict]] = {}
-        for manager in managers():
-            by_device.setdefault(manager.device_id, []).extend(_segments_in_context(manager))
-        return _snapshot.build(by_device, _history.current())
+        return debugging.snapshot_of(managers(), _segments_in_context)
     except Exception as err:  # one worker's failure must not lose the others' snapshots
         return failed_snapshot(f"{type(err).__name__}: {err}")
 

@@ -188,13 +188,12 @@ def _write_snapshot(path: str, frontend) -> None:
     except RuntimeError as err:  # numba_pool is not the memory manager: its one line says why
         print(f"no snapshot: {err}")
         return
-    from numba_pool.observe.snapshot import dump
+    from numba_pool.observe.snapshot import dump, summarize
 
     snapshot = numba_pool.snapshot()
     dump(snapshot, path)
-    reserved = sum(s["total_size"] for s in snapshot["segments"])
-    allocated = sum(b["requested_size"] for s in snapshot["segments"] for b in s["blocks"]
-                    if b["state"] == "active_allocated")
+    totals = summarize(snapshot)
+    reserved, allocated = totals["reserved"], totals["allocated"]
     print(f"snapshot: {path}: {len(snapshot['segments'])} segments, reserved {reserved} bytes, allocated {allocated} "
           f"bytes; stats: reserved {stats.pool_reserved_bytes + stats.host_reserved_bytes + stats.managed_reserved_bytes} "
           f"bytes, in use {stats.bytes_in_use} bytes")

@@ -35,11 +35,12 @@ def segments_of(manager) -> list[dict]:
     return segments
 
 
-def snapshot_of(managers: Iterable) -> dict:
-    """The snapshot of ``managers`` (every device they serve) with the history in effect."""
+def snapshot_of(managers: Iterable, segments: Callable = segments_of) -> dict:
+    """The snapshot of ``managers`` (every device they serve) with the history in effect;
+    ``segments(manager)`` reads each one's (the Dask plugin's pushes its context first)."""
     by_device: dict[int, list[dict]] = {}
     for manager in managers:
-        by_device.setdefault(manager.device_id, []).extend(segments_of(manager))
+        by_device.setdefault(manager.device_id, []).extend(segments(manager))
     return _snapshot.build(by_device, _history.current())
 
 

@@ -81,7 +81,7 @@ def managed_cache(cu, device_id: int, context, config: _config.PoolConfig) -> tu
     if why:
         return None, why
     try:
-        pool = MemPool.managed(cu, device_id, config.managed_release_threshold)
+        pool = MemPool.managed(cu, device_id, config)
     except CudaAPIError as err:  # device arrays need no managed pool: Numba's path serves managed ones
         warn(f"device {device_id}: no managed mempool ({err.msg}); managed arrays take Numba's own path")
         return None, f"the driver refused a managed mempool on device {device_id} ({err.msg})"
