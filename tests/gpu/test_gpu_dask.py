@@ -95,6 +95,8 @@ def test_local_cuda_cluster_workers_allocate_through_numba_pool():
         responses = client.register_plugin(npd.NumbaPoolPlugin())  # options: the workers' NUMBA_POOL_*
         managed_on = numba_pool.config.load().managed  # the same environment's
         assert list(responses.values()) == [{"status": "OK"}] * len(workers), responses
+        recording = npd.record_history(client)
+        assert all(r["recording"] for r in recording.values()), recording
         futures = {address: client.map(allocate_and_checksum, range(TASKS_PER_WORKER), workers=[address],
                                        allow_other_workers=False, pure=False)
                    for address in workers}
@@ -103,6 +105,7 @@ def test_local_cuda_cluster_workers_allocate_through_numba_pool():
                                           pure=False).result(timeout=120)
                    for address in workers}
         statistics = npd.stats(client)
+        worker_snapshots = npd.snapshots(client)
         print("\nnumba_pool statistics per worker:")
         print(json.dumps(statistics, indent=1, sort_keys=True))
 
@@ -128,6 +131,12 @@ def test_local_cuda_cluster_workers_allocate_through_numba_pool():
             else:
                 print(f"{address}: managed arrays from Numba's own path: {m['why not']}")
         assert len(gpus) == len(workers)  # one GPU per worker
+        for address in workers:  # each worker's snapshot: its own allocations, with their events
+            snap = worker_snapshots[address]
+            assert "error" not in snap, snap.get("error")
+            traced = [e for trace in snap["device_traces"] for e in trace if e["action"] == "alloc"]
+            assert len(traced) >= 2 * TASKS_PER_WORKER, (address, len(traced))
+            print(f"{address}: snapshot with {len(snap['segments'])} segments, {len(traced)} allocations traced")
 
         # The same figures reach the scheduler through worker.metrics, with a heartbeat.
         deadline = time.monotonic() + 30
