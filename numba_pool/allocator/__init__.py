@@ -98,6 +98,19 @@ that runs this code against random legal programs (the test package ``cuda_model
     the reset's pool is destroyed only once nothing can allocate from it.  Objects a late
     release may still touch (the domains' events) go when it can no longer reach them.
 
+13. **A capture gets graph memory, and nothing else touches what it would break**
+    (:mod:`.captures`).  An allocation on a stream being captured (CUDA graphs) is an
+    allocation node of the graph (``cuMemAllocFromPoolAsync`` on the capturing stream, from a
+    pool graphs accept), never an arena block or a scratch carve: those have no node, and the
+    graph's kernels would write them at every replay after their next owner got them.  Its
+    release during the capture is a free node; after it, the graph's allocation is freed on the
+    capture stream, after the launches ordered there.  While a capture numba_pool knows of is
+    under way, numba_pool never uses the legacy stream (which a blocking stream's capture makes
+    unusable) and never synchronizes (which invalidates any capture); its other driver calls
+    run in relaxed capture mode; allocations come straight from the mempool (the legacy
+    stream's on a side stream, synchronized, so the block is idle when handed out); releases
+    are held back and run in order once no capture is under way.
+
 Threads
 -------
 Releases run in finalizers: in any thread, and even inside an allocation of the same thread
@@ -123,7 +136,8 @@ the ordering argument above has not been made for it; :func:`.threads.require_gi
 Modules, bottom up: :mod:`.usage` (lock-free usage events), :mod:`.free_list` (one domain's heap),
 :mod:`.waits` (rules 2 and 8), :mod:`.sources` (what both block sources share),
 :mod:`.mempool_blocks` (rule 7), :mod:`.quarantine` and :mod:`.domains` (rules 4-6),
-:mod:`.arena` (rules 1, 3-6), :mod:`.scratch` (a bump-allocated block), :mod:`.backings` and
+:mod:`.arena` (rules 1, 3-6), :mod:`.scratch` (a bump-allocated block), :mod:`.captures`
+(rule 13: stream capture), :mod:`.backings` and
 :mod:`.host_blocks` (rule 9: pinned and managed memory), :mod:`.device` (one device's allocator: the block sources, the barriers that
 synchronize, ``record_stream``, IPC holds; rules 11 and 12), :mod:`.threads` (the GIL check).
 """

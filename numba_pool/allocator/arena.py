@@ -28,10 +28,12 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
+from ..cuda.capture import is_capturing
 from ..cuda.driver import EVENT_FLAGS, OUT_OF_MEMORY, check
 from ..cuda.errors import CudaAPIError
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
+from .captures import underway
 from .domains import Domain, Domains
 from .free_list import ALIGNMENT, ArenaError, round_up
 from .quarantine import Quarantine
@@ -122,10 +124,14 @@ class ArenaBlocks(BlockSource):
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when no slab can be had even after
             the out-of-memory handler made room; any other driver error as returned.
         """
+        if underway:  # rule 13: no arena block while a capture is under way
+            return self.capture_router(size)
         if size > self.max_block:
             return self.delegate(size)
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream is not LEGACY:
+            if is_capturing(self._cu, stream.handle):  # rule 13: an allocation node, not a carve
+                return self.capture_router(size)
             if stream.scratch is not None:
                 return self.delegate(size)
             return self.allocate_scoped(size, stream)

@@ -21,6 +21,7 @@ from cuda.bindings import driver as _cuda
 
 from ..cuda.driver import OUT_OF_MEMORY, SUCCESS, check, report_failure
 from ..cuda.streams import LEGACY
+from . import captures
 
 #: ``cuMemHostAlloc`` flag that maps a pinned block into the device's address space.
 DEVICEMAP = int(_cuda.CU_MEMHOSTALLOC_DEVICEMAP)
@@ -90,17 +91,31 @@ class ManagedBacking:
     def __init__(self, cu, pool):
         self._cu = cu
         self.pool = pool
+        self._side = None  # a stream for allocations while a capture is under way (rule 13)
 
     def allocate(self, rounded: int, flags: int) -> tuple[int, int] | None:
         """A new managed block of ``rounded`` bytes, ``(address, address)``; None when the pool
         cannot grow.
 
+        While a stream capture is under way (rule 13: the legacy stream would join or break it,
+        and the caller is in relaxed capture mode), on a side stream, synchronized.
+
         :raises CudaAPIError: any other driver error."""
-        err, ptr = self._cu.cuMemAllocFromPoolAsync(rounded, self.pool.handle, LEGACY.handle)
+        beside = bool(captures.underway)
+        stream = self._side_stream() if beside else LEGACY.handle
+        err, ptr = self._cu.cuMemAllocFromPoolAsync(rounded, self.pool.handle, stream)
         if err == OUT_OF_MEMORY:
             return None
         address = int(check((err, ptr), f"cuMemAllocFromPoolAsync({rounded} bytes, managed mempool)"))
+        if beside:
+            check(self._cu.cuStreamSynchronize(stream), "cuStreamSynchronize (managed block beside a capture)")
         return address, address
+
+    def _side_stream(self):
+        if self._side is None:
+            flags = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+            self._side = check(self._cu.cuStreamCreate(flags), "cuStreamCreate (managed blocks beside a capture)")
+        return self._side
 
     def free(self, address: int) -> tuple:
         """Give a block back to the managed mempool (``cuMemFreeAsync`` on the legacy stream,

@@ -16,13 +16,16 @@ from typing import Callable
 import humanfriendly
 
 from ..config import PoolConfig, release_limit
+from ..cuda.capture import relaxed, trim_graph_memory
 from ..cuda.context import OwnerContext
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
 from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.mempool import MemPool, device_memory_info
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef
+from . import captures
 from .arena import ArenaBlocks, layout
+from .captures import CaptureRouter, GraphBlocks, capture_pool_config
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
 from .waits import Deferral, Hold, StreamWaits
@@ -72,6 +75,26 @@ class DeviceAllocator:
         #: Where every request starts: the arena when it is on, else the mempool blocks.  Its
         #: ``allocate(size)`` is the allocation path with no adaptor (:mod:`numba_pool.plugin.path`).
         self.source = self.arena if self.arena is not None else self.mempool_blocks
+        # Rule 13: captured allocations, and where allocations go while a capture is under way.
+        self._config = config
+        self._capture_pool: MemPool | None = None
+        self.graph_blocks = GraphBlocks(cu, self._pool_for_captures, context, pointer=pointer)
+        router = CaptureRouter(cu, self.graph_blocks, self.source.allocate, self.mempool_blocks.allocate_on,
+                               self.mempool_blocks.allocate_beside)
+        self.mempool_blocks.capture_router = router.allocate
+        if self.arena is not None:
+            self.arena.capture_router = router.allocate
+
+    def _pool_for_captures(self):
+        """The pool that captured allocations name: the device's mempool when graphs accept it
+        (not exportable), else a pool made for captures at the first one (relaxed mode: the
+        capture under way must not see the creation)."""
+        if not self.pool.exportable:
+            return self.pool.handle
+        if self._capture_pool is None:
+            with relaxed(self.cu):
+                self._capture_pool = MemPool(self.cu, self.pool.device_id, capture_pool_config(self._config), 0)
+        return self._capture_pool.handle
 
     def allocate(self, size: int) -> PoolPointer:
         """``size`` bytes from the block source on the thread's allocation stream, with no
@@ -110,6 +133,7 @@ class DeviceAllocator:
         :raises CudaAPIError: when the synchronize fails."""
         if not self.hold(address, hold):
             return False
+        self.refuse_during_capture("an IPC export (it synchronizes the context)")
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (IPC export)")
         return True
 
@@ -170,8 +194,21 @@ class DeviceAllocator:
     def issue_frees(self) -> None:
         """Issue the legacy-stream frees that releases queued (Note [Legacy-stream frees are
         issued by the next allocation] in :mod:`.mempool_blocks`), in the owner's context: before
-        figures are read and before a barrier."""
+        figures are read and before a barrier.  Releases held back by a capture that has ended
+        run first (rule 13)."""
+        if captures.underway or captures.held_back():
+            captures.refresh(self.cu)
         self.mempool_blocks.issue_legacy_frees_in_owner_context()
+
+    def refuse_during_capture(self, what: str) -> None:
+        """Rule 13: a synchronize invalidates every capture under way.
+
+        :raises RuntimeError: naming ``what`` and the capturing stream, while numba_pool knows
+            of a capture under way."""
+        if captures.underway and captures.refresh(self.cu):
+            streams = ", ".join(f"{c.stream.value:#x}" for c in list(captures.underway))
+            raise RuntimeError(f"numba_pool: {what} cannot run while stream {streams} is being captured: "
+                               "it would invalidate the capture; call it after cuStreamEndCapture")
 
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes that allocations can still get: the device's free memory
@@ -215,6 +252,10 @@ class DeviceAllocator:
             line when the retry fails too.
         """
         self._usage.count_oom(failed=False)
+        if captures.underway:  # rule 13: no synchronize or trim during a capture
+            self._usage.count_oom(failed=True)
+            raise api_error(OUT_OF_MEMORY, self.describe_out_of_memory(size).replace(
+                "after synchronizing, trimming and retrying once", "during a stream capture (nothing synchronized or trimmed)"))
         self._before_retry()
         self.trim(0)
         try:
@@ -228,12 +269,19 @@ class DeviceAllocator:
     def trim(self, keep_bytes: int) -> None:
         """Give the arena's empty slabs back (rule 4's snapshot and fence first, then
         stream-ordered frees), synchronize so that every stream-ordered free has completed, and
-        release the pool's unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``)."""
+        release the pool's unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``), and the
+        graph memory that no graph uses (``cuDeviceGraphMemTrim``).
+
+        :raises RuntimeError: during a stream capture (rule 13)."""
+        self.refuse_during_capture("trim()")
         self.issue_frees()
         if self.arena is not None:
             self.arena.release_cached()
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
         self.pool.trim(keep_bytes)
+        if self._capture_pool is not None:
+            self._capture_pool.trim(keep_bytes)
+        trim_graph_memory(self.cu, self.pool.device_id)  # what no graph uses
 
     def reset(self) -> None:
         """Free everything and give the pool's memory back.  The snapshot (every live pointer,
@@ -245,6 +293,7 @@ class DeviceAllocator:
         if self.arena is not None:
             pointers += [self.cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
         self.waits.waiting.clear()
+        self.graph_blocks.live.clear()  # graph memory: its graphs' own, not this pool's
         while self.scratch_blocks:  # popitem, not a copy: a finalizer may pop one meanwhile
             try:
                 self.scratch_blocks.popitem()[1].forget()
@@ -260,6 +309,8 @@ class DeviceAllocator:
         with contextlib.suppress(CudaAPIError):
             self.pool.trim(0)
         destroy_when_collected(self, self.pool, self.waits.owner)
+        if self._capture_pool is not None:
+            destroy_when_collected(self, self._capture_pool, self.waits.owner)
 
 
 def destroy_when_collected(holder, pool: MemPool, owner: OwnerContext) -> None:

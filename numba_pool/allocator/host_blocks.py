@@ -51,10 +51,12 @@ from dataclasses import dataclass, field
 
 from cuda.bindings import driver as _cuda
 
+from ..cuda.capture import relaxed
 from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, OUT_OF_MEMORY, SUCCESS, check, report_failure, warn
 from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
+from . import captures
 from .backings import DEVICEMAP, PinnedBacking
 from .waits import Deferral
 
@@ -139,7 +141,9 @@ class HostBlocks:
             other driver error as returned.
         """
         rounded = block_size(size)
-        with self._lock:
+        # Rule 13: beside a capture, in relaxed mode; nothing goes back to the backing until it ends.
+        beside = captures.underway and captures.refresh(self._cu)
+        with relaxed(self._cu) if beside else contextlib.nullcontext(), self._lock:
             self._take_released()
             block = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
             block.stream = stream
@@ -157,7 +161,7 @@ class HostBlocks:
                 bin_ = self.bins[(block.flags, block.size)] = deque()
             bin_.append(block)
             self.cached += block.size
-        if self.release_threshold is not None and self.cached > self.release_threshold:
+        if self.release_threshold is not None and self.cached > self.release_threshold and not captures.underway:
             self._free_completed(self.release_threshold)
 
     def _take_cached(self, flags: int, rounded: int) -> HostBlock | None:
@@ -181,12 +185,12 @@ class HostBlocks:
         return True
 
     def _new_block(self, size: int, rounded: int, flags: int) -> HostBlock:
-        if self.max_size is not None and self.reserved + rounded > self.max_size:
+        if self.max_size is not None and self.reserved + rounded > self.max_size and not captures.underway:
             self._free_oldest(self.max_size - rounded)
         if self.max_size is not None and self.reserved + rounded > self.max_size:
             raise self._out_of_memory(size, rounded, flags, "the cap")
         got = self.backing.allocate(rounded, flags)
-        if got is None:
+        if got is None and not captures.underway:
             self._free_oldest(0)
             got = self.backing.allocate(rounded, flags)
             if got is None:
@@ -195,14 +199,7 @@ class HostBlocks:
         return HostBlock(got[0], got[1], rounded, flags, generation=self.generation)
 
     def _out_of_memory(self, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
-        backing = self.backing
-        cap = f"capped at {self.max_size} bytes ({backing.cap_variable})" if self.max_size is not None else "uncapped"
-        in_use = sum(b.size for b in self.live.values())
-        what = backing.describe(flags).format(size=size, rounded=rounded)
-        return api_error(OUT_OF_MEMORY, (
-            f"numba_pool: out of {what} after waiting for and freeing the cached blocks: refused by "
-            f"{refused_by}; {backing.kind} pool {cap} reserves {self.reserved} bytes, {in_use} in use, "
-            f"{self.cached} cached"))
+        return out_of_memory_error(self, size, rounded, flags, refused_by)
 
     # -- giving memory back (under the lock) -------------------------------------------------
 
@@ -305,7 +302,11 @@ class HostBlocks:
         the streams are alive (Note [A release made free later orders now],
         :mod:`numba_pool.allocator.waits`).  Never raises; where it cannot record, it
         synchronizes the context (``cuCtxSynchronize``) and the block needs no event.  A block
-        whose release straddles a reset is counted by the next generation."""
+        whose release straddles a reset is counted by the next generation.  While a stream
+        capture is under way, the release waits for it to end (rule 13)."""
+        if captures.underway:
+            captures.defer(partial(self.release, block, deferral))
+            return
         popped = self.live.pop(block.host, None)
         if block.orphan:  # a reset marked it (before or after our pop): freed as Numba does
             self._free_orphan(block, True)
@@ -398,6 +399,20 @@ class HostBlocks:
             in_use = sum(b.size for b in [*self.live.values(), *self._held_now()])
             released = sum(b.size for b in list(self.released) if b.generation == self.generation)
             assert in_use + self.cached + released == self.reserved, (in_use, self.cached, released, self.reserved)
+
+
+def out_of_memory_error(cache: HostBlocks, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
+    """The one line of a host or managed allocation of ``size`` bytes (a block of ``rounded``)
+    that ``refused_by`` refused even after the cached blocks were freed: the cap, reserved,
+    in-use and cached bytes."""
+    backing = cache.backing
+    cap = f"capped at {cache.max_size} bytes ({backing.cap_variable})" if cache.max_size is not None else "uncapped"
+    in_use = sum(b.size for b in cache.live.copy().values())
+    what = backing.describe(flags).format(size=size, rounded=rounded)
+    return api_error(OUT_OF_MEMORY, (
+        f"numba_pool: out of {what} after waiting for and freeing the cached blocks: refused by "
+        f"{refused_by}; {backing.kind} pool {cap} reserves {cache.reserved} bytes, {in_use} in use, "
+        f"{cache.cached} cached"))
 
 
 def segments(cache: HostBlocks) -> list[dict]:

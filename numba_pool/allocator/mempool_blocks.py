@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from functools import partial
 
+from ..cuda.capture import is_capturing
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
 from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
+from .captures import defer, underway
 from .sources import BlockSource
 
 
@@ -49,6 +51,7 @@ class PooledBlocks(BlockSource):
         self.legacy_frees: list = []
         # Bound once: a bound method made per allocation cost 0.1 µs (bench).
         self._release_bound = self._release
+        self._side = None  # rule 13's side stream, made at the first allocation beside a capture
 
     def allocate(self, size: int) -> PoolPointer:
         """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`):
@@ -61,10 +64,19 @@ class PooledBlocks(BlockSource):
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
             after the out-of-memory handler made room; any other driver error as returned."""
         stream = per_thread.stream if scopes_entered else LEGACY
+        if underway or (stream is not LEGACY and is_capturing(self._cu, stream.handle)):
+            return self.capture_router(size)  # rule 13
         if stream.scratch is not None:
             return stream.scratch.allocate(size)
         if self.legacy_frees:
             self.issue_legacy_frees()
+        return self.allocate_on(size, stream)
+
+    def allocate_on(self, size: int, stream: StreamRef) -> PoolPointer:
+        """``size`` bytes on ``stream`` straight from the mempool, freed on it when released
+        (no scratch, no capture check: :meth:`allocate` and rule 13's router decide that).
+
+        :raises CudaAPIError: as :meth:`allocate`."""
         err, ptr = self._alloc_async(size, self._pool, stream.handle)
         if err:
             if self.dropped:  # a reset overtook this allocation
@@ -77,6 +89,27 @@ class PooledBlocks(BlockSource):
         self._note(size)
         self._drain_if_due()
         return self._pointer(self._context, ptr, size, partial(self._release_bound, ledger, ptr, stream))
+
+    def allocate_beside(self, size: int) -> PoolPointer:
+        """Rule 13: ``size`` bytes for the legacy stream's users while a capture is under way
+        (which the legacy stream would join or break): allocated on a side stream and
+        synchronized with it (the caller is in relaxed capture mode), so the block is idle when
+        handed out; released as the legacy stream's blocks are, once no capture is under way.
+
+        :raises CudaAPIError: the driver's error."""
+        side = self._side_stream()
+        ptr = check(self._alloc_async(size, self._pool, side), f"cuMemAllocFromPoolAsync({size} bytes) beside a capture")
+        check(self._cu.cuStreamSynchronize(side), "cuStreamSynchronize (beside a capture)")
+        ledger = self.ledger
+        ledger[ptr] = size
+        self._note(size)
+        return self._pointer(self._context, ptr, size, partial(self._release_bound, ledger, ptr, LEGACY))
+
+    def _side_stream(self):
+        if self._side is None:
+            flags = self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+            self._side = check(self._cu.cuStreamCreate(int(flags)), "cuStreamCreate (beside a capture)")
+        return self._side
 
     def _after_error(self, size: int, stream: StreamRef, err):
         if err != OUT_OF_MEMORY:
@@ -95,6 +128,9 @@ class PooledBlocks(BlockSource):
 
     def _release(self, ledger: dict, ptr, stream: StreamRef) -> None:
         # Any thread, from a finalizer: never raises.
+        if underway:  # rule 13: no driver call while a capture is under way
+            defer(partial(self._release, ledger, ptr, stream))
+            return
         size = ledger.pop(ptr, None)
         if size is None:  # a reset freed it already
             return
@@ -120,6 +156,8 @@ class PooledBlocks(BlockSource):
         """Issue the legacy-stream frees that releases queued, in the calling thread, which
         must have the owner's context current (an allocation, or through
         :meth:`OwnerContext.enter <numba_pool.cuda.context.OwnerContext.enter>`)."""
+        if underway:  # rule 13: the legacy stream waits for the captures to end
+            return
         frees, free_async, legacy = self.legacy_frees, self._free_async, LEGACY.handle
         while frees:
             try:

@@ -45,8 +45,16 @@ class BlockSource:
         self._note = usage.events.append  # one usage event per allocation (bytes) and free (~bytes)
         self._drain_if_due = usage.drain_if_due
         self._on_out_of_memory = on_out_of_memory
+        #: Rule 13's slow branch (:class:`~numba_pool.allocator.captures.CaptureRouter`), set by
+        #: the device allocator: an allocation while a capture is under way, or on a capturing stream.
+        self.capture_router: Callable[[int], object] = _no_router
 
 
 def _no_successor(size: int):
     raise RuntimeError(f"numba_pool: an allocation of {size} bytes was overtaken by a reset of its pool, "
                        "and no allocator serves the next generation")
+
+
+def _no_router(size: int):
+    raise RuntimeError(f"numba_pool: an allocation of {size} bytes met a stream capture, and no capture router "
+                       "was set up for this block source")

@@ -36,6 +36,7 @@ from typing import Callable, Protocol
 from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
+from . import captures
 
 
 class CannotOrder(RuntimeError):
@@ -141,7 +142,12 @@ class StreamWaits:
         or while a hold keeps it, later.  ``settle(stream)`` (may raise) runs once the
         recorded streams are waited for; ``publish(on)`` makes the block free, ordered on
         ``on``, a stream valid now, or after a synchronize when ``on`` is None (it may raise;
-        then the fallback synchronizes and calls ``publish(None)``).  Never raises."""
+        then the fallback synchronizes and calls ``publish(None)``).  Never raises.  While a
+        stream capture is under way, the whole release waits for it to end (rule 13: its
+        event records, waits and synchronize fallback could break the capture)."""
+        if captures.underway:
+            captures.defer(partial(self.release, start, stream, publish, settle))
+            return
         waiting = self.waiting.pop(start, None) if self.waiting else None
         streams, holds = split_waiting(waiting)
         if holds or self.deferral.depth:

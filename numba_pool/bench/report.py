@@ -27,7 +27,8 @@ import time
 
 import click
 
-from . import allocator_cost, checks, device_tables, end_to_end, history_cost, host_tables, host_worker, launch, worker
+from . import (allocator_cost, checks, device_tables, end_to_end, graph_tables, history_cost, host_tables, host_worker,
+               launch, worker)
 from . import anchors as anchor_module
 from .core import FRONTEND, frontend_label
 from .labels import DEFAULT, NUMBA_POOL
@@ -62,7 +63,7 @@ class Setting:
 def run(setting: Setting, *, part: str, baseline: str | None, anchors: bool, plain_pool: bool, no_arena: bool,
         rounds: int, runs: int, warm_up: int, turns: bool, host_rows: bool, managed_rows: bool = True,
         device_rows: bool = True) -> tuple[dict, list[checks.Flag]]:
-    """Run ``part`` (``all``, ``allocator`` or ``end-to-end``) with the command's options and
+    """Run ``part`` (``all``, ``allocator``, ``end-to-end`` or ``graphs``) with the command's options and
     print its tables.  Returns the JSON report (the device, date and core, the frontend as the
     tables name it, ``frontend``, and by name, ``frontend_name``; each part's figures and notes,
     the failed checks as text) and the failed checks.
@@ -78,8 +79,35 @@ def run(setting: Setting, *, part: str, baseline: str | None, anchors: bool, pla
         flags += end_to_end_part(report, setting, anchors=anchors, no_arena=no_arena, rounds=rounds, baseline=baseline,
                                  host_rows=host_rows, managed_rows=managed_rows, device_rows=device_rows, runs=runs,
                                  warm_up=warm_up, turns=turns)
+    if part in ("all", "graphs"):
+        flags += graphs_part(report, setting, runs=runs)
     report["checks_failed"] = [str(f) for f in flags]
     return report, flags
+
+
+def graphs_part(report: dict, setting: Setting, *, runs: int) -> list[checks.Flag]:
+    """Run the CUDA-graph part ``runs`` times (:mod:`numba_pool.bench.graph_tables`); print each
+    run's table; fill ``report``; a replay whose result was wrong is a failed check.
+
+    :raises BenchError: when a process failed."""
+    flags = []
+    report["graphs"] = []
+    for run in range(runs):
+        try:
+            results = graph_tables.measure_run(setting.core, run, runs)
+        except RuntimeError as err:
+            raise BenchError(str(err)) from None
+        click.echo(f"{setting.heading}; CUDA graphs, run {run + 1}/{runs} (CPU core {setting.core}): a temporary "
+                   "allocated, filled, added and dropped per iteration, launched eagerly and replayed from one capture; "
+                   f"median of 7 blocks of 1000 iterations")
+        click.echo(graph_tables.render(results))
+        for label, result in results.items():
+            for row in result["sizes"]:
+                if row.get("correct") is False:
+                    flags.append(checks.Flag("graphs", str(row["bytes"]), label, "the replayed graph's result was wrong"))
+        report["graphs"].append(results)
+    echo_notes_and_flags([], flags)
+    return flags
 
 
 def echo_notes_and_flags(notes: list[str], flags: list) -> None:

@@ -70,10 +70,11 @@ def _frontend(ctx, param, value):
               help="The CPU core every measuring process pins itself to (default: the lowest this process may use).")
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False),
               help="A folder holding another installed numba_pool: add its rows, to compare versions in one run.")
-@click.option("--part", type=click.Choice(["all", "allocator", "end-to-end"]), default="all", show_default=True,
+@click.option("--part", type=click.Choice(["all", "allocator", "end-to-end", "graphs"]), default="all", show_default=True,
               help="allocator: memalloc+release timed in one process, managers taking turns; "
                    "end-to-end: cuda.device_array (and pinned and managed memory, see the row switches below) per "
-                   "manager, each in its own process.")
+                   "manager, each in its own process; graphs: a pipeline with a temporary launched eagerly and "
+                   "replayed from a CUDA graph, per manager.")
 @click.option("--plain-pool", is_flag=True,
               help="Allocator part: add numba_pool on a pool neither exportable (IPC) nor reachable from peers, "
                    "to show what those cost.")

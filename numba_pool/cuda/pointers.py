@@ -47,6 +47,9 @@ class PoolPointer:
     """
 
     _release = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
+    #: The id of the stream capture whose graph allocated this memory (an allocation node,
+    #: rule 13 of numba_pool.allocator), 0 for memory allocated outside any capture.
+    captured = 0
 
     def __init__(self, context, pointer, size: int, release: Callable[[], None]):
         # MemoryPointer.__init__'s attributes, set here rather than through super().__init__(),

@@ -72,7 +72,9 @@ def as_stream_ref(stream: Any) -> StreamRef:
 
     Accepts a Numba stream (``cuda.stream()``, ``cuda.external_stream(ptr)``,
     ``cuda.default_stream()``...), a ``CUstream``, an int handle, or any object implementing the
-    CUDA stream protocol (``__cuda_stream__``), such as CuPy and PyTorch streams.  The legacy
+    CUDA stream protocol (``__cuda_stream__``), such as CuPy and PyTorch streams, cuda.core's
+    ``Stream`` and its ``GraphBuilder`` (numba-cuda launches kernels into a builder's capture:
+    its stream is the one captured).  The legacy
     default stream, by handle 0 or ``CU_STREAM_LEGACY``, is always :data:`LEGACY`.
 
     :raises TypeError: for anything else, naming its type.
@@ -125,6 +127,12 @@ def leave_scope(previous: StreamRef) -> None:
     per_thread.stream = previous
 
 
+#: Called with the scope's stream when a thread enters :func:`using_stream`: the allocator
+#: registers its capture check there (rule 13 of numba_pool.allocator: a stream entered while it
+#: is being captured makes the capture known before its first allocation).
+entry_hooks: list = []
+
+
 def current_stream() -> StreamRef:
     """The calling thread's allocation stream."""
     return per_thread.stream
@@ -145,6 +153,8 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
     :raises TypeError: when ``stream`` is not a stream.
     """
     ref = as_stream_ref(stream)
+    for hook in entry_hooks:
+        hook(ref)
     previous = enter_scope(ref)
     try:
         yield ref

@@ -1,7 +1,8 @@
 """The allocation log: every allocate and free in RMM's logging format (CSV).
 
 Header ``Thread,Time,Action,Pointer,Size,Stream,Kind``: RMM's six columns, then the kind of
-memory (``device``, or ``managed`` for ``cuda.managed_array``); actions ``allocate``, ``free``
+memory (``device``; ``managed`` for ``cuda.managed_array``; ``graph`` for an allocation made
+while its stream was being captured, an allocation node of a CUDA graph); actions ``allocate``, ``free``
 and ``allocate failure``; pointer and stream in hex; time ``HH:MM:SS.ffffff`` (RMM's
 ``logging_resource_adaptor`` pattern ``%t,%H:%M:%S.%f``).  Readers of RMM's format that take
 the first six columns read it unchanged.  Rows are buffered and written when
@@ -26,8 +27,10 @@ from ..cuda.streams import per_thread
 
 HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream", "Kind")
 ACTIONS = ("allocate", "free", "allocate failure")
-#: The Kind column's values: device memory (Numba's ``memalloc``), managed memory (``memallocmanaged``).
-KINDS = ("device", "managed")
+#: The Kind column's values: device memory (Numba's ``memalloc``), managed memory
+#: (``memallocmanaged``), graph memory (``memalloc`` on a stream being captured).
+KINDS = ("device", "managed", "graph")
+GRAPH = "graph"
 #: Rows buffered before they are written.
 FLUSH_EVERY = 4096
 
@@ -117,12 +120,15 @@ class LoggedAllocations:
             self._log.failure(size, stream, self._kind)
             raise
         address = mem.device_pointer_value
-        self._log.allocate(address, size, stream, self._kind)
-        return type(mem)(mem.context, mem.device_pointer, size,
-                           partial(self._log_then_release, address, size, stream, mem.take_release()))
+        kind = GRAPH if mem.captured else self._kind  # rule 13: an allocation node of a capture
+        self._log.allocate(address, size, stream, kind)
+        logged = type(mem)(mem.context, mem.device_pointer, size,
+                           partial(self._log_then_release, address, size, stream, kind, mem.take_release()))
+        logged.captured = mem.captured
+        return logged
 
-    def _log_then_release(self, address: int, size: int, stream: int, release: Callable[[], None]) -> None:
+    def _log_then_release(self, address: int, size: int, stream: int, kind: str, release: Callable[[], None]) -> None:
         # Any thread, from a finalizer: never raises (the row goes to a deque; a full buffer is
         # written only if no other thread is writing: AllocationLog.flush(wait=False)).
-        self._log.free(address, size, stream, self._kind)
+        self._log.free(address, size, stream, kind)
         release()

@@ -228,12 +228,16 @@ class RecordedAllocations:
                 raise
             raise self._out_of_memory(size, stream, kind, frames, err) from None
         address = mem.device_pointer_value
+        if mem.captured:  # rule 13: an allocation node of a capture
+            kind = "graph"
         entry = _new_entry(Entry, ("alloc", self._device, address, size, stream, kind, _thread(), _now(), frames, 0))
         history.entries.append(entry)
         history.live[(self._device, address)] = entry
-        return type(mem)(mem.context, mem.device_pointer, size,
-                         partial(history.release_recorded, self._device, address, size, stream, kind,
-                                 mem.take_release(), self._deferral))
+        recorded = type(mem)(mem.context, mem.device_pointer, size,
+                             partial(history.release_recorded, self._device, address, size, stream, kind,
+                                     mem.take_release(), self._deferral))
+        recorded.captured = mem.captured
+        return recorded
 
     def _out_of_memory(self, size: int, stream: int, kind: str, frames: tuple, err: CudaAPIError) -> CudaAPIError:
         try:

@@ -287,7 +287,9 @@ class CountedAllocations:
                 if site is None:
                     site = _call_site()
                 scope._record_site(site, size)
-        return type(mem)(mem.context, mem.device_pointer, size, partial(_count_free, scopes, size, mem.take_release()))
+        counted = type(mem)(mem.context, mem.device_pointer, size, partial(_count_free, scopes, size, mem.take_release()))
+        counted.captured = mem.captured  # rule 13: graph memory stays marked
+        return counted
 
 
 def _count_free(scopes: tuple, size: int, release) -> None:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..allocator import captures
+from ..cuda.capture import graph_memory, relaxed
+
 
 @dataclass(frozen=True)
 class PoolStatistics:
@@ -30,6 +33,11 @@ class PoolStatistics:
     for reuse, and the blocks reserved.  ``managed_*``: managed memory (``NUMBA_POOL_MANAGED``;
     zero, ``managed_on`` false, when off or not supported): bytes of blocks from the managed
     mempool (rounded to powers of two), in managed arrays, cached for reuse, and the blocks.
+    ``graph_*``: the device's graph memory (``cuDeviceGetGraphMemAttribute``: the memory of CUDA
+    graphs' allocation nodes, every graph's, kept apart from the mempools), used and reserved
+    with their high watermarks, and the arrays numba_pool allocated in stream captures that are
+    still alive (count, bytes requested); ``releases_held_for_capture``: releases waiting for a
+    stream capture to end (rule 13 of :mod:`numba_pool.allocator`).
 
     The same figures under RMM's names (``rmm.statistics.Statistics``): :attr:`current_bytes`,
     :attr:`current_count`, :attr:`peak_bytes`, :attr:`peak_count`, :attr:`total_bytes`,
@@ -69,6 +77,13 @@ class PoolStatistics:
     managed_in_use_bytes: int = 0
     managed_cached_bytes: int = 0
     managed_blocks: int = 0
+    graph_used_bytes: int = 0
+    graph_used_high: int = 0
+    graph_reserved_bytes: int = 0
+    graph_reserved_high: int = 0
+    graph_arrays: int = 0
+    graph_array_bytes: int = 0
+    releases_held_for_capture: int = 0
 
     # -- RMM's names (rmm.statistics.Statistics) ------------------------------------------
 
@@ -133,7 +148,22 @@ def collect(usage, allocator, host=None, managed=None) -> PoolStatistics:
         pool_reserved_bytes=pool.reserved, pool_reserved_high=pool.reserved_high,
         pool_used_bytes=pool.used, pool_used_high=pool.used_high,
         oom_retries=usage.oom_retries, oom_errors=usage.oom_errors,
-        **_arena_fields(allocator.arena), **_cache_fields(host, "host_on"), **_cache_fields(managed, "managed_on"))
+        **_arena_fields(allocator.arena), **_cache_fields(host, "host_on"), **_cache_fields(managed, "managed_on"),
+        **_graph_fields(allocator))
+
+
+def _graph_fields(allocator) -> dict:
+    cu, device = allocator.cu, allocator.pool.device_id
+    if captures.underway:
+        with relaxed(cu):
+            graph = graph_memory(cu, device)
+    else:
+        graph = graph_memory(cu, device)
+    live = allocator.graph_blocks.live.copy()
+    return {"graph_used_bytes": graph.used, "graph_used_high": graph.used_high,
+            "graph_reserved_bytes": graph.reserved, "graph_reserved_high": graph.reserved_high,
+            "graph_arrays": len(live), "graph_array_bytes": sum(live.values()),
+            "releases_held_for_capture": captures.held_back()}
 
 
 def _arena_fields(arena) -> dict:

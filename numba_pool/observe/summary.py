@@ -62,6 +62,14 @@ def format_summary(stats: PoolStatistics, *, device: int | None = None, scratch=
             ("managed cached", _size(s.managed_cached_bytes), blank, blank),
             ("managed blocks", s.managed_blocks, blank, blank),
         ]
+    if s.graph_reserved_high or s.graph_arrays or s.releases_held_for_capture:
+        rows += [
+            ("graph memory used (CUDA graphs)", _size(s.graph_used_bytes), _size(s.graph_used_high), blank),
+            ("graph memory reserved", _size(s.graph_reserved_bytes), _size(s.graph_reserved_high), blank),
+            ("arrays allocated in captures", s.graph_arrays, blank, blank),
+            ("their bytes", _size(s.graph_array_bytes), blank, blank),
+            ("releases waiting for a capture", s.releases_held_for_capture, blank, blank),
+        ]
     if scratch is not None:
         rows += [
             ("scratch block (this thread)", _size(scratch.size), blank, blank),

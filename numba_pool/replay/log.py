@@ -1,8 +1,9 @@
 """Reading an allocation log: RMM's logging format (what RMM's ``logging_resource_adaptor``
 writes: pointers and streams in hex with or without ``0x``), or ``NUMBA_POOL_LOG``'s, which adds
-a seventh column, Kind (``device`` or ``managed``); plain or gzip, validated line by line, held
+a seventh column, Kind (``device``, ``managed`` or ``graph``); plain or gzip, validated line by line, held
 as compact columns (:class:`Operations`).  Replay is of device memory through the arena:
-managed rows are read, checked and counted (:attr:`ParsedLog.managed`), not replayed.
+managed rows are read, checked and counted (:attr:`ParsedLog.managed`), not replayed; nor are
+``graph`` rows (allocation nodes of CUDA graphs, :attr:`ParsedLog.graph`).
 
 A line's fields are exact: the size a whole number of bytes in decimal digits (``100``, not
 ``100.0``, ``+100`` or ``1_000``); the pointer and the stream hexadecimal digits with or without
@@ -118,6 +119,7 @@ class ParsedLog:
     skipped: Counter = field(default_factory=Counter)  # reason -> lines skipped
     failures: int = 0  # "allocate failure" lines (nothing to replay)
     managed: int = 0  # rows of managed memory (Kind column "managed"): read, not replayed
+    graph: int = 0  # rows of graph memory (Kind column "graph", allocated in a capture): read, not replayed
     source: str = "log"  # the file it came from
     allocations: int = 0  # allocate operations among :attr:`operations`
     lines: int = 0  # lines read, the header's included
@@ -252,6 +254,9 @@ def _parse(lines: Iterator[bytes], source: str, skip_bad_lines: bool,
                 text_action, pointer, size, stream, kind = row
                 if kind == "managed":
                     parsed.managed += 1
+                    continue
+                if kind == "graph":
+                    parsed.graph += 1
                     continue
                 if text_action == "allocate failure":
                     parsed.failures += 1

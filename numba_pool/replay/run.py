@@ -139,6 +139,9 @@ def _check_not_empty(log: ParsedLog) -> None:
         why.append(f"{log.failures:,} allocate failure line{'s' * (log.failures != 1)}")
     if log.managed:
         why.append(f"{log.managed:,} managed memory line{'s' * (log.managed != 1)} (replay is of device memory)")
+    if log.graph:
+        why.append(f"{log.graph:,} graph memory line{'s' * (log.graph != 1)} (allocation nodes of CUDA graphs: "
+                   "the graph's memory, not the pool's)")
     lines = "the header is its only line" if not why else "of its lines, " + ", ".join(why)
     raise LogError(f"{log.source}: nothing to replay: {lines}")
 

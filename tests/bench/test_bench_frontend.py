@@ -179,8 +179,9 @@ def test_every_table_heading_and_the_json_report_name_the_frontend(monkeypatch, 
     assert label.startswith("Numba-CUDA-MLIR ")
     assert report["frontend"] == label and report["frontend_name"] == "mlir" and flags == []
     headings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("device: ")]
-    assert [h.split("; ")[:3] for h in headings] == [["device: GPU", f"frontend: {label}", "date: today"]] * 2
+    assert [h.split("; ")[:3] for h in headings] == [["device: GPU", f"frontend: {label}", "date: today"]] * 3
     assert "allocator cost" in headings[0] and "cuda.device_array end to end" in headings[1]
+    assert "CUDA graphs" in headings[2]
 
 
 # -- RMM's rows under Numba-CUDA-MLIR -------------------------------------------------------------------
