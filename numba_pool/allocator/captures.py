@@ -40,12 +40,14 @@ from typing import Callable
 
 from ..cuda import driver as _driver
 from ..cuda.capture import capture_id, is_capturing, relaxed
-from ..cuda.driver import report_failure, warn
+from ..cuda.driver import SUCCESS, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, entry_hooks, per_thread, scopes_entered
 
 _INVALID_VALUE = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE
+_NO_CONTEXT = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
+_NONE = _driver.cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,24 @@ def note_if_capturing(stream: StreamRef) -> None:
 entry_hooks.append(note_if_capturing)
 
 
+def _goes_on(cu, capture: Capture) -> bool:
+    """Whether ``capture`` is still under way, as far as the calling thread can tell: a thread
+    with no current context cannot ask (``CUDA_ERROR_INVALID_CONTEXT``), and then it is taken
+    to go on; a destroyed stream's capture has ended."""
+    result = cu.cuStreamGetCaptureInfo(capture.stream.handle)
+    if result[0] == _NO_CONTEXT:
+        return True
+    return result[0] == SUCCESS and result[1] != _NONE and int(result[2]) == capture.id
+
+
+def still_capturing(cu) -> bool:
+    """Whether a known capture is still under way, asked of the driver (``cuStreamGetCaptureInfo``,
+    1 µs per known capture) without the lock: for a release, which may not take it, when
+    :data:`underway` is not empty (a capture that has ended stays listed until :func:`refresh`).
+    A thread that cannot ask (no current context) takes it to go on."""
+    return any(_goes_on(cu, c) for c in list(underway))
+
+
 def defer(release: Callable[[], None]) -> None:
     """Hold ``release`` (which must not raise) back until no known capture is under way."""
     _deferred.append(release)
@@ -106,7 +126,7 @@ def refresh(cu) -> bool:
     the calling thread, oldest first).  Returns whether a capture is still under way."""
     if underway:
         with _lock:
-            underway[:] = [c for c in underway if capture_id(cu, c.stream.handle) == c.id]
+            underway[:] = [c for c in underway if _goes_on(cu, c)]
         if underway:
             return True
     while _deferred and not underway:
@@ -181,7 +201,7 @@ class GraphBlocks:
         if capture_id(cu, stream.handle) == cid:  # still in its capture: a free node
             report_failure(cu.cuMemFreeAsync(ptr, stream.handle), f"cuMemFreeAsync({int(ptr):#x}) in a capture")
             return
-        if underway:
+        if underway and still_capturing(cu):
             defer(partial(self._free_outside, ptr, stream))
             return
         self._free_outside(ptr, stream)

@@ -130,10 +130,11 @@ class DeviceAllocator:
         Ordered Memory Allocator", IPC).  Exports are rare: the synchronize is their cost.
         False when no live block holds ``address``.
 
-        :raises CudaAPIError: when the synchronize fails."""
+        :raises CudaAPIError: when the synchronize fails.
+        :raises RuntimeError: during a stream capture numba_pool knows of (rule 13)."""
+        self.refuse_during_capture("an IPC export (it synchronizes the context)")
         if not self.hold(address, hold):
             return False
-        self.refuse_during_capture("an IPC export (it synchronizes the context)")
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (IPC export)")
         return True
 

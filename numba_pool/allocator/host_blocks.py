@@ -304,7 +304,7 @@ class HostBlocks:
         synchronizes the context (``cuCtxSynchronize``) and the block needs no event.  A block
         whose release straddles a reset is counted by the next generation.  While a stream
         capture is under way, the release waits for it to end (rule 13)."""
-        if captures.underway:
+        if captures.underway and captures.still_capturing(self._cu):
             captures.defer(partial(self.release, block, deferral))
             return
         popped = self.live.pop(block.host, None)

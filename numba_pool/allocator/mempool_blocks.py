@@ -29,7 +29,7 @@ from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
 from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
-from .captures import defer, underway
+from .captures import defer, still_capturing, underway
 from .sources import BlockSource
 
 
@@ -128,7 +128,7 @@ class PooledBlocks(BlockSource):
 
     def _release(self, ledger: dict, ptr, stream: StreamRef) -> None:
         # Any thread, from a finalizer: never raises.
-        if underway:  # rule 13: no driver call while a capture is under way
+        if underway and still_capturing(self._cu):  # rule 13: no driver call while a capture is under way
             defer(partial(self._release, ledger, ptr, stream))
             return
         size = ledger.pop(ptr, None)

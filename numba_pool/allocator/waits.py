@@ -145,7 +145,7 @@ class StreamWaits:
         then the fallback synchronizes and calls ``publish(None)``).  Never raises.  While a
         stream capture is under way, the whole release waits for it to end (rule 13: its
         event records, waits and synchronize fallback could break the capture)."""
-        if captures.underway:
+        if captures.underway and captures.still_capturing(self._cu):
             captures.defer(partial(self.release, start, stream, publish, settle))
             return
         waiting = self.waiting.pop(start, None) if self.waiting else None
@@ -248,7 +248,11 @@ class StreamWaits:
         """Make ``stream``'s later work wait for the work queued on each ``recorded`` stream by
         now (an event recorded on each, waited for by ``stream``).  For a scratch array, whose
         block is released later: its recorded streams may be destroyed by then.  Never raises
-        (rule 8: the fallback synchronizes)."""
+        (rule 8: the fallback synchronizes).  While a stream capture is under way, it waits for
+        the capture to end (rule 13), before the block's own release, which is held back too."""
+        if captures.underway and captures.still_capturing(self._cu):
+            captures.defer(partial(self.order_now, recorded, stream))
+            return
         self.owner.enter(self._order_now, recorded, stream)  # rule 10
 
     def _order_now(self, recorded: list[StreamRef], stream: StreamRef, retry: bool) -> None:

@@ -29,6 +29,7 @@ OTHER_VARIABLES = {
     "NUMBA_POOL_FUZZ_EXAMPLES": "tests/allocator/test_fuzz.py: number of hypothesis examples",
     "NUMBA_POOL_FUZZ_PARK": "tests/allocator/test_fuzz.py: 0 leaves out the park rule (another thread's launch-and-drop between two driver calls)",
     "NUMBA_POOL_FUZZ_RULES": "tests/allocator/test_fuzz.py: only these rules, comma-separated (a run looking for one class of defect)",
+    "NUMBA_POOL_FUZZ_CAPTURE_BARE": "tests/allocator/test_fuzz.py: 0 leaves out drops from a thread with no CUDA context during a capture",
 }
 
 

@@ -10,16 +10,20 @@ far above what finding each bug takes (tens to a few hundred examples, measured)
 
 from __future__ import annotations
 
+import re
+from functools import partial
+
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 
 from numba_pool.allocator import arena as arena_module
+from numba_pool.allocator import mempool_blocks as mempool_blocks_module
 from numba_pool.allocator import host_blocks as host_blocks_module
 from numba_pool.allocator import waits as waits_module
-from numba_pool.cuda.streams import StreamRef
-from test_fuzz import LegalPrograms
+from numba_pool.cuda.streams import LEGACY, StreamRef
+from test_fuzz import CAPTURE_MODES, LegalPrograms
 
 BUDGET = settings(max_examples=3000, stateful_step_count=30, deadline=None, derandomize=True, database=None,
                   phases=[Phase.generate], suppress_health_check=list(HealthCheck), print_blob=False)
@@ -72,6 +76,7 @@ class Narrowed(LegalPrograms):
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = create_stream = park = hold = let_go = None
     open_defer = close_defer = reset_inside = allocate_managed = host_access = None
+    capture = launch_graph = drop_graph_array = None
     blocking: tuple = (True, True, False)
     size = 1000
     holds = False  # True: the fuzzer's hold and let_go rules too
@@ -147,3 +152,62 @@ def test_the_narrowed_fuzzer_passes_on_the_real_allocator():
         run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
     machine = type("RealManaged", (Narrowed,), {"arena": False, "threads": 1, "blocking": (True, False), "managed": True})
     run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
+
+
+# --------------------------------------------------------------------------- rule 13 (captures)
+
+
+def never_capturing(cu, handle):
+    """Rule 13 broken: the allocator never sees that its scope's stream is being captured."""
+    return False
+
+
+def release_during_capture(self, ledger, ptr, stream):
+    """Rule 13 broken: a mempool release issues its driver calls while a capture is under way
+    (PooledBlocks._release without the deferral)."""
+    size = ledger.pop(ptr, None)
+    if size is None:
+        return
+    self._note(~size)
+    waits = self._waits
+    if (waits.waiting and int(ptr) in waits.waiting) or self._deferral.depth or stream.thread is not None:
+        waits.release(int(ptr), stream, partial(self._free, ptr))
+        return
+    if stream is LEGACY:
+        self.legacy_frees.append(ptr)
+        return
+    self._free_async(ptr, stream.handle)
+
+
+class Captures(LegalPrograms):
+    """The fuzzer's capture rule (with allocate, launch and drop to fill the pool beside it)."""
+
+    view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
+    scratch = trim = reset = park = hold = let_go = record_stream = None
+    open_defer = close_defer = reset_inside = allocate_managed = host_access = None
+
+
+@pytest.mark.parametrize("module, name, planted, arena", [
+    (arena_module, "is_capturing", never_capturing, True),
+    (mempool_blocks_module, "is_capturing", never_capturing, False),
+    (mempool_blocks_module.PooledBlocks, "_release", release_during_capture, False),
+], ids=["arena: capture not seen", "mempool: capture not seen", "mempool: release not held back"])
+def test_the_fuzzer_finds_a_planted_capture_bug(monkeypatch, module, name, planted, arena):
+    monkeypatch.setattr(module, name, planted)
+    machine = type("Planted", (Captures,), {"arena": arena, "threads": 1})
+    # The capture broken (the model's "capture invalidated": cuStreamGetId of the capturing
+    # stream, the legacy stream beside it, an unsafe call), or the driver's refusal raised to the
+    # program (an exportable pool's allocation node: NOT_SUPPORTED).
+    with pytest.raises(Exception) as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    chain, error = [], caught.value
+    while error is not None:
+        chain.append(str(error))
+        error = error.__context__
+    assert any(re.search("capture invalidated|STREAM_CAPTURE|NOT_SUPPORTED", text) for text in chain), chain
+
+
+def test_the_capture_fuzzer_passes_on_the_real_allocator():
+    for arena in (False, True):
+        machine = type("Real", (Captures,), {"arena": arena, "threads": 1})
+        run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))

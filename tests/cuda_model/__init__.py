@@ -58,11 +58,20 @@ What is deliberately conservative (stricter than the driver), and why
   :mod:`cuda_model.managed`; the host uses it too (``host_use`` on a managed address), checked
   against the device's uses of the same granules.
 
+* **Stream capture and CUDA graphs** (:mod:`cuda_model.capture`): ``cuStreamBeginCapture`` /
+  ``cuStreamEndCapture`` in the three modes, allocation / kernel / free nodes, graph memory (its
+  own address range), ``cuGraphInstantiate`` (auto-free on launch) and ``cuGraphLaunch``; what
+  the driver refuses during a capture (measured on an H100): the legacy stream beside a
+  blocking capture, synchronizes, "potentially unsafe" calls under the thread's capture mode.
+  A call that invalidates a capture is a violation (``"capture invalidated"``).
+
 Model-only API for tests: :meth:`CudaModel.launch`, :meth:`CudaModel.copy_async`,
 :meth:`CudaModel.host_use`, :meth:`CudaModel.host_stats`, :attr:`CudaModel.violations`,
 :meth:`CudaModel.tail`, :meth:`CudaModel.would_follow`, :meth:`CudaModel.wait`,
 :attr:`CudaModel.preempt`, :meth:`CudaModel.stats`, :meth:`CudaModel.leave_context`,
-:meth:`CudaModel.create_context`, :meth:`CudaModel.live_events`.
+:meth:`CudaModel.create_context`, :meth:`CudaModel.live_events`, :meth:`CudaModel.capturing`,
+:meth:`CudaModel.graph_memory_live` (and ``cuGraphInstantiate`` / ``cuGraphLaunch`` /
+``cuGraphExecDestroy`` / ``cuGraphDestroy``, graph calls numba_pool never makes).
 """
 
 from .base import GRANULE, LEGACY_HANDLES, PER_THREAD_HANDLE, SUCCESS

@@ -194,6 +194,7 @@ class _MemoryCalls:
         if managed and (max_size or int(props.handleTypes)):
             return _R.CUDA_ERROR_INVALID_VALUE, None
         pool = self._memory.create_pool(max_size, managed=managed)
+        pool.exportable = bool(int(props.handleTypes))  # graphs refuse exportable pools (cuda_model.capture)
         return SUCCESS, _cu.CUmemoryPool(pool.handle)
 
     @_driver

@@ -104,6 +104,18 @@ class _Granules:
         else:
             seg.frontier = tuple(u for u in seg.frontier if not op_a_precedes(u.op, vc)) + (use,)
 
+    def owners(self, lo: int, hi: int) -> list:
+        """``(start, end, owner)`` of the granules in [lo, hi) used so far (stream capture:
+        whether a kernel node's memory still belongs to the owner it was captured with)."""
+        i = max(0, bisect.bisect_right(self._starts, lo) - 1)
+        out = []
+        for seg in self._segs[i:]:
+            if seg.start >= hi:
+                break
+            if seg.end > lo:
+                out.append((max(seg.start, lo), min(seg.end, hi), seg.owner))
+        return out
+
     def use(self, lo: int, hi: int, use: _Use) -> list:
         """Record ``use`` of granules [lo, hi); return ``[start, end, previous_use]`` for each
         range whose previous owner's use is not ordered before it."""
@@ -192,6 +204,7 @@ class _Pool:
     def __init__(self, handle: int, max_size: int, is_default: bool, managed: bool = False):
         self.handle, self.max_size, self.is_default = handle, max_size, is_default
         self.managed = managed  # CU_MEM_ALLOCATION_TYPE_MANAGED: the host may use its memory
+        self.exportable = False  # handleTypes other than NONE: graphs' allocation nodes refuse it
         self.alive = True
         self.threshold = 0
         self.reserved = self.used = self.reserved_high = self.used_high = 0

@@ -10,11 +10,12 @@ from cuda.bindings import driver as _cu
 
 from .base import _DRIVER_FUNCTION, GRANULE, _call_site, _handle, _round_up
 from .calls import CONTEXT, _DeviceCalls, _HostCalls, _MemoryCalls, _StreamCalls
+from .capture import _CaptureCalls
 from .managed import _ManagedCalls
 from .memory import Violation, _AddressSpace, _Granules, _Memory, _Pool, _Use
 from .ordering import Op, _Event, _Events, _Stream, _Streams, op_a_precedes
 
-class CudaModel(_ManagedCalls, _StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
+class CudaModel(_CaptureCalls, _ManagedCalls, _StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
     """A drop-in for ``cuda.bindings.driver`` (one device, one context) that checks stream
     ordering of memory reuse.  See the module docstring.
 
@@ -45,6 +46,7 @@ class CudaModel(_ManagedCalls, _StreamCalls, _MemoryCalls, _DeviceCalls, _HostCa
         self.violations: list[Violation] = []
         #: ``preempt(phase, name)``, phase "enter" or "exit", around each driver call.
         self.preempt: Optional[Callable[[str, str], Any]] = None
+        self._init_captures()  # stream capture and graphs (cuda_model.capture)
 
     op_a_precedes = staticmethod(op_a_precedes)
 
@@ -102,6 +104,7 @@ class CudaModel(_ManagedCalls, _StreamCalls, _MemoryCalls, _DeviceCalls, _HostCa
 
     def _new_op(self, s: _Stream, kind: str, extra: Iterable[dict] = ()) -> Op:
         self._counts["ops"] += 1
+        self._check_new_op(s, kind)  # none on a capturing stream, nor on the legacy one beside a capture
         return self._streams.new_op(s, kind, extra)
 
     def _report(self, kind: str, s: Optional[_Stream], call: str, start: int = 0, end: int = 0,
@@ -148,11 +151,15 @@ class CudaModel(_ManagedCalls, _StreamCalls, _MemoryCalls, _DeviceCalls, _HostCa
 
         Each granule it touches must have been last owned by ``owner``, or every maximal use of
         its previous owner must happen before this op; and every byte must lie in a live pool
-        allocation now (host order).  Returns the op (None for an invalid stream)."""
+        allocation now (host order).  Returns the op (None for an invalid stream).  On a stream
+        being captured: a kernel node of the capture, checked at each launch of its graph
+        (:mod:`cuda_model.capture`), and None."""
         site = site or _call_site()
         with self._lock:
             s = self._stream(stream, "launch")
             if s is None:
+                return None
+            if self._captured_launch(s, arrays, site):
                 return None
             op = self._new_op(s, "launch")
             self._counts["launches"] += 1

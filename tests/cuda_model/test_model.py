@@ -795,3 +795,330 @@ def test_a_thread_without_a_context_is_refused_until_it_pushes_one(m):
     assert again == (cu.CUresult.CUDA_ERROR_INVALID_CONTEXT, None)
     assert int(m.cuCtxGetCurrent()[1]) == int(CONTEXT)  # other threads keep theirs
     assert m.stats()["no_context"] == 3 and m.violations == []
+
+
+# --------------------------------------------------------------------------- stream capture
+
+MODE = cu.CUstreamCaptureMode
+STATUS = cu.CUstreamCaptureStatus
+AUTO_FREE = cu.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH
+
+
+def exportable_pool(m: CudaModel):
+    props = m.CUmemPoolProps()
+    props.allocType = m.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.location.type = m.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    props.handleTypes = m.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    return ok(m.cuMemPoolCreate(props))
+
+
+def invalidations(m: CudaModel) -> list:
+    return [v for v in m.violations if v.kind == "capture invalidated"]
+
+
+def in_thread(fn, *args):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_capture_status_and_unique_ids(m):
+    s, t = new_stream(m), new_stream(m, blocking=False)
+    assert ok(m.cuStreamIsCapturing(s)) == STATUS.CU_STREAM_CAPTURE_STATUS_NONE
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ok(m.cuStreamBeginCapture(t, MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
+    assert ok(m.cuStreamIsCapturing(s)) == STATUS.CU_STREAM_CAPTURE_STATUS_ACTIVE
+    info_s, info_t = m.cuStreamGetCaptureInfo(s), m.cuStreamGetCaptureInfo(t)
+    assert info_s[0] == R.CUDA_SUCCESS and info_s[1] == STATUS.CU_STREAM_CAPTURE_STATUS_ACTIVE
+    assert int(info_s[2]) and int(info_s[2]) != int(info_t[2])
+    ok(m.cuStreamEndCapture(s))
+    ok(m.cuStreamEndCapture(t))
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    assert int(m.cuStreamGetCaptureInfo(s)[2]) not in (int(info_s[2]), int(info_t[2]))  # never reused
+    assert ok(m.cuStreamEndCapture(s)) is not None and m.violations == []
+
+
+def test_the_legacy_stream_cannot_be_captured(m):
+    assert m.cuStreamBeginCapture(LEGACY, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL)[0] == R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+
+
+def test_captured_allocation_from_an_exportable_pool_is_not_supported_and_the_capture_survives(m):
+    s = new_stream(m)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    assert m.cuMemAllocFromPoolAsync(1024, exportable_pool(m), s)[0] == R.CUDA_ERROR_NOT_SUPPORTED
+    assert ok(m.cuStreamIsCapturing(s)) == STATUS.CU_STREAM_CAPTURE_STATUS_ACTIVE
+    ok(m.cuStreamEndCapture(s))
+    assert m.violations == []
+
+
+def test_captured_allocation_is_graph_memory_allocated_at_each_launch_at_the_same_address(m):
+    s = new_stream(m)
+    pool = default_pool(m)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    a = alloc(m, 1024, s, pool)
+    assert use(m, s, a, 1024, "a") is None  # a kernel node: nothing runs
+    free(m, a, s)  # a free node
+    graph = ok(m.cuStreamEndCapture(s))
+    assert attr(m, pool, ATTR.CU_MEMPOOL_ATTR_USED_MEM_CURRENT) == 0  # not the pool's memory
+    assert m.stats()["live_allocations"] == 0
+    other = alloc(m, 1024, s, pool)
+    assert not (other <= a < other + 1024)
+    exe = ok(m.cuGraphInstantiate(graph, 0))
+    for _ in range(3):
+        ok(m.cuGraphLaunch(exe, s))
+    assert m.violations == [] and m.stats()["launches"] == 0 and m.graph_memory_live() == 0
+
+
+def test_graph_allocations_left_live_are_freed_outside_and_block_a_relaunch(m):
+    s, t = new_stream(m), new_stream(m, blocking=False)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    a = alloc(m, 512, s)
+    use(m, s, a, 512, "a")
+    graph = ok(m.cuStreamEndCapture(s))
+    assert m.cuMemFreeAsync(m.CUdeviceptr(a), s)[0] == R.CUDA_ERROR_INVALID_VALUE  # never launched
+    exe = ok(m.cuGraphInstantiate(graph, 0))
+    ok(m.cuGraphLaunch(exe, s))
+    assert m.graph_memory_live() == 512
+    use(m, s, a, 512, "a")  # the program uses it after the launch, on the launch stream
+    assert m.cuGraphLaunch(exe, s)[0] == R.CUDA_ERROR_INVALID_VALUE  # outstanding
+    free(m, a, s)
+    assert m.cuMemFreeAsync(m.CUdeviceptr(a), s)[0] == R.CUDA_ERROR_INVALID_VALUE  # freed already
+    ok(m.cuGraphLaunch(exe, s))
+    m.wait(t, s)
+    free(m, a, t)
+    assert m.violations == []
+
+
+def test_auto_free_on_launch_frees_the_previous_launchs_allocations_first(m):
+    s = new_stream(m)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+    a = alloc(m, 512, s)
+    use(m, s, a, 512, "a")
+    exe = ok(m.cuGraphInstantiate(ok(m.cuStreamEndCapture(s)), AUTO_FREE))
+    for _ in range(3):
+        ok(m.cuGraphLaunch(exe, s))
+    assert m.graph_memory_live() == 512 and m.violations == []
+    assert m.stats()["frees"] == 0
+
+
+def test_a_graph_with_memory_nodes_has_one_executable_at_a_time(m):
+    s = new_stream(m)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    free(m, alloc(m, 512, s), s)
+    graph = ok(m.cuStreamEndCapture(s))
+    exe = ok(m.cuGraphInstantiate(graph, 0))
+    assert m.cuGraphInstantiate(graph, 0)[0] == R.CUDA_ERROR_NOT_SUPPORTED
+    ok(m.cuGraphExecDestroy(exe))
+    ok(m.cuGraphInstantiate(graph, 0))
+
+
+def test_caught_kernel_node_on_memory_handed_to_another_owner_since_the_capture(m):
+    """A block carved from pool memory allocated before the capture (as an arena would), used
+    by a kernel node, then given to another owner: the replay writes the new owner's memory,
+    even in stream order."""
+    s = new_stream(m)
+    slab = alloc(m, 4096, s)
+    use(m, s, slab, 256, "old")
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    use(m, s, slab, 256, "carved")
+    exe = ok(m.cuGraphInstantiate(ok(m.cuStreamEndCapture(s)), 0))
+    ok(m.cuGraphLaunch(exe, s))
+    assert m.violations[0].kind == "graph kernel on memory of another owner"
+    assert m.violations[0].prev_owner == "old" and m.violations[0].new_owner == "carved"
+
+
+def test_captured_free_of_memory_not_allocated_in_the_capture_is_caught(m):
+    s = new_stream(m)
+    a = alloc(m, 512, s)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    assert m.cuMemFreeAsync(m.CUdeviceptr(a), s)[0] == R.CUDA_ERROR_INVALID_VALUE
+    assert m.violations[0].kind == "free in a capture of memory not allocated in it"
+
+
+def test_capture_event_record_is_allowed_and_waits_inside_the_capture_too(m):
+    s = new_stream(m)
+    ev = ok(m.cuEventCreate(0))
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ok(m.cuEventRecord(ev, s))
+    ok(m.cuStreamWaitEvent(s, ev, 0))
+    ok(m.cuStreamEndCapture(s))
+    assert m.violations == []
+
+
+def test_waiting_on_an_event_recorded_outside_the_capture_invalidates_it(m):
+    s, t = new_stream(m), new_stream(m, blocking=False)
+    ev = ok(m.cuEventCreate(0))
+    ok(m.cuEventRecord(ev, t))
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
+    assert m.cuStreamWaitEvent(s, ev, 0)[0] == R.CUDA_ERROR_STREAM_CAPTURE_ISOLATION
+    assert ok(m.cuStreamIsCapturing(s)) == STATUS.CU_STREAM_CAPTURE_STATUS_INVALIDATED
+    assert m.cuStreamEndCapture(s)[0] == R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+    assert "cuStreamWaitEvent" in invalidations(m)[0].detail
+
+
+def test_stream_get_id_of_the_capturing_stream_invalidates_it_others_are_fine(m):
+    s, t = new_stream(m), new_stream(m)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
+    ok(m.cuStreamGetId(t))
+    assert m.violations == []
+    assert m.cuStreamGetId(s)[0] == R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    assert len(invalidations(m)) == 1
+
+
+@pytest.mark.parametrize("mode", ["GLOBAL", "THREAD_LOCAL", "RELAXED"])
+@pytest.mark.parametrize("op", ["alloc", "free", "record", "wait"])
+def test_the_legacy_stream_beside_a_blocking_capture_is_refused_and_invalidates_it(m, mode, op):
+    s = new_stream(m)
+    a = alloc(m, 512, LEGACY)
+    ev = ok(m.cuEventCreate(0))
+    ok(m.cuStreamBeginCapture(s, getattr(MODE, f"CU_STREAM_CAPTURE_MODE_{mode}")))
+    assert m.cuStreamIsCapturing(LEGACY)[0] == R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+    assert m.violations == []  # the query invalidates nothing
+
+    def run():
+        if op == "alloc":
+            return m.cuMemAllocFromPoolAsync(512, default_pool(m), LEGACY)[0]
+        if op == "free":
+            return m.cuMemFreeAsync(m.CUdeviceptr(a), LEGACY)[0]
+        if op == "record":
+            return m.cuEventRecord(ev, LEGACY)[0]
+        return m.cuStreamWaitEvent(LEGACY, ev, 0)[0]
+
+    assert in_thread(run) == R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT  # from any thread
+    assert len(invalidations(m)) == 1
+
+
+def test_the_legacy_stream_beside_a_non_blocking_relaxed_capture_is_usable(m):
+    s = new_stream(m, blocking=False)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
+    assert ok(m.cuStreamIsCapturing(LEGACY)) == STATUS.CU_STREAM_CAPTURE_STATUS_NONE
+    a = alloc(m, 512, LEGACY)
+    use(m, LEGACY, a, 512, "a")
+    free(m, a, LEGACY)
+    ok(m.cuStreamEndCapture(s))
+    assert m.violations == []
+
+
+@pytest.mark.parametrize("mode", ["GLOBAL", "THREAD_LOCAL", "RELAXED"])
+def test_ctx_synchronize_invalidates_any_capture_from_any_thread(m, mode):
+    s = new_stream(m, blocking=False)
+    ok(m.cuStreamBeginCapture(s, getattr(MODE, f"CU_STREAM_CAPTURE_MODE_{mode}")))
+    assert in_thread(lambda: m.cuCtxSynchronize()[0]) == R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    assert len(invalidations(m)) == 1
+
+
+def test_pool_trim_invalidates_a_capture_unless_the_thread_is_relaxed(m):
+    s = new_stream(m, blocking=False)
+    pool = default_pool(m)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
+    previous = ok(m.cuThreadExchangeStreamCaptureMode(MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
+    ok(m.cuMemPoolTrimTo(pool, 0))
+    m.cuThreadExchangeStreamCaptureMode(previous)
+    assert m.violations == []
+    assert m.cuMemPoolTrimTo(pool, 0)[0] == R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    assert len(invalidations(m)) == 1
+
+
+UNSAFE = ["alloc", "free", "query", "event sync", "stream sync", "host alloc"]
+
+
+def _unsafe_call(m: CudaModel, which: str, other, ptr: int, ev):
+    if which == "alloc":
+        return m.cuMemAllocFromPoolAsync(256, default_pool(m), other)[0]
+    if which == "free":
+        return m.cuMemFreeAsync(m.CUdeviceptr(ptr), other)[0]
+    if which == "query":
+        return m.cuEventQuery(ev)[0]
+    if which == "event sync":
+        return m.cuEventSynchronize(ev)[0]
+    if which == "stream sync":
+        return m.cuStreamSynchronize(other)[0]
+    return m.cuMemHostAlloc(256, 0)[0]
+
+
+@pytest.mark.parametrize("which", UNSAFE)
+@pytest.mark.parametrize("mode, same_thread, refused", [
+    ("GLOBAL", True, True), ("GLOBAL", False, True),
+    ("THREAD_LOCAL", True, True), ("THREAD_LOCAL", False, False),
+    ("RELAXED", True, False), ("RELAXED", False, False)])
+def test_potentially_unsafe_calls_follow_the_threads_capture_mode(m, which, mode, same_thread, refused):
+    s, other = new_stream(m, blocking=False), new_stream(m, blocking=False)
+    ptr = alloc(m, 512, other)
+    ev = ok(m.cuEventCreate(0))
+    ok(m.cuEventRecord(ev, other))
+    ok(m.cuStreamBeginCapture(s, getattr(MODE, f"CU_STREAM_CAPTURE_MODE_{mode}")))
+    err = _unsafe_call(m, which, other, ptr, ev) if same_thread else in_thread(_unsafe_call, m, which, other, ptr, ev)
+    assert (err == R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) == refused, err
+    assert len(invalidations(m)) == int(refused)
+
+
+@pytest.mark.parametrize("which", UNSAFE)
+@pytest.mark.parametrize("same_thread", [True, False])
+def test_a_relaxed_thread_may_make_potentially_unsafe_calls_beside_a_global_capture(m, which, same_thread):
+    s, other = new_stream(m, blocking=False), new_stream(m, blocking=False)
+    ptr = alloc(m, 512, other)
+    ev = ok(m.cuEventCreate(0))
+    ok(m.cuEventRecord(ev, other))
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+
+    def relaxed():
+        previous = ok(m.cuThreadExchangeStreamCaptureMode(MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
+        try:
+            return _unsafe_call(m, which, other, ptr, ev)
+        finally:
+            m.cuThreadExchangeStreamCaptureMode(previous)
+
+    assert (relaxed() if same_thread else in_thread(relaxed)) in (R.CUDA_SUCCESS, R.CUDA_ERROR_NOT_READY)
+    assert ok(m.cuStreamIsCapturing(s)) == STATUS.CU_STREAM_CAPTURE_STATUS_ACTIVE and m.violations == []
+
+
+def test_a_thread_local_thread_is_not_refused_beside_another_threads_global_capture(m):
+    s, other = new_stream(m, blocking=False), new_stream(m, blocking=False)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+
+    def thread_local():
+        ok(m.cuThreadExchangeStreamCaptureMode(MODE.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        return m.cuMemAllocFromPoolAsync(256, default_pool(m), other)[0]
+
+    assert in_thread(thread_local) == R.CUDA_SUCCESS and m.violations == []
+
+
+def test_always_allowed_beside_a_global_capture(m):
+    s, other = new_stream(m), new_stream(m, blocking=False)
+    ev = ok(m.cuEventCreate(0))
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ok(m.cuEventRecord(ev, other))
+    ok(m.cuStreamWaitEvent(other, ev, 0))
+    ok(m.cuStreamGetId(other))
+    ok(m.cuMemGetInfo())
+    ok(m.cuEventDestroy(ok(m.cuEventCreate(0))))
+    ok(m.cuStreamDestroy(new_stream(m, blocking=False)))
+    ok(m.cuStreamEndCapture(s))
+    assert m.violations == []
+
+
+def test_a_global_capture_is_ended_by_its_thread_a_relaxed_one_by_any(m):
+    s, t = new_stream(m), new_stream(m)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ok(m.cuStreamBeginCapture(t, MODE.CU_STREAM_CAPTURE_MODE_RELAXED))
+    assert in_thread(lambda: m.cuStreamEndCapture(s)[0]) == R.CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+    assert in_thread(lambda: m.cuStreamEndCapture(t)[0]) == R.CUDA_SUCCESS
+    ok(m.cuStreamEndCapture(s))
+
+
+def test_graph_memory_attributes_and_trim(m):
+    s = new_stream(m)
+    ok(m.cuStreamBeginCapture(s, MODE.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    a = alloc(m, 1000, s)
+    exe = ok(m.cuGraphInstantiate(ok(m.cuStreamEndCapture(s)), 0))
+    ok(m.cuGraphLaunch(exe, s))
+    GA = cu.CUgraphMem_attribute
+    assert int(ok(m.cuDeviceGetGraphMemAttribute(m.CUdevice(0), GA.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT))) == 1024
+    free(m, a, s)
+    assert int(ok(m.cuDeviceGetGraphMemAttribute(m.CUdevice(0), GA.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT))) == 0
+    assert int(ok(m.cuDeviceGetGraphMemAttribute(m.CUdevice(0), GA.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT))) == 1024
+    ok(m.cuDeviceGraphMemTrim(m.CUdevice(0)))
+    assert int(ok(m.cuDeviceGetGraphMemAttribute(m.CUdevice(0), GA.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT))) == 0
+    assert int(ok(m.cuDeviceGetGraphMemAttribute(m.CUdevice(0), GA.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH))) == 1024
