@@ -91,7 +91,7 @@ class ManagedBacking:
     def __init__(self, cu, pool):
         self._cu = cu
         self.pool = pool
-        self._side = None  # a stream for allocations while a capture is under way (rule 13)
+        self._side = captures.SideStream(cu, "managed blocks")  # for allocations beside a capture (rule 13)
 
     def allocate(self, rounded: int, flags: int) -> tuple[int, int] | None:
         """A new managed block of ``rounded`` bytes, ``(address, address)``; None when the pool
@@ -102,7 +102,7 @@ class ManagedBacking:
 
         :raises CudaAPIError: any other driver error."""
         beside = bool(captures.underway)
-        stream = self._side_stream() if beside else LEGACY.handle
+        stream = self._side.handle if beside else LEGACY.handle
         err, ptr = self._cu.cuMemAllocFromPoolAsync(rounded, self.pool.handle, stream)
         if err == OUT_OF_MEMORY:
             return None
@@ -110,12 +110,6 @@ class ManagedBacking:
         if beside:
             check(self._cu.cuStreamSynchronize(stream), "cuStreamSynchronize (managed block beside a capture)")
         return address, address
-
-    def _side_stream(self):
-        if self._side is None:
-            flags = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
-            self._side = check(self._cu.cuStreamCreate(flags), "cuStreamCreate (managed blocks beside a capture)")
-        return self._side
 
     def free(self, address: int) -> tuple:
         """Give a block back to the managed mempool (``cuMemFreeAsync`` on the legacy stream,

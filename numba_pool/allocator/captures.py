@@ -40,7 +40,7 @@ from typing import Callable
 
 from ..cuda import driver as _driver
 from ..cuda.capture import capture_id, is_capturing, relaxed
-from ..cuda.driver import SUCCESS, report_failure, warn
+from ..cuda.driver import SUCCESS, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, entry_hooks, per_thread, scopes_entered
@@ -189,10 +189,6 @@ class GraphBlocks:
         mem.captured = capture.id
         return mem
 
-    def bytes_held(self) -> int:
-        """Bytes of the captured arrays still alive."""
-        return sum(self.live.copy().values())
-
     def _release(self, ptr, stream: StreamRef, cid: int) -> None:
         # Any thread, from a finalizer: never raises.
         if self.live.pop(ptr, None) is None:
@@ -254,9 +250,32 @@ class CaptureRouter:
             cid = capture_id(cu, stream.handle)
             return note(stream, cid) if cid else None
         capture = capture_of_thread()
-        if capture is not None and capture_id(cu, capture.stream.handle) == capture.id:
-            return capture
-        return None
+        return capture if capture is not None and _goes_on(cu, capture) else None
+
+
+class SideStream:
+    """Rule 13: a non-blocking stream of numba_pool's own, made at its first use, on which
+    blocks for the legacy stream's users are allocated (and synchronized) while a capture is
+    under way: the legacy stream would join or break the capture.
+
+    :param cu: the driver object.
+    :param what: whose stream it is, for the error of its creation.
+    """
+
+    def __init__(self, cu, what: str):
+        self._cu = cu
+        self._what = what
+        self._handle = None
+
+    @property
+    def handle(self):
+        """The stream (``CUstream``), made now if it was not yet.
+
+        :raises CudaAPIError: when the driver refuses to make it."""
+        if self._handle is None:
+            flags = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+            self._handle = check(self._cu.cuStreamCreate(flags), f"cuStreamCreate ({self._what} beside a capture)")
+        return self._handle
 
 
 def capture_pool_config(config):

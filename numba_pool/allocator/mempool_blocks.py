@@ -29,7 +29,7 @@ from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
 from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
-from .captures import defer, still_capturing, underway
+from .captures import SideStream, defer, still_capturing, underway
 from .sources import BlockSource
 
 
@@ -51,7 +51,7 @@ class PooledBlocks(BlockSource):
         self.legacy_frees: list = []
         # Bound once: a bound method made per allocation cost 0.1 µs (bench).
         self._release_bound = self._release
-        self._side = None  # rule 13's side stream, made at the first allocation beside a capture
+        self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
     def allocate(self, size: int) -> PoolPointer:
         """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`):
@@ -97,19 +97,13 @@ class PooledBlocks(BlockSource):
         handed out; released as the legacy stream's blocks are, once no capture is under way.
 
         :raises CudaAPIError: the driver's error."""
-        side = self._side_stream()
+        side = self._side.handle
         ptr = check(self._alloc_async(size, self._pool, side), f"cuMemAllocFromPoolAsync({size} bytes) beside a capture")
         check(self._cu.cuStreamSynchronize(side), "cuStreamSynchronize (beside a capture)")
         ledger = self.ledger
         ledger[ptr] = size
         self._note(size)
         return self._pointer(self._context, ptr, size, partial(self._release_bound, ledger, ptr, LEGACY))
-
-    def _side_stream(self):
-        if self._side is None:
-            flags = self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING
-            self._side = check(self._cu.cuStreamCreate(int(flags)), "cuStreamCreate (beside a capture)")
-        return self._side
 
     def _after_error(self, size: int, stream: StreamRef, err):
         if err != OUT_OF_MEMORY:

@@ -8,14 +8,16 @@ import click
 from tabulate import tabulate
 
 from . import launch
+from .end_to_end import ARENA, DEFAULT, NUMBA_POOL
+from .graphs import ITERATIONS, REPEATS
 from .labels import size_label
 from .timing import CORE_VARIABLE
 
 GRAPHS_MODULE = "numba_pool.bench.graphs"
-#: label -> the environment that selects the manager.
-MANAGERS = {"default": {"NUMBA_CUDA_MEMORY_MANAGER": "default"},
-            "numba_pool": {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "0"},
-            "numba_pool arena": {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA": "1"}}
+MANAGERS = (DEFAULT, NUMBA_POOL, ARENA)
+LABELS = [m.label for m in MANAGERS]
+#: How each run's figures are taken, for its heading.
+METHOD = f"median of {REPEATS} blocks of {ITERATIONS} iterations"
 
 
 def measure_run(core: int, run: int, runs: int) -> dict:
@@ -23,14 +25,13 @@ def measure_run(core: int, run: int, runs: int) -> dict:
 
     :raises RuntimeError: when a process failed, with its exit status and standard error."""
     click.echo(f"measuring the graph pipeline (run {run + 1}/{runs}) ...", err=True)
-    return {label: launch.run_module(GRAPHS_MODULE, [], {**env, CORE_VARIABLE: str(core)})
-            for label, env in MANAGERS.items()}
+    return {m.label: launch.run_module(GRAPHS_MODULE, [], {**m.env, CORE_VARIABLE: str(core)}) for m in MANAGERS}
 
 
 def render(results: dict) -> str:
     """The run's table: per size and manager, eager and captured µs per iteration, captured /
     eager, and eager against default's eager."""
-    default = {row["bytes"]: row["eager_us"] for row in results["default"]["sizes"]}
+    default = {row["bytes"]: row["eager_us"] for row in results[DEFAULT.label]["sizes"]}
     rows = []
     for label, result in results.items():
         for row in result["sizes"]:
@@ -40,7 +41,7 @@ def render(results: dict) -> str:
                          f"{captured / eager:.2f}" if captured is not None else "",
                          f"{eager / default[row['bytes']]:.2f}",
                          {True: "yes", False: "NO"}.get(row.get("correct"), "")])
-    rows.sort(key=lambda r: (r[0], list(MANAGERS).index(r[1])))
+    rows.sort(key=lambda r: (r[0], LABELS.index(r[1])))
     return tabulate(rows, headers=["size", "manager", "eager, us per iteration", "captured (graph replay), us",
                                    "captured / eager", "eager / default's eager", "replay correct"],
                     tablefmt="github", disable_numparse=True)

@@ -14,15 +14,15 @@ with which error.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
 from .core import FRONTEND, cuda
+from .timing import example_kernel
 
 SIZES = [4 << 10, 1 << 20]
 ITERATIONS = 1000
@@ -30,35 +30,23 @@ REPEATS = 7
 THREADS = 256
 
 
-def _kernels():
-    @cuda.jit
-    def fill(a, value):
-        i = cuda.grid(1)
-        if i < a.size:
-            a[i] = value
-
+def _add_kernel():
     @cuda.jit
     def add(x, y, out):
         i = cuda.grid(1)
         if i < out.size:
             out[i] = x[i] + y[i]
 
-    return fill, add
+    return add
 
 
 def _scope(stream):
+    """``using_stream(stream)`` under numba_pool; nothing under another manager (which has no
+    allocation stream)."""
     import numba_pool
 
     manager = type(cuda.current_context().memory_manager).__name__
-    return numba_pool.using_stream(stream) if manager == "NumbaPoolManager" else _Nothing()
-
-
-class _Nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+    return numba_pool.using_stream(stream) if manager == "NumbaPoolManager" else contextlib.nullcontext()
 
 
 def _timed(fn) -> float:
@@ -79,7 +67,7 @@ def measure(nbytes: int) -> dict:
     or ``capture_error``."""
     from cuda.bindings import driver as cu
 
-    fill, add = _kernels()
+    fill, add = example_kernel("fill_kernel"), _add_kernel()
     n = nbytes // 4
     grid = (n + THREADS - 1) // THREADS
     stream = cuda.stream()
@@ -125,13 +113,9 @@ def measure(nbytes: int) -> dict:
 
 
 def run_worker() -> dict:
-    """Every size, in this process; with the manager and mode the environment selects."""
-    manager = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "default")
-    label = "default" if manager in ("", "default") else ("numba_pool arena" if os.environ.get(
-        "NUMBA_POOL_ARENA", "0") not in ("", "0") else "numba_pool")
-    return {"manager": label, "frontend": FRONTEND.name, "sizes": [measure(size) for size in SIZES]}
+    """Every size, in this process, under the manager and mode the environment selects."""
+    return {"frontend": FRONTEND.name, "sizes": [measure(size) for size in SIZES]}
 
 
 if __name__ == "__main__":
     print(json.dumps(run_worker()), flush=True)
-    sys.stdout.flush()

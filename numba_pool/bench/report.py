@@ -99,7 +99,7 @@ def graphs_part(report: dict, setting: Setting, *, runs: int) -> list[checks.Fla
             raise BenchError(str(err)) from None
         click.echo(f"{setting.heading}; CUDA graphs, run {run + 1}/{runs} (CPU core {setting.core}): a temporary "
                    "allocated, filled, added and dropped per iteration, launched eagerly and replayed from one capture; "
-                   f"median of 7 blocks of 1000 iterations")
+                   f"{graph_tables.METHOD}")
         click.echo(graph_tables.render(results))
         for label, result in results.items():
             for row in result["sizes"]:

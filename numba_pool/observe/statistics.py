@@ -9,6 +9,7 @@ include the driver's rounding.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, fields
 
 from ..allocator import captures
@@ -153,12 +154,9 @@ def collect(usage, allocator, host=None, managed=None) -> PoolStatistics:
 
 
 def _graph_fields(allocator) -> dict:
-    cu, device = allocator.cu, allocator.pool.device_id
-    if captures.underway:
-        with relaxed(cu):
-            graph = graph_memory(cu, device)
-    else:
-        graph = graph_memory(cu, device)
+    cu = allocator.cu
+    with relaxed(cu) if captures.underway else contextlib.nullcontext():  # rule 13
+        graph = graph_memory(cu, allocator.pool.device_id)
     live = allocator.graph_blocks.live.copy()
     return {"graph_used_bytes": graph.used, "graph_used_high": graph.used_high,
             "graph_reserved_bytes": graph.reserved, "graph_reserved_high": graph.reserved_high,
