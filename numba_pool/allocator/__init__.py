@@ -87,7 +87,10 @@ that runs this code against random legal programs (the test package ``cuda_model
     stream's releases make no driver call: the arena's fence, and the mempool's frees (rule 7),
     run at an allocation, in the owner's context.  A free on another stream's own handle names
     that stream in any context; where no context is current it fails and is retried in the
-    owner's.
+    owner's.  The host-rule cache's common release records an event *of the owner's context*
+    on the legacy stream at once, and asks only when the driver refuses it: an event and a
+    stream of different contexts, or no context, are refused (measured; Note [A release records
+    first, asks later] in :mod:`.host_blocks`).
 11. **An export is ordered before its importer** (:meth:`.device.DeviceAllocator.export_hold`).
     Another process orders its work against nothing of this one, so an IPC export synchronizes
     the context: the block's allocation and its previous owners' work have completed before the

@@ -33,6 +33,24 @@ blocks come from is its *backing* (:mod:`.backings`: ``cuMemHostAlloc``, or a ma
   ``NUMBA_POOL_MANAGED_RELEASE_THRESHOLD``) of cached bytes, freed blocks whose events completed
   are given back to the backing.
 
+Note [A release records first, asks later]
+    A release records its events in the owner's context (rule 10).  Asking which context is
+    current before every release costs 0.43-0.50 µs (``cuCtxGetCurrent``, a lent H100's host).
+    So the common release (the legacy stream alone, outside ``defer_cleanup``) records at once,
+    in whatever context is current, an event taken from :attr:`HostBlocks._free_events`, and
+    asks only when that is refused.  Every cached event was created in the owner's context
+    (:meth:`HostBlocks._record` runs only there), and the driver refuses an event and a stream
+    of different contexts (``CUDA_ERROR_INVALID_HANDLE``: "hEvent and hStream must be from the
+    same context") and a record with no context current; so the record succeeds only when the
+    legacy stream's handle names the owner's legacy stream.  Refused, or with no cached event,
+    the release asks and pushes the owner's context as before (:class:`OwnerContext
+    <numba_pool.cuda.context.OwnerContext>`).  Never a new event here: one created in another
+    context would be accepted with that context's legacy stream, which orders nothing of ours
+    (a planted bug of that kind is caught: tests/allocator/test_stream_rule_round2.py).  The
+    mempool's frees have no such refusal (``cuMemFreeAsync`` takes any context's stream): they
+    wait for the next allocation instead, Note [Legacy-stream frees are issued by the next
+    allocation] in :mod:`.mempool_blocks`.
+
 Threads: releases run in finalizers, in any thread, even inside an allocation that the garbage
 collector interrupted, so they take no lock: they record events (driver calls) and append the
 block to :attr:`HostBlocks.released` (one atomic ``deque`` operation); allocation, trim and
@@ -141,14 +159,19 @@ class HostBlocks:
             other driver error as returned.
         """
         rounded = block_size(size)
-        # Rule 13: beside a capture, in relaxed mode; nothing goes back to the backing until it ends.
-        beside = captures.underway and captures.refresh(self._cu)
-        with relaxed(self._cu) if beside else contextlib.nullcontext(), self._lock:
-            self._take_released()
-            block = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
-            block.stream = stream
-            self.live[block.host] = block
-            return block
+        if captures.underway and captures.refresh(self._cu):
+            # Rule 13: beside a capture, in relaxed mode; nothing goes back to the backing until it ends.
+            with relaxed(self._cu), self._lock:
+                return self._allocate(size, rounded, flags, stream)
+        with self._lock:  # not nullcontext() beside it: 0.2 µs
+            return self._allocate(size, rounded, flags, stream)
+
+    def _allocate(self, size: int, rounded: int, flags: int, stream: StreamRef) -> HostBlock:
+        self._take_released()
+        block = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
+        block.stream = stream
+        self.live[block.host] = block
+        return block
 
     def _take_released(self) -> None:
         while self.released:
@@ -168,13 +191,19 @@ class HostBlocks:
         bin_ = self.bins.get((flags, rounded))
         if not bin_:
             return None
-        for block in itertools.islice(bin_, QUERY_LIMIT):
-            if self._completed(block):
-                bin_.remove(block)
-                self.cached -= block.size
-                self._recycle_events(block)
-                return block
-        return None
+        block = bin_[0]
+        if self._completed(block):  # the oldest, most often done: popleft, no islice
+            bin_.popleft()
+        else:
+            for block in itertools.islice(bin_, 1, QUERY_LIMIT):
+                if self._completed(block):
+                    bin_.remove(block)
+                    break
+            else:
+                return None
+        self.cached -= block.size
+        self._recycle_events(block)
+        return block
 
     def _completed(self, block: HostBlock) -> bool:
         """Every event of ``block``'s release has completed, as the host sees (``cuEventQuery``)."""
@@ -320,7 +349,25 @@ class HostBlocks:
             streams = [LEGACY] + ([] if block.stream is LEGACY else [block.stream]) + (recorded or [])
         block.stream = LEGACY  # a cached block keeps no stream (nor the object that owns it) alive
         block.order = next(self._order)
+        if streams is _LEGACY_ONLY and self._free_events and (deferral is None or not deferral.depth):
+            if self._record_at_once(block):  # Note [A release records first, asks later]
+                return
         self.owner.enter(self._record_release, block, streams, deferral)  # rule 10
+
+    def _record_at_once(self, block: HostBlock) -> bool:
+        """Record a cached event of the owner's context on the legacy stream of the context
+        current now and put ``block`` in :attr:`released`; False, with nothing done, where none
+        is cached or the record is refused (the current context is not the owner's)."""
+        try:
+            event = self._free_events.pop()
+        except IndexError:  # another thread took the last one
+            return False
+        if self._cu.cuEventRecord(event, LEGACY.handle)[0] != SUCCESS:
+            self._free_events.append(event)
+            return False
+        block.events = [event]
+        self.released.append(block)
+        return True
 
     def _free_orphan(self, block: HostBlock, retry: bool) -> None:
         result = self.backing.free(block.host)
@@ -367,39 +414,6 @@ class HostBlocks:
             check(result, "cuEventRecord (host block)")
         return event
 
-    # -- figures ---------------------------------------------------------------------------
-
-    def _held_now(self) -> list[HostBlock]:
-        """Released blocks that ``defer_cleanup`` holds back, of this generation."""
-        return [b for b in list(self.held.values()) if b.generation == self.generation]
-
-    def statistics(self) -> dict:
-        """``<prefix>_reserved_bytes``, ``<prefix>_in_use_bytes`` (live blocks, and released
-        ones that ``defer_cleanup`` holds back), ``<prefix>_cached_bytes`` (released blocks not
-        yet binned count as cached) and ``<prefix>_blocks`` (reserved blocks), in bytes of
-        rounded blocks; the prefix is the backing's (``host``, ``managed``)."""
-        live = list(self.live.values()) + self._held_now()
-        pending = sum(b.size for b in list(self.released))
-        cached_blocks = sum(len(b) for b in list(self.bins.values())) + len(self.released)
-        prefix = self.backing.prefix
-        return {f"{prefix}_reserved_bytes": self.reserved, f"{prefix}_in_use_bytes": sum(b.size for b in live),
-                f"{prefix}_cached_bytes": self.cached + pending, f"{prefix}_blocks": len(live) + cached_blocks}
-
-    def check_invariants(self) -> None:
-        """Every byte accounted for: in use + cached + released (not yet binned) == reserved; no
-        block both live and cached, or twice in the bins.  A release may land while this runs
-        (a finalizer at one of its driver calls): it waits in :attr:`released`, counted there.
-        :raises AssertionError: otherwise."""
-        with self._lock:
-            self._take_released()
-            cached = [b for bin_ in self.bins.values() for b in bin_]
-            hosts = [b.host for b in cached] + list(self.live)
-            assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
-            assert self.cached == sum(b.size for b in cached), (self.cached, cached)
-            in_use = sum(b.size for b in [*self.live.values(), *self._held_now()])
-            released = sum(b.size for b in list(self.released) if b.generation == self.generation)
-            assert in_use + self.cached + released == self.reserved, (in_use, self.cached, released, self.reserved)
-
 
 def out_of_memory_error(cache: HostBlocks, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
     """The one line of a host or managed allocation of ``size`` bytes (a block of ``rounded``)
@@ -423,8 +437,42 @@ def segments(cache: HostBlocks) -> list[dict]:
     (cached, reusable).  Takes the cache's lock."""
     with cache._lock:
         cache._take_released()
-        live = [(b, "allocated") for b in [*list(cache.live.values()), *cache._held_now()]]
+        live = [(b, "allocated") for b in [*list(cache.live.values()), *held_now(cache)]]
         cached = [(b, "free" if cache._completed(b) else "awaiting_free")
                   for bin_ in cache.bins.values() for b in bin_]
         return [{"kind": cache.backing.kind, "address": b.host, "size": b.size, "stream": 0,
                  "blocks": [(b.host, b.size, state)]} for b, state in live + cached]
+
+
+def held_now(cache: HostBlocks) -> list[HostBlock]:
+    """Released blocks that ``defer_cleanup`` holds back, of this generation."""
+    return [b for b in list(cache.held.values()) if b.generation == cache.generation]
+
+
+def statistics(cache: HostBlocks) -> dict:
+    """``<prefix>_reserved_bytes``, ``<prefix>_in_use_bytes`` (live blocks, and released
+    ones that ``defer_cleanup`` holds back), ``<prefix>_cached_bytes`` (released blocks not
+    yet binned count as cached) and ``<prefix>_blocks`` (reserved blocks), in bytes of
+    rounded blocks; the prefix is the backing's (``host``, ``managed``)."""
+    live = list(cache.live.values()) + held_now(cache)
+    pending = sum(b.size for b in list(cache.released))
+    cached_blocks = sum(len(b) for b in list(cache.bins.values())) + len(cache.released)
+    prefix = cache.backing.prefix
+    return {f"{prefix}_reserved_bytes": cache.reserved, f"{prefix}_in_use_bytes": sum(b.size for b in live),
+            f"{prefix}_cached_bytes": cache.cached + pending, f"{prefix}_blocks": len(live) + cached_blocks}
+
+
+def check_invariants(cache: HostBlocks) -> None:
+    """Every byte accounted for: in use + cached + released (not yet binned) == reserved; no
+    block both live and cached, or twice in the bins.  A release may land while this runs
+    (a finalizer at one of its driver calls): it waits in ``released``, counted there.
+    :raises AssertionError: otherwise."""
+    with cache._lock:
+        cache._take_released()
+        cached = [b for bin_ in cache.bins.values() for b in bin_]
+        hosts = [b.host for b in cached] + list(cache.live)
+        assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
+        assert cache.cached == sum(b.size for b in cached), (cache.cached, cached)
+        in_use = sum(b.size for b in [*cache.live.values(), *held_now(cache)])
+        released = sum(b.size for b in list(cache.released) if b.generation == cache.generation)
+        assert in_use + cache.cached + released == cache.reserved, (in_use, cache.cached, released, cache.reserved)

@@ -191,8 +191,8 @@ def ready(rows: list[Recorded], block: Callable, size: int, pairs: int,
     blocks = {}
     for row in rows:
         blocks[row.label] = block if row.depth is None else partial(at_depth, row.depth - offset(row, size), block)
-        entries = row.history.entries
-        while len(entries) < entries.maxlen:
+        ring = row.history.ring
+        while len(ring) < ring.maxlen:
             blocks[row.label](row.memalloc, size, pairs)
             synchronize()
     return blocks

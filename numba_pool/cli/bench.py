@@ -88,7 +88,7 @@ def _frontend(ctx, param, value):
                    "pipeline (a managed array filled on the host, an increment kernel, synchronize, its sum read on "
                    "the host, dropped; per batch of 4 KiB, 1 MiB, 64 MiB) in default's and numba_pool's workers (not "
                    "the anchors' or the floors': their managed memory is Numba's own); numba_pool's workers then run "
-                   "with NUMBA_POOL_MANAGED=1.  Checked against issue 21's targets: numba_pool's allocate+free at "
+                   "with NUMBA_POOL_MANAGED=1.  Checked against the project's managed targets: numba_pool's allocate+free at "
                    "least 2x faster than default at 4 KiB and 5x at 64 MiB, its pipeline faster at every size.")
 @click.option("--device-rows/--no-device-rows", default=True, show_default=True,
               help="End to end: the cuda.device_array rows (benchmark loop, allocate+free) and the no-op floors, "

@@ -32,6 +32,7 @@ What ``weakref.finalize`` gave that ``__del__`` does not, and how each is covere
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Callable
 
 
@@ -76,20 +77,20 @@ class PoolPointer:
         self._release = None
         release()
 
-    def take_release(self) -> Callable[[], None]:
-        """Hand this pointer's release to the caller, which then owns the memory: this pointer
-        releases nothing from now on.  An adaptor of the allocation path
-        (:mod:`numba_pool.plugin.path`) takes the release of the pointer below it this way and
-        gives its own pointer a release that does its part, then calls the one taken: one owner,
-        one release, whichever of the two objects the collector finalizes first.
+    def wrap_release(self, adaptor: Callable[..., None], *args) -> None:
+        """Put an adaptor's part in front of this pointer's release: from now on, releasing
+        calls ``adaptor(*args, release)``, where ``release`` is the release before, which the
+        adaptor calls after its part (an allocation path's adaptor,
+        :mod:`numba_pool.plugin.path`: a log row, the scopes' counts, the history's entry).
+        The pointer stays the one Numba gets: one object, one owner, one release, and no
+        second pointer to build and collect (0.4 µs per allocation and adaptor).
 
-        :raises RuntimeError: when the memory was already released or handed over.
+        :raises RuntimeError: when the memory was already released ("Freeing dead memory").
         """
         release = self._release
         if release is None:
             raise RuntimeError("Freeing dead memory")
-        self._release = None
-        return release
+        self._release = partial(adaptor, *args, release)
 
     def __copy__(self):
         """A view of the whole allocation that owns nothing and keeps this pointer alive: the

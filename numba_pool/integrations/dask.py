@@ -46,7 +46,7 @@ memory's figures (``managed_on``, ``managed_reserved_bytes``, ``managed_in_use_b
 ``cuda.managed_array`` to Numba (``managed=False``, or a device without concurrent managed
 access; ``numba-pool info`` on the worker's host says which).
 
-Memory debugging on request (issue 22), asked of the workers now, as :func:`stats` is::
+Memory debugging on request (allocation history and snapshots), asked of the workers now, as :func:`stats` is::
 
     npd.record_history(client)  # numba_pool.record_history() on every worker
     ...  # the tasks to look at
@@ -337,7 +337,7 @@ def recording() -> dict:
     current = _history.current()
     if current is None:
         return {"recording": False}
-    return {"recording": True, "stacks": current.stacks, "max_entries": current.entries.maxlen}
+    return {"recording": True, "stacks": current.stacks, "max_entries": current.max_entries}
 
 
 def worker_snapshot() -> dict:

@@ -18,7 +18,6 @@ import csv
 import datetime
 import threading
 from collections import deque
-from functools import partial
 from typing import Callable
 
 from ..cuda.errors import CudaAPIError
@@ -110,7 +109,7 @@ class LoggedAllocations:
         self._kind = kind
 
     def allocate(self, size: int) -> PoolPointer:
-        """``size`` bytes from upstream, logged; the pointer Numba gets takes over upstream's release.
+        """``size`` bytes from upstream, logged; the pointer's release logs the free first.
 
         :raises CudaAPIError: upstream's, after logging an ``allocate failure`` row."""
         stream = per_thread.stream.value
@@ -122,10 +121,8 @@ class LoggedAllocations:
         address = mem.device_pointer_value
         kind = GRAPH if mem.captured else self._kind  # rule 13: an allocation node of a capture
         self._log.allocate(address, size, stream, kind)
-        logged = type(mem)(mem.context, mem.device_pointer, size,
-                           partial(self._log_then_release, address, size, stream, kind, mem.take_release()))
-        logged.captured = mem.captured
-        return logged
+        mem.wrap_release(self._log_then_release, address, size, stream, kind)
+        return mem
 
     def _log_then_release(self, address: int, size: int, stream: int, kind: str, release: Callable[[], None]) -> None:
         # Any thread, from a finalizer: never raises (the row goes to a deque; a full buffer is

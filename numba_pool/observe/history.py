@@ -52,30 +52,76 @@ MAX_FRAMES = 64
 STACKS = ("python", "none")
 
 
-#: One recorded event: ``action`` (``alloc``, ``free_requested``, ``free_completed``, ``oom``,
-#: ``trim``, ``reset``), the device ordinal, ``address`` (0 where none), ``size`` (bytes
+#: One recorded event: ``action`` (``alloc``, ``free``, ``free_requested``, ``free_completed``,
+#: ``oom``, ``trim``, ``reset``), the device ordinal, ``address`` (0 where none), ``size`` (bytes
 #: requested; for ``oom`` the request), ``stream`` (the handle's value), ``kind``, ``thread``
 #: (``threading.get_ident()``), ``time_ns`` (``time.time_ns()``), ``frames`` (the captured
 #: stack, :meth:`History.capture`: :func:`resolve` turns it into files and lines; empty with
-#: ``stacks="none"``) and, for ``oom``, the device's free bytes.  A named tuple, made
-#: with ``tuple.__new__``: a frozen dataclass cost 2 µs an entry, three entries a pair.
+#: ``stacks="none"``) and, for ``oom``, the device's free bytes.  ``thread`` is the allocating
+#: (or failing) thread's; a free's is 0 (a finalizer's thread tells nothing, and costs 0.05 µs).
+#:
+#: What the ring and the live table hold, for the hot path's sake (each saving measured on a lent
+#: H100's host, docs/perf-notes.md): an allocation (``alloc``, ``oom``, ``trim``, ``reset``) as
+#: a plain tuple of Entry's fields in order (not a named tuple: 0.07 µs less), its ``address``
+#: the pointer's ``CUdeviceptr`` itself (``int()`` only when read: 0.15 µs less); a release as
+#: ``(action, its alloc event, time_ns)`` (0.1 µs less).  :attr:`History.entries` and
+#: :attr:`History.live` read them back as ``Entry``.
 Entry = namedtuple("Entry", "action device address size stream kind thread time_ns frames device_free")
-_new_entry = tuple.__new__
+
+
+def _as_entry(event: tuple) -> Entry:
+    """The :class:`Entry` of an event as the ring holds it."""
+    if len(event) == 3:  # a release: (action, alloc event, time_ns)
+        action, alloc, time_ns = event
+        return Entry(action, alloc[1], int(alloc[2]), alloc[3], alloc[4], alloc[5], 0, time_ns, alloc[8], 0)
+    return Entry(event[0], event[1], int(event[2]), *event[3:])
+
 _now = time.time_ns
 _thread = threading.get_ident
 
 
+def _walk(frame) -> list:
+    """``[code, offset, ...]`` of ``frame`` and its callers, innermost first, at most
+    :data:`MAX_FRAMES` (:meth:`History.capture`'s form).  About 0.1 µs a frame, nearly all of
+    it reading the three frame attributes: a walk in C (``accumulate`` over ``getattr``, ``map``
+    over ``attrgetter``) measured slower, an unrolled or unbounded loop within noise."""
+    frames: list = []
+    append = frames.append
+    for _ in range(MAX_FRAMES):
+        if frame is None:
+            break
+        append(frame.f_code)
+        append(frame.f_lasti)
+        frame = frame.f_back
+    return frames
+
+
 class History:
-    """The process's recording: the ring of :class:`Entry` and the live allocations.
+    """The process's recording: the ring of events and the live allocations.
 
     :param max_entries: events kept (the oldest dropped first).
     :param stacks: ``"python"`` (capture each allocation's stack) or ``"none"``.
     """
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python"):
-        self.entries: deque[Entry] = deque(maxlen=max_entries)
-        self.live: dict[tuple[int, int], Entry] = {}  # (device, address) -> its alloc entry
+        self.ring: deque[tuple] = deque(maxlen=max_entries)  # the events, Entry's fields as plain tuples
+        self.open: dict[tuple, tuple] = {}  # (device, address or CUdeviceptr) -> its alloc event, while live
         self.stacks = stacks
+
+    @property
+    def max_entries(self) -> int:
+        """Events the ring keeps."""
+        return self.ring.maxlen
+
+    @property
+    def entries(self) -> list[Entry]:
+        """The events recorded, oldest first (a copy)."""
+        return list(map(_as_entry, self.ring.copy()))
+
+    @property
+    def live(self) -> dict[tuple[int, int], Entry]:
+        """``(device, address)`` -> the alloc event of each allocation alive now (a copy)."""
+        return {(device, int(address)): _as_entry(event) for (device, address), event in self.open.copy().items()}
 
     def capture(self, skip: int = 2) -> list:
         """The calling thread's stack, innermost first, starting ``skip`` frames above this
@@ -85,46 +131,39 @@ class History:
         frame (0.5 µs less at 20 frames)."""
         if self.stacks != "python":
             return ()
-        frame = sys._getframe(skip)
-        frames: list = []
-        append = frames.append
-        for _ in range(MAX_FRAMES):
-            if frame is None:
-                break
-            append(frame.f_code)
-            append(frame.f_lasti)
-            frame = frame.f_back
-        return frames
+        return _walk(sys._getframe(skip))
 
     def record(self, action: str, device: int, address: int, size: int, stream: int, kind: str,
-               frames: tuple = (), device_free: int = 0) -> Entry:
-        entry = _new_entry(Entry, (action, device, address, size, stream, kind, _thread(), _now(), frames, device_free))
-        self.entries.append(entry)
-        return entry
+               frames=(), device_free: int = 0) -> tuple:
+        event = (action, device, address, size, stream, kind, _thread(), _now(), frames, device_free)
+        self.ring.append(event)
+        return event
 
-    def allocated(self, device: int, address: int, size: int, stream: int, kind: str, frames: tuple) -> None:
-        self.live[(device, address)] = self.record("alloc", device, address, size, stream, kind, frames)
+    def allocated(self, device: int, address: int, size: int, stream: int, kind: str, frames) -> tuple:
+        """Record an allocation alive from now on; returns its event (for :meth:`release_recorded`)."""
+        event = self.open[(device, address)] = self.record("alloc", device, address, size, stream, kind, frames)
+        return event
 
-    def free_completed(self, device: int, address: int, size: int, stream: int, kind: str, frames) -> None:
-        self.record("free_completed", device, address, size, stream, kind, frames)
-
-    def release_recorded(self, device: int, address: int, size: int, stream: int, kind: str,
-                         release: Callable[[], None], deferral) -> None:
-        """A release through the history: the release itself, then one ``free`` entry (free
-        requested and completed at once: a snapshot shows both), or, while ``deferral``
-        (``defer_cleanup``) holds releases back, ``free_requested`` now and ``free_completed``
-        when it lets them go.  Never raises (a finalizer)."""
-        alloc = self.live.pop((device, address), None)
-        frames = alloc.frames if alloc is not None else ()
+    def release_recorded(self, deferral, alloc: tuple, release: Callable[[], None]) -> None:
+        """The release of the allocation of event ``alloc``, through the history: the release
+        itself, then one ``free`` event (free requested and completed at once: a snapshot shows
+        both), or, while ``deferral`` (``defer_cleanup``) holds releases back,
+        ``free_requested`` now and ``free_completed`` when it lets them go.  Never raises (a
+        finalizer).  ``deferral`` first (the adaptor binds it once), ``release`` last (the
+        pointer's release before the history's: ``PoolPointer.wrap_release``)."""
+        self.open.pop((alloc[1], alloc[2]), None)
         release()
         if deferral is None or not deferral.depth:
-            self.entries.append(_new_entry(Entry, ("free", device, address, size, stream, kind, _thread(), _now(),
-                                                   frames, 0)))
+            self.ring.append(("free", alloc, _now()))
             return
-        self.record("free_requested", device, address, size, stream, kind, frames)
-        completed = partial(self.free_completed, device, address, size, stream, kind, frames)
+        self.ring.append(("free_requested", alloc, _now()))
+        completed = partial(self.freed_later, alloc)
         if not deferral.defer(completed):
             completed()
+
+    def freed_later(self, alloc: tuple) -> None:
+        """The ``free_completed`` event of a release that ``defer_cleanup`` held back."""
+        self.ring.append(("free_completed", alloc, _now()))
 
 
 # -- the process's recording, switched by numba_pool.record_history ---------------------------
@@ -208,6 +247,7 @@ class RecordedAllocations:
         self._deferral = deferral
         self._device_free = device_free
         self._on_oom = on_oom
+        self._released = partial(history.release_recorded, deferral)  # made once, not per allocation
 
     def allocate(self, size: int) -> PoolPointer:
         """``size`` bytes from upstream, recorded with the caller's stack.
@@ -215,7 +255,8 @@ class RecordedAllocations:
         :raises CudaAPIError: upstream's; out of memory with the sites holding most memory on
             the device added to its message."""
         history = self._history
-        frames = history.capture(self._skip)
+        # History.capture, inlined: a method call less (0.1 µs) on every recorded allocation.
+        frames = _walk(sys._getframe(self._skip - 1)) if history.stacks == "python" else ()
         ref = per_thread.stream if scopes_entered else LEGACY
         stream = ref.value
         kind = self._kind
@@ -227,17 +268,15 @@ class RecordedAllocations:
             if err.code != OUT_OF_MEMORY:
                 raise
             raise self._out_of_memory(size, stream, kind, frames, err) from None
-        address = mem.device_pointer_value
+        pointer = mem.device_pointer  # the CUdeviceptr, int() when read (History.entries)
         if mem.captured:  # rule 13: an allocation node of a capture
             kind = "graph"
-        entry = _new_entry(Entry, ("alloc", self._device, address, size, stream, kind, _thread(), _now(), frames, 0))
-        history.entries.append(entry)
-        history.live[(self._device, address)] = entry
-        recorded = type(mem)(mem.context, mem.device_pointer, size,
-                             partial(history.release_recorded, self._device, address, size, stream, kind,
-                                     mem.take_release(), self._deferral))
-        recorded.captured = mem.captured
-        return recorded
+        device = self._device
+        event = ("alloc", device, pointer, size, stream, kind, _thread(), _now(), frames, 0)
+        history.ring.append(event)
+        history.open[(device, pointer)] = event
+        mem.wrap_release(self._released, event)
+        return mem
 
     def _out_of_memory(self, size: int, stream: int, kind: str, frames: tuple, err: CudaAPIError) -> CudaAPIError:
         try:
@@ -332,7 +371,7 @@ def resolve(frames: tuple) -> list[dict]:
 def live_by_site(history: History, device: int | None = None) -> dict[str, list[Entry]]:
     """The live allocations (of ``device``, or every device) grouped by allocation site."""
     groups: dict[str, list[Entry]] = {}
-    for (dev, _), entry in history.live.copy().items():  # copy: releases pop from it meanwhile
+    for (dev, _), entry in history.live.items():
         if device is None or dev == device:
             groups.setdefault(site_of(entry.frames), []).append(entry)
     return groups

@@ -27,8 +27,8 @@ adaptor (:class:`CountedAllocations`) in the allocation path, which the plugin c
 (:func:`on_counting_changed`), which composes every device's path again.  The adaptor appends
 one event per open scope of the thread to that scope's
 :class:`~numba_pool.allocator.usage.UsageTracker` (lock-free, replayed exactly on reading), and
-hands Numba a pointer of its own, which takes over the upstream pointer's release
-(``PoolPointer.take_release``): its release appends the matching events, then releases.
+puts its part in front of the pointer's release (``PoolPointer.wrap_release``): the release
+appends the matching events, then releases.
 
 With ``profile=True`` a scope also records, per call site (the first frame outside numba,
 numba-cuda, Numba-CUDA-MLIR and numba_pool), the allocations and their bytes: :meth:`ScopedStatistics.report`.
@@ -40,7 +40,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from functools import partial
 from typing import Callable
 
 from ..allocator.usage import DRAIN_AT, UsageTracker
@@ -287,9 +286,8 @@ class CountedAllocations:
                 if site is None:
                     site = _call_site()
                 scope._record_site(site, size)
-        counted = type(mem)(mem.context, mem.device_pointer, size, partial(_count_free, scopes, size, mem.take_release()))
-        counted.captured = mem.captured  # rule 13: graph memory stays marked
-        return counted
+        mem.wrap_release(_count_free, scopes, size)
+        return mem
 
 
 def _count_free(scopes: tuple, size: int, release) -> None:

@@ -58,9 +58,10 @@ def build(segments_by_device: dict[int, list[dict]], history: History | None) ->
     live = dict(history.live) if history is not None else {}
     segments = [_segment(device, segment, live) for device, segs in sorted(segments_by_device.items())
                 for segment in segs]
-    devices = max([*segments_by_device, *(e.device for e in (history.entries if history else ()))], default=-1) + 1
+    entries = history.entries if history is not None else []
+    devices = max([*segments_by_device, *(e.device for e in entries)], default=-1) + 1
     traces: list[list[dict]] = [[] for _ in range(devices)]
-    for entry in list(history.entries) if history is not None else ():
+    for entry in entries:
         traces[entry.device].extend(_trace(entry))
     return {"segments": segments, "device_traces": traces,
             "allocator_settings": {"allocator": "numba_pool"}}

@@ -13,6 +13,7 @@ import contextlib
 from dataclasses import dataclass, fields
 
 from ..allocator import captures
+from ..allocator.host_blocks import statistics as cache_statistics
 from ..cuda.capture import graph_memory, relaxed
 
 
@@ -177,4 +178,4 @@ def _arena_fields(arena) -> dict:
 def _cache_fields(cache, switch: str) -> dict:
     if cache is None:
         return {}
-    return {switch: True, **cache.statistics()}
+    return {switch: True, **cache_statistics(cache)}

@@ -20,9 +20,8 @@ def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bo
     finalizer = partial(_release_host, manager, host, block, mapped)
     history = _history.current()
     if history is not None:  # numba_pool.record_history: the block and its stack, and its release
-        history.allocated(manager.device_id, block.host, size, 0, "pinned", history.capture(3))  # above memhostalloc
-        finalizer = partial(history.release_recorded, manager.device_id, block.host, size, 0, "pinned", finalizer,
-                            manager.deferral)
+        event = history.allocated(manager.device_id, block.host, size, 0, "pinned", history.capture(3))  # above memhostalloc
+        finalizer = partial(history.release_recorded, manager.deferral, event, finalizer)
     if not mapped:
         return manager.frontend.PooledPinnedMemory(manager.context_proxy, block.host, size, finalizer)
     mem = _pooled_mapped_memory(manager.frontend.driver, manager.context_proxy, block, size, finalizer)

@@ -13,9 +13,10 @@ block source (:class:`~numba_pool.plugin.managed_memory.ManagedSource`, the mana
 ``managed`` in the Kind column.
 
 The block source allocates and gives each pointer its release.  An adaptor calls the layer below
-and hands Numba a pointer of its own, which takes over the release of the pointer below
-(``PoolPointer.take_release``: one owner, one release): its release does the adaptor's part (a
-log row, the scopes' counts), then releases.  No module patches another's objects; the manager
+and puts its part in front of that pointer's release (``PoolPointer.wrap_release``: one pointer,
+one owner, one release): the release does the adaptor's part (a log row, the scopes' counts,
+the history's entry), then the release below.  A second pointer per adaptor, taking the release
+over, cost 0.4 µs per allocation more.  No module patches another's objects; the manager
 binds the composed path as its own ``memalloc`` (Note [The path is the manager's memalloc] in
 :mod:`numba_pool.plugin.manager`).
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from cuda_model import CudaModel
 from cuda_model.harness import LEGACY, Program
-from numba_pool.allocator.host_blocks import DEVICEMAP, HostBlocks
+from numba_pool.allocator.host_blocks import DEVICEMAP, HostBlocks, check_invariants
 from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.cuda.streams import LEGACY as LEGACY_REF
 from numba_pool.cuda.streams import StreamRef
@@ -118,6 +118,16 @@ def test_non_blocking_stream_needs_record_stream(prog):
     prog.check()
 
 
+def assert_reused_once_synchronized(prog, stream: int, address: int) -> None:
+    """After ``stream`` and the legacy stream are synchronized, the next 4 KiB buffer is the
+    block at ``address``; the model saw no violation and numba_pool warned of nothing."""
+    sync(prog, stream)
+    sync(prog, LEGACY)
+    assert Pinned(prog, 4096).address == address
+    prog.check()
+    assert not prog.warnings, [str(w.message) for w in prog.warnings]
+
+
 def test_released_in_a_thread_without_a_context(prog):
     # Rule 10: the release finds no context current, pushes the manager's before any other
     # driver call (none is refused), records its event, and the block is cached, not lost.
@@ -131,12 +141,35 @@ def test_released_in_a_thread_without_a_context(prog):
     prog.bare.submit(holder.clear).result()
     after = prog.model.stats()
     assert after["context_pushes"] > before["context_pushes"] and after["no_context"] == before["no_context"]
-    sync(prog, s)
+    assert_reused_once_synchronized(prog, s, address)
+
+
+@pytest.mark.parametrize("thread", ["foreign", "bare"])
+def test_a_release_recording_at_once_is_refused_outside_the_owners_context(prog, thread):
+    # Note [A release records first, asks later]: with an event of the owner's context cached,
+    # a release records it at once on "the" legacy stream; in a thread where another context is
+    # current (or none), that record is refused, and the release pushes the owner's context and
+    # records on the owner's legacy stream, after the blocking stream's copy.  Had the refused
+    # record been taken for done, the foreign context's synchronize would make the block look
+    # complete while the copy still reads it.
+    first = Pinned(prog, 4096)
+    address = first.address
+    first.drop()
     sync(prog, LEGACY)
-    b = Pinned(prog, 4096)
-    assert b.address == address
-    prog.check()
-    assert not prog.warnings, [str(w.message) for w in prog.warnings]
+    a = Pinned(prog, 4096)  # the same block: its event goes back to the cache of events
+    assert a.address == address
+    s = prog.create_stream(blocking=True)
+    a.copy(s)
+    holder, a.mem = [a.mem], None
+    before = prog.model.stats()
+    getattr(prog, thread).submit(holder.clear).result()
+    after = prog.model.stats()
+    assert after["context_pushes"] > before["context_pushes"]  # refused, then asked and pushed
+    if thread == "foreign":
+        prog.foreign.submit(prog.model.cuCtxSynchronize).result()
+    b = Pinned(prog, 4096)  # the copy may still run: not this block
+    assert b.address != address
+    assert_reused_once_synchronized(prog, s, address)
 
 
 def test_bins_keep_mapped_and_pinned_apart(prog):
@@ -352,7 +385,7 @@ def test_host_blocks_invariants(actions, cap, threshold):
             model.cuCtxSynchronize()
         elif action == "trim":
             blocks.trim()
-        blocks.check_invariants()
+        check_invariants(blocks)
         model.assert_no_violations()
     assert blocks.reserved <= (cap or blocks.reserved)
     assert model.host_stats()["reserved"] == blocks.reserved

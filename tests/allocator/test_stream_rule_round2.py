@@ -25,6 +25,7 @@ import pytest
 from cuda.bindings import driver as real_cu
 from cuda_model.checks import assert_clean, assert_no_fallback, eager
 from cuda_model.harness import LEGACY, Program
+from numba_pool.allocator import host_blocks
 
 MODES = pytest.mark.parametrize("arena", [False, True], ids=["pool", "arena"])
 SMALL, LARGE = 1000, 100_000  # an arena block, a mempool block (the harness's arena: 4 KiB blocks)
@@ -261,7 +262,7 @@ def test_a_pinned_release_straddling_a_reset_is_counted(programs):
         p.inject = None
         Pinned(p)
         host = p.mm.host
-        stats = host.statistics()
+        stats = host_blocks.statistics(host)
         assert stats["host_in_use_bytes"] + stats["host_cached_bytes"] == stats["host_reserved_bytes"], (line, stats)
         assert host.reserved == p.model.host_stats()["reserved"], line
 

@@ -107,7 +107,7 @@ def test_recorded_rows_record_into_their_own_history_through_the_managers_path(p
     assert [(r.label, r.stacks, r.depth) for r in rows] == [
         (f"{path} + history, no stacks", "none", None), (f"{path} + history, depth 5", "python", 5),
         (f"{path} + history, depth 20", "python", 20), (f"{path} + history, depth 50", "python", 50)]
-    assert all(r.history.entries.maxlen == history.DEFAULT_MAX_ENTRIES for r in rows)
+    assert all(r.history.max_entries == history.DEFAULT_MAX_ENTRIES for r in rows)
     for row in rows:
         pointer = row.memalloc(1000)
         del pointer

@@ -87,16 +87,26 @@ def test_free_releases_now_and_only_once(PoolPointer):
     assert releases.count == 1
 
 
-def test_take_release_hands_the_release_over_once(PoolPointer):
+def test_wrap_release_runs_the_adaptors_part_first_then_the_release_once(PoolPointer):
     releases = Releases()
+    order = []
     pointer = PoolPointer(None, cu.CUdeviceptr(0x1000), 8, releases)
-    release = pointer.take_release()
-    assert release is releases
+
+    def adaptor(tag, release):
+        order.append((tag, releases.count))  # the adaptor's part runs before the release below
+        release()
+
+    pointer.wrap_release(adaptor, "inner")
+    pointer.wrap_release(adaptor, "outer")
+    pointer.free()
     del pointer
     gc.collect()
-    assert releases.count == 0  # the pointer owns nothing now
+    assert order == [("outer", 0), ("inner", 0)]
+    assert releases.count == 1
+    dead = PoolPointer(None, cu.CUdeviceptr(0x1000), 8, Releases())
+    dead.free()
     with pytest.raises(RuntimeError, match="Freeing dead memory"):
-        PoolPointer(None, cu.CUdeviceptr(0x1000), 8, None).take_release()
+        dead.wrap_release(adaptor, "late")
 
 
 def test_nothing_is_released_or_reported_while_the_interpreter_exits(frontend_name):

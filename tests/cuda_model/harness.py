@@ -27,6 +27,7 @@ from cuda.bindings import driver as real_cu
 
 import numba_pool
 from numba_pool import config as pool_config
+from numba_pool.allocator import host_blocks
 from numba_pool.cuda import driver
 from numba_pool.cuda import frontend as frontends
 from numba_pool.cuda.errors import CudaAPIError
@@ -542,7 +543,7 @@ class Program:
         if arena is not None:
             arena.check_invariants()
         if self.mm.managed is not None:
-            self.mm.managed.check_invariants()
+            host_blocks.check_invariants(self.mm.managed)
 
     def finish(self) -> dict:
         """Drop everything, let every hold go, trim, and check that every byte is accounted for."""
