@@ -39,10 +39,14 @@ Note [A release records first, asks later]
     So the common release (the legacy stream alone, outside ``defer_cleanup``) records at once,
     in whatever context is current, an event taken from :attr:`HostBlocks._free_events`, and
     asks only when that is refused.  Every cached event was created in the owner's context
-    (:meth:`HostBlocks._record` runs only there), and the driver refuses an event and a stream
+    (:meth:`HostBlocks._record` runs after :class:`OwnerContext <numba_pool.cuda.context.OwnerContext>`
+    asked; where the owner has no handle, as for the replay's stand-in, or the question fails,
+    in the current context, as before this path existed), and the driver refuses an event and a stream
     of different contexts (``CUDA_ERROR_INVALID_HANDLE``: "hEvent and hStream must be from the
-    same context") and a record with no context current; so the record succeeds only when the
-    legacy stream's handle names the owner's legacy stream.  Refused, or with no cached event,
+    same context") and a record with no context current (both measured on an H100 with a
+    ``cuCtxCreate`` context of the same device: docs/perf-notes.md; another device's context and
+    green contexts are not measured, and fall under the same documented rule); so the record
+    succeeds only when the legacy stream's handle names the owner's legacy stream.  Refused, or with no cached event,
     the release asks and pushes the owner's context as before (:class:`OwnerContext
     <numba_pool.cuda.context.OwnerContext>`).  Never a new event here: one created in another
     context would be accepted with that context's legacy stream, which orders nothing of ours

@@ -158,9 +158,9 @@ def _down(more: int, block: Callable, args: tuple):
 
 def frames_recorded(history: History) -> int:
     """The frames of the newest allocation ``history`` recorded (0 when it recorded none)."""
-    for entry in reversed(history.entries):
-        if entry.action == "alloc":
-            return len(entry.frames) // 2  # a flat list: code, offset per frame
+    for event in reversed(history.ring):  # the raw events: History.entries converts the whole ring
+        if event[0] == "alloc":
+            return len(event[8]) // 2  # its frames, a flat list: code, offset per frame
     return 0
 
 

@@ -184,8 +184,8 @@ def _write_snapshot(path: str, frontend) -> None:
     import numba_pool
 
     try:
-        stats = numba_pool.stats(frontend=frontend.name)
-    except RuntimeError as err:  # numba_pool is not the memory manager: its one line says why
+        numba_pool.stats(frontend=frontend.name)  # only asks whether numba_pool is the memory manager
+    except RuntimeError as err:  # it is not: its one line says why
         print(f"no snapshot: {err}")
         return
     import gc

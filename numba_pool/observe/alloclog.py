@@ -107,6 +107,7 @@ class LoggedAllocations:
         self._upstream = upstream
         self._log = log
         self._kind = kind
+        self._then_release = self._log_then_release  # bound once, not per allocation
 
     def allocate(self, size: int) -> PoolPointer:
         """``size`` bytes from upstream, logged; the pointer's release logs the free first.
@@ -121,7 +122,7 @@ class LoggedAllocations:
         address = mem.device_pointer_value
         kind = GRAPH if mem.captured else self._kind  # rule 13: an allocation node of a capture
         self._log.allocate(address, size, stream, kind)
-        mem.wrap_release(self._log_then_release, address, size, stream, kind)
+        mem.wrap_release(self._then_release, address, size, stream, kind)
         return mem
 
     def _log_then_release(self, address: int, size: int, stream: int, kind: str, release: Callable[[], None]) -> None:

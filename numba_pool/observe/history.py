@@ -26,7 +26,9 @@ Threads
 Releases run in finalizers, in any thread, even inside an allocation the garbage collector
 interrupted (:mod:`numba_pool.allocator`, "Threads"): recording takes no lock.  Each step is
 one atomic container operation: ``deque.append`` on the ring (which drops its oldest entry at
-``maxlen``), ``dict`` set and ``pop`` on the live table, keyed by (device, address).
+``maxlen``), ``dict`` set and ``pop`` on the live table, keyed by (device, the allocation's
+``CUdeviceptr``: compared by identity, the object the pointer holds) or (device, host address)
+for pinned memory.
 """
 
 from __future__ import annotations
@@ -371,8 +373,9 @@ def resolve(frames: tuple) -> list[dict]:
 def live_by_site(history: History, device: int | None = None) -> dict[str, list[Entry]]:
     """The live allocations (of ``device``, or every device) grouped by allocation site."""
     groups: dict[str, list[Entry]] = {}
-    for (dev, _), entry in history.live.items():
-        if device is None or dev == device:
+    for event in history.open.copy().values():  # not History.live: its int keys could merge two
+        entry = _as_entry(event)
+        if device is None or entry.device == device:
             groups.setdefault(site_of(entry.frames), []).append(entry)
     return groups
 

@@ -23,6 +23,7 @@ block ``frames``           the stack at the allocation (from the history; empty 
 ``device_traces[d]``       the history's events on device ``d`` (``alloc``,
                            ``free_requested``, ``free_completed``, ``oom``, ``trim``,
                            ``reset``), oldest first, with numba_pool's ``kind`` and ``thread``
+                           (0 on the two free entries)
 =========================  =====================================================================
 
 Totals: the segments' ``total_size`` add up to the mempool's reserved bytes plus the pinned and

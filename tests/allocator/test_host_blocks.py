@@ -165,6 +165,9 @@ def test_a_release_recording_at_once_is_refused_outside_the_owners_context(prog,
     getattr(prog, thread).submit(holder.clear).result()
     after = prog.model.stats()
     assert after["context_pushes"] > before["context_pushes"]  # refused, then asked and pushed
+    host = prog.mm.host
+    held = sum(len(b.events) for bin_ in host.bins.values() for b in bin_) + sum(len(b.events) for b in host.released)
+    assert prog.model.live_events() == len(host._free_events) + held  # the refused event went back, not lost
     if thread == "foreign":
         prog.foreign.submit(prog.model.cuCtxSynchronize).result()
     b = Pinned(prog, 4096)  # the copy may still run: not this block

@@ -117,8 +117,14 @@ def test_released_in_a_thread_without_a_context(prog):
     assert not prog.warnings, [str(w.message) for w in prog.warnings]
 
 
-def test_held_back_by_defer_cleanup_until_the_block_exits(prog):
+@pytest.mark.parametrize("event_cached", [False, True], ids=["first-release", "event-cached"])
+def test_held_back_by_defer_cleanup_until_the_block_exits(prog, event_cached):
+    if event_cached:  # a release then a reuse leave an event cached: a's release may record at once
+        first = prog.allocate_managed(4096)
+        drop(prog, first)
+        sync(prog, LEGACY)
     a = prog.allocate_managed(4096)
+    assert bool(prog.mm.managed._free_events) == event_cached
     address = a.address
     with prog.mm.defer_cleanup():
         drop(prog, a)

@@ -544,6 +544,8 @@ class Program:
             arena.check_invariants()
         if self.mm.managed is not None:
             host_blocks.check_invariants(self.mm.managed)
+        if self.mm.host is not None:
+            host_blocks.check_invariants(self.mm.host)
 
     def finish(self) -> dict:
         """Drop everything, let every hold go, trim, and check that every byte is accounted for."""

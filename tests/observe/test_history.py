@@ -225,3 +225,39 @@ def test_trim_and_reset_are_events(recording, frontend_name):
         assert [e.action for e in recording.entries][-2:] == ["trim", "reset"]
     finally:
         p.close()
+
+
+def test_the_adaptors_hand_back_upstreams_own_pointer_marked_and_released_once(tmp_path):
+    # PoolPointer.wrap_release: each adaptor puts its part in front of the release of the
+    # pointer upstream made, and hands that same object on: a graph allocation (rule 13) keeps
+    # its capture mark through history, log and counting, and the memory is released once, after
+    # every adaptor's part.
+    from cuda.bindings import driver as cu
+
+    from numba_pool.cuda.frontend import load
+    from numba_pool.observe.alloclog import AllocationLog, LoggedAllocations
+    from numba_pool.observe.scopes import CountedAllocations
+
+    releases = []
+    made = []
+
+    def upstream(size: int):
+        pointer = load("numba-cuda").PoolPointer(None, cu.CUdeviceptr(0x7000), size, lambda: releases.append(size))
+        pointer.captured = 7  # an allocation node of capture 7
+        made.append(pointer)
+        return pointer
+
+    log = AllocationLog(str(tmp_path / "alloc.csv"))
+    h = history.History(100, "python")
+    counted = CountedAllocations(LoggedAllocations(upstream, log).allocate)
+    path = history.RecordedAllocations(counted.allocate, h, 0, "device").allocate
+    pointer = path(4096)
+    assert pointer is made[0] and pointer.captured == 7
+    assert [(e.action, e.kind, e.address) for e in h.entries] == [("alloc", "graph", 0x7000)]
+    pointer.free()
+    del pointer
+    gc.collect()
+    assert releases == [4096]
+    assert actions(h) == ["alloc", "free"] and not h.live
+    log.close()
+    assert (tmp_path / "alloc.csv").read_text().count("graph") == 2  # the allocation and its free
