@@ -181,22 +181,21 @@ def _print_summary(frontend) -> None:
 
 
 def _write_snapshot(path: str, frontend) -> None:
-    import numba_pool
-
-    try:
-        numba_pool.stats(frontend=frontend.name)  # only asks whether numba_pool is the memory manager
-    except RuntimeError as err:  # it is not: its one line says why
-        print(f"no snapshot: {err}")
-        return
     import gc
 
-    from numba_pool.observe.snapshot import dump, summarize
+    import numba_pool
 
     # Arrays the script dropped but a reference cycle still holds are freed by the garbage
     # collector at a moment of its own; collect first, so the snapshot shows what the script
     # keeps (the GPU test counts them) whatever that moment was.
     gc.collect()
-    stats = numba_pool.stats(frontend=frontend.name)
+    try:
+        stats = numba_pool.stats(frontend=frontend.name)
+    except RuntimeError as err:  # numba_pool is not the memory manager: its one line says why
+        print(f"no snapshot: {err}")
+        return
+    from numba_pool.observe.snapshot import dump, summarize
+
     snapshot = numba_pool.snapshot()
     dump(snapshot, path)
     totals = summarize(snapshot)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from cuda.bindings import driver as cu
 
@@ -17,6 +19,18 @@ def _no_capture_left():
     yield
     captures.underway.clear()
     captures._deferred.clear()
+
+
+@contextlib.contextmanager
+def _capturing(p, stream: int):
+    """A global-mode capture of ``stream`` inside ``using_stream(stream)``, which numba_pool knows
+    of (an allocation on it, of 256 bytes, is made first); ended with success on leaving."""
+    handle = cu.CUstream(stream)
+    with p.using_stream(stream):
+        assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == R.CUDA_SUCCESS
+        p.mm.memalloc(256)  # numba_pool knows of the capture now
+        yield
+        assert p.model.cuStreamEndCapture(handle)[0] == R.CUDA_SUCCESS
 
 
 def _capture_one_array(p, stream: int, scope_first: bool):
@@ -75,13 +89,9 @@ def test_a_release_in_a_thread_without_a_context_during_a_capture_is_held_back(p
     family = p.allocate(1000, other)
     p.launch(third, [family])
     p.record_stream(family, third)
-    handle = cu.CUstream(stream)
-    with p.using_stream(stream):
-        assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == R.CUDA_SUCCESS
-        p.mm.memalloc(256)  # numba_pool knows of the capture now
+    with _capturing(p, stream):
         assert [c.stream.value for c in captures.underway] == [stream]
         p.drop(family, legalize="record", how="bare")
-        assert p.model.cuStreamEndCapture(handle)[0] == R.CUDA_SUCCESS
     p.model.assert_no_violations()
 
 
@@ -93,13 +103,9 @@ def test_a_release_held_back_by_a_capture_survives_its_stream_being_destroyed(pr
     p = programs(arena=False)
     stream, other = p.create_stream(True), p.create_stream(False)
     family = p.allocate(1000, other)
-    handle = cu.CUstream(stream)
-    with p.using_stream(stream):
-        assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == R.CUDA_SUCCESS
-        p.mm.memalloc(256)  # numba_pool knows of the capture now
+    with _capturing(p, stream):
         p.drop(family, legalize="record")  # held back until the capture ends
         assert captures.held_back() == 1
-        assert p.model.cuStreamEndCapture(handle)[0] == R.CUDA_SUCCESS
     assert p.destroy_stream(other)  # no array needs it any more
     p.allocate(1000)  # numba_pool learns the capture ended and runs the held-back release
     p.model.assert_no_violations()
@@ -114,10 +120,6 @@ def test_a_scratch_array_recorded_on_a_stream_dropped_during_a_capture(programs)
     family, = p.scratch([1000], 8192)  # on the legacy stream
     p.launch(other, [family])
     p.record_stream(family, other)
-    handle = cu.CUstream(stream)
-    with p.using_stream(stream):
-        assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == R.CUDA_SUCCESS
-        p.mm.memalloc(256)  # numba_pool knows of the capture now
+    with _capturing(p, stream):
         p.drop(family, legalize="record")
-        assert p.model.cuStreamEndCapture(handle)[0] == R.CUDA_SUCCESS
     p.model.assert_no_violations()

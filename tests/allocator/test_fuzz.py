@@ -53,7 +53,6 @@ import numba_pool
 from cuda_model.harness import LEGACY, Program
 from helpers import FRONTENDS
 from numba_pool.allocator import captures as captures_module
-from numba_pool.cuda.errors import CudaAPIError
 
 EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "100"))
 #: The ``park`` rule: another thread's launch-and-drop between two driver calls of the
@@ -324,7 +323,7 @@ class LegalPrograms(RuleBasedStateMachine):
         if scope_first:
             p._in(T, scope.__enter__)
             if before:  # the scope's stream gets its id (and an arena domain) before the capture
-                _allocate_in(p, T, data.draw(SIZES), None, stream)
+                p.allocate_in(T, data.draw(SIZES), None, stream)
         # The preempt points (a finalizer's release, the collector) wait until numba_pool knows of
         # the capture: before that, their driver calls follow CUDA's own rules (captures.py).
         hook, p.model.preempt = p.model.preempt, None
@@ -370,7 +369,7 @@ class LegalPrograms(RuleBasedStateMachine):
             # follows CUDA's own rules (captures.py): a legal program waits for either.
             return
         if step == "alloc":  # an allocation node
-            family = _allocate_in(p, T, data.draw(SIZES), None, stream)
+            family = p.allocate_in(T, data.draw(SIZES), None, stream)
             if family is not None:
                 del p.families[family.id]  # the graph's: only the capture rules use it
                 assert family.refs[0].captured, "an array allocated in a capture is not the graph's"
@@ -384,9 +383,9 @@ class LegalPrograms(RuleBasedStateMachine):
         elif step == "other alloc":  # beside the capture: the legacy stream from the other thread only
             other = data.draw(st.sampled_from(self.streams))
             if other == LEGACY:
-                _allocate_in(p, self.side, data.draw(SIZES), data.draw(st.sampled_from([None, LEGACY])), LEGACY)
+                p.allocate_in(self.side, data.draw(SIZES), data.draw(st.sampled_from([None, LEGACY])), LEGACY)
             else:
-                _allocate_in(p, data.draw(st.sampled_from([T, self.side])), data.draw(SIZES), other, other)
+                p.allocate_in(data.draw(st.sampled_from([T, self.side])), data.draw(SIZES), other, other)
         elif step == "other launch":
             usable = [f for f in self.families() if f.stream != stream and not (blocking and f.stream == LEGACY)]
             streams = [s for s in self.streams if not (blocking and s == LEGACY)]
@@ -483,21 +482,6 @@ class LegalPrograms(RuleBasedStateMachine):
     def nothing_unordered(self):
         if hasattr(self, "p"):
             self.p.check()
-
-
-def _allocate_in(p: Program, executor, size: int, scope, stream: int):
-    """``size`` bytes in ``executor``'s thread inside ``using_stream(scope)`` (None: none), the
-    array tracked as allocated on ``stream``; None when out of memory."""
-    def body():
-        with p.using_stream(scope):
-            return p.mm.memalloc(size)
-    try:
-        pointer = p._in(executor, body)
-    except CudaAPIError as err:
-        assert err.code == real_cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY and "out of memory allocating" in str(err), str(err)
-        return None
-    p.operations += 1
-    return p._track(pointer, size, stream)
 
 
 def _drop_reference(refs: list) -> None:

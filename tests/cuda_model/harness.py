@@ -250,11 +250,19 @@ class Program:
     def allocate(self, size: int, stream: int | None = None, thread: int = 0) -> Family | None:
         """``size`` bytes in host thread ``thread``, inside ``using_stream(stream)`` if given;
         None when the pool is out of memory (the error must be numba_pool's)."""
+        return self.allocate_in(self.workers[thread % len(self.workers)], size, stream)
+
+    def allocate_in(self, executor, size: int, scope: int | None = None, tracked: int | None = None) -> Family | None:
+        """``size`` bytes in ``executor``'s thread (a worker, or a thread of the caller's own),
+        inside ``using_stream(scope)`` if given, the array tracked as allocated on ``tracked``
+        (default: ``scope``, else the legacy stream: a capture's allocation is tracked on the
+        stream it was captured from, not the one it replays on); None when the pool is out of
+        memory (the error must be numba_pool's)."""
         def body():
-            with self.using_stream(stream):
+            with self.using_stream(scope):
                 return self.mm.memalloc(size)
         try:
-            pointer = self.run(thread, body)
+            pointer = self._in(executor, body)
         except CudaAPIError as err:
             if size == 0 and err.code == INVALID_VALUE:  # as cuMemAlloc(0) under Numba's default manager
                 return None
@@ -262,7 +270,8 @@ class Program:
             self.operations += 1
             return None
         self.operations += 1
-        family = self._track(pointer, size, stream if stream is not None else LEGACY)
+        stream = tracked if tracked is not None else scope if scope is not None else LEGACY
+        family = self._track(pointer, size, stream)
         if self.inject is not None and self.inject.done and self.inject.during == "allocate":
             self.inject.judge(self, family)
         return family
