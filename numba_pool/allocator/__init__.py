@@ -5,12 +5,24 @@ The rule
 **A block is never handed to work that can run before the last use of its previous owner has
 finished, and a block whose next owner is the CPU waits until the host has observed that.**
 
-Every block is allocated on an *allocation stream* S: the thread's :func:`numba_pool.using_stream`
-stream, else the legacy default stream.  Its owner's work may run on S; on any blocking stream
-when S is the legacy stream (the legacy stream orders with every blocking stream, both ways:
-CUDA Runtime API, "stream synchronization behavior"); and on any stream registered with
+Every block is allocated for an *allocation stream* S: the thread's
+:func:`numba_pool.using_stream` stream, else the legacy default stream.  Its owner's work may
+run on S; on any blocking stream when S is the legacy stream (as with ``cuMemAlloc``'s memory,
+which Numba's default manager hands out); and on any stream registered with
 :func:`numba_pool.record_stream`.  Other use must be ordered by the program (docs/guide.md,
 "Stream semantics in full"), as with any stream-ordered allocator.
+
+**No barrier between a program's streams.**  An operation on the legacy stream waits for all
+earlier work of every blocking stream, and all later work of every blocking stream waits for it
+(CUDA Runtime API, "stream synchronization behavior"): every ``cuda.stream()`` of Numba is a
+blocking stream.  So numba_pool allocates and releases without any operation there: a legacy
+stream's block is allocated on a private non-blocking stream, and its release is ordered by a
+*fence* recorded for a whole batch of releases (rule 4), at most once per 32 releases (Numba's
+default manager synchronizes the device once per 11 frees), never while a ``defer_cleanup`` is
+open (Numba's promise: nothing happens to the device at a drop inside it).  Legacy-stream
+operations remain only where the program asked for a barrier or the default manager
+synchronizes: the exit of ``defer_cleanup`` for blocks of other streams, trim, out of memory,
+reset, an IPC export, and rule 8's fallback.
 
 Invariants, kept by the modules named and checked in CI by a model of CUDA's stream ordering
 that runs this code against random legal programs (the test package ``cuda_model`` and
@@ -29,27 +41,33 @@ that runs this code against random legal programs (the test package ``cuda_model
    :mod:`numba_pool.ipc`): it runs once the last lets go.
 3. **A block of a domain other than the legacy one is free for S at once** (:mod:`.arena`): S
    runs the next owner's work after the previous owner's.
-4. **The legacy domain fences** (:mod:`.quarantine`, :mod:`.arena`).  A block freed on the
-   legacy stream may still be read by work on a blocking stream that the next owner's work, on
-   another blocking stream, would not wait for.  It waits in *quarantine* until a *fence*, one
-   operation on the legacy stream (an event record), which runs after all earlier work of every
-   blocking stream and before all later work.  **The snapshot comes before the barrier**: a
-   fence releases only the blocks it took out of quarantine before it was recorded; a block
-   freed meanwhile waits for the next fence.  Barriers that synchronize (trim, out of memory,
-   reset) take their snapshot first too.
+4. **A legacy-stream block is idle when handed out** (:mod:`.fences`, :mod:`.quarantine`,
+   :mod:`.arena`, :mod:`.mempool_blocks`).  Its new memory comes from the mempool on a private
+   non-blocking stream that waits for nothing, from a pool that never makes an allocation wait
+   for another stream (internal dependencies off): idle memory.  A released block may still be
+   used by work on any blocking stream, so it waits (the arena's *quarantine*, the mempool
+   blocks' ``legacy_frees``) until an allocation records a *fence* for the batch, one event on
+   the legacy stream, which completes after all earlier work of every blocking stream; the
+   batch is reused (or freed to the mempool on the private stream) only once the host has seen
+   that event complete (``cuEventQuery``).  Until then allocations take other memory.
+   **The snapshot comes before the fence**: a fence covers only the blocks it took before it
+   was recorded; a block freed meanwhile waits for the next.  Barriers that synchronize (trim,
+   out of memory, reset) take their snapshot first too, and free it after.  The streams
+   registered for a legacy-stream block with ``record_stream`` are waited for by that fence
+   (events recorded on them at the release).
 5. **A domain's event covers every block in it** (:mod:`.domains`, :mod:`.arena`).  The domain
    of a stream S other than the legacy one has an event, recorded on S after each release (and
    after each slab taken on S) and before the block is published.  A slab goes back to the
-   mempool on the legacy stream after waiting for that event, so numba_pool never enqueues on S
-   after its last release: S may be destroyed by then.
+   mempool on a private return stream after waiting for that event, so numba_pool never enqueues
+   on S after its last release (S may be destroyed by then) nor on the legacy stream.
 6. **Domains are keyed by the driver's stream id** (``cuStreamGetId``, unique for the life of
    the process), never by handle value (:mod:`.domains`): a new stream that gets a destroyed
    stream's handle gets a new domain.
 7. **Mempool blocks** (arena off, or larger than its largest block) are freed with
    ``cuMemFreeAsync`` on their allocation stream after rule 2 (:mod:`.mempool_blocks`); the
-   driver's pool keeps the rule from there.  Those of the legacy stream are freed by the next
-   allocation (or trim, statistics, reset): later on the same stream, so after all the same
-   work and more (Note [Legacy-stream frees are issued by the next allocation]).
+   driver's pool keeps the rule from there.  Those of the legacy stream follow rule 4: freed on
+   the private allocation stream once their fence has completed (Note [Legacy-stream frees
+   wait for a fence]).
 8. **A release never raises** (:mod:`.waits`).  Where it cannot order (a stream was destroyed,
    a per-thread default stream belongs to another thread, the driver refused), it falls back to
    the default manager's guarantee: ``cuCtxSynchronize``, after which no earlier work remains,
@@ -65,9 +83,10 @@ that runs this code against random legal programs (the test package ``cuda_model
    backings of :mod:`.backings`; kept apart because it shares no domain, arena or mempool with
    the rules above).  Pinned and mapped memory (``NUMBA_POOL_HOST``) and managed memory
    (``NUMBA_POOL_MANAGED``, from the device's managed mempool): the host writes a new owner's
-   block at once (``a = cuda.managed_array(n); a[:] = 1``), so stream order is not enough.  At
-   release an event is recorded on the legacy stream (after all work of blocking streams), on
-   the block's allocation stream when it is another (``using_stream``), and on each stream
+   block at once (``a = cuda.managed_array(n); a[:] = 1``), so stream order is not enough.  An
+   event is recorded on the legacy stream (after all work of blocking streams; by an allocation,
+   for a batch of releases, as rule 4's fence: Note [A release records nothing on the legacy
+   stream]), and at release on the block's allocation stream when it is another (``using_stream``), and on each stream
    registered with ``record_stream`` (other non-blocking streams need it, as for device
    blocks); the block is handed out again only once every one of those events has *completed
    as the host observes it* (``cuEventQuery`` returns ``CUDA_SUCCESS``); otherwise a new block
@@ -84,13 +103,10 @@ that runs this code against random legal programs (the test package ``cuda_model
     nothing here, and events are made in that context.  Every release that makes a driver call
     on a handle that depends on the current context first asks which context is current
     (``cuCtxGetCurrent``) and, when it is not the owner's, pushes the owner's.  The legacy
-    stream's releases make no driver call: the arena's fence, and the mempool's frees (rule 7),
-    run at an allocation, in the owner's context.  A free on another stream's own handle names
-    that stream in any context; where no context is current it fails and is retried in the
-    owner's.  The host-rule cache's common release records an event *of the owner's context*
-    on the legacy stream at once, and asks only when the driver refuses it: an event and a
-    stream of different contexts, or no context, are refused (measured; Note [A release records
-    first, asks later] in :mod:`.host_blocks`).
+    stream's releases make no driver call, of any kind of block: fences and the frees that
+    follow them run at an allocation (or trim, reset), in the owner's context.  A free on
+    another stream's own handle names that stream in any context; where no context is current
+    it fails and is retried in the owner's.
 11. **An export is ordered before its importer** (:meth:`.device.DeviceAllocator.export_hold`).
     Another process orders its work against nothing of this one, so an IPC export synchronizes
     the context: the block's allocation and its previous owners' work have completed before the
@@ -138,7 +154,8 @@ the ordering argument above has not been made for it; :func:`.threads.require_gi
 
 Modules, bottom up: :mod:`.usage` (lock-free usage events), :mod:`.free_list` (one domain's heap),
 :mod:`.waits` (rules 2 and 8), :mod:`.sources` (what both block sources share),
-:mod:`.mempool_blocks` (rule 7), :mod:`.quarantine` and :mod:`.domains` (rules 4-6),
+:mod:`.fences` (rule 4: fences and the private streams), :mod:`.mempool_blocks` (rule 7),
+:mod:`.quarantine` and :mod:`.domains` (rules 4-6),
 :mod:`.arena` (rules 1, 3-6), :mod:`.scratch` (a bump-allocated block), :mod:`.captures`
 (rule 13: stream capture), :mod:`.backings` and
 :mod:`.host_blocks` (rule 9: pinned and managed memory), :mod:`.device` (one device's allocator: the block sources, the barriers that

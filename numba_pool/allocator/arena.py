@@ -7,9 +7,10 @@ Policy:
   stream's domain (:mod:`.domains`); larger ones, and requests inside ``numba_pool.scratch``,
   go to the mempool blocks (:attr:`ArenaBlocks.delegate`).
 * The legacy stream's path is the hot one: a block is first looked for in the ready cache (one
-  ``list.pop``, no lock, no driver call); a miss takes the lock, fences once enough blocks are
-  quarantined (rule 4, :mod:`.quarantine`), and carves the block by best fit, taking a new slab
-  only when nothing fits.
+  ``list.pop``, no lock, no driver call); a miss takes the lock, moves the batches whose fence
+  the host has seen complete into the cache (rule 4, :mod:`.quarantine`, :mod:`.fences`),
+  fences the quarantined blocks once enough of them wait, and carves the block by best fit,
+  taking a new slab (on the private allocation stream) only when nothing fits.
 * A release on the legacy stream quarantines the block with one ``list.append`` and no driver
   call; a release on another stream records the domain's event and publishes the block to a
   queue that the next allocation moves into the heap (rules 3 and 5).
@@ -29,12 +30,13 @@ from functools import partial
 from typing import Callable
 
 from ..cuda.capture import is_capturing
-from ..cuda.driver import EVENT_FLAGS, OUT_OF_MEMORY, check
+from ..cuda.driver import OUT_OF_MEMORY, check
 from ..cuda.errors import CudaAPIError
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
 from .captures import underway
 from .domains import Domain, Domains
+from .fences import PrivateStream
 from .free_list import ALIGNMENT, ArenaError, round_up
 from .quarantine import Quarantine
 from .sources import BlockSource
@@ -53,7 +55,7 @@ CACHE_BLOCKS = 64
 class ArenaStatistics:
     """Bytes and counts of an arena (every domain together): ``reserved`` (slabs), ``in_use``
     (blocks held by their owners, rounded to 256 B), ``cached`` (ready blocks in the legacy
-    stream's cache), ``quarantined`` (freed, waiting for a fence), ``free``/``free_blocks``/
+    stream's cache), ``quarantined`` (freed, waiting for a fence or its completion), ``free``/``free_blocks``/
     ``largest_free_block`` (in the heaps); in_use + cached + quarantined + free == reserved.
     ``slabs``, ``domains``, and the ``fences`` issued so far."""
 
@@ -79,17 +81,20 @@ class ArenaBlocks(BlockSource):
     :param release_threshold: bytes of slabs kept when one becomes empty; beyond it an empty slab
         goes back to the mempool at once.  None keeps them all (until trim).
     :param delegate: serves the requests the arena does not (larger, scratch): the mempool blocks.
+    :param return_stream: the private stream on which slabs of streams other than the legacy one
+        go back to the mempool, after their domain's event (one of its own when None).
     :raises ArenaError: for sizes that are not multiples of 256, or ``max_block`` > ``slab_size``.
     """
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
                  slab_size: int, max_block: int, release_threshold: int | None = None,
                  delegate: Callable[[int], PoolPointer] | None = None, after_reset: Callable | None = None,
-                 pointer: type):
+                 pointer: type, return_stream: PrivateStream | None = None, **shared):
         if slab_size % ALIGNMENT or max_block % ALIGNMENT or not 0 < max_block <= slab_size:
             raise ArenaError(f"slab size ({slab_size}) and largest block ({max_block}) must be multiples of "
                              f"{ALIGNMENT} bytes with 0 < largest block <= slab size")
-        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset, pointer=pointer)
+        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset, pointer=pointer,
+                         **shared)
         self._device_pointer = cu.CUdeviceptr
         self.max_block = max_block
         self.delegate = delegate if delegate is not None else partial(_not_served, max_block)
@@ -98,14 +103,14 @@ class ArenaBlocks(BlockSource):
         # Blocks out of the heaps (held, quarantined, ready, released unpublished): start -> rounded
         # size, changed only by the heaps, not on the hot path (0.15 µs, bench).  Under _lock.
         self.taken: dict[int, int] = {}
-        self._domains = Domains(cu, pool_handle, slab_size=slab_size, release_threshold=release_threshold)
+        self._domains = Domains(cu, pool_handle, slab_size=slab_size, release_threshold=release_threshold,
+                                alloc_stream=self.alloc_stream,
+                                return_stream=return_stream or PrivateStream(cu, "arena slab returns"))
         self._legacy = self._domains.legacy
-        self.quarantine = Quarantine(CACHE_BLOCKS)  # its cache_limit: ready blocks kept per size
+        self.quarantine = Quarantine(CACHE_BLOCKS, self.fences)  # its cache_limit: ready blocks kept per size
         self.ready = self.quarantine.ready  # popped by the hot path without the lock
         self._waiting = self.quarantine.waiting  # appended to by the release's hot path directly
         self._released: deque = deque()  # (start, size, domain) released on other streams, to publish
-        self._fence_event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
-        self.fences = 0  # fences recorded so far (statistics)
         # Bound once: a bound method made per allocation cost 0.1 µs (bench).
         self._release_legacy_bound = self._release_legacy
         self._release_scoped_bound = self._release_scoped
@@ -180,29 +185,23 @@ class ArenaBlocks(BlockSource):
 
     def _take_legacy(self, rounded: int, stream: StreamRef) -> int:
         self._publish_released()
-        quarantined = self.quarantine.count()
-        if quarantined >= REFILL_AT or quarantined > self.quarantine_limit:
-            self._fence()
+        quarantine = self.quarantine
+        quarantine.fence_if_due(REFILL_AT, self.quarantine_limit, self._deferral)
+        if self.fences.batches:  # rule 4: the blocks whose fence the host has seen complete
+            self._free_into_legacy(quarantine.collect())
             ready = self.ready.get(rounded)
             if ready:
                 return ready.pop()
         legacy = self._legacy
         start = self._carve(legacy, rounded)
-        if start is None and self.quarantine.count():  # rather than a new slab
-            self._fence()
-            ready = self.ready.get(rounded)
-            if ready:
-                return ready.pop()
-            start = self._carve(legacy, rounded)
         if start is None:
-            self._domains.add_slab(legacy, stream, rounded)
+            self._domains.add_slab(legacy, None, rounded)  # None: on the private allocation stream
             start = self._carve(legacy, rounded)
         return start
 
     def _take_scoped(self, rounded: int, stream: StreamRef) -> tuple[int, Domain]:
         self._publish_released()
-        if self.quarantine.count() > self.quarantine_limit:
-            self._fence()
+        self.quarantine.fence_if_due(QUARANTINE_BLOCKS, self.quarantine_limit, self._deferral)
         domain = self._domains.of_stream(stream)
         start = self._carve(domain, rounded)
         if start is None:
@@ -259,23 +258,12 @@ class ArenaBlocks(BlockSource):
             start, rounded, domain = released.popleft()
             self._free_into(domain, start, rounded)
 
-    def _fence(self) -> None:
-        """Rule 4: snapshot, then the barrier, then publish."""
-        taken = self.quarantine.take()
-        if not taken:
-            return
-        try:
-            check(self._cu.cuEventRecord(self._fence_event, LEGACY.handle), "cuEventRecord (arena fence)")
-        except CudaAPIError:
-            self.quarantine.put_back(taken)
-            raise
-        self.fences += 1
-        for start, size in sorted(self.quarantine.make_ready(taken)):
+    def _free_into_legacy(self, blocks: list[tuple[int, int]]) -> None:
+        for start, size in sorted(blocks):
             self._free_into(self._legacy, start, size)
 
     def _flush_ready(self) -> None:
-        for start, size in sorted(self.quarantine.take_ready()):
-            self._free_into(self._legacy, start, size)
+        self._free_into_legacy(self.quarantine.take_ready())
 
     def _free_into(self, domain: Domain, start: int, size: int) -> None:
         self.taken.pop(start, None)
@@ -294,14 +282,23 @@ class ArenaBlocks(BlockSource):
             if not self.dropped:
                 self._flush_ready()
 
-    def release_cached(self) -> int:
-        """Fence, then give every wholly free slab of every domain back to the mempool
-        (stream-ordered: no host synchronization).  Returns the bytes released."""
+    def take_released(self) -> list[dict[int, list[int]]]:
+        """Before a synchronize (trim, out of memory): every quarantined and fenced block, as
+        snapshots for :meth:`release_cached` once the synchronize is done (rule 4's snapshot
+        before the barrier)."""
+        with self._lock:
+            return self.quarantine.take_released()
+
+    def release_cached(self, idle: list[dict[int, list[int]]] = ()) -> int:
+        """After a synchronize: the blocks of ``idle`` (:meth:`take_released`'s) into the heap,
+        then every wholly free slab of every domain back to the mempool (stream-ordered).
+        Returns the bytes released."""
         with self._lock:
             if self.dropped:  # a reset freed the slabs
                 return 0
             self._publish_released()
-            self._fence()
+            for taken in idle:
+                self._free_into_legacy(self.quarantine.make_ready(taken))
             self._flush_ready()
             before = self._domains.reserved
             self._domains.return_empty_slabs()
@@ -315,10 +312,9 @@ class ArenaBlocks(BlockSource):
             self.dropped = True
             self.taken.clear()
             slabs = self._domains.drop_all()
-            self._cu.cuEventDestroy(self._fence_event)  # used under the lock only
             self._released.clear()
             self.quarantine.empty()
-            self.quarantine = Quarantine(0)
+            self.quarantine = Quarantine(0, self.fences)
             self.ready, self._waiting = self.quarantine.ready, self.quarantine.waiting
             return slabs
 
@@ -358,7 +354,8 @@ class ArenaBlocks(BlockSource):
             quarantined, cached = self.quarantine.bytes()
             in_use = sum(self.taken.values()) - quarantined - cached
             return ArenaStatistics(reserved=self._domains.reserved, in_use=in_use, cached=cached,
-                                   quarantined=quarantined, fences=self.fences, **self._domains.free_figures())
+                                   quarantined=quarantined, fences=self.fences.recorded,
+                                   **self._domains.free_figures())
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless every domain's slabs are tiled exactly by its free blocks

@@ -20,8 +20,8 @@ from __future__ import annotations
 from cuda.bindings import driver as _cuda
 
 from ..cuda.driver import OUT_OF_MEMORY, SUCCESS, check, report_failure
-from ..cuda.streams import LEGACY
 from . import captures
+from .fences import PrivateStream
 
 #: ``cuMemHostAlloc`` flag that maps a pinned block into the device's address space.
 DEVICEMAP = int(_cuda.CU_MEMHOSTALLOC_DEVICEMAP)
@@ -74,7 +74,11 @@ class PinnedBacking:
 
 class ManagedBacking:
     """Managed blocks from one device's managed mempool (``cuMemAllocFromPoolAsync`` and
-    ``cuMemFreeAsync`` on the legacy stream; the same address on the host and the device).
+    ``cuMemFreeAsync`` on a private non-blocking stream, never the legacy one, whose every
+    operation is a barrier between all blocking streams: rule 4 of :mod:`numba_pool.allocator`;
+    the same address on the host and the device).  The cache gives back only idle blocks
+    (rule 9) and the pool makes no allocation wait for another stream (internal dependencies
+    off), so what the pool hands out on that stream is idle memory.
     A block still in use at a reset stays in use, and goes back to the cache when its array
     goes (:attr:`frees_orphans` is false): the pool outlives the reset, and freeing the memory
     of a live NumPy array would crash the host at its next access.
@@ -92,6 +96,7 @@ class ManagedBacking:
         self._cu = cu
         self.pool = pool
         self._side = captures.SideStream(cu, "managed blocks")  # for allocations beside a capture (rule 13)
+        self._private = PrivateStream(cu, "managed blocks")  # every other allocation and free
 
     def allocate(self, rounded: int, flags: int) -> tuple[int, int] | None:
         """A new managed block of ``rounded`` bytes, ``(address, address)``; None when the pool
@@ -102,7 +107,7 @@ class ManagedBacking:
 
         :raises CudaAPIError: any other driver error."""
         beside = bool(captures.underway)
-        stream = self._side.handle if beside else LEGACY.handle
+        stream = self._side.handle if beside else self._private.handle
         err, ptr = self._cu.cuMemAllocFromPoolAsync(rounded, self.pool.handle, stream)
         if err == OUT_OF_MEMORY:
             return None
@@ -112,10 +117,10 @@ class ManagedBacking:
         return address, address
 
     def free(self, address: int) -> tuple:
-        """Give a block back to the managed mempool (``cuMemFreeAsync`` on the legacy stream,
-        in the owner's context: the cache frees only under its lock, at an allocation, trim or
-        reset); the driver's result tuple."""
-        return self._cu.cuMemFreeAsync(self._cu.CUdeviceptr(address), LEGACY.handle)
+        """Give an idle block back to the managed mempool (``cuMemFreeAsync`` on the private
+        stream, in the owner's context: the cache frees only under its lock, at an allocation,
+        trim or reset); the driver's result tuple."""
+        return self._cu.cuMemFreeAsync(self._cu.CUdeviceptr(address), self._private.handle)
 
     def refused_by(self) -> str:
         return f"the device (managed mempool of device {self.pool.device_id})"

@@ -44,6 +44,7 @@ from ..cuda.driver import SUCCESS, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, entry_hooks, per_thread, scopes_entered
+from .fences import PrivateStream
 
 _INVALID_VALUE = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE
 _NO_CONTEXT = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
@@ -253,29 +254,11 @@ class CaptureRouter:
         return capture if capture is not None and _goes_on(cu, capture) else None
 
 
-class SideStream:
+def SideStream(cu, what: str) -> PrivateStream:
     """Rule 13: a non-blocking stream of numba_pool's own, made at its first use, on which
     blocks for the legacy stream's users are allocated (and synchronized) while a capture is
-    under way: the legacy stream would join or break the capture.
-
-    :param cu: the driver object.
-    :param what: whose stream it is, for the error of its creation.
-    """
-
-    def __init__(self, cu, what: str):
-        self._cu = cu
-        self._what = what
-        self._handle = None
-
-    @property
-    def handle(self):
-        """The stream (``CUstream``), made now if it was not yet.
-
-        :raises CudaAPIError: when the driver refuses to make it."""
-        if self._handle is None:
-            flags = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
-            self._handle = check(self._cu.cuStreamCreate(flags), f"cuStreamCreate ({self._what} beside a capture)")
-        return self._handle
+    under way: the legacy stream would join or break the capture."""
+    return PrivateStream(cu, f"{what} beside a capture")
 
 
 def capture_pool_config(config):

@@ -26,6 +26,7 @@ from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .arena import ArenaBlocks, layout
 from .captures import CaptureRouter, GraphBlocks, capture_pool_config
+from .fences import FENCE_FRACTION, PrivateStream
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
 from .waits import Deferral, Hold, StreamWaits
@@ -63,15 +64,20 @@ class DeviceAllocator:
         self.waits = StreamWaits(cu, OwnerContext.of(cu, context), deferral)
         # Live numba_pool.scratch blocks by start address (atomic dict operations only).
         self.scratch_blocks: dict[int, object] = {}
+        # Rule 4: the legacy stream's owners' new memory comes from a private stream, and
+        # other streams' arena slabs go back on another (destroyed once this generation is garbage).
+        self.private_streams = (PrivateStream(cu, "allocations"), PrivateStream(cu, "arena slab returns"))
+        shared = {"alloc_stream": self.private_streams[0],
+                  "fence_bytes": int(device_memory_info(cu)[1] * FENCE_FRACTION)}
         self.mempool_blocks = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
-                                           after_reset, pointer=pointer)
+                                           after_reset, pointer=pointer, **shared)
         self.arena: ArenaBlocks | None = None
         if config.arena:
             self.arena = ArenaBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
                                      slab_size=config.arena_slab_size, max_block=config.arena_max_block,
                                      release_threshold=release_limit(config.release_threshold),
                                      delegate=self.mempool_blocks.allocate, after_reset=after_reset,
-                                     pointer=pointer)
+                                     pointer=pointer, return_stream=self.private_streams[1], **shared)
         #: Where every request starts: the arena when it is on, else the mempool blocks.  Its
         #: ``allocate(size)`` is the allocation path with no adaptor (:mod:`numba_pool.plugin.path`).
         self.source = self.arena if self.arena is not None else self.mempool_blocks
@@ -193,13 +199,13 @@ class DeviceAllocator:
         return out
 
     def issue_frees(self) -> None:
-        """Issue the legacy-stream frees that releases queued (Note [Legacy-stream frees are
-        issued by the next allocation] in :mod:`.mempool_blocks`), in the owner's context: before
-        figures are read and before a barrier.  Releases held back by a capture that has ended
-        run first (rule 13)."""
+        """Before figures are read and before a barrier: releases held back by a capture that
+        has ended run (rule 13), and released mempool blocks whose fence the host has seen
+        complete go back to the pool (rule 4, Note [Legacy-stream frees wait for a fence] in
+        :mod:`.mempool_blocks`), in the owner's context."""
         if captures.underway or captures.held_back():
             captures.refresh(self.cu)
-        self.mempool_blocks.issue_legacy_frees_in_owner_context()
+        self.mempool_blocks.free_completed()
 
     def refuse_during_capture(self, what: str) -> None:
         """Rule 13: a synchronize invalidates every capture under way.
@@ -218,7 +224,7 @@ class DeviceAllocator:
         self.issue_frees()
         free, total = device_memory_info(self.cu)
         usage = self.pool.usage()
-        free += usage.reserved - usage.used
+        free += usage.reserved - usage.used + self.mempool_blocks.released_bytes()  # rule 4's: free soon
         if self.arena is not None:
             arena = self.arena.statistics()
             free += arena.reserved - arena.in_use
@@ -268,16 +274,25 @@ class DeviceAllocator:
             raise api_error(err.code, self.describe_out_of_memory(size)) from None
 
     def trim(self, keep_bytes: int) -> None:
-        """Give the arena's empty slabs back (rule 4's snapshot and fence first, then
-        stream-ordered frees), synchronize so that every stream-ordered free has completed, and
-        release the pool's unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``), and the
-        graph memory that no graph uses (``cuDeviceGraphMemTrim``).
+        """Take every released block waiting for a fence or its completion (rule 4's snapshot
+        before the barrier), synchronize (``cuCtxSynchronize``: they are idle now), give them
+        and the arena's empty slabs back to the mempool, synchronize again so that those
+        stream-ordered frees have completed, and release the pool's unused memory down to
+        ``keep_bytes`` (``cuMemPoolTrimTo``), and the graph memory that no graph uses
+        (``cuDeviceGraphMemTrim``).
 
         :raises RuntimeError: during a stream capture (rule 13)."""
         self.refuse_during_capture("trim()")
         self.issue_frees()
+        released = self.mempool_blocks.take_released()
+        arena_released = self.arena.take_released() if self.arena is not None else []
+        check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        self.mempool_blocks.free_idle(released)
+        for source in (self.mempool_blocks, self.arena):
+            if source is not None:
+                source.fences.after_synchronize()  # Note [The legacy stream recorded] in .waits
         if self.arena is not None:
-            self.arena.release_cached()
+            self.arena.release_cached(arena_released)
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
         self.pool.trim(keep_bytes)
         if self._capture_pool is not None:
@@ -290,7 +305,7 @@ class DeviceAllocator:
         free, and allocations under way go to the next generation (the sources' ``dropped``).
         The pool is trimmed to 0 now and destroyed once this generation is collected: an
         allocation under way may still name it."""
-        pointers = self.mempool_blocks.take_all()
+        pointers = self.mempool_blocks.take_all() + [ptr for ptr, _ in self.mempool_blocks.take_released()]
         if self.arena is not None:
             pointers += [self.cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
         self.waits.waiting.clear()
@@ -301,15 +316,18 @@ class DeviceAllocator:
             except KeyError:
                 break
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
-        self.mempool_blocks.issue_legacy_frees()  # queued before the snapshot; later ones issue themselves
         self.waits.deferral.flush()  # held-back mempool frees: issued now, before the pool goes
         self.waits.release_held()  # and those an IPC export's leases keep
+        # What those two released (later ones free themselves).
+        pointers += [ptr for ptr, _ in self.mempool_blocks.take_released()]
         for ptr in pointers:
             report_failure(self.cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
         with contextlib.suppress(CudaAPIError):
             self.pool.trim(0)
         destroy_when_collected(self, self.pool, self.waits.owner)
+        fences = [source.fences for source in (self.mempool_blocks, self.arena) if source is not None]
+        weakref.finalize(self, _destroy_private, self.private_streams, fences, self.waits.owner).atexit = False
         if self._capture_pool is not None:
             destroy_when_collected(self, self._capture_pool, self.waits.owner)
 
@@ -324,6 +342,16 @@ def destroy_when_collected(holder, pool: MemPool, owner: OwnerContext) -> None:
 def destroy_now(pool: MemPool, owner: OwnerContext) -> None:
     """Destroy ``pool`` now, in the owner's context; a failure is not raised."""
     _destroy_pool(pool, owner)
+
+
+def _destroy_private(streams, fences, owner: OwnerContext) -> None:
+    # A reset generation's private streams and fence events, once nothing can reach them.
+    def destroy(*_):
+        for stream in streams:
+            stream.destroy()
+        for each in fences:
+            each.destroy()
+    owner.enter(destroy)
 
 
 def _destroy_pool(pool: MemPool, owner: OwnerContext) -> None:

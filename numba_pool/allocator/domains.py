@@ -2,8 +2,11 @@
 
 A *domain* holds the free blocks of one stream (rule 1), as a heap of slabs
 (:class:`~numba_pool.allocator.free_list.Heap`).  A slab is one mempool allocation taken on the
-domain's stream; a wholly free slab goes back to the mempool, which is the only way memory moves
-between streams.  Every method runs under the arena's lock.
+domain's stream (the legacy domain's on the private allocation stream: its blocks are idle
+whenever they are in the heap, rule 4); a wholly free slab goes back to the mempool, which is the
+only way memory moves between streams: the legacy domain's on the allocation stream, the others'
+on the private return stream after their domain's event (never on the legacy stream, whose
+operations are barriers).  Every method runs under the arena's lock.
 """
 
 from __future__ import annotations
@@ -43,14 +46,18 @@ class Domains:
     :param pool_handle: the mempool slabs come from.
     :param slab_size: the largest slab (bytes).
     :param release_threshold: bytes of slabs kept when one becomes empty (None: all).
+    :param alloc_stream: the private stream the legacy domain's slabs come from and go back on.
+    :param return_stream: the private stream other domains' slabs go back on.
     """
 
-    def __init__(self, cu, pool_handle, *, slab_size: int, release_threshold: int | None):
+    def __init__(self, cu, pool_handle, *, slab_size: int, release_threshold: int | None,
+                 alloc_stream, return_stream):
         self._cu = cu
         self._alloc_async = cu.cuMemAllocFromPoolAsync
         self._pool = pool_handle
         self.slab_size = slab_size
         self.release_threshold = release_threshold
+        self._alloc_stream, self._return_stream = alloc_stream, return_stream
         self.legacy = Domain(LEGACY.key)
         self._by_key: dict = {LEGACY.key: self.legacy}  # stream key -> Domain
         self.reserved = 0  # bytes of slabs held, every domain
@@ -79,15 +86,17 @@ class Domains:
         target = 1 << max(0, (self.reserved // GROWTH - 1).bit_length())
         return max(need, min(self.slab_size, max(FIRST_SLAB, target, BLOCKS_PER_SLAB * need)))
 
-    def add_slab(self, domain: Domain, stream: StreamRef, need: int) -> None:
-        """A new slab for ``domain``, allocated on its ``stream``, large enough for ``need`` bytes.
+    def add_slab(self, domain: Domain, stream: StreamRef | None, need: int) -> None:
+        """A new slab for ``domain``, allocated on its ``stream`` (None: the legacy domain's, on
+        the private allocation stream), large enough for ``need`` bytes.
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (or another driver error)."""
         size = self.next_slab_size(need)
-        ptr = check(self._alloc_async(size, self._pool, stream.handle),
+        handle = self._alloc_stream.handle if stream is None else stream.handle
+        ptr = check(self._alloc_async(size, self._pool, handle),
                     f"cuMemAllocFromPoolAsync({size}) for an arena slab")
         if domain.event is not None:  # rule 5: the slab is usable from this point of the stream on
-            check(self._cu.cuEventRecord(domain.event, stream.handle), "cuEventRecord (arena slab)")
+            check(self._cu.cuEventRecord(domain.event, handle), "cuEventRecord (arena slab)")
         domain.heap.add_slab(int(ptr), size)
         self.reserved += size
 
@@ -108,11 +117,16 @@ class Domains:
         return domain is not self.legacy and len(domain.heap.slabs) > 1
 
     def return_slab(self, domain: Domain, start: int) -> None:
-        """A wholly free slab back to the mempool, ordered after its domain's last release."""
-        cu, legacy = self._cu, LEGACY.handle
-        if domain.event is not None:  # rule 5: wait for the event, never touch the stream
-            check(cu.cuStreamWaitEvent(legacy, domain.event, 0), "cuStreamWaitEvent (arena slab)")
-        check(cu.cuMemFreeAsync(cu.CUdeviceptr(start), legacy), "cuMemFreeAsync (arena slab)")
+        """A wholly free slab back to the mempool, ordered after its domain's last release: the
+        legacy domain's are idle; another domain's go back on the return stream after its event
+        (rule 5: never touch the domain's stream, which may be gone)."""
+        cu = self._cu
+        if domain.event is None:
+            on = self._alloc_stream.handle
+        else:
+            on = self._return_stream.handle
+            check(cu.cuStreamWaitEvent(on, domain.event, 0), "cuStreamWaitEvent (arena slab)")
+        check(cu.cuMemFreeAsync(cu.CUdeviceptr(start), on), "cuMemFreeAsync (arena slab)")
         self.reserved -= domain.heap.remove_slab(start)
         if domain is not self.legacy and not domain.heap.slabs:
             del self._by_key[domain.key]

@@ -17,12 +17,14 @@ blocks come from is its *backing* (:mod:`.backings`: ``cuMemHostAlloc``, or a ma
   cannot serve ``mapped``;
 * **the host rule**: the next owner of such a block is often the *host*, which writes it with
   the CPU at once (``a = cuda.managed_array(n); a[:] = 1``), so stream order is not enough.  At
-  release, an event is recorded on the legacy default stream (after all earlier work of every
-  blocking stream), on the block's allocation stream when it is another
+  release, an event is recorded on the block's allocation stream when it is not the legacy one
   (:func:`numba_pool.using_stream`), and on each stream registered with
-  :func:`numba_pool.record_stream`; a cached block is handed out again only once every one of
-  its events has *completed as observed by the host* (``cuEventQuery`` returns
-  ``CUDA_SUCCESS``), else a new block is allocated.  A block goes back to its backing only in
+  :func:`numba_pool.record_stream`; the legacy stream, whose every operation is a barrier
+  between all blocking streams, is named by a *fence* that an allocation records later for a
+  whole batch of released blocks (Note [A release records nothing on the legacy stream]); a
+  cached block is handed out again only once it is fenced and every one of its events has
+  *completed as observed by the host* (``cuEventQuery`` returns ``CUDA_SUCCESS``), else a new
+  block is allocated.  A block goes back to its backing only in
   that state too (or after ``cuCtxSynchronize``), so a managed mempool never hands out memory
   whose last use the host has not observed;
 * over the cap (``NUMBA_POOL_HOST_MAX_SIZE``, ``NUMBA_POOL_MANAGED_MAX_SIZE``) an allocation
@@ -33,32 +35,25 @@ blocks come from is its *backing* (:mod:`.backings`: ``cuMemHostAlloc``, or a ma
   ``NUMBA_POOL_MANAGED_RELEASE_THRESHOLD``) of cached bytes, freed blocks whose events completed
   are given back to the backing.
 
-Note [A release records first, asks later]
-    A release records its events in the owner's context (rule 10).  Asking which context is
-    current before every release costs 0.43-0.50 µs (``cuCtxGetCurrent``, a lent H100's host).
-    So the common release (the legacy stream alone, outside ``defer_cleanup``) records at once,
-    in whatever context is current, an event taken from :attr:`HostBlocks._free_events`, and
-    asks only when that is refused.  Every cached event was created in the owner's context
-    (:meth:`HostBlocks._record` runs after :class:`OwnerContext <numba_pool.cuda.context.OwnerContext>`
-    asked; where the owner has no handle, as for the replay's stand-in, or the question fails,
-    in the current context, as before this path existed), and the driver refuses an event and a stream
-    of different contexts (``CUDA_ERROR_INVALID_HANDLE``: "hEvent and hStream must be from the
-    same context") and a record with no context current (both measured on an H100 with a
-    ``cuCtxCreate`` context of the same device: docs/perf-notes.md; another device's context and
-    green contexts are not measured, and fall under the same documented rule); so the record
-    succeeds only when the legacy stream's handle names the owner's legacy stream.  Refused, or with no cached event,
-    the release asks and pushes the owner's context as before (:class:`OwnerContext
-    <numba_pool.cuda.context.OwnerContext>`).  Never a new event here: one created in another
-    context would be accepted with that context's legacy stream, which orders nothing of ours
-    (a planted bug of that kind is caught: tests/allocator/test_stream_rule_round2.py).  The
-    mempool's frees have no such refusal (``cuMemFreeAsync`` takes any context's stream): they
-    wait for the next allocation instead, Note [Legacy-stream frees are issued by the next
-    allocation] in :mod:`.mempool_blocks`.
+Note [A release records nothing on the legacy stream]
+    The owner of a block allocated outside ``using_stream`` may use it on any blocking stream,
+    so only an operation on the legacy stream (or a synchronize) orders its release.  Such an
+    operation at every release was a barrier between all of a program's streams, and deadlocked
+    a program whose kernel waits for a later copy on another stream (issue 33).  So the common
+    release makes no driver call: the block goes to :attr:`HostBlocks.released` unfenced, and an
+    allocation, under the lock and in the owner's context, records the legacy stream's events of
+    every unfenced block at one point of the program (one barrier for the batch), once
+    :data:`~.fences.FENCE_BLOCKS` blocks or :data:`~.fences.HOST_FENCE_BYTES` bytes wait and no
+    ``defer_cleanup`` is open (:class:`~.fences.HostFences`), as rule 4 does for device blocks.
+    A block is reused only once fenced and its events complete; over the cap, the oldest
+    unfenced blocks are fenced and waited for (``cuEventSynchronize``); a synchronize (trim,
+    reset) makes every block released before it idle.
 
 Threads: releases run in finalizers, in any thread, even inside an allocation that the garbage
-collector interrupted, so they take no lock: they record events (driver calls) and append the
-block to :attr:`HostBlocks.released` (one atomic ``deque`` operation); allocation, trim and
-reset move released blocks into the bins under the lock.
+collector interrupted, so they take no lock: they record the events of their other streams, if
+any (driver calls), and append the block to :attr:`HostBlocks.released` (one atomic ``deque``
+operation); allocation, trim and reset move released blocks into the bins and fence them under
+the lock.
 """
 
 from __future__ import annotations
@@ -80,10 +75,9 @@ from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .backings import DEVICEMAP, PinnedBacking
+from .fences import HostFences
 from .waits import Deferral
 
-#: The streams a release records on when the block has no other (the common case, built once).
-_LEGACY_ONLY = (LEGACY,)
 #: The smallest block (bytes): every request is rounded up to a power of two at least this.
 MIN_BLOCK = 512
 #: ``cuMemHostAlloc`` flags (CUDA Driver API, ``CU_MEMHOSTALLOC_*``; ``DEVICEMAP`` from :mod:`.backings`).
@@ -121,6 +115,7 @@ class HostBlock:
     generation: int = 0  # the cache's generation (resets so far) that counts it in reserved
     stream: StreamRef = LEGACY  # its allocation stream: its release records an event there too
     handle: object = None  # its CUdeviceptr, made once (managed blocks: what the pointer holds)
+    fenced: bool = False  # its release's legacy-stream event is among ``events``
 
 
 class HostBlocks:
@@ -146,6 +141,7 @@ class HostBlocks:
         self.released: deque[HostBlock] = deque()  # freed, not yet in a bin
         self.held: dict[int, HostBlock] = {}  # host address -> released, held back by defer_cleanup
         self.bins: dict[tuple[int, int], deque[HostBlock]] = {}  # (flags, size) -> oldest first
+        self.fences = HostFences(cu, self._record, self.backing.kind)  # the unfenced blocks; under the lock
         self._free_events: list = []
         self._order = itertools.count(1)
         self.reserved = 0  # bytes from the backing not yet given back (this generation)
@@ -172,6 +168,7 @@ class HostBlocks:
 
     def _allocate(self, size: int, rounded: int, flags: int, stream: StreamRef) -> HostBlock:
         self._take_released()
+        self.fences.fence_if_due(captures.underway)
         block = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
         block.stream = stream
         self.live[block.host] = block
@@ -188,6 +185,7 @@ class HostBlocks:
                 bin_ = self.bins[(block.flags, block.size)] = deque()
             bin_.append(block)
             self.cached += block.size
+            self.fences.add(block)
         if self.release_threshold is not None and self.cached > self.release_threshold and not captures.underway:
             self._free_completed(self.release_threshold)
 
@@ -210,7 +208,10 @@ class HostBlocks:
         return block
 
     def _completed(self, block: HostBlock) -> bool:
-        """Every event of ``block``'s release has completed, as the host sees (``cuEventQuery``)."""
+        """``block`` is fenced and every event of its release has completed, as the host sees
+        (``cuEventQuery``)."""
+        if not block.fenced:
+            return False
         query = self._cu.cuEventQuery
         for event in block.events:
             if query(event)[0] != SUCCESS:
@@ -221,18 +222,15 @@ class HostBlocks:
         if self.max_size is not None and self.reserved + rounded > self.max_size and not captures.underway:
             self._free_oldest(self.max_size - rounded)
         if self.max_size is not None and self.reserved + rounded > self.max_size:
-            raise self._out_of_memory(size, rounded, flags, "the cap")
+            raise out_of_memory_error(self, size, rounded, flags, "the cap")
         got = self.backing.allocate(rounded, flags)
         if got is None and not captures.underway:
             self._free_oldest(0)
             got = self.backing.allocate(rounded, flags)
             if got is None:
-                raise self._out_of_memory(size, rounded, flags, self.backing.refused_by())
+                raise out_of_memory_error(self, size, rounded, flags, self.backing.refused_by())
         self.reserved += rounded
         return HostBlock(got[0], got[1], rounded, flags, generation=self.generation)
-
-    def _out_of_memory(self, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
-        return out_of_memory_error(self, size, rounded, flags, refused_by)
 
     # -- giving memory back (under the lock) -------------------------------------------------
 
@@ -241,7 +239,8 @@ class HostBlocks:
 
     def _free_oldest(self, down_to: int) -> None:
         """Wait for (``cuEventSynchronize``) and free the oldest cached blocks until reserved
-        bytes <= ``down_to``."""
+        bytes <= ``down_to``; unfenced ones are fenced first."""
+        self.fences.fence()
         for block in self._cached_oldest_first():
             if self.reserved <= down_to:
                 return
@@ -263,6 +262,7 @@ class HostBlocks:
 
     def _free_cached(self, block: HostBlock) -> None:
         self.bins[(block.flags, block.size)].remove(block)
+        self.fences.discard(block)  # after a synchronize (reset)
         self.cached -= block.size
         self.reserved -= block.size
         self._recycle_events(block)
@@ -271,15 +271,21 @@ class HostBlocks:
     def _recycle_events(self, block: HostBlock) -> None:
         self._free_events.extend(block.events)
         block.events = []
+        block.fenced = False
 
     def trim(self) -> int:
         """Free every cached block whose events completed, then let the backing release what
         it holds unused (a managed mempool: after ``cuCtxSynchronize``); return the bytes
-        freed.
+        freed.  Blocks not yet fenced are binned first and the context synchronized
+        (``cuCtxSynchronize``, as the device allocator's trim does): they are idle then, and
+        freed with the others, instead of staying cached until an allocation fences them.
 
-        :raises CudaAPIError: when the backing's synchronize or trim fails."""
+        :raises CudaAPIError: when a synchronize or the backing's trim fails."""
         with self._lock:
             self._take_released()
+            if self.fences.unfenced:  # the snapshot before the synchronize (rule 4)
+                check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (host trim)")
+                self.fences.synchronized()
             freed = self._free_completed(0)
             self.backing.trim()
             return freed
@@ -329,8 +335,9 @@ class HostBlocks:
         return False
 
     def release(self, block: HostBlock, deferral: Deferral | None = None) -> None:
-        """Give ``block`` back: events on the legacy stream, its allocation stream and every
-        recorded stream, now, then into :attr:`released`, now or, while ``deferral`` holds
+        """Give ``block`` back: events on its allocation stream (when not the legacy one) and
+        every recorded stream, now (the legacy stream's later, by a fence: Note [A release
+        records nothing on the legacy stream]), then into :attr:`released`, now or, while ``deferral`` holds
         releases back (``defer_cleanup``), when it lets them go: the events are recorded while
         the streams are alive (Note [A release made free later orders now],
         :mod:`numba_pool.allocator.waits`).  Never raises; where it cannot record, it
@@ -347,31 +354,15 @@ class HostBlocks:
         if popped is None:
             return
         recorded = self.recorded.pop(block.host, None) if self.recorded else None
-        if recorded is None and block.stream is LEGACY:
-            streams = _LEGACY_ONLY
-        else:
-            streams = [LEGACY] + ([] if block.stream is LEGACY else [block.stream]) + (recorded or [])
+        streams = ([] if block.stream is LEGACY else [block.stream]) + (recorded or [])
         block.stream = LEGACY  # a cached block keeps no stream (nor the object that owns it) alive
         block.order = next(self._order)
-        if streams is _LEGACY_ONLY and self._free_events and (deferral is None or not deferral.depth):
-            if self._record_at_once(block):  # Note [A release records first, asks later]
-                return
+        if deferral is not None:
+            self.fences.deferral = deferral
+        if not streams and (deferral is None or not deferral.depth):
+            self.released.append(block)  # Note [A release records nothing on the legacy stream]
+            return
         self.owner.enter(self._record_release, block, streams, deferral)  # rule 10
-
-    def _record_at_once(self, block: HostBlock) -> bool:
-        """Record a cached event of the owner's context on the legacy stream of the context
-        current now and put ``block`` in :attr:`released`; False, with nothing done, where none
-        is cached or the record is refused (the current context is not the owner's)."""
-        try:
-            event = self._free_events.pop()
-        except IndexError:  # another thread took the last one
-            return False
-        if self._cu.cuEventRecord(event, LEGACY.handle)[0] != SUCCESS:
-            self._free_events.append(event)
-            return False
-        block.events = [event]
-        self.released.append(block)
-        return True
 
     def _free_orphan(self, block: HostBlock, retry: bool) -> None:
         result = self.backing.free(block.host)
@@ -392,6 +383,7 @@ class HostBlocks:
                 return
             if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 return
+            block.fenced = True  # nothing earlier remains after the synchronize
             warn(f"could not order the release of {self.backing.kind} block {block.host:#x} ({err}); "
                  "synchronized the device instead")
         if deferral is None or not deferral.depth:

@@ -5,19 +5,16 @@ Each block is one ``cuMemAllocFromPoolAsync`` on the allocation stream and goes 
 ("Stream Ordered Memory Allocator", reuse policies).  The arena's large requests and scratch
 requests come here too.
 
-Note [Legacy-stream frees are issued by the next allocation]
-    The handle of the legacy stream names the legacy stream of whatever context is current in
-    the releasing thread, which may be another context (rule 10).  Asking which one is current
-    costs 0.43-0.50 µs per release on a lent H100's host (``cuCtxGetCurrent`` through
-    cuda-python or ctypes, 2026-11-25), more than half of this path.  So a release of a block
-    allocated on the legacy stream makes no driver call: it appends the pointer to
-    :attr:`PooledBlocks.legacy_frees` (one atomic ``list.append``), and the next allocation,
-    which Numba makes with the owner's context current, issues the ``cuMemFreeAsync`` calls on
-    the legacy stream (as do trim, statistics and reset, in the owner's context).  A free
-    issued later on the legacy stream is ordered after everything it was ordered after at the
-    drop, and more: the rule holds; only the memory's return to the pool waits for the next
-    allocation.  Blocks of other streams are freed at once on their own stream's handle, which
-    names that stream in any context.
+Note [Legacy-stream frees wait for a fence]
+    A block allocated outside ``using_stream`` comes from the mempool on the private allocation
+    stream (:class:`~numba_pool.allocator.fences.PrivateStream`), which waits for nothing, so the
+    allocation is no operation on the legacy stream.  Its release makes no driver call: it
+    appends ``(pointer, bytes)`` to :attr:`PooledBlocks.legacy_frees` (one atomic ``list.append``); an
+    allocation later records one fence for the batch (rule 4, :mod:`.fences`), and once the host
+    has seen that fence complete, the batch goes back to the mempool with ``cuMemFreeAsync`` on
+    the private stream: idle memory, which the pool may hand to any stream.  A release thus
+    needs no context (rule 10).  Blocks of other streams are freed at once on their own
+    stream's handle, which names that stream in any context.
 """
 
 from __future__ import annotations
@@ -25,11 +22,12 @@ from __future__ import annotations
 from functools import partial
 
 from ..cuda.capture import is_capturing
-from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
+from ..cuda.driver import OUT_OF_MEMORY, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
 from .captures import SideStream, defer, still_capturing, underway
+from .fences import take_list
 from .sources import BlockSource
 
 
@@ -42,13 +40,18 @@ class PooledBlocks(BlockSource):
     finds nothing to free.
     """
 
-    def __init__(self, cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset=None, *, pointer: type):
-        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset, pointer=pointer)
+    def __init__(self, cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset=None, *,
+                 pointer: type, **shared):
+        super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset, pointer=pointer,
+                         **shared)
         self._free_async = cu.cuMemFreeAsync
         self.ledger: dict = {}  # CUdeviceptr -> bytes requested; atomic operations only
-        # Pointers released on the legacy stream, freed by the next allocation (Note above);
-        # atomic operations only.
+        # (CUdeviceptr, bytes) released by the legacy stream's owners, waiting for a fence (Note
+        # above); atomic operations only.
         self.legacy_frees: list = []
+        # About their bytes: releases add without a lock (a lost update only delays a fence).
+        self.legacy_bytes = 0
+        self._private = None  # the allocation stream's handle, once made
         # Bound once: a bound method made per allocation cost 0.1 µs (bench).
         self._release_bound = self._release
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
@@ -68,16 +71,27 @@ class PooledBlocks(BlockSource):
             return self.capture_router(size)  # rule 13
         if stream.scratch is not None:
             return stream.scratch.allocate(size)
-        if self.legacy_frees:
-            self.issue_legacy_frees()
+        fences = self.fences
+        if (fences.batches or len(self.legacy_frees) + len(fences.after_fence) >= fences.fence_blocks
+                or self.legacy_bytes >= fences.fence_bytes):
+            self.settle()  # rule 4: a fence is due, or one may have completed
         return self.allocate_on(size, stream)
+
+    def _handle_of(self, stream: StreamRef):
+        # The legacy stream's owners' memory comes from the private allocation stream (Note above).
+        if stream is not LEGACY:
+            return stream.handle
+        handle = self._private
+        if handle is None:
+            handle = self._private = self.alloc_stream.handle
+        return handle
 
     def allocate_on(self, size: int, stream: StreamRef) -> PoolPointer:
         """``size`` bytes on ``stream`` straight from the mempool, freed on it when released
         (no scratch, no capture check: :meth:`allocate` and rule 13's router decide that).
 
         :raises CudaAPIError: as :meth:`allocate`."""
-        err, ptr = self._alloc_async(size, self._pool, stream.handle)
+        err, ptr = self._alloc_async(size, self._pool, self._handle_of(stream))
         if err:
             if self.dropped:  # a reset overtook this allocation
                 return self.after_reset(size)
@@ -114,11 +128,12 @@ class PooledBlocks(BlockSource):
         # The block was never used: back on its stream, unless the reset's snapshot took it
         # (then the reset frees it); the next generation serves the request.
         if ledger.pop(ptr, None) is not None:
-            report_failure(self._free_async(ptr, stream.handle), f"cuMemFreeAsync({int(ptr):#x})")
+            report_failure(self._free_async(ptr, self._handle_of(stream)), f"cuMemFreeAsync({int(ptr):#x})")
         return self.after_reset(size)
 
     def _retry(self, size: int, stream: StreamRef):
-        return check(self._alloc_async(size, self._pool, stream.handle), f"cuMemAllocFromPoolAsync({size} bytes)")
+        return check(self._alloc_async(size, self._pool, self._handle_of(stream)),
+                     f"cuMemAllocFromPoolAsync({size} bytes)")
 
     def _release(self, ledger: dict, ptr, stream: StreamRef) -> None:
         # Any thread, from a finalizer: never raises.
@@ -131,49 +146,99 @@ class PooledBlocks(BlockSource):
         self._note(~size)
         waits = self._waits
         if (waits.waiting and int(ptr) in waits.waiting) or self._deferral.depth or stream.thread is not None:
-            waits.release(int(ptr), stream, partial(self._free, ptr))
+            waits.release(int(ptr), stream, partial(self._free, ptr, size))
             return
-        if stream is LEGACY:  # Note [Legacy-stream frees are issued by the next allocation]
-            self.legacy_frees.append(ptr)
-            if self.dropped:  # a reset went by: it may have issued the others already
-                self.issue_legacy_frees_in_owner_context()
+        if stream is LEGACY:  # Note [Legacy-stream frees wait for a fence]
+            self.legacy_frees.append((ptr, size))
+            self.legacy_bytes += size
+            if self.dropped:  # a reset went by: it may have freed the others already
+                self.free_after_reset()
             return
         err, = self._free_async(ptr, stream.handle)  # the stream's handle names it in any context
         if err:
             owner = waits.owner
             if owner.needed():  # rule 10: no context is current in this thread
-                owner.run(waits.release, int(ptr), stream, partial(self._free, ptr))
+                owner.run(waits.release, int(ptr), stream, partial(self._free, ptr, size))
                 return
             report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
 
-    def issue_legacy_frees(self) -> None:
-        """Issue the legacy-stream frees that releases queued, in the calling thread, which
-        must have the owner's context current (an allocation, or through
-        :meth:`OwnerContext.enter <numba_pool.cuda.context.OwnerContext.enter>`)."""
-        if underway:  # rule 13: the legacy stream waits for the captures to end
+    def settle(self) -> None:
+        """Rule 4 at an allocation, in the owner's context: the batches whose fence the host has
+        seen complete go back to the mempool on the private stream, and the released blocks get
+        a fence when one is due (:meth:`Fences.due <numba_pool.allocator.fences.Fences.due>`).
+        Nothing while a capture is under way (rule 13), nor while another thread settles."""
+        fences = self.fences
+        if underway or not fences.lock.acquire(blocking=False):
             return
-        frees, free_async, legacy = self.legacy_frees, self._free_async, LEGACY.handle
-        while frees:
-            try:
-                ptr = frees.pop()
-            except IndexError:  # another thread took the last one
-                return
-            err, = free_async(ptr, legacy)
-            if err:
-                report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
+        try:
+            frees = self.legacy_frees
+            if fences.due(len(frees) + len(fences.after_fence), self.legacy_bytes, self._deferral):
+                batch, self.legacy_bytes = take_list(frees), 0
+                try:
+                    fences.record(batch)
+                except Exception as err:  # noqa: BLE001 - the allocation goes on with other memory
+                    frees.extend(batch)
+                    warn(f"could not record a fence for {len(batch)} released blocks ({err}); they wait for the next")
+            if fences.batches:
+                for batch in fences.completed():
+                    self.free_idle(batch)
+        finally:
+            fences.lock.release()
 
-    def issue_legacy_frees_in_owner_context(self) -> None:
-        """:meth:`issue_legacy_frees` from any thread: the owner's context pushed where another,
-        or none, is current (trim, statistics, a release that a reset overtook)."""
-        self._waits.owner.enter(self._issue_with_retry_flag)
+    def take_released(self) -> list:
+        """Before a synchronize (trim, out of memory, reset): every released legacy-stream block,
+        fenced or not, for :meth:`free_idle` once the synchronize is done."""
+        with self.fences.lock:
+            taken, self.legacy_bytes = take_list(self.legacy_frees), 0
+            for batch in self.fences.take_all():
+                taken += batch
+            return taken
 
-    def _issue_with_retry_flag(self, retry: bool) -> None:  # OwnerContext.enter's signature
-        self.issue_legacy_frees()
+    def released_bytes(self) -> int:
+        """Bytes of blocks released by the legacy stream's owners and not yet back in the
+        mempool (waiting for a fence, or for the host to see it complete): the pool counts
+        them as used."""
+        batches = [batch for _, batch, _ in list(self.fences.batches)]
+        return sum(size for batch in [list(self.legacy_frees), *batches] for _, size in batch)
 
-    def _free(self, ptr, on: StreamRef | None) -> None:
-        # After a synchronize (on is None) nothing earlier remains: the legacy stream will do.
-        handle = LEGACY.handle if on is None else on.handle
-        check(self._free_async(ptr, handle), f"cuMemFreeAsync({int(ptr):#x})")
+    def free_idle(self, blocks: list) -> None:
+        """Give idle blocks, ``(CUdeviceptr, bytes)``, back to the mempool on the private stream
+        (the host has seen their fence complete, or synchronized since their release), in the
+        owner's context."""
+        free_async, handle = self._free_async, self._handle_of(LEGACY)
+        for ptr, _ in blocks:
+            report_failure(free_async(ptr, handle), f"cuMemFreeAsync({int(ptr):#x})")
+
+    def free_completed(self) -> None:
+        """The batches whose fence the host has seen complete back to the mempool, from any
+        thread, in the owner's context (before figures are read); no fence is recorded."""
+        if self.fences.batches:
+            self._waits.owner.enter(self._free_completed)
+
+    def _free_completed(self, retry: bool) -> None:  # OwnerContext.enter's signature
+        with self.fences.lock:
+            done = self.fences.completed()
+        for batch in done:
+            self.free_idle(batch)
+
+    def free_after_reset(self) -> None:
+        """Free the released legacy-stream blocks of a generation that a reset dropped, on the
+        legacy stream (rule 4's way before fences: ordered after every blocking stream's work),
+        in the owner's context, from any thread."""
+        self._waits.owner.enter(self._free_on_legacy)
+
+    def _free_on_legacy(self, retry: bool) -> None:  # OwnerContext.enter's signature
+        for ptr, _ in take_list(self.legacy_frees):
+            report_failure(self._free_async(ptr, LEGACY.handle), f"cuMemFreeAsync({int(ptr):#x})")
+
+    def _free(self, ptr, size: int, on: StreamRef | None) -> None:
+        # A release made free later (defer_cleanup's exit, a hold let go) on the legacy stream
+        # waits for the next fence; after a synchronize (on is None) the block is idle.
+        if on is LEGACY:
+            self.legacy_frees.append((ptr, size))
+            return
+        check(self._free_async(ptr, self._handle_of(LEGACY) if on is None else on.handle),
+              f"cuMemFreeAsync({int(ptr):#x})")
 
     def take_all(self) -> list:
         """Forget every live allocation (for a reset): returns their pointers; finalizers that

@@ -1,10 +1,11 @@
 """Rule 4 of :mod:`numba_pool.allocator`: the legacy domain's quarantine and ready cache.
 
-A block freed on the legacy stream may still be read by work on a blocking stream that the next
-owner's work, on another blocking stream, would not wait for.  It waits here until a *fence*
-(one event record on the legacy stream, :meth:`numba_pool.allocator.arena.ArenaBlocks._fence`);
-the snapshot of what a fence releases is taken before it is recorded (:meth:`Quarantine.take`).
-Fenced blocks fill a per-size cache that allocations pop without a lock.
+A block freed on the legacy stream may still be read by work on any blocking stream.  It waits
+here until a *fence* (one event record on the legacy stream for a batch,
+:meth:`numba_pool.allocator.arena.ArenaBlocks._fence`, :mod:`.fences`) has been recorded and the
+host has seen it complete; the snapshot of what a fence covers is taken before it is recorded
+(:meth:`Quarantine.take`).  Blocks whose fence completed are idle and fill a per-size cache
+that allocations pop without a lock.
 """
 
 from __future__ import annotations
@@ -16,12 +17,61 @@ class Quarantine:
 
     ``waiting`` lists are appended to without a lock by releases and emptied by :meth:`take`
     under the arena's lock; ``ready`` lists are popped without a lock by allocations and filled
-    under the lock."""
+    under the lock.  ``fences`` (:class:`~numba_pool.allocator.fences.Fences`) holds the
+    batches fenced and not yet seen complete, each as rounded size -> starts."""
 
-    def __init__(self, cache_limit: int):
+    def __init__(self, cache_limit: int, fences):
         self.waiting: dict[int, list[int]] = {}  # rounded size -> starts freed since the last fence
-        self.ready: dict[int, list[int]] = {}  # rounded size -> starts fenced, for lock-free reuse
+        self.ready: dict[int, list[int]] = {}  # rounded size -> starts whose fence completed, for lock-free reuse
         self.cache_limit = cache_limit  # ready blocks kept per size
+        self.fences = fences
+
+    def fence_if_due(self, at: int, limit: int, deferral) -> None:
+        """A fence for the waiting blocks once ``at`` of them wait, or more than ``limit``;
+        never while a ``defer_cleanup`` is open (``deferral.depth``), nor while another thread
+        records one (the next miss fences these).  The snapshot comes before the fence.
+
+        :raises CudaAPIError: when the fence cannot be recorded (the blocks wait on)."""
+        fences = self.fences
+        count = self.count() + len(fences.after_fence)
+        if not count or (count < at and count <= limit) or deferral.depth:
+            return
+        if not fences.lock.acquire(blocking=False):
+            return
+        try:
+            taken = self.take()
+            if taken or fences.after_fence:
+                try:
+                    fences.record(taken)
+                except Exception:
+                    self.put_back(taken)
+                    raise
+        finally:
+            fences.lock.release()
+
+    def collect(self) -> list[tuple[int, int]]:
+        """The batches whose fence the host has seen complete fill the cache; returns the
+        blocks that did not fit, as (start, size)."""
+        fences = self.fences
+        if not fences.lock.acquire(blocking=False):
+            return []
+        try:
+            done = fences.completed()
+        finally:
+            fences.lock.release()
+        rest = []
+        for taken in done:
+            rest += self.make_ready(taken)
+        return rest
+
+    def take_released(self) -> list[dict[int, list[int]]]:
+        """Every waiting and fenced block (before a synchronize makes them idle)."""
+        with self.fences.lock:
+            return [self.take(), *self.fences.take_all()]
+
+    def fenced(self) -> list[dict[int, list[int]]]:
+        """The batches whose fence is not yet seen complete (a copy)."""
+        return [taken for _, taken, _ in list(self.fences.batches)]
 
     def add(self, start: int, size: int) -> None:
         waiting = self.waiting.get(size)
@@ -80,10 +130,10 @@ class Quarantine:
         return taken
 
     def bytes(self) -> tuple[int, int]:
-        """(quarantined, cached) bytes."""
+        """(quarantined, cached) bytes; quarantined counts the fenced blocks too."""
         def total(lists):
             return sum(size * len(starts) for size, starts in lists.copy().items())
-        return total(self.waiting), total(self.ready)
+        return total(self.waiting) + sum(map(total, self.fenced())), total(self.ready)
 
     def empty(self) -> None:
         """Empty every list in place (a reset): a lock-free pop racing it finds nothing."""
@@ -93,13 +143,15 @@ class Quarantine:
     def holds(self, start: int, size: int) -> bool:
         """Whether the block (start, size) waits for a fence or is ready (a released block)."""
         # list() copies: releases append to the lists without the arena's lock.
-        return start in list(self.waiting.get(size, ())) or start in list(self.ready.get(size, ()))
+        return (start in list(self.waiting.get(size, ())) or start in list(self.ready.get(size, ()))
+                or any(start in taken.get(size, ()) for taken in self.fenced()))
 
     def check_invariants(self, taken: dict[int, int]) -> None:
-        """Every quarantined and ready block is out of the heap (in ``taken``) at its size, and
-        is there once (tests).  :raises AssertionError: otherwise."""
+        """Every quarantined, fenced and ready block is out of the heap (in ``taken``) at its
+        size, and is there once (tests).  :raises AssertionError: otherwise."""
         seen = set()
-        for size, starts in [*self.waiting.items(), *self.ready.items()]:
+        lists = [*self.waiting.items(), *self.ready.items()] + [item for batch in self.fenced() for item in batch.items()]
+        for size, starts in lists:
             for start in list(starts):
                 assert taken.get(start) == size, f"free block {start:#x} ({size} bytes) is not out of the heap"
                 assert start not in seen, f"block {start:#x} is twice in the quarantine or the cache"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .fences import Fences, PrivateStream
 from .usage import UsageTracker
 from .waits import StreamWaits
 
@@ -25,6 +26,11 @@ class BlockSource:
     :param after_reset: serves, from the next generation, an allocation of ``size`` bytes that
         a reset overtook (:attr:`dropped`): "an allocation never completes against a reset
         generation".
+    :param alloc_stream: the private stream new memory for the legacy stream's owners is
+        allocated on (:class:`~numba_pool.allocator.fences.PrivateStream`), shared by the
+        device's sources; one of its own when None.
+    :param fence_bytes: bytes of released blocks that make a fence due (rule 4,
+        :mod:`.fences`); 0: only their number does.
 
     ``dropped`` is set by the reset (:meth:`DeviceAllocator.reset
     <numba_pool.allocator.device.DeviceAllocator.reset>`): from then on this source hands out
@@ -32,7 +38,8 @@ class BlockSource:
     """
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage: UsageTracker,
-                 on_out_of_memory: Callable, after_reset: Callable | None = None, *, pointer: type):
+                 on_out_of_memory: Callable, after_reset: Callable | None = None, *, pointer: type,
+                 alloc_stream: PrivateStream | None = None, fence_bytes: int = 0):
         self._cu = cu
         self._pointer = pointer
         self._alloc_async = cu.cuMemAllocFromPoolAsync  # the hot path's driver call, bound once
@@ -45,6 +52,9 @@ class BlockSource:
         self._note = usage.events.append  # one usage event per allocation (bytes) and free (~bytes)
         self._drain_if_due = usage.drain_if_due
         self._on_out_of_memory = on_out_of_memory
+        self.alloc_stream = alloc_stream if alloc_stream is not None else PrivateStream(cu, "allocations")
+        # Rule 4: the batches of released legacy-stream blocks and their fences.
+        self.fences = Fences(cu, fence_bytes or 1 << 62, waits.fence_waits, waits.fence_lock, waits.after_fence)
         #: Rule 13's slow branch (:class:`~numba_pool.allocator.captures.CaptureRouter`), set by
         #: the device allocator: an allocation while a capture is under way, or on a capturing stream.
         self.capture_router: Callable[[int], object] = _no_router

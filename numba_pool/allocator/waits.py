@@ -19,10 +19,20 @@ Note [A release made free later orders now]
     *at the drop*, while the streams it names are alive: the allocation stream waits for the
     recorded streams, the block source's ``settle`` step runs (the arena records its domain's
     event), and an event is recorded on the allocation stream.  When the block is made free,
-    only that event is named: the legacy stream waits for it, and the block is published on the
-    legacy stream.  A stream handle is never used after the drop: the program may destroy the
+    only that event is named, by the fence that frees the block (an operation on the legacy
+    stream now would be a barrier between all blocking streams, rule 4), and the block is
+    published on the legacy stream.  A stream handle is never used after the drop: the program may destroy the
     stream once its arrays are gone, and the driver may give the handle to a new stream, which
     orders nothing of the old one's work.
+
+Note [The legacy stream recorded]
+    A block of another stream S whose release must wait for the legacy stream (registered with
+    ``record_stream``, or used there by the program) would need an operation on the legacy
+    stream at the drop.  Instead, its other recorded streams are waited for on S and S's
+    settle step runs as usual, an event recorded on S joins :attr:`StreamWaits.fence_waits`,
+    and the release goes to :attr:`StreamWaits.after_fence`: the next fence waits for that
+    event, and once the host has seen the fence complete, the block is made free as after a
+    synchronize (idle: its owner's work on S and on every blocking stream has completed).
 """
 
 from __future__ import annotations
@@ -128,6 +138,14 @@ class StreamWaits:
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.deferral = deferral if deferral is not None else Deferral()
         self.waiting: dict[int, list] = {}  # block start -> StreamRefs and holds; atomic operations only
+        # Events recorded on the streams registered for legacy-stream blocks, at their release:
+        # the next fence waits for them (rule 4, .fences); atomic operations only.
+        self.fence_waits: list = []
+        # Releases made free, idle, once the next fence completes: blocks of other streams whose
+        # recorded streams include the legacy stream (Note [The legacy stream recorded]).
+        # Atomic operations only.
+        self.after_fence: list = []
+        self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
         # Block start -> (event or None, publish) of a release a hold keeps; atomic operations only.
         self.held: dict[int, tuple] = {}
 
@@ -157,6 +175,11 @@ class StreamWaits:
 
     def _order(self, start: int, stream: StreamRef, publish, recorded: list[StreamRef], settle, retry: bool) -> None:
         try:
+            if stream is not LEGACY and any(ref is LEGACY for ref in recorded):
+                self._order_on(stream, [ref for ref in recorded if ref is not LEGACY], settle)
+                self.fence_waits.append(self._record(stream))  # Note [The legacy stream recorded]
+                self.after_fence.append(partial(publish, None))
+                return
             self._order_on(stream, recorded, settle)
             publish(stream)
         except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
@@ -178,8 +201,16 @@ class StreamWaits:
     def _order_for_later(self, start: int, stream: StreamRef, publish, recorded: list[StreamRef], settle,
                          holds: list, retry: bool) -> None:
         try:
-            self._order_on(stream, recorded, settle)
-            event = None if stream is LEGACY or settle is not None else self._record(stream)
+            if stream is not LEGACY and any(ref is LEGACY for ref in recorded):  # Note [The legacy stream recorded]
+                recorded = [ref for ref in recorded if ref is not LEGACY]
+                publish = partial(_after_the_next_fence, self.after_fence, publish)
+                settle = settle or _no_settle  # the event below is named by the fence, not here
+                self._order_on(stream, recorded, settle)
+                self.fence_waits.append(self._record(stream))
+                event = None
+            else:
+                self._order_on(stream, recorded, settle)
+                event = None if stream is LEGACY or settle is not None else self._record(stream)
         except Exception as err:  # noqa: BLE001 - rule 8
             if retry and self.owner.retry(self._order_for_later, start, stream, publish, recorded, settle, holds):
                 return
@@ -219,8 +250,9 @@ class StreamWaits:
     def _publish_after(self, start: int, event, publish, retry: bool) -> None:
         cu = self._cu
         try:
-            if event is not None:
-                check(cu.cuStreamWaitEvent(LEGACY.handle, event, 0), "cuStreamWaitEvent (release made free later)")
+            if event is not None:  # the fence that frees the block waits for it (rule 4): no legacy operation now
+                self.fence_waits.append(event)
+                event = None
             publish(LEGACY)
         except Exception as err:  # noqa: BLE001 - rule 8
             if retry and self.owner.retry(self._publish_after, start, event, publish):  # rule 10
@@ -268,6 +300,8 @@ class StreamWaits:
                      f"({err}); synchronized the device instead")
 
     def _wait_on_streams(self, recorded: list[StreamRef], stream: StreamRef) -> None:
+        # A legacy-stream block's streams are waited for by its fence, not now: an operation on
+        # the legacy stream is a barrier (rule 4, .fences).
         cu = self._cu
         for ref in recorded:
             if ref.belongs_to_another_thread():
@@ -277,9 +311,14 @@ class StreamWaits:
             event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
             try:
                 check(cu.cuEventRecord(event, ref.handle), "cuEventRecord (record_stream)")
-                check(cu.cuStreamWaitEvent(stream.handle, event, 0), "cuStreamWaitEvent (record_stream)")
+                if stream is LEGACY:
+                    self.fence_waits.append(event)
+                    event = None
+                else:
+                    check(cu.cuStreamWaitEvent(stream.handle, event, 0), "cuStreamWaitEvent (record_stream)")
             finally:
-                cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
+                if event is not None:
+                    cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
 
     def _synchronize_instead(self, start: int, stream: StreamRef, err: Exception) -> bool:
         """Rule 8's fallback: True once the device is synchronized (False: the context is gone,
@@ -296,6 +335,15 @@ class StreamWaits:
             publish(None)
         except Exception as err:  # noqa: BLE001 - rule 8
             warn(f"could not release block {start:#x} after synchronizing: {err}")
+
+
+def _after_the_next_fence(after_fence: list, publish, on: StreamRef | None) -> None:
+    # Note [The legacy stream recorded]: made free, idle, once the next fence completes.
+    after_fence.append(partial(publish, None))
+
+
+def _no_settle(stream: StreamRef) -> None:
+    pass
 
 
 def _after_synchronize(start: int, publish, on: StreamRef | None) -> None:

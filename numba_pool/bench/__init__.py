@@ -1,11 +1,13 @@
 """``numba-pool bench``: how fast Numba's allocations are under each memory manager.
 
-Two parts.  The **allocator** part times ``memalloc`` + release of every allocator in one
+Its parts (``--part``).  The **allocator** part times ``memalloc`` + release of every allocator in one
 process, taking turns in short blocks.  The **end-to-end** part times ``cuda.device_array`` (and
 pinned host memory, a batch pipeline, managed memory and a managed pipeline) under each manager
 in a process of its own, since Numba binds the manager when it creates a context; the processes
-of a round take lock-step turns on one CPU core.  Every table is self-checked (the managed rows
-against issue 21's targets too).
+of a round take lock-step turns on one CPU core.  The **overlap** part times streams that each
+allocate and drop a temporary per kernel, whether they still run at once, the same way (a
+process per manager, in turns).  Every table is self-checked (the managed rows against issue
+21's targets, the overlap against issue 33's, too).
 
 The modules, lowest first (each imports only modules above it in this list):
 
@@ -23,22 +25,25 @@ The modules, lowest first (each imports only modules above it in this list):
 ``host_worker``        worker: the host rows (pinned, mapped and managed allocate+free, the two pipelines)
 ``worker``             worker: the ``cuda.device_array`` rows; ``__main__`` is the worker's entry
                        (``python -m numba_pool.bench``)
+``overlap``            worker: the overlap part (``python -m numba_pool.bench.overlap``): 2 and 4 streams
+                       each allocating a temporary per kernel, and the kernels alone
 ``end_to_end``         parent: the managers measured end to end, and their workers run, round by round
 ``device_tables``      parent: the ``cuda.device_array`` figures over rounds, ratios to default, tables
 ``host_tables``        parent: the host figures (pinned, managed) read back, over rounds, checks and tables
+``overlap_tables``     parent: the overlap figures read back, over rounds, ratios, issue 33's targets, the table
 ``history_cost``       the allocation history's rows of the allocator part: its paths off and recording
                        (worker), their table (parent)
 ``allocator_cost``     the allocator part, in its own process (``python -m numba_pool.bench.allocator_cost``)
                        and its tables in the parent
-``report``             parent: both parts run, printed and put in the JSON report (for ``numba_pool.cli``)
+``report``             parent: the parts run, printed and put in the JSON report (for ``numba_pool.cli``)
 =====================  ================================================================================
 
 Worker side: ``worker``, ``host_worker`` and ``__main__`` run inside each end-to-end process,
-``allocator_cost.run`` inside each allocator process, with ``history_cost``, ``timing``, ``turns``,
-``noop`` and ``anchors`` beneath them.  Parent side: ``report`` over ``end_to_end``,
-``device_tables``, ``host_tables``, ``launch`` and the tables of ``allocator_cost`` and
-``history_cost``.  Nothing here imports :mod:`numba_pool.cli`; this package imports none of its
-modules.
+``overlap`` inside each overlap process, ``allocator_cost.run`` inside each allocator process,
+with ``history_cost``, ``timing``, ``turns``, ``noop`` and ``anchors`` beneath them.  Parent
+side: ``report`` over ``end_to_end``, ``device_tables``, ``host_tables``, ``overlap_tables``,
+``launch`` and the tables of ``allocator_cost`` and ``history_cost``.  Nothing here imports
+:mod:`numba_pool.cli`; this package imports none of its modules.
 
 Every process of a bench runs under one Numba CUDA frontend, numba-cuda or Numba-CUDA-MLIR: the
 parent's (``numba-pool bench --frontend``), which each process it starts gets as

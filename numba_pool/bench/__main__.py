@@ -7,17 +7,10 @@ A numba_pool from before this package (``--baseline DIR``) runs the same way: it
 ``numba_pool.bench`` is a module with the same entry.
 """
 
-import json
 import sys
 
 from numba_pool.bench.host_worker import parse_arguments
-from numba_pool.bench.timing import worker_core
-from numba_pool.bench.turns import worker_turn
+from numba_pool.bench.timing import serve
 from numba_pool.bench.worker import run_worker
 
-turn = worker_turn()
-turn.begin(worker_core())
-try:
-    print(json.dumps(run_worker(*parse_arguments(sys.argv[1:]))), flush=True)
-finally:
-    turn.end()
+serve(lambda: run_worker(*parse_arguments(sys.argv[1:])))

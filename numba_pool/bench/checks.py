@@ -19,7 +19,8 @@ Pure functions over the tables' JSON (no GPU), each returning a list of :class:`
   Ratios, not µs: the host's speed changes between runs, and the µs with it, the ratios hold.
 * **Targets** (:func:`target_flags`): a row's ratio to default (default's time over the row's,
   x faster) below a :class:`Target` the project set (issue 21's for managed memory: at least 2x
-  at 4 KiB, 5x at 64 MiB, the pipeline faster at every size), or missing where the row has the
+  at 4 KiB, 5x at 64 MiB, the pipeline faster at every size; issue 33's for the overlap of
+  streams, :mod:`numba_pool.bench.overlap_tables`), or missing where the row has the
   table (no default row to compare with): a target missed is flagged, never shown met.
 * **The allocation history's cost** (:func:`history_flags`, issue 22's targets): in the allocator
   part, recording Python stacks adds at most :data:`HISTORY_MAX_ADDED_US` per allocate+free pair
@@ -175,9 +176,12 @@ class Target:
 
     @property
     def wanted(self) -> str:
-        """The target in words: ``'at least 2x faster than default'``, ``'faster than default'``."""
+        """The target in words: ``'at least 2x faster than default'``, ``'faster than default'``;
+        a target below 1 as a time: ``'at most 1.05x default's time'``."""
         if self.strictly:
             return "faster than default" if self.times == 1 else f"more than {self.times:g}x faster than default"
+        if self.times < 1:
+            return f"at most {1 / self.times:.3g}x default's time"
         return f"at least {self.times:g}x faster than default"
 
 
@@ -194,8 +198,10 @@ def target_flags(ratios: dict[tuple[str, str, str], float], targets, rows: list[
                 flags.append(Flag(table, target.figure, label, f"no ratio to default: the target ({target.wanted}) "
                                   "cannot be checked"))
             elif not target.met(ratio):
-                flags.append(Flag(table, target.figure, label, f"{ratio:.2f}x faster than default, the target is "
-                                  f"{target.wanted}: target missed"))
+                measured = (f"{1 / ratio:.2f}x default's time" if target.times < 1
+                            else f"{ratio:.2f}x faster than default")
+                flags.append(Flag(table, target.figure, label, f"{measured}, the target is {target.wanted}: "
+                                  "target missed"))
     return flags
 
 

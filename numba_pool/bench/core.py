@@ -14,6 +14,8 @@ frontend, in one place: the bench's other modules reach both through here only (
 * :func:`check` (a driver call's result, or one-line error) and :func:`device_memory_info`
   (free and total bytes), for the no-op floors.
 * :func:`parse_bool`, for ``NUMBA_POOL_NOOP_FINALIZER``.
+* :func:`using_stream`, numba_pool's allocation stream scope, for the workers that allocate on
+  a stream as a program would (:func:`numba_pool.bench.timing.stream_scope`).
 * What a worker reads of a numba_pool manager: :func:`pool_handle` and :func:`has_cache` (its
   pinned or managed cache).
 * The allocation history, for its rows in the allocator part (:mod:`numba_pool.bench.history_cost`):
@@ -29,6 +31,7 @@ from ..cuda import simulator
 from ..cuda.driver import check
 from ..cuda.frontend import DISTRIBUTIONS, NUMBA_CUDA, TITLES, VARIABLE, for_tools, version
 from ..cuda.mempool import device_memory_info
+from ..cuda.streams import using_stream
 from ..observe.history import MAX_FRAMES, History
 from ..plugin.api import record_history
 from ..plugin.path import Recording, compose
@@ -36,7 +39,7 @@ from ..plugin.path import Recording, compose
 __all__ = ["FRONTEND", "FRONTEND_VARIABLE", "GetIpcHandleMixin", "History", "HostOnlyCUDAMemoryManager", "MAX_FRAMES",
            "MemoryInfo", "MemoryPointer", "NUMBA_CUDA", "Recording", "SIMULATOR", "TITLES", "check", "compose", "cuda",
            "device_memory_info", "frontend_label", "has_cache", "parse_bool", "pool_handle", "record_history",
-           "simulator", "worker_environment"]
+           "simulator", "using_stream", "worker_environment"]
 
 #: The frontend of this bench process (:func:`numba_pool.cuda.frontend.for_tools`), and its
 #: ``cuda`` module.

@@ -56,12 +56,15 @@ MANAGER_VARIABLE = "NUMBA_CUDA_MEMORY_MANAGER"  # the module Numba takes its mem
 
 @dataclass(frozen=True)
 class Manager:
-    """A memory manager to benchmark: a label and the environment that selects it."""
+    """A memory manager to benchmark: a label and the environment that selects it, and the
+    worker module its process runs (``python -m numba_pool.bench``; the overlap part's is
+    :mod:`numba_pool.bench.overlap`)."""
 
     label: str
     env: dict
     cwd: str | None = None  # a folder holding another numba_pool to import (a baseline)
     args: tuple = ()  # the worker's arguments: ("--host", "pinned,pipeline", "--no-device") ...
+    module: str = WORKER  # python -m module: the worker
 
 
 DEFAULT = Manager(labels.DEFAULT, {MANAGER_VARIABLE: "default"})
@@ -94,8 +97,8 @@ def measure(manager: Manager, core: int | None = None, warm_up: bool = False) ->
         frontend.
     """
     try:
-        return launch.same_frontend(launch.run_module(WORKER, list(manager.args), _worker_env(manager, core, warm_up),
-                                                      manager.cwd))
+        return launch.same_frontend(launch.run_module(manager.module, list(manager.args),
+                                                      _worker_env(manager, core, warm_up), manager.cwd))
     except RuntimeError as err:
         raise RuntimeError(f"benchmark of {manager.label} failed: {err}") from None
 
@@ -105,7 +108,7 @@ def measure_round(managers: list[Manager], core: int,
     """Every manager's worker of one round at once, in lock-step turns on CPU core ``core``
     (:mod:`numba_pool.bench.turns`; ``warm_up``: one repeat of each figure): ``{label: (result
     or the RuntimeError of a failed worker, seconds it held the turn)}``."""
-    commands = {m.label: launch.command(WORKER, list(m.args), _worker_env(m, core, warm_up), m.cwd)
+    commands = {m.label: launch.command(m.module, list(m.args), _worker_env(m, core, warm_up), m.cwd)
                 for m in managers}
     measured = {}
     for label, outcome in turns.run_in_turns(commands, core).items():

@@ -14,7 +14,6 @@ with which error.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
 import time
@@ -22,7 +21,7 @@ import time
 import numpy as np
 
 from .core import FRONTEND, cuda
-from .timing import example_kernel
+from .timing import example_kernel, stream_scope
 
 SIZES = [4 << 10, 1 << 20]
 ITERATIONS = 1000
@@ -38,15 +37,6 @@ def _add_kernel():
             out[i] = x[i] + y[i]
 
     return add
-
-
-def _scope(stream):
-    """``using_stream(stream)`` under numba_pool; nothing under another manager (which has no
-    allocation stream)."""
-    import numba_pool
-
-    manager = type(cuda.current_context().memory_manager).__name__
-    return numba_pool.using_stream(stream) if manager == "NumbaPoolManager" else contextlib.nullcontext()
 
 
 def _timed(fn) -> float:
@@ -75,7 +65,7 @@ def measure(nbytes: int) -> dict:
     out = cuda.device_array(n, np.float32)
 
     def step():
-        with _scope(stream):
+        with stream_scope(stream):
             tmp = cuda.device_array(n, np.float32, stream=stream)
             fill[grid, THREADS, stream](tmp, np.float32(2))
             add[grid, THREADS, stream](x, tmp, out)

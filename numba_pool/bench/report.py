@@ -1,4 +1,4 @@
-"""``numba-pool bench``'s two parts run from the parent and reported: each part's processes
+"""``numba-pool bench``'s parts run from the parent and reported: each part's processes
 started, its tables printed (``click.echo``; progress on standard error), the JSON report
 filled, and the failed checks returned.
 
@@ -13,6 +13,11 @@ filled, and the failed checks returned.
   then the runs' ratios side by side.  Each kind of row can be left out (``host_rows``,
   ``managed_rows``, ``device_rows``: the command's ``--no-host-rows``, ``--no-managed-rows``,
   ``--no-device-rows``).
+* :func:`graphs_part`: the CUDA-graph pipeline, a process per manager
+  (:mod:`numba_pool.bench.graph_tables`), a table per run.
+* :func:`overlap_part`: streams that allocate and drop a temporary per kernel, rounds of one
+  worker per manager in turns as end to end (:mod:`numba_pool.bench.overlap_tables`), a table
+  per run, then the runs' ratios side by side.
 
 :func:`run` runs the parts a command asks for.  A failure the bench cannot go on from (a worker
 or an allocator run that failed, not an anchor: those are noted and left out) raises
@@ -28,7 +33,7 @@ import time
 import click
 
 from . import (allocator_cost, checks, device_tables, end_to_end, graph_tables, history_cost, host_tables, host_worker,
-               launch, worker)
+               launch, overlap_tables, worker)
 from . import anchors as anchor_module
 from .core import FRONTEND, frontend_label
 from .labels import DEFAULT, NUMBA_POOL
@@ -63,8 +68,8 @@ class Setting:
 def run(setting: Setting, *, part: str, baseline: str | None, anchors: bool, plain_pool: bool, no_arena: bool,
         rounds: int, runs: int, warm_up: int, turns: bool, host_rows: bool, managed_rows: bool = True,
         device_rows: bool = True) -> tuple[dict, list[checks.Flag]]:
-    """Run ``part`` (``all``, ``allocator``, ``end-to-end`` or ``graphs``) with the command's options and
-    print its tables.  Returns the JSON report (the device, date and core, the frontend as the
+    """Run ``part`` (``all``, ``allocator``, ``end-to-end``, ``graphs`` or ``overlap``) with the command's
+    options and print its tables.  Returns the JSON report (the device, date and core, the frontend as the
     tables name it, ``frontend``, and by name, ``frontend_name``; each part's figures and notes,
     the failed checks as text) and the failed checks.
 
@@ -81,6 +86,8 @@ def run(setting: Setting, *, part: str, baseline: str | None, anchors: bool, pla
                                  warm_up=warm_up, turns=turns)
     if part in ("all", "graphs"):
         flags += graphs_part(report, setting, runs=runs)
+    if part in ("all", "overlap"):
+        flags += overlap_part(report, setting, no_arena=no_arena, rounds=rounds, runs=runs, turns=turns)
     report["checks_failed"] = [str(f) for f in flags]
     return report, flags
 
@@ -107,6 +114,42 @@ def graphs_part(report: dict, setting: Setting, *, runs: int) -> list[checks.Fla
                     flags.append(checks.Flag("graphs", str(row["bytes"]), label, "the replayed graph's result was wrong"))
         report["graphs"].append(results)
     echo_notes_and_flags([], flags)
+    return flags
+
+
+def overlap_part(report: dict, setting: Setting, *, no_arena: bool, rounds: int, runs: int,
+                 turns: bool) -> list[checks.Flag]:
+    """Run the overlap part (:mod:`numba_pool.bench.overlap_tables`): ``runs`` runs of ``rounds``
+    rounds of one worker per manager, taking turns (``turns``) as the end-to-end part's do; print
+    each run's table and, for two runs or more, their ratios to default side by side; fill
+    ``report`` (``overlap``, and ``overlap_runs`` for two runs or more); return the failed checks.
+
+    :raises BenchError: when a worker failed or returned unreadable figures.
+    """
+    managers, notes = overlap_tables.managers(no_arena), []
+    flags, results_of_runs = [], []
+    for run in range(runs):
+        of_run = f"run {run + 1}/{runs}, " if runs > 1 else ""
+        per_round, _ = _rounds(managers, setting.core, notes, rounds, f"overlap, {of_run}", turns)
+        try:
+            results = overlap_tables.merge(per_round)
+        except ValueError as err:
+            raise BenchError(str(err)) from None
+        run_flags = overlap_tables.check(results)
+        click.echo(f"{setting.heading}; {of_run}{overlap_tables.heading(rounds, setting.core)}")
+        click.echo(overlap_tables.render(results, run_flags))
+        echo_notes_and_flags(notes if run == 0 else [], run_flags)
+        flags += run_flags
+        results_of_runs.append(results)
+    report["overlap"] = results_of_runs[0]
+    if runs > 1:
+        ratios = [overlap_tables.keyed_ratios(results) for results in results_of_runs]
+        agreement = checks.ratio_runs_flags(ratios)
+        click.echo(f"stream overlap, x faster than default, run by run (agree within {checks.TOLERANCE:.0%}?):")
+        click.echo(device_tables.render_ratio_runs(ratios, agreement))
+        echo_notes_and_flags([], agreement)
+        report["overlap_runs"] = results_of_runs
+        flags += agreement
     return flags
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import json
 import math
 import os
 import statistics
 import time
 
-from .core import FRONTEND, cuda
+from .core import FRONTEND, cuda, using_stream
 from .turns import worker_turn
 
 CORE_VARIABLE = "NUMBA_POOL_BENCH_CORE"  # the CPU core every worker pins itself to
@@ -59,6 +60,18 @@ def quiet_host(environ=os.environ):
         if was_enabled:
             gc.enable()
         os.sched_setaffinity(0, before)
+
+
+def serve(work) -> None:
+    """A worker process's life in lock-step turns (:mod:`numba_pool.bench.turns`; alone without
+    them): say it started and wait for its turn, pinned to :func:`worker_core`; print the JSON
+    line of ``work()``; leave the turns, also when ``work`` fails."""
+    turn = worker_turn()
+    turn.begin(worker_core())
+    try:
+        print(json.dumps(work()), flush=True)
+    finally:
+        turn.end()
 
 
 def worker_repeats(default: int, environ=os.environ) -> int:
@@ -139,6 +152,18 @@ def pairs_body(allocate, n: int, dtype, count: int, flush):
         flush()
 
     return body
+
+
+def serves_numba_pool() -> bool:
+    """Whether the current context's memory manager is numba_pool's (under another manager, and
+    under the simulator, there is no allocation stream to choose)."""
+    return type(getattr(cuda.current_context(), "memory_manager", None)).__name__ == "NumbaPoolManager"
+
+
+def stream_scope(stream):
+    """``numba_pool.using_stream(stream)`` under numba_pool's manager (:func:`serves_numba_pool`);
+    a scope that does nothing under another manager."""
+    return using_stream(stream) if serves_numba_pool() else contextlib.nullcontext()
 
 
 def cached_jit(func):

@@ -53,16 +53,16 @@ def _frontend(ctx, param, value):
 @click.option("--with-rmm", is_flag=True, hidden=True, help="Kept for old scripts: the anchors are rows by default.")
 @click.option("--no-arena", is_flag=True, help="Leave out the arena row.")
 @click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True,
-              help="End to end: interleaved rounds of all managers; the table shows medians over rounds, "
-                   "and flags figures whose rounds disagree by more than 10 %.")
+              help="End to end and overlap: interleaved rounds of all managers; the table shows medians over "
+                   "rounds, and flags figures whose rounds disagree by more than 10 %.")
 @click.option("--repeat-run", type=click.IntRange(1, 10), default=1, show_default=True,
               help="Run each part this many times (allocator: the in-process measurement, each in a fresh "
-                   "process; end to end: all its rounds); shows each run's tables, then their ratios side by side, "
-                   "and flags ratios that disagree between runs by more than 10 %.")
+                   "process; end to end and overlap: all their rounds); shows each run's tables, then their ratios "
+                   "side by side, and flags ratios that disagree between runs by more than 10 %.")
 @click.option("--turns/--no-turns", default=True, show_default=True,
-              help="End to end: the workers of a round run at once on one CPU core, taking turns timed block by "
-                   "timed block (a slow spell of the host hits every manager alike); --no-turns runs them one "
-                   "after the other.")
+              help="End to end and overlap: the workers of a round run at once on one CPU core, taking turns "
+                   "timed block by timed block (a slow spell of the host hits every manager alike); --no-turns runs "
+                   "them one after the other.")
 @click.option("--warm-up-rounds", type=click.IntRange(0, 5), default=1, show_default=True,
               help="End to end: untimed rounds of all managers, each figure once, before the first run (a "
                    "machine just started timed its first rounds up to 1.6x slower).")
@@ -70,11 +70,15 @@ def _frontend(ctx, param, value):
               help="The CPU core every measuring process pins itself to (default: the lowest this process may use).")
 @click.option("--baseline", type=click.Path(exists=True, file_okay=False),
               help="A folder holding another installed numba_pool: add its rows, to compare versions in one run.")
-@click.option("--part", type=click.Choice(["all", "allocator", "end-to-end", "graphs"]), default="all", show_default=True,
+@click.option("--part", type=click.Choice(["all", "allocator", "end-to-end", "graphs", "overlap"]), default="all",
+              show_default=True,
               help="allocator: memalloc+release timed in one process, managers taking turns; "
                    "end-to-end: cuda.device_array (and pinned and managed memory, see the row switches below) per "
                    "manager, each in its own process; graphs: a pipeline with a temporary launched eagerly and "
-                   "replayed from a CUDA graph, per manager.")
+                   "replayed from a CUDA graph, per manager; overlap: 2 and 4 cuda.stream()s each allocating a "
+                   "temporary per 1 ms kernel (also inside using_stream), per manager in its own process, taking "
+                   "turns: ms per batch, how much the streams overlap, numba_pool checked at most 1.05x default's "
+                   "time.")
 @click.option("--plain-pool", is_flag=True,
               help="Allocator part: add numba_pool on a pool neither exportable (IPC) nor reachable from peers, "
                    "to show what those cost.")
@@ -100,8 +104,8 @@ def bench(frontend: str, json_path: str | None, anchors: bool, with_rmm: bool, n
     """Allocation speed: Numba's default manager vs numba_pool vs the no-op floors and the anchors.
 
     Every table is checked (numba_pool.bench.checks): a row below a floor, rounds or runs more
-    than 10 % apart, or a managed target missed, is marked '!' and named under the table; exit
-    status 1 if any check failed.
+    than 10 % apart, or a target missed (managed memory, stream overlap), is marked '!' and named
+    under the table; exit status 1 if any check failed.
     """
     with _frontend_variable(frontend):
         _bench(frontend, json_path, anchors=anchors or with_rmm, no_arena=no_arena, rounds=rounds, runs=repeat_run,

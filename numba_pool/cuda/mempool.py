@@ -64,6 +64,7 @@ class MemPool:
         if managed:
             self.handle = self._create_managed()
             self.set_release_threshold(config.managed_release_threshold)
+            self.forbid_internal_dependencies()
             self.peers: list[int] = []  # managed memory is reachable from every device with concurrent access
             return
         if self.is_private:
@@ -77,6 +78,7 @@ class MemPool:
         else:
             self.handle = check(cu.cuDeviceGetDefaultMemPool(cu.CUdevice(device_id)), "cuDeviceGetDefaultMemPool")
         self.set_release_threshold(config.release_threshold)
+        self.forbid_internal_dependencies()
         self.peers = self.grant_peer_access() if config.peer_access == "all" else []
 
     @classmethod
@@ -166,6 +168,16 @@ class MemPool:
         (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); ``config.KEEP_ALL`` keeps everything."""
         check(self._cu.cuMemPoolSetAttribute(self.handle, _ATTR.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, self._cu.cuuint64_t(nbytes)),
               "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")
+
+    def forbid_internal_dependencies(self) -> None:
+        """Reuse across streams only of memory whose free the driver knows complete, or that the
+        allocating stream follows by an event (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``
+        off; "Stream Ordered Memory Allocator", reuse policies): the pool never makes an
+        allocation wait for another stream's work, so what numba_pool's private allocation
+        stream gets is idle (rule 4 of :mod:`numba_pool.allocator`).  On the device's default
+        pool this applies to every library allocating from it."""
+        check(self._cu.cuMemPoolSetAttribute(self.handle, _ATTR.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0),
+              "cuMemPoolSetAttribute(REUSE_ALLOW_INTERNAL_DEPENDENCIES)")
 
     def _get(self, attr) -> int:
         return int(check(self._cu.cuMemPoolGetAttribute(self.handle, attr), f"cuMemPoolGetAttribute({attr.name})"))

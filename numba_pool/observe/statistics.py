@@ -24,7 +24,11 @@ class PoolStatistics:
     ``bytes_in_use``/``blocks_in_use``: arrays allocated and not yet freed, with their peaks
     since start or :func:`numba_pool.reset_peak`.  ``total_allocations``/``total_frees``: since
     start; ``total_bytes``: bytes of all allocations since start.  Bytes are the sizes Numba
-    requested.  ``pool_*``: the mempool's attributes (bytes, with the driver's rounding).
+    requested.  ``pool_*``: the mempool's attributes (bytes, with the driver's rounding);
+    ``pool_released_bytes``: of ``pool_used_bytes``, the blocks of arrays already dropped that
+    wait for their fence (rule 4 of :mod:`numba_pool.allocator`: reused or given back once the
+    host has seen an event after their release complete, as Numba's own manager holds its
+    frees until it flushes them).
     ``oom_retries``: allocations that hit ``CUDA_ERROR_OUT_OF_MEMORY`` once and were retried
     after synchronizing and trimming; ``oom_errors``: those that failed again and raised.
     ``arena_*``: the sub-allocating arena (zero, and ``arena_on`` false, when it is off): slab
@@ -86,6 +90,7 @@ class PoolStatistics:
     graph_arrays: int = 0
     graph_array_bytes: int = 0
     releases_held_for_capture: int = 0
+    pool_released_bytes: int = 0
 
     # -- RMM's names (rmm.statistics.Statistics) ------------------------------------------
 
@@ -149,6 +154,7 @@ def collect(usage, allocator, host=None, managed=None) -> PoolStatistics:
         total_allocations=usage.total_allocations, total_frees=usage.total_frees, total_bytes=usage.total_bytes,
         pool_reserved_bytes=pool.reserved, pool_reserved_high=pool.reserved_high,
         pool_used_bytes=pool.used, pool_used_high=pool.used_high,
+        pool_released_bytes=allocator.mempool_blocks.released_bytes(),
         oom_retries=usage.oom_retries, oom_errors=usage.oom_errors,
         **_arena_fields(allocator.arena), **_cache_fields(host, "host_on"), **_cache_fields(managed, "managed_on"),
         **_graph_fields(allocator))

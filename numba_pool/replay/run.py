@@ -30,6 +30,7 @@ class AddressSpace:
     not time.  Counts the slabs held and their most."""
 
     CUdeviceptr = cuda_driver.CUdeviceptr
+    CUstream_flags = cuda_driver.CUstream_flags
 
     def __init__(self):
         self.next_address = 1 << 40
@@ -55,10 +56,14 @@ class AddressSpace:
     def cuStreamGetId(self, stream):
         return _OK[0], int(stream)
 
+    def cuStreamCreate(self, flags):
+        return _OK[0], cuda_driver.CUstream(1)
+
     def _nothing(self, *args):
         return _OK
 
-    cuEventRecord = cuEventDestroy = cuStreamWaitEvent = cuCtxSynchronize = _nothing
+    # Every event is complete at once: a fenced block is reused at the next allocation.
+    cuEventRecord = cuEventDestroy = cuEventQuery = cuStreamWaitEvent = cuCtxSynchronize = _nothing
 
 
 @dataclass

@@ -9,7 +9,9 @@ after its release until the hold lets go, in a thread with no CUDA context or th
 releases in a thread where another context of the device is current, and that context's
 synchronize; trim, reset (also between two lines of an allocation or a release:
 :mod:`cuda_model.inject`) and out of memory under a
-small ``max_size``; views, frees from other host threads, frees by the garbage collector, and
+small ``max_size``; a kernel that waits for a later copy on another stream while arrays are
+allocated and dropped (:mod:`fuzz_waits`: a deadlock through numba_pool fails); views, frees
+from other host threads, frees by the garbage collector, and
 releases run *between two driver calls of the allocator* (the model's preempt points: what a
 finalizer in another thread, or the collector, does at that moment), and another thread's
 kernel launch and drop of a live array parked at one of the allocator's driver calls
@@ -23,7 +25,10 @@ other streams' arrays (the legacy stream's from another thread) allocated, used 
 beside it, statistics read and a trim refused; the graph instantiated with or without auto-free
 and launched again later, the arrays kept past the capture dropped between launches; the model
 names every call that invalidates a capture.  After every step: no
-ordering violation, no exception in a release, the arena's invariants.  1, 4 and 8 host threads,
+ordering violation, no deadlock, no exception in a release, the arena's invariants, and issue 33's
+cost of the legacy stream (``cuda_model.checks.legacy_cost_problems``: no release and no
+allocation inside ``defer_cleanup`` enqueues anything on the legacy stream, and allocations
+fence at most once per 32 released blocks).  1, 4 and 8 host threads,
 arena on and off.  Each example's manager and pointers derive from one frontend's classes,
 drawn from those installed (numba-cuda, Numba-CUDA-MLIR): ``test_operations_count`` checks that
 every installed frontend ran.  ``test_concurrent_programs`` adds real concurrency.
@@ -50,7 +55,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from cuda.bindings import driver as real_cu
 
 import numba_pool
+from cuda_model import LegacyCost
+from cuda_model.checks import assert_legacy_cost
+from cuda_model.checks import eager as eager_knobs
 from cuda_model.harness import LEGACY, Program
+from fuzz_waits import WAIT_COUNTS, WaitRules
 from helpers import FRONTENDS
 from numba_pool.allocator import captures as captures_module
 
@@ -68,6 +77,8 @@ MANAGED_HOST_USES: list = [0]  # host uses of managed memory the model checked
 CAPTURE_BARE_DROPS = os.environ.get("NUMBA_POOL_FUZZ_CAPTURE_BARE", "1") != "0"
 #: What the capture rules made the model do: captures, allocation and kernel nodes, graph launches.
 CAPTURE_COUNTS: dict = {}
+#: numba_pool's legacy-stream operations at allocations and releases, every example together.
+LEGACY_COST = LegacyCost()
 #: Only these rules, comma-separated (``NUMBA_POOL_FUZZ_RULES=allocate,launch,drop,hold``): a run
 #: that looks for one class of defect.  Default: every rule.
 RULES = [r for r in os.environ.get("NUMBA_POOL_FUZZ_RULES", "").split(",") if r]
@@ -97,13 +108,16 @@ class GraphEntry:
     launched_on: set = field(default_factory=set)
 
 
-class LegalPrograms(RuleBasedStateMachine):
+class LegalPrograms(WaitRules, RuleBasedStateMachine):
     threads = 1
     arena = False
+    costs = True  # check the legacy stream's cost after every step (cuda_model.checks.assert_legacy_cost)
 
     @initialize(preempt=st.sampled_from([0, 3, 7, 13]), eager=st.booleans(), adaptors=st.booleans(),
-                frontend=st.sampled_from(FRONTENDS), managed_threshold=st.sampled_from([None, 0, 8192]))
-    def start(self, preempt, eager, adaptors=False, frontend=None, managed_threshold=None):
+                frontend=st.sampled_from(FRONTENDS), managed_threshold=st.sampled_from([None, 0, 8192]),
+                gpu_eager=st.booleans(), opportunistic=st.booleans())
+    def start(self, preempt, eager, adaptors=False, frontend=None, managed_threshold=None, gpu_eager=False,
+              opportunistic=False):
         # The collector runs only at the program's own points (collect_garbage, the preempt
         # hook, destroy_stream, finish), never on the process's allocation count: a cycle freed
         # at another moment changes what the pool holds, so an allocation under max_size could
@@ -113,12 +127,21 @@ class LegalPrograms(RuleBasedStateMachine):
         self.p = Program(arena=self.arena, threads=self.threads, max_size=2 << 20, adaptors=adaptors,
                          frontend=frontend, managed_max_size=1 << 20, managed_release_threshold=managed_threshold)
         self.p.preempt_every(preempt)
-        arena = self.p.mm.allocator.arena
-        if eager and arena is not None:
-            # Fence at every legacy miss and keep no ready cache: a freed legacy block is handed
-            # out by the next allocations, within the few steps of an example (by default the
-            # arena fences once 32 blocks wait, and reuses through a cache of 64 per size).
-            arena.quarantine_limit, arena.quarantine.cache_limit = -1, 0
+        self.eager = eager
+        self.fences_bounded = not eager  # an eager program fences at every allocation that finds released blocks
+        if eager:
+            # A fence for every released block, no ready cache, fences complete as soon as the
+            # host asks: a freed block is handed out by the next allocations, within the few
+            # steps of an example (by default one fence per 32 released blocks, and the arena
+            # reuses through a cache of 64 per size).
+            eager_knobs(self.p)
+        elif gpu_eager:
+            # A device that has finished all it can whenever the host queries (a fence completes
+            # at the first query); else only a synchronize lets the host see work complete.
+            self.p.model.gpu_eager = True
+        # The execution where every free that can complete has: the pool reuses it on any
+        # stream (cuda_model: CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC).
+        self.p.model.opportunistic_reuse = opportunistic
         self.streams = [LEGACY]
         self.graphs: list[GraphEntry] = []  # the captured graphs (capture)
         self.side = None  # another host thread for actions beside a capture (made at the first capture)
@@ -132,6 +155,9 @@ class LegalPrograms(RuleBasedStateMachine):
                                 "graph_launches", "graph_kernels"):
                         CAPTURE_COUNTS[key] = CAPTURE_COUNTS.get(key, 0) + self.p.model._counts[key]
                     MANAGED_HOST_USES[0] += self.p.finish()["managed_host_uses"]
+                    LEGACY_COST.merge(self.p.legacy_cost)
+                    if self.costs and not getattr(self, "failed", False):  # the releases finish() made
+                        assert_legacy_cost(self.p, self.fences_bounded)
                     key = (self.threads, self.arena)
                     OPERATIONS[key] = OPERATIONS.get(key, 0) + self.p.operations
                     name = self.p.frontend.name
@@ -215,7 +241,7 @@ class LegalPrograms(RuleBasedStateMachine):
     @rule(data=st.data(), thread=st.integers(0, 7))
     def deferred_drops(self, data, thread):
         chosen = data.draw(st.lists(st.sampled_from(list(self.p.families.values())), max_size=3, unique_by=id))
-        with self.p.mm.defer_cleanup():
+        with self.p.defer_cleanup():
             for family in chosen:
                 self.p.drop(family, legalize="record", thread=thread)
             self.p.allocate(data.draw(SIZES), None, thread)
@@ -481,7 +507,11 @@ class LegalPrograms(RuleBasedStateMachine):
     @invariant()
     def nothing_unordered(self):
         if hasattr(self, "p"):
+            self.failed = True  # until the checks pass: the teardown's own would repeat the failure
             self.p.check()
+            if self.costs:
+                assert_legacy_cost(self.p, self.fences_bounded)
+            self.failed = False
 
 
 def _drop_reference(refs: list) -> None:
@@ -495,7 +525,8 @@ FUZZ_SETTINGS = settings(max_examples=EXAMPLES, stateful_step_count=100, deadlin
 def _case(threads: int, arena: bool):
     attributes = {"threads": threads, "arena": arena}
     if RULES:  # hide the other rules (a subclass attribute that is no rule)
-        rules = [name for name, value in vars(LegalPrograms).items() if hasattr(value, "hypothesis_stateful_rule")]
+        rules = [name for name in dir(LegalPrograms)
+                 if hasattr(getattr(LegalPrograms, name), "hypothesis_stateful_rule")]
         attributes.update({name: None for name in rules if name not in RULES})
     machine = type(f"Fuzz{threads}{'Arena' if arena else 'Pool'}", (LegalPrograms,), attributes)
     case = machine.TestCase
@@ -596,8 +627,13 @@ def test_operations_count():
     share of them on each installed frontend's classes."""
     total = sum(OPERATIONS.values())
     print(f"\nfuzzer operations: {total} ({OPERATIONS}; by frontend {FRONTEND_OPERATIONS}; "
-          f"{MANAGED_HOST_USES[0]} host uses of managed memory checked; captures: {CAPTURE_COUNTS})")
+          f"{MANAGED_HOST_USES[0]} host uses of managed memory checked; captures: {CAPTURE_COUNTS}; "
+          f"waiting kernels: {WAIT_COUNTS})\n{LEGACY_COST}")
     if EXAMPLES >= 100:
+        if not RULES or "wait_for_a_copy" in RULES:
+            assert WAIT_COUNTS.get("waits", 0) >= 100 and WAIT_COUNTS.get("waits inside defer_cleanup", 0) >= 20, \
+                WAIT_COUNTS
+            assert WAIT_COUNTS.get("drops while waiting", 0) >= 100, WAIT_COUNTS
         assert total >= 20_000, OPERATIONS
         assert MANAGED_HOST_USES[0] >= 1_000, MANAGED_HOST_USES
         assert CAPTURE_COUNTS.get("graph_kernels", 0) >= 100 and CAPTURE_COUNTS.get("graph_free_nodes", 0) >= 10, \

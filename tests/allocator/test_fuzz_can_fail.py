@@ -21,7 +21,8 @@ from numba_pool.allocator import arena as arena_module
 from numba_pool.allocator import mempool_blocks as mempool_blocks_module
 from numba_pool.allocator import host_blocks as host_blocks_module
 from numba_pool.allocator import waits as waits_module
-from numba_pool.cuda.streams import StreamRef
+from numba_pool.cuda import driver
+from numba_pool.cuda.streams import LEGACY, StreamRef
 from test_fuzz import CAPTURE_MODES, LegalPrograms
 
 BUDGET = settings(max_examples=3000, stateful_step_count=30, deadline=None, derandomize=True, database=None,
@@ -75,15 +76,21 @@ class Narrowed(LegalPrograms):
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = create_stream = park = hold = let_go = None
     open_defer = close_defer = reset_inside = allocate_managed = host_access = None
-    capture = launch_graph = drop_graph_array = None
+    capture = launch_graph = drop_graph_array = wait_for_a_copy = None
+    costs = False  # the rules of reuse only (the legacy stream's cost: the waiting-kernel plants below)
     blocking: tuple = (True, True, False)
     size = 1000
     holds = False  # True: the fuzzer's hold and let_go rules too
     managed = False  # True: managed arrays (the host writes each at its allocation) instead of device ones
+    fenced = False  # True: checks.eager's knobs (a fence per released block, gpu_eager), opportunistic reuse
 
     @initialize()
     def start_narrowed(self):
-        LegalPrograms.start(self, preempt=0, eager=True)
+        LegalPrograms.start(self, preempt=0, eager=self.fenced, opportunistic=self.fenced)
+        if not self.fenced:  # the arena fences at every miss and keeps no ready cache
+            arena = self.p.mm.allocator.arena
+            if arena is not None:
+                arena.quarantine_limit, arena.quarantine.cache_limit = -1, 0
         for blocking in self.blocking:
             self.streams.append(self.p.create_stream(blocking))
 
@@ -173,7 +180,8 @@ class Captures(LegalPrograms):
 
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = park = hold = let_go = record_stream = None
-    open_defer = close_defer = reset_inside = allocate_managed = host_access = None
+    open_defer = close_defer = reset_inside = allocate_managed = host_access = wait_for_a_copy = None
+    costs = False
 
 
 @pytest.mark.parametrize("module, name, planted, arena", [
@@ -185,18 +193,99 @@ def test_the_fuzzer_finds_a_planted_capture_bug(monkeypatch, module, name, plant
     monkeypatch.setattr(module, name, planted)
     machine = type("Planted", (Captures,), {"arena": arena, "threads": 1})
     # The capture broken (the model's "capture invalidated": cuStreamGetId of the capturing
-    # stream, the legacy stream beside it, an unsafe call), or the driver's refusal raised to the
-    # program (an exportable pool's allocation node: NOT_SUPPORTED).
+    # stream, the legacy stream beside it, an unsafe call), the driver's refusal raised to the
+    # program (an exportable pool's allocation node: NOT_SUPPORTED), or the capture rule's own
+    # check that an array allocated in a capture is the graph's (an arena block carved there).
     with pytest.raises(Exception) as caught:
         run_state_machine_as_test(machine, settings=BUDGET)
     chain, error = [], caught.value
     while error is not None:
         chain.append(str(error))
         error = error.__context__
-    assert any(re.search("capture invalidated|STREAM_CAPTURE|NOT_SUPPORTED", text) for text in chain), chain
+    assert any(re.search("capture invalidated|STREAM_CAPTURE|NOT_SUPPORTED|allocated in a capture is not the graph's",
+                         text) for text in chain), chain
 
 
 def test_the_capture_fuzzer_passes_on_the_real_allocator():
     for arena in (False, True):
         machine = type("Real", (Captures,), {"arena": arena, "threads": 1})
+        run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
+
+
+# --------------------------------------------------------------------------- issue 33 (no barrier)
+
+
+REAL_DEFER = waits_module.Deferral.defer
+
+
+def defer_after_a_legacy_record(self, release):
+    """Issue 33 broken: a release that ``defer_cleanup`` holds back records an event on the
+    legacy stream at the drop, the barrier that made an ODE solver's test hang (a kernel spinning
+    on one stream until a copy on another)."""
+    if self.depth:
+        cu = driver.cu  # the model, while a Program runs
+        event = cu.cuEventCreate(0)[1]
+        cu.cuEventRecord(event, LEGACY.handle)
+        cu.cuEventDestroy(event)
+    return REAL_DEFER(self, release)
+
+
+class Waiting(Narrowed):
+    """The fuzzer's waiting-kernel rule (``fuzz_waits``) beside allocate, launch and drop, on
+    blocking streams: a kernel spins on one until a copy on another, with arrays dropped inside
+    a ``defer_cleanup`` block opened before it."""
+
+    wait_for_a_copy = LegalPrograms.wait_for_a_copy
+    wait_steps = ("drop",)
+    wait_scopes = ("before",)
+    record_stream = None
+    blocking = (True, True)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_the_fuzzer_finds_a_release_put_back_on_the_legacy_stream_inside_defer_cleanup(monkeypatch, arena):
+    monkeypatch.setattr(waits_module.Deferral, "defer", defer_after_a_legacy_record)
+    machine = type("Planted", (Waiting,), {"arena": arena, "threads": 1})
+    with pytest.raises(AssertionError, match="deadlock") as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    text = str(caught.value)
+    assert "event record on the legacy stream" in text and "numba_pool queued" in text, text
+    assert "the waiting kernel on the stream" in text, text
+
+
+def test_the_waiting_fuzzer_passes_on_the_real_allocator():
+    """The control: nothing planted, a shorter run."""
+    for arena in (False, True):
+        machine = type("Real", (Waiting,), {"arena": arena, "threads": 1})
+        run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
+
+
+def hand_out_every_batch(self):
+    """Rule 4 broken (issue 33's fences): every fenced batch is handed back as complete, fence
+    recorded or not, without asking whether the host has seen it complete (``cuEventQuery``)."""
+    return self.take_all()
+
+
+#: The planted fence bug's machines: blocking and non-blocking streams, fences after every
+#: released block that complete when the host asks, and the pool's opportunistic reuse (a block
+#: freed back to the mempool goes to any stream once the free can complete); in arena mode,
+#: blocks above the arena's largest (4 KiB), which the mempool serves: the arena's own legacy
+#: blocks go only to the legacy stream's owners, whose work follows the fence anyway.
+FENCED = [{"arena": False, "size": 1000}, {"arena": True, "size": 6000}]
+
+
+@pytest.mark.parametrize("options", FENCED, ids=["mempool", "arena"])
+def test_the_fuzzer_finds_a_block_handed_out_before_its_fence_completed(monkeypatch, options):
+    from numba_pool.allocator.fences import Fences  # issue 33's module
+    monkeypatch.setattr(Fences, "completed", hand_out_every_batch)
+    machine = type("Planted", (Narrowed,), {"threads": 1, "blocking": (True, False), "fenced": True, **options})
+    with pytest.raises(AssertionError, match="unordered reuse") as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    assert "new owner" in str(caught.value)
+
+
+def test_the_fenced_fuzzer_passes_on_the_real_allocator():
+    """The control of the planted fence bug: the same machines, nothing planted."""
+    for options in FENCED:
+        machine = type("Real", (Narrowed,), {"threads": 1, "blocking": (True, False), "fenced": True, **options})
         run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))

@@ -61,6 +61,12 @@ def sync(prog: Program, stream: int) -> None:
     assert prog.model.cuStreamSynchronize(real_cu.CUstream(stream))[0] == 0
 
 
+def fence_at_every_allocation(prog: Program) -> None:
+    """An allocation that finds a released block unfenced records its fence at once (not once
+    32 wait): Note [A release records nothing on the legacy stream]."""
+    prog.mm.host.fences.fence_blocks = 1
+
+
 # -- controls: legal programs, no violation, and the cache does reuse --------------------
 
 
@@ -78,11 +84,12 @@ def test_objects_are_the_frontends(prog):
 
 
 def test_not_reused_before_the_host_saw_the_copy_complete(prog):
+    fence_at_every_allocation(prog)
     a = Pinned(prog, 4096)
     a.copy(LEGACY)
     address = a.address
     a.drop()
-    b = Pinned(prog, 4096)  # the copy may still run: a new block
+    b = Pinned(prog, 4096)  # records a's fence; the copy may still run: a new block
     assert b.address != address
     sync(prog, LEGACY)
     c = Pinned(prog, 4096)  # now the host knows: reused
@@ -96,22 +103,27 @@ def test_blocking_stream_copy_is_covered_by_the_legacy_event(prog):
     a.copy(s)
     address = a.address
     a.drop()
-    sync(prog, LEGACY)  # the legacy event follows s's copy
+    fence_at_every_allocation(prog)
+    other = Pinned(prog, 100)  # another bin: records a's fence, which follows s's copy
+    assert other.address != address
+    sync(prog, LEGACY)
     b = Pinned(prog, 4096)
     assert b.address == address
     prog.check()
 
 
 def test_non_blocking_stream_needs_record_stream(prog):
+    fence_at_every_allocation(prog)
     s = prog.create_stream(blocking=False)
     a = Pinned(prog, 4096)
     a.copy(s)
     a.record(s)
     address = a.address
     a.drop()
+    assert Pinned(prog, 4096).address != address  # records a's fence; not complete yet
     sync(prog, LEGACY)
     b = Pinned(prog, 4096)
-    assert b.address != address  # s's event not complete yet
+    assert b.address != address  # the fence completed, s's event not yet
     sync(prog, s)
     c = Pinned(prog, 4096)
     assert c.address == address
@@ -119,8 +131,12 @@ def test_non_blocking_stream_needs_record_stream(prog):
 
 
 def assert_reused_once_synchronized(prog, stream: int, address: int) -> None:
-    """After ``stream`` and the legacy stream are synchronized, the next 4 KiB buffer is the
-    block at ``address``; the model saw no violation and numba_pool warned of nothing."""
+    """The next 4 KiB allocation records the fence of the released block at ``address`` and
+    takes another (the fence has not completed); after ``stream`` and the legacy stream are
+    synchronized, the next is that block; the model saw no violation and numba_pool warned of
+    nothing."""
+    fence_at_every_allocation(prog)
+    assert Pinned(prog, 4096).address != address
     sync(prog, stream)
     sync(prog, LEGACY)
     assert Pinned(prog, 4096).address == address
@@ -145,44 +161,50 @@ def test_released_in_a_thread_without_a_context(prog):
 
 
 @pytest.mark.parametrize("thread", ["foreign", "bare"])
-def test_a_release_recording_at_once_is_refused_outside_the_owners_context(prog, thread):
-    # Note [A release records first, asks later]: with an event of the owner's context cached,
-    # a release records it at once on "the" legacy stream; in a thread where another context is
-    # current (or none), that record is refused, and the release pushes the owner's context and
-    # records on the owner's legacy stream, after the blocking stream's copy.  Had the refused
-    # record been taken for done, the foreign context's synchronize would make the block look
-    # complete while the copy still reads it.
-    first = Pinned(prog, 4096)
-    address = first.address
-    first.drop()
-    sync(prog, LEGACY)
-    a = Pinned(prog, 4096)  # the same block: its event goes back to the cache of events
-    assert a.address == address
+def test_a_legacy_release_in_another_thread_makes_no_driver_call(prog, thread):
+    # Note [A release records nothing on the legacy stream]: a block allocated outside
+    # using_stream, with no record_stream, is released with no driver call at all (none asks
+    # which context is current, none pushes the owner's, nothing on any legacy stream), even
+    # in a thread where another context is current (whose legacy stream orders nothing of the
+    # owner's) or none is.  It is reused only after an allocation, in the owner's context,
+    # recorded its fence after the blocking stream's copy, and once the host saw that complete:
+    # the foreign context's synchronize does not make it look complete.
     s = prog.create_stream(blocking=True)
+    a = Pinned(prog, 4096)
     a.copy(s)
+    address = a.address
     holder, a.mem = [a.mem], None
     before = prog.model.stats()
     getattr(prog, thread).submit(holder.clear).result()
     after = prog.model.stats()
-    assert after["context_pushes"] > before["context_pushes"]  # refused, then asked and pushed
+    assert after["driver_calls"] == before["driver_calls"]
+    assert after["legacy_ops_elsewhere"] == before["legacy_ops_elsewhere"]
     host = prog.mm.host
-    held = sum(len(b.events) for bin_ in host.bins.values() for b in bin_) + sum(len(b.events) for b in host.released)
-    assert prog.model.live_events() == len(host._free_events) + held  # the refused event went back, not lost
+    assert [b.host for b in host.released] == [address] and not host.released[0].fenced
     if thread == "foreign":
         prog.foreign.submit(prog.model.cuCtxSynchronize).result()
-    b = Pinned(prog, 4096)  # the copy may still run: not this block
-    assert b.address != address
-    assert_reused_once_synchronized(prog, s, address)
+    fence_at_every_allocation(prog)
+    b = Pinned(prog, 4096)  # records the fence (in the owner's context); the copy may still run
+    assert b.address != address and host.fences.recorded == 1
+    if thread == "foreign":
+        prog.foreign.submit(prog.model.cuCtxSynchronize).result()
+    assert Pinned(prog, 4096).address != address  # fenced, not yet seen complete
+    sync(prog, LEGACY)  # the fence follows s's copy: s need not be synchronized
+    assert Pinned(prog, 4096).address == address
+    prog.check()
+    assert not prog.warnings, [str(w.message) for w in prog.warnings]
 
 
 def test_bins_keep_mapped_and_pinned_apart(prog):
+    fence_at_every_allocation(prog)
     m = Pinned(prog, 4096, mapped=True)
     m.copy(LEGACY)  # a kernel reading the mapped memory
     address = m.address
     m.drop()
+    fencing = Pinned(prog, 100)  # another size: records m's fence
     prog.model.cuCtxSynchronize()
-    p = Pinned(prog, 4096)
-    assert p.address != address
+    p = Pinned(prog, 4096)  # m's block is complete, but mapped: not this bin
+    assert p.address != address and fencing.address != address
     m2 = Pinned(prog, 3000, mapped=True)  # 4096-byte block: same bin
     assert m2.address == address
     prog.check()
@@ -210,7 +232,7 @@ def test_stats_trim_and_summary(prog):
     s = prog.mm.statistics()
     assert (s.host_in_use_bytes, s.host_cached_bytes, s.host_blocks) == (512, 8192, 2)
     assert "host pinned cached" in format_summary(s)
-    prog.mm.trim()  # synchronizes: b's event completed, freed
+    prog.mm.trim()  # b is not fenced yet: the trim synchronizes, b's block is idle, freed
     s = prog.mm.statistics()
     assert (s.host_reserved_bytes, s.host_cached_bytes, s.host_blocks) == (512, 0, 1)
     assert prog.model.host_stats()["live"] == 1
@@ -220,10 +242,11 @@ def test_stats_trim_and_summary(prog):
 
 @pytest.mark.parametrize("prog", [{"host_release_threshold": 0}], indirect=True)
 def test_release_threshold_frees_completed_blocks(prog):
+    fence_at_every_allocation(prog)
     a = Pinned(prog, 4096)
     a.copy(LEGACY)
     a.drop()
-    b = Pinned(prog, 100)  # a's event not complete: kept
+    b = Pinned(prog, 100)  # records a's fence, not complete: kept
     assert prog.mm.statistics().host_cached_bytes == 4096
     sync(prog, LEGACY)
     c = Pinned(prog, 100)
@@ -308,13 +331,15 @@ def test_planted_legacy_event_only_is_caught(prog, monkeypatch):
         release(self, block, defer)
 
     monkeypatch.setattr(HostBlocks, "release", legacy_only)
+    fence_at_every_allocation(prog)
     s = prog.create_stream(blocking=False)
     a = Pinned(prog, 4096)
     a.copy(s)
     a.record(s)
     a.drop()
+    fencing = Pinned(prog, 4096)  # records the fence, the block's only event now
     sync(prog, LEGACY)
-    Pinned(prog, 4096)
+    assert Pinned(prog, 4096).address == a.address and fencing.address != a.address
     text = _violation_text(prog)
     assert "unordered reuse of host memory" in text and "stream 0x" in text, text
     prog.model.violations.clear()

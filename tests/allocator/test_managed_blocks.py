@@ -44,6 +44,12 @@ def drop(prog: Program, family) -> int:
     return address
 
 
+def fence_at_every_allocation(prog: Program) -> None:
+    """An allocation that finds a released block unfenced records its fence at once (not once
+    32 wait): Note [A release records nothing on the legacy stream]."""
+    prog.mm.managed.fences.fence_blocks = 1
+
+
 # -- controls: legal programs, no violation, and the cache reuses ---------------------------
 
 
@@ -59,10 +65,11 @@ def test_a_managed_array_is_the_frontends_managed_memory_from_a_managed_pool(pro
 
 
 def test_not_reused_before_the_host_saw_the_kernel_complete(prog):
+    fence_at_every_allocation(prog)
     a = prog.allocate_managed(4096)
     kernel(prog, a, LEGACY)
     address = drop(prog, a)
-    b = prog.allocate_managed(4096)  # the kernel may still run: another block
+    b = prog.allocate_managed(4096)  # records a's fence; the kernel may still run: another block
     assert b.address != address
     sync(prog, LEGACY)
     c = prog.allocate_managed(4096)  # now the host knows: reused
@@ -71,20 +78,24 @@ def test_not_reused_before_the_host_saw_the_kernel_complete(prog):
 
 
 def test_a_blocking_stream_kernel_is_covered_by_the_legacy_event(prog):
+    fence_at_every_allocation(prog)
     s = prog.create_stream(blocking=True)
     a = prog.allocate_managed(4096)
     kernel(prog, a, s)
     address = drop(prog, a)
-    sync(prog, LEGACY)  # the legacy event follows s's kernel
+    assert prog.allocate_managed(100).address != address  # another size: records a's fence, after s's kernel
+    sync(prog, LEGACY)
     assert prog.allocate_managed(4096).address == address
     prog.check()
 
 
 def test_a_non_blocking_stream_needs_record_stream_or_the_scope(prog):
+    fence_at_every_allocation(prog)
     s = prog.create_stream(blocking=False)
     a = prog.allocate_managed(4096)
     kernel(prog, a, s)
     address = drop(prog, a)  # legalize="record": record_stream(a, s)
+    assert prog.allocate_managed(4096).address != address  # records a's fence: not complete yet
     sync(prog, LEGACY)
     assert prog.allocate_managed(4096).address != address  # s's event not complete yet
     sync(prog, s)
@@ -96,6 +107,7 @@ def test_a_non_blocking_stream_needs_record_stream_or_the_scope(prog):
     prog.drop(b, legalize="record")
     assert b.recorded == set()  # nothing recorded: s is the allocation stream
     gc.collect()
+    assert prog.allocate_managed(8192).address != address  # records b's fence
     sync(prog, LEGACY)
     assert prog.allocate_managed(8192).address != address
     sync(prog, s)
@@ -103,34 +115,57 @@ def test_a_non_blocking_stream_needs_record_stream_or_the_scope(prog):
     prog.check()
 
 
-def test_released_in_a_thread_without_a_context(prog):
-    a = prog.allocate_managed(4096)
-    kernel(prog, a, LEGACY)
+@pytest.mark.parametrize("using", [False, True], ids=["legacy", "using-stream"])
+def test_released_in_a_thread_without_a_context(prog, using):
+    # Note [A release records nothing on the legacy stream]: a block of the legacy stream is
+    # released with no driver call at all, so none is refused for want of a context, and an
+    # allocation fences it later in the owner's context.  A using_stream block's release
+    # records an event on its stream: rule 10, it pushes the manager's context first (none
+    # is refused) and records there.
+    fence_at_every_allocation(prog)
+    s = prog.create_stream(blocking=False) if using else LEGACY
+    a = prog.allocate_managed(4096, stream=s if using else None)
+    kernel(prog, a, s)
     before = prog.model.stats()
     address = a.address
     prog.drop(a, legalize="record", how="bare")
     after = prog.model.stats()
-    assert after["context_pushes"] > before["context_pushes"] and after["no_context"] == before["no_context"]
+    assert after["no_context"] == before["no_context"]
+    if using:
+        assert after["context_pushes"] > before["context_pushes"]
+    else:
+        assert after["driver_calls"] == before["driver_calls"]
+    assert prog.allocate_managed(4096).address != address  # records the fence: not complete yet
+    sync(prog, s)
     sync(prog, LEGACY)
     assert prog.allocate_managed(4096).address == address
     prog.check()
     assert not prog.warnings, [str(w.message) for w in prog.warnings]
 
 
-@pytest.mark.parametrize("event_cached", [False, True], ids=["first-release", "event-cached"])
-def test_held_back_by_defer_cleanup_until_the_block_exits(prog, event_cached):
-    if event_cached:  # a release then a reuse leave an event cached: a's release may record at once
-        first = prog.allocate_managed(4096)
-        drop(prog, first)
-        sync(prog, LEGACY)
-    a = prog.allocate_managed(4096)
-    assert bool(prog.mm.managed._free_events) == event_cached
+@pytest.mark.parametrize("using", [False, True], ids=["legacy", "using-stream"])
+def test_held_back_by_defer_cleanup_until_the_block_exits(prog, using):
+    # A release inside defer_cleanup: of a legacy-stream block (no driver call), or of a
+    # using_stream block (its stream's event recorded at the drop, rule 8a); either way held
+    # back, unfenced, until the scope exits; then the next allocation fences it and it is
+    # reused once that fence (and its stream's event) completed.
+    fence_at_every_allocation(prog)
+    cache = prog.mm.managed
+    s = prog.create_stream(blocking=False) if using else LEGACY
+    a = prog.allocate_managed(4096, stream=s if using else None)
+    kernel(prog, a, s)
     address = a.address
     with prog.mm.defer_cleanup():
         drop(prog, a)
+        sync(prog, s)
         sync(prog, LEGACY)
         assert prog.allocate_managed(4096).address != address
         assert prog.mm.statistics().managed_in_use_bytes == 2 * 4096  # held back counts as in use
+        assert address in cache.held and cache.fences.recorded == 0
+    assert [b.host for b in cache.released] == [address] and not cache.released[0].fenced
+    assert prog.allocate_managed(4096).address != address  # records its fence: not complete yet
+    assert cache.fences.recorded == 1
+    sync(prog, LEGACY)
     assert prog.allocate_managed(4096).address == address
     prog.check()
 
@@ -157,6 +192,8 @@ def test_the_cap_waits_for_cached_blocks_then_refuses_in_one_line(prog):
 
 
 def test_trim_gives_cached_blocks_back_and_trims_the_managed_pool(prog):
+    # The blocks are not fenced yet (fewer than fence_blocks wait): the trim synchronizes, and
+    # they are idle.
     families = [prog.allocate_managed(1 << 16) for _ in range(3)]
     for f in families:
         kernel(prog, f, LEGACY)
@@ -253,11 +290,13 @@ def test_planted_release_that_forgets_the_allocation_stream_is_caught(prog, monk
         release(self, block, defer)
 
     monkeypatch.setattr(HostBlocks, "release", legacy_only)
+    fence_at_every_allocation(prog)
     a = prog.allocate_managed(4096, stream=s)
     kernel(prog, a, s)
-    drop(prog, a)
+    address = drop(prog, a)
+    assert prog.allocate_managed(4096).address != address  # records the fence, its only event now
     sync(prog, LEGACY)
-    prog.allocate_managed(4096)
+    assert prog.allocate_managed(4096).address == address
     assert any(v.kind == "unordered reuse of managed memory" for v in prog.model.violations), prog.model.violations
 
 
@@ -289,10 +328,12 @@ def test_the_model_refuses_what_the_driver_refuses():
 
 @pytest.mark.parametrize("prog", [{"managed_release_threshold": 0}], indirect=True)
 def test_over_the_release_threshold_only_complete_blocks_go_back_to_the_pool(prog):
+    fence_at_every_allocation(prog)
     a = prog.allocate_managed(4096)
     kernel(prog, a, LEGACY)
     address = drop(prog, a)
-    b = prog.allocate_managed(8192)  # the threshold frees complete cached blocks: a's is not complete
+    b = prog.allocate_managed(8192)  # the threshold frees complete cached blocks: a's is not fenced yet
+    assert prog.mm.managed.fences.recorded == 1  # this allocation fenced it, after the threshold's pass
     assert b.address != address and prog.mm.statistics().managed_cached_bytes == 4096
     sync(prog, LEGACY)
     c = prog.allocate_managed(8192)  # a's block is complete now: back to the pool

@@ -23,3 +23,24 @@ def clean_results():
             end_to_end.FLOOR.label: result(4.0, 9.75, 9.75, 9.75, 9.75),
             end_to_end.BARE_FLOOR.label: result(4.0, 8.25, 8.25, 8.25, 8.25),
             end_to_end.CUPY.label: result(4.0, 11.0, 11.0, 11.0, 11.0)}
+
+
+def overlap_result(two, four, scoped=None, serial=(95.0, 190.0)):
+    """An overlap worker's figures (ms): a batch on 2 and 4 streams, the same with using_stream
+    (``scoped``: a pair, under numba_pool only), and the kernels alone."""
+    from numba_pool.bench import overlap
+
+    batch = {overlap.figure(2): two, overlap.figure(4): four}
+    if scoped is not None:
+        batch.update({overlap.figure(2, True): scoped[0], overlap.figure(4, True): scoped[1]})
+    return {"batch_ms": batch, "serial_ms": {overlap.figure(2): serial[0], overlap.figure(4): serial[1]},
+            "using_stream": scoped is not None, "repeats": 5, "iterations": 40, "core": 0, "manager": "m"}
+
+
+def clean_overlap_results():
+    """Overlap figures of default and numba_pool in both modes that pass every check."""
+    from numba_pool.bench import end_to_end
+
+    return {end_to_end.DEFAULT.label: overlap_result(48.9, 50.0),
+            end_to_end.NUMBA_POOL.label: overlap_result(48.0, 49.0, scoped=(41.8, 43.0)),
+            end_to_end.ARENA.label: overlap_result(49.5, 52.0, scoped=(42.0, 44.0))}

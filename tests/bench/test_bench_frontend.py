@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from end_to_end_fakes import MLIR_SETTING, SETTING, clean_results, result
+from end_to_end_fakes import MLIR_SETTING, SETTING, clean_overlap_results, clean_results, result
 from helpers import FRONTENDS, MISSING_FRONTENDS, PACKAGE_PARENT, check_one_line_error
-from numba_pool.bench import anchors, core, end_to_end, launch, turns
+from numba_pool.bench import anchors, core, end_to_end, launch, overlap_tables, turns
 from numba_pool.bench import report as bench_report
 from numba_pool.cli import main
 from numba_pool.cuda import frontend as frontends
@@ -147,6 +147,8 @@ def test_under_the_simulator_the_floor_says_once_that_numba_ignores_it():
 def fake_worker(measured: list):
     def measure(manager, core=None, warm_up=False):
         measured.append(manager.label)
+        if manager.module == overlap_tables.MODULE:
+            return clean_overlap_results()[manager.label]
         return {**clean_results().get(manager.label, result(4.0, 11.0, 11.0, 11.0, 11.0)), "manager": "m"}
 
     return measure
@@ -179,9 +181,9 @@ def test_every_table_heading_and_the_json_report_name_the_frontend(monkeypatch, 
     assert label.startswith("Numba-CUDA-MLIR ")
     assert report["frontend"] == label and report["frontend_name"] == "mlir" and flags == []
     headings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("device: ")]
-    assert [h.split("; ")[:3] for h in headings] == [["device: GPU", f"frontend: {label}", "date: today"]] * 3
+    assert [h.split("; ")[:3] for h in headings] == [["device: GPU", f"frontend: {label}", "date: today"]] * 4
     assert "allocator cost" in headings[0] and "cuda.device_array end to end" in headings[1]
-    assert "CUDA graphs" in headings[2]
+    assert "CUDA graphs" in headings[2] and "stream overlap" in headings[3]
 
 
 # -- RMM's rows under Numba-CUDA-MLIR -------------------------------------------------------------------

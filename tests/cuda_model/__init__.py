@@ -34,7 +34,13 @@ What is deliberately conservative (stricter than the driver), and why
   never hides a missing dependency of the allocator under test behind one of its own.
 * ``CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC`` (reuse when the free happens to have finished on
   the device) is modelled only as "the host *knows* it finished" (a synchronize covered it):
-  timing never makes a program legal.
+  timing never makes a program legal.  With ``CudaModel.opportunistic_reuse`` set, the model
+  runs the other execution too: every free that can complete (no waiting kernel before it,
+  :mod:`cuda_model.deadlock`) has, so the pool hands its memory to any stream, and the host
+  learns the free complete (the driver decided so, on the host, at that call: all later work
+  follows it).  That reuse is safe only when the free was ordered after every use of the
+  memory's previous owners: a free issued before those uses are known complete is caught
+  there (the fuzzer draws both executions).
 * Synchronizing one stream teaches the host only about that stream's work and what it was
   ordered after; synchronizing the legacy stream is not assumed to wait for blocking streams
   unless an operation on it did.
@@ -65,20 +71,32 @@ What is deliberately conservative (stricter than the driver), and why
   blocking capture, synchronizes, "potentially unsafe" calls under the thread's capture mode.
   A call that invalidates a capture is a violation (``"capture invalidated"``).
 
+* **Waiting kernels and deadlocks** (:mod:`cuda_model.deadlock`): a kernel that spins until a
+  later copy of the program on another stream (:meth:`CudaModel.launch_waiting`,
+  :meth:`CudaModel.release_waiting`); the copy ordered after it, or the host blocking on work
+  ordered after it before the copy, is a ``"deadlock"`` naming the operation that made it so;
+  ``cuEventQuery`` / ``cuStreamQuery`` answer ``NOT_READY`` meanwhile.
+* **The legacy stream's barrier as a cost** (:mod:`cuda_model.costs`): the library's operations
+  on a legacy default stream, counted per allocation and per release of the program
+  (:meth:`CudaModel.attributed`, :meth:`CudaModel.legacy_cost`, and in :meth:`CudaModel.stats`).
+
 Model-only API for tests: :meth:`CudaModel.launch`, :meth:`CudaModel.copy_async`,
 :meth:`CudaModel.host_use`, :meth:`CudaModel.host_stats`, :attr:`CudaModel.violations`,
 :meth:`CudaModel.tail`, :meth:`CudaModel.would_follow`, :meth:`CudaModel.wait`,
 :attr:`CudaModel.preempt`, :meth:`CudaModel.stats`, :meth:`CudaModel.leave_context`,
 :meth:`CudaModel.create_context`, :meth:`CudaModel.live_events`, :meth:`CudaModel.capturing`,
-:meth:`CudaModel.graph_memory_live` (and ``cuGraphInstantiate`` / ``cuGraphLaunch`` /
+:meth:`CudaModel.graph_memory_live`, :meth:`CudaModel.launch_waiting`,
+:meth:`CudaModel.release_waiting`, :meth:`CudaModel.abandon_waiting`, :meth:`CudaModel.waiting_kernels`,
+:meth:`CudaModel.attributed`, :meth:`CudaModel.legacy_cost` (and ``cuGraphInstantiate`` / ``cuGraphLaunch`` /
 ``cuGraphExecDestroy`` / ``cuGraphDestroy``, graph calls numba_pool never makes).
 """
 
 from .base import GRANULE, LEGACY_HANDLES, PER_THREAD_HANDLE, SUCCESS
 from .calls import CONTEXT
+from .costs import CallFigures, LegacyCost
 from .memory import Violation
 from .model import CudaModel
 from .ordering import Op, op_a_precedes
 
-__all__ = ["CONTEXT", "GRANULE", "LEGACY_HANDLES", "PER_THREAD_HANDLE", "SUCCESS", "CudaModel", "Op", "Violation",
-           "op_a_precedes"]
+__all__ = ["CONTEXT", "GRANULE", "LEGACY_HANDLES", "PER_THREAD_HANDLE", "SUCCESS", "CallFigures", "CudaModel",
+           "LegacyCost", "Op", "Violation", "op_a_precedes"]

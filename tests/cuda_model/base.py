@@ -23,7 +23,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 #: model's tests are users of the model).
 _MODEL_FILES = frozenset(os.path.normcase(os.path.join(_HERE, name))
                          for name in ("__init__.py", "base.py", "ordering.py", "memory.py", "calls.py", "managed.py",
-                                       "model.py"))
+                                       "capture.py", "costs.py", "deadlock.py", "model.py"))
 
 
 def _round_up(nbytes: int) -> int:

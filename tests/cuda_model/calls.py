@@ -163,13 +163,23 @@ class _StreamCalls:
 
     @_driver
     def cuEventQuery(self, event: Any):
-        """SUCCESS only when the host already knows the recorded work is complete."""
+        """SUCCESS only when the host already knows the recorded work is complete, or, with
+        ``gpu_eager`` set (an execution where the device has finished all it can by the time of
+        any query), when it can complete: the host learns it then, as from a real query."""
         e = self._event(event, "cuEventQuery")
         if e is None:
             return (_R.CUDA_ERROR_INVALID_HANDLE,)
         if e.record is None or self._streams.complete(e.record):
             return (SUCCESS,)
+        if getattr(self, "gpu_eager", False) and self._can_complete(e.record):
+            self._streams.host_learns(e.record.vc)
+            return (SUCCESS,)
         return (_R.CUDA_ERROR_NOT_READY,)
+
+    def _can_complete(self, op) -> bool:
+        """Whether ``op`` can complete without the host doing anything more (nothing it is
+        ordered after waits for a later operation); overridden where the model has waiting kernels."""
+        return True
 
 
 class _MemoryCalls:
@@ -222,6 +232,8 @@ class _MemoryCalls:
         value = int(value)
         if attr == _ATTR.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
             p.threshold = value
+        elif attr == _ATTR.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES and value == 0:
+            pass  # the modelled pool never inserts internal dependencies (_allocate's eligible)
         elif attr in self._HIGH and value == 0:  # only a reset to the current value is allowed
             high, current = self._HIGH[attr]
             setattr(p, high, getattr(p, current))
@@ -296,11 +308,15 @@ class _MemoryCalls:
         pool's completed free pieces when the cap is in the way); None: out of memory."""
         next_vc = self._streams.next_vc(s)
 
+        opportunistic = getattr(self, "opportunistic_reuse", False)
+
         def eligible(piece: _Piece) -> bool:
             # FOLLOW_EVENT_DEPENDENCIES (incl. legacy-stream ordering) and same-stream order;
-            # ALLOW_OPPORTUNISTIC only once the host knows; no ALLOW_INTERNAL_DEPENDENCIES.
+            # ALLOW_OPPORTUNISTIC once the host knows, or with opportunistic_reuse once the free
+            # can complete (it has then: the host learns it below); no ALLOW_INTERNAL_DEPENDENCIES.
             op = piece.free_op
-            return op.stream_id == s.id or self._streams.complete(op) or op_a_precedes(op, next_vc)
+            return (op.stream_id == s.id or self._streams.complete(op) or op_a_precedes(op, next_vc)
+                    or (opportunistic and self._can_complete(op)))
 
         taken = pool.take(nbytes, eligible)
         if taken is None:
@@ -311,6 +327,9 @@ class _MemoryCalls:
             base, pieces = self._memory.map_fresh(pool, nbytes), []
         else:
             base, pieces = taken
+            for piece in pieces:  # reused as complete: the driver saw it so, at this call, on the host
+                if piece.free_op.stream_id != s.id and not op_a_precedes(piece.free_op, next_vc):
+                    self._streams.host_learns(piece.free_op.vc)
         op = self._new_op(s, "alloc")
         self._memory.add_live(_Allocation(base, nbytes, pool, op, _call_site()))
         self._count_alloc(pieces, s)

@@ -34,6 +34,7 @@ from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.plugin.manager import manager_class
 
 from .calls import CONTEXT
+from .harness_waits import Waits
 from .inject import ResetInjection
 from .model import CudaModel
 
@@ -91,8 +92,10 @@ class _Context:
         self.handle = CONTEXT  # the model's one context
 
 
-class Program:
-    """A manager on a fresh model, with streams, threads and arrays.
+class Program(Waits):
+    """A manager on a fresh model, with streams, threads and arrays.  Each allocation and each
+    drop of an array's last reference is one call for the model's count of numba_pool's
+    legacy-stream operations; waiting kernels: :class:`~cuda_model.harness_waits.Waits`.
 
     :param arena: arena mode.
     :param threads: host threads the actions run in (each action in one of them, in turn).
@@ -262,7 +265,8 @@ class Program:
             with self.using_stream(scope):
                 return self.mm.memalloc(size)
         try:
-            pointer = self._in(executor, body)
+            with self.attributed("allocation"):
+                pointer = self._in(executor, body)
         except CudaAPIError as err:
             if size == 0 and err.code == INVALID_VALUE:  # as cuMemAlloc(0) under Numba's default manager
                 return None
@@ -286,7 +290,8 @@ class Program:
             with self.using_stream(stream):
                 return self.mm.memallocmanaged(size, True)
         try:
-            pointer = self.run(thread, body)
+            with self.attributed("allocation", "managed"):
+                pointer = self.run(thread, body)
         except CudaAPIError as err:
             assert err.code == OOM and "out of managed memory allocating" in str(err), str(err)
             self.operations += 1
@@ -315,7 +320,8 @@ class Program:
             with self.using_stream(stream), numba_pool.scratch(nbytes, manager=self.mm):
                 return [self.mm.memalloc(n) for n in sizes]
         try:
-            pointers = self.run(thread, body)
+            with self.attributed("allocation", "scratch"):
+                pointers = self.run(thread, body)
         except CudaAPIError as err:
             assert err.code == OOM, str(err)
             return []
@@ -390,17 +396,18 @@ class Program:
             self._legalize(family, "record" if legalize == "scope" else legalize, thread)
         del self.families[family.id]
         holder = [family.refs.pop()]  # the only reference left: dropped in `thread`
-        if how == "free" and not family.zombie:
-            self.run(thread, _free, holder)
-        elif how == "cycle":
-            holder[0].cycle = holder[0]
-        elif how == "pending":
-            self.pending.append(holder[0])
-        elif how == "bare":
-            self._in(self.bare, _drop_reference, holder)
-        elif how == "foreign":
-            self._in(self.foreign, _drop_reference, holder)
-        self.run(thread, _drop_reference, holder)
+        with self.attributed("release", "managed" if family.managed else ""):
+            if how == "free" and not family.zombie:
+                self.run(thread, _free, holder)
+            elif how == "cycle":
+                holder[0].cycle = holder[0]
+            elif how == "pending":
+                self.pending.append(holder[0])
+            elif how == "bare":
+                self._in(self.bare, _drop_reference, holder)
+            elif how == "foreign":
+                self._in(self.foreign, _drop_reference, holder)
+            self.run(thread, _drop_reference, holder)
         self.operations += 1
 
     def _legalize(self, family: Family, legalize: str, thread: int) -> None:
@@ -557,7 +564,10 @@ class Program:
             host_blocks.check_invariants(self.mm.host)
 
     def finish(self) -> dict:
-        """Drop everything, let every hold go, trim, and check that every byte is accounted for."""
+        """Drop everything, let every hold go, trim, and check that every byte is accounted for.
+        Returns the model's :meth:`~cuda_model.CudaModel.stats`, with the count of numba_pool's
+        legacy-stream operations at allocations and releases (:attr:`legacy_cost` has them all)."""
+        self.end_wait()
         for family in list(self.families.values()):
             while family.refs:
                 self.drop(family, legalize="sync")
@@ -573,6 +583,7 @@ class Program:
         assert stats.bytes_in_use == 0 and stats.blocks_in_use == 0, stats
         assert stats.pool_used_bytes == 0, stats
         assert stats.managed_in_use_bytes == 0 and stats.managed_cached_bytes == stats.managed_reserved_bytes, stats
+        self.legacy_cost = self.model.legacy_cost()
         return self.model.stats()
 
 

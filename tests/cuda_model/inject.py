@@ -80,6 +80,7 @@ class ResetInjection:
         allocator = mm.allocator
         if allocator is not None:
             found.append(getattr(allocator.waits, "deferral", allocator.waits)._lock)
+            found.append(allocator.waits.fence_lock)
             if allocator.arena is not None:
                 found.append(allocator.arena._lock)
         return found
@@ -107,6 +108,7 @@ class ResetInjection:
         if arena is not None:
             listed = {start for starts in list(arena.ready.values()) for start in list(starts)}
             listed |= {start for starts in list(arena.quarantine.waiting.values()) for start in list(starts)}
+            listed |= {start for _, taken, _ in list(arena.fences.batches) for starts in taken.values() for start in starts}
             handed |= set(dict(arena.taken)) - listed
         return handed
 

@@ -15,8 +15,9 @@ from .ordering import Op, describe_stream, op_a_precedes
 @dataclass
 class Violation:
     """A broken rule: ``kind`` is ``"unordered reuse"``, ``"use of unallocated memory"``,
-    ``"invalid stream"``, ``"invalid event"``, ``"invalid pool"`` or ``"free of unknown pointer
-    / double free"``.  ``start``/``end`` is the address range concerned (0, 0 if none)."""
+    ``"invalid stream"``, ``"invalid event"``, ``"invalid pool"``, ``"free of unknown pointer
+    / double free"`` or ``"deadlock"`` (:mod:`cuda_model.deadlock`), among others.
+    ``start``/``end`` is the address range concerned (0, 0 if none)."""
 
     kind: str
     start: int = 0

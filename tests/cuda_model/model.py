@@ -11,11 +11,14 @@ from cuda.bindings import driver as _cu
 from .base import _DRIVER_FUNCTION, GRANULE, _call_site, _handle, _round_up
 from .calls import CONTEXT, _DeviceCalls, _HostCalls, _MemoryCalls, _StreamCalls
 from .capture import _CaptureCalls
+from .costs import LIBRARY, _Costs
+from .deadlock import _WaitingCalls
 from .managed import _ManagedCalls
 from .memory import Violation, _AddressSpace, _Granules, _Memory, _Pool, _Use
 from .ordering import Op, _Event, _Events, _Stream, _Streams, op_a_precedes
 
-class CudaModel(_CaptureCalls, _ManagedCalls, _StreamCalls, _MemoryCalls, _DeviceCalls, _HostCalls):
+class CudaModel(_CaptureCalls, _ManagedCalls, _WaitingCalls, _Costs, _StreamCalls, _MemoryCalls, _DeviceCalls,
+                _HostCalls):
     """A drop-in for ``cuda.bindings.driver`` (one device, one context) that checks stream
     ordering of memory reuse.  See the module docstring.
 
@@ -24,10 +27,12 @@ class CudaModel(_CaptureCalls, _ManagedCalls, _StreamCalls, _MemoryCalls, _Devic
     :param legacy_waits_for_destroyed: whether legacy-stream ops are ordered after the work
         left on destroyed blocking streams (default: not, the conservative choice).
     :param host_total: the modelled pinnable host memory in bytes (``cuMemHostAlloc``).
+    :param library: the folder of the library under test (numba_pool's package): whose driver
+        calls count as its own (:mod:`cuda_model.costs`).
     """
 
     def __init__(self, device_total: int = 1 << 30, base_address: int = 0x7F00_0000_0000,
-                 legacy_waits_for_destroyed: bool = False, host_total: int = 1 << 30):
+                 legacy_waits_for_destroyed: bool = False, host_total: int = 1 << 30, library: str = LIBRARY):
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._known_contexts = {int(CONTEXT)}  # CONTEXT, and those made by create_context()
@@ -47,6 +52,12 @@ class CudaModel(_CaptureCalls, _ManagedCalls, _StreamCalls, _MemoryCalls, _Devic
         #: ``preempt(phase, name)``, phase "enter" or "exit", around each driver call.
         self.preempt: Optional[Callable[[str, str], Any]] = None
         self._init_captures()  # stream capture and graphs (cuda_model.capture)
+        self._init_costs(library)  # the library's legacy-stream operations per call (cuda_model.costs)
+        self._init_waits()  # waiting kernels and deadlocks (cuda_model.deadlock)
+        #: An execution where every free that can complete has (module docstring): the pool
+        #: reuses it on any stream.
+        self.opportunistic_reuse = False
+        self._streams.before_host_learns = self._before_host_learns
 
     op_a_precedes = staticmethod(op_a_precedes)
 
@@ -105,7 +116,24 @@ class CudaModel(_CaptureCalls, _ManagedCalls, _StreamCalls, _MemoryCalls, _Devic
     def _new_op(self, s: _Stream, kind: str, extra: Iterable[dict] = ()) -> Op:
         self._counts["ops"] += 1
         self._check_new_op(s, kind)  # none on a capturing stream, nor on the legacy one beside a capture
-        return self._streams.new_op(s, kind, extra)
+        op = self._streams.new_op(s, kind, extra)
+        if s.legacy or self._waiting:
+            library = self.whose.library_call()
+            if s.legacy:
+                self._note_legacy_op(s, op, library)  # cuda_model.costs
+            if self._waiting:
+                self._note_after_waiting(s, op, library)  # cuda_model.deadlock
+        return op
+
+    def _before_host_learns(self, vc: dict, whole_context: bool) -> None:
+        """The host is about to wait for the work ordered before ``vc`` (``whole_context``: a
+        ``cuCtxSynchronize``)."""
+        if whole_context or self._waiting:
+            library = self.whose.library_call()
+            if whole_context:
+                self._note_context_synchronize(library)  # cuda_model.costs
+            if self._waiting:
+                self._check_host_wait(vc, library)  # cuda_model.deadlock
 
     def _report(self, kind: str, s: Optional[_Stream], call: str, start: int = 0, end: int = 0,
                 handle: Optional[int] = None) -> None:
@@ -221,14 +249,19 @@ class CudaModel(_CaptureCalls, _ManagedCalls, _StreamCalls, _MemoryCalls, _Devic
         (of which reuse_cross_stream_pending: a free not yet known complete, reused through an
         event or legacy-stream dependency), frees, oom, unmapped_bytes, driver_calls, no_context
         (calls refused for want of a current context), context_pushes, managed_host_uses (host
-        uses of managed memory), prefetches, violations, live_allocations, granule_segments."""
+        uses of managed memory), prefetches, violations, live_allocations, granule_segments;
+        waiting_kernels and deadlocks (:mod:`cuda_model.deadlock`); and the library's
+        legacy-stream operations (:mod:`cuda_model.costs`): for ``allocation`` and ``release``
+        calls, ``<group>_calls``, ``legacy_ops_at_<group>s``, ``<group>s_with_legacy_ops``,
+        ``most_legacy_ops_per_<group>``, ``legacy_ops_at_excused_<group>s`` (calls that
+        synchronized the context), and ``legacy_ops_elsewhere``."""
         with self._lock:
             keys = ("ops", "launches", "allocs", "fresh_allocs", "reuse_same_stream", "reuse_cross_stream",
                     "reuse_cross_stream_pending", "frees", "oom", "unmapped_bytes", "driver_calls", "no_context",
                     "context_pushes", "managed_host_uses", "prefetches")
             out = {k: self._counts[k] for k in keys}
             out.update(violations=len(self.violations), live_allocations=len(self._memory.live),
-                       granule_segments=len(self._granules))
+                       granule_segments=len(self._granules), **self._counts_waits, **self._legacy_cost_stats())
             return out
 
     def assert_no_violations(self) -> None:

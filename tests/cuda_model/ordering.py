@@ -107,6 +107,10 @@ class _Streams:
         self._next_handle = self.FIRST_HANDLE
         self._next_id = 1
         self.legacy = self.legacy_of(main_context)
+        #: Called as ``hook(vc, whole_context)`` before the host learns ``vc`` (it waited for that
+        #: work; ``whole_context``: a context synchronize): the model's deadlock check
+        #: (:mod:`cuda_model.deadlock`) and its cost of barriers (:mod:`cuda_model.costs`).
+        self.before_host_learns = None
 
     def legacy_of(self, context: int) -> _Stream:
         """The legacy default stream of ``context`` (made at its first use)."""
@@ -181,14 +185,20 @@ class _Streams:
         return stream.last
 
     def host_learns(self, vc: dict) -> None:
-        """The host has seen every op ordered before ``vc`` complete."""
+        """The host has seen every op ordered before ``vc`` complete (it waited for them)."""
+        if self.before_host_learns is not None:
+            self.before_host_learns(vc, False)
         join(self.host_vc, vc)
 
     def host_learns_all(self, context: int) -> None:
         """A context synchronize: the host has seen every op of ``context``'s streams complete."""
+        vc: dict = {}
         for stream in self.by_id.values():
             if stream.context == context:
-                join(self.host_vc, stream.last_vc)
+                join(vc, stream.last_vc)
+        if self.before_host_learns is not None:
+            self.before_host_learns(vc, True)
+        join(self.host_vc, vc)
 
     def complete(self, op: Op) -> bool:
         return op_a_precedes(op, self.host_vc)

@@ -55,7 +55,7 @@ def non_blocking_stream():
 
 
 def cross_stream_experiment(nbytes, reader_stream, fill_stream, *, fill_in_scope=False, record=False,
-                            read_in_scope=False, trials=20, delay_us=3000):
+                            read_in_scope=False, a_in_fill_scope=False, trials=20, delay_us=3000):
     """The cross-stream check: a kernel on ``reader_stream`` reads array A while the host drops
     A and allocates the same size B for a fill on ``fill_stream``.
 
@@ -65,7 +65,8 @@ def cross_stream_experiment(nbytes, reader_stream, fill_stream, *, fill_in_scope
     hits = cuda.to_device(np.zeros(1, dtype=np.int64))
     reused = 0
     for _ in range(trials):
-        with numba_pool.using_stream(reader_stream) if read_in_scope else contextlib.nullcontext():
+        scope = reader_stream if read_in_scope else fill_stream if a_in_fill_scope else None
+        with numba_pool.using_stream(scope) if scope is not None else contextlib.nullcontext():
             a = cuda.device_array(n, dtype=np.float32)
         fill_kernel[blocks(n), THREADS](a, np.float32(1.0))
         cuda.synchronize()  # A is written before the reader starts, whatever its stream
