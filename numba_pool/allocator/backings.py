@@ -114,6 +114,8 @@ class ManagedBacking:
         address = int(check((err, ptr), f"cuMemAllocFromPoolAsync({rounded} bytes, managed mempool)"))
         if beside:
             check(self._cu.cuStreamSynchronize(stream), "cuStreamSynchronize (managed block beside a capture)")
+        else:  # the host may write it at once: the allocation is complete first
+            self._private.complete()
         return address, address
 
     def free(self, address: int) -> tuple:

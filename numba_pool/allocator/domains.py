@@ -97,6 +97,8 @@ class Domains:
                     f"cuMemAllocFromPoolAsync({size}) for an arena slab")
         if domain.event is not None:  # rule 5: the slab is usable from this point of the stream on
             check(self._cu.cuEventRecord(domain.event, handle), "cuEventRecord (arena slab)")
+        else:  # rule 4: the legacy domain's blocks are idle, so its slab's allocation is complete
+            self._alloc_stream.complete()
         domain.heap.add_slab(int(ptr), size)
         self.reserved += size
 

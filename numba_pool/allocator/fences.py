@@ -19,7 +19,11 @@ The private streams (:class:`PrivateStream`): new memory for the legacy stream's
 from the mempool on numba_pool's own non-blocking stream, which never waits for anything and
 frees only idle blocks; with the pool's internal dependencies off
 (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``, :mod:`numba_pool.cuda.mempool`) the pool
-hands it only memory that is idle, so its allocations need no legacy-stream operation.
+hands it only memory that is idle, so its allocations need no legacy-stream operation.  The
+host sees each such allocation complete before the memory is handed out
+(:meth:`PrivateStream.complete`; a fresh managed block used at once by a memset on the legacy
+stream lost the memset otherwise: Numba's ``test_managed_alloc_driver_undersubscribe``, H100,
+2026-11-26).
 
 Threads: releases append to the batch lists with one atomic operation; :class:`Fences` is used
 by allocations, trim and reset only, under :attr:`Fences.lock` (allocations try it and go on
@@ -177,6 +181,17 @@ class PrivateStream:
             flags = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
             self._handle = check(self._cu.cuStreamCreate(flags), f"cuStreamCreate ({self._what})")
         return self._handle
+
+    def complete(self) -> None:
+        """Return once the host has seen every operation on the stream complete (an allocation
+        is complete before its memory is used on another stream: "Stream Ordered Memory
+        Allocator"): ``cuStreamQuery``, else ``cuStreamSynchronize``, which never waits for the
+        program's work (the stream waits for nothing).
+
+        :raises CudaAPIError: when the synchronize fails."""
+        cu, handle = self._cu, self.handle
+        if cu.cuStreamQuery(handle)[0] != SUCCESS:
+            check(cu.cuStreamSynchronize(handle), f"cuStreamSynchronize ({self._what})")
 
     def destroy(self) -> None:
         """Destroy the stream if it was made (a reset, after its synchronize)."""

@@ -354,7 +354,8 @@ class HostBlocks:
         if popped is None:
             return
         recorded = self.recorded.pop(block.host, None) if self.recorded else None
-        streams = ([] if block.stream is LEGACY else [block.stream]) + (recorded or [])
+        # The legacy stream, recorded or not, is the fence's (Note [A release records nothing...]).
+        streams = ([] if block.stream is LEGACY else [block.stream]) + [r for r in recorded or () if r is not LEGACY]
         block.stream = LEGACY  # a cached block keeps no stream (nor the object that owns it) alive
         block.order = next(self._order)
         if deferral is not None:

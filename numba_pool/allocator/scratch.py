@@ -24,7 +24,7 @@ from typing import Iterator
 from cuda.bindings import driver as cu
 
 from ..cuda.pointers import PoolPointer
-from ..cuda.streams import StreamRef, enter_scope, leave_scope, per_thread
+from ..cuda.streams import LEGACY, StreamRef, enter_scope, leave_scope, per_thread
 from .free_list import round_up
 from .waits import split_waiting
 
@@ -102,6 +102,11 @@ class ScratchBlock:
         streams, holds = split_waiting(self._recorded.pop(address, None) if self._recorded else None)
         allocator = self._allocator
         if allocator is not None:
+            if self.stream is not LEGACY and any(ref is LEGACY for ref in streams):
+                # The legacy stream is waited for by the block's release, through the next
+                # fence (Note [The legacy stream recorded] in .waits): never an operation there now.
+                allocator.waits.add_wait(self.base, LEGACY)
+                streams = [ref for ref in streams if ref is not LEGACY]
             if streams:  # ordered now, before the block's release on self.stream
                 allocator.waits.order_now(streams, self.stream)
             for hold in holds:

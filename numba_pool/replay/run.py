@@ -63,7 +63,7 @@ class AddressSpace:
         return _OK
 
     # Every event is complete at once: a fenced block is reused at the next allocation.
-    cuEventRecord = cuEventDestroy = cuEventQuery = cuStreamWaitEvent = cuCtxSynchronize = _nothing
+    cuEventRecord = cuEventDestroy = cuEventQuery = cuStreamQuery = cuStreamWaitEvent = cuCtxSynchronize = _nothing
 
 
 @dataclass

