@@ -202,6 +202,8 @@ class ArenaBlocks(BlockSource):
     def _take_scoped(self, rounded: int, stream: StreamRef) -> tuple[int, Domain]:
         self._publish_released()
         self.quarantine.fence_if_due(QUARANTINE_BLOCKS, self.quarantine_limit, self._deferral)
+        if self.fences.batches:  # their blocks, and the releases waiting for them
+            self._free_into_legacy(self.quarantine.collect())
         domain = self._domains.of_stream(stream)
         start = self._carve(domain, rounded)
         if start is None:
@@ -282,12 +284,12 @@ class ArenaBlocks(BlockSource):
             if not self.dropped:
                 self._flush_ready()
 
-    def take_released(self) -> list[dict[int, list[int]]]:
+    def take_released(self, releases: list) -> list[dict[int, list[int]]]:
         """Before a synchronize (trim, out of memory): every quarantined and fenced block, as
         snapshots for :meth:`release_cached` once the synchronize is done (rule 4's snapshot
         before the barrier)."""
         with self._lock:
-            return self.quarantine.take_released()
+            return self.quarantine.take_released(releases)
 
     def release_cached(self, idle: list[dict[int, list[int]]] = ()) -> int:
         """After a synchronize: the blocks of ``idle`` (:meth:`take_released`'s) into the heap,

@@ -26,7 +26,7 @@ from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .arena import ArenaBlocks, layout
 from .captures import CaptureRouter, GraphBlocks, capture_pool_config
-from .fences import FENCE_FRACTION, PrivateStream
+from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
 from .waits import Deferral, Hold, StreamWaits
@@ -284,13 +284,12 @@ class DeviceAllocator:
         :raises RuntimeError: during a stream capture (rule 13)."""
         self.refuse_during_capture("trim()")
         self.issue_frees()
-        released = self.mempool_blocks.take_released()
-        arena_released = self.arena.take_released() if self.arena is not None else []
+        releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
+        released = self.mempool_blocks.take_released(releases)
+        arena_released = self.arena.take_released(releases) if self.arena is not None else []
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
         self.mempool_blocks.free_idle(released)
-        for source in (self.mempool_blocks, self.arena):
-            if source is not None:
-                source.fences.after_synchronize()  # Note [The legacy stream recorded] in .waits
+        run_releases(releases)
         if self.arena is not None:
             self.arena.release_cached(arena_released)
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
@@ -305,8 +304,10 @@ class DeviceAllocator:
         free, and allocations under way go to the next generation (the sources' ``dropped``).
         The pool is trimmed to 0 now and destroyed once this generation is collected: an
         allocation under way may still name it."""
-        pointers = self.mempool_blocks.take_all() + [ptr for ptr, _ in self.mempool_blocks.take_released()]
+        releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
+        pointers = self.mempool_blocks.take_all() + [ptr for ptr, _ in self.mempool_blocks.take_released(releases)]
         if self.arena is not None:
+            self.arena.fences.take_all(releases)
             pointers += [self.cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
         self.waits.waiting.clear()
         self.graph_blocks.live.clear()  # graph memory: its graphs' own, not this pool's
@@ -318,11 +319,14 @@ class DeviceAllocator:
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
         self.waits.deferral.flush()  # held-back mempool frees: issued now, before the pool goes
         self.waits.release_held()  # and those an IPC export's leases keep
-        # What those two released (later ones free themselves).
-        pointers += [ptr for ptr, _ in self.mempool_blocks.take_released()]
+        run_releases(releases)  # into the dropped generation: freed on the private stream, or nothing
+        # What those released (later ones free themselves).
+        late: list = []
+        pointers += [ptr for ptr, _ in self.mempool_blocks.take_released(late)]
         for ptr in pointers:
             report_failure(self.cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")
+        run_releases(late)
         with contextlib.suppress(CudaAPIError):
             self.pool.trim(0)
         destroy_when_collected(self, self.pool, self.waits.owner)

@@ -65,7 +65,6 @@ class Fences:
         self.waits_for = waits_for if waits_for is not None else []
         self.lock = lock if lock is not None else threading.Lock()
         self.after_fence = after_fence if after_fence is not None else []
-        self._after_synchronize: list = []  # releases of batches taken before a synchronize; under lock
         self.batches: deque = deque()  # (event, batch), oldest first; under lock
         self._spare: list = []  # events whose fence completed, to record again; under lock
         self.recorded = 0  # fences recorded so far (statistics)
@@ -114,39 +113,44 @@ class Fences:
             _run(releases)
         return done
 
-    def take_all(self) -> list:
+    def take_all(self, releases: list) -> list:
         """Every batch, complete or not (before a synchronize, which makes them idle); the
-        releases waiting for them run at :meth:`after_synchronize`."""
+        releases waiting for them, or for the next fence, are added to ``releases``, for the
+        caller to run (:func:`run_releases`) once its own synchronize is done."""
         done = []
         while self.batches:
-            event, batch, releases = self.batches.popleft()
+            event, batch, waiting = self.batches.popleft()
             self._spare.append(event)
             done.append(batch)
-            self._after_synchronize += releases
-        self._after_synchronize += take_list(self.after_fence)
+            releases += waiting
+        releases += take_list(self.after_fence)
         return done
-
-    def after_synchronize(self) -> None:
-        """After the synchronize that followed :meth:`take_all`: the releases waiting for the
-        batches it took are made free (idle)."""
-        _run(take_list(self._after_synchronize))
 
     def destroy(self) -> None:
         """Destroy the events (a reset, after its synchronize); the batches are forgotten."""
         for event, _, _ in self.batches:
             report_failure(self._cu.cuEventDestroy(event), "cuEventDestroy (fence)")
         self.batches.clear()
+        for event in take_list(self.waits_for):  # a generation that stopped allocating
+            report_failure(self._cu.cuEventDestroy(event), "cuEventDestroy (fence wait)")
         while self._spare:
             report_failure(self._cu.cuEventDestroy(self._spare.pop()), "cuEventDestroy (fence)")
 
 
 def take_list(items: list) -> list:
-    """Everything in ``items`` now, removed from it in two C-level steps: an append made
-    meanwhile by a release in another thread stays for next time."""
-    count = len(items)
-    taken = items[:count]
-    del items[:count]
-    return taken
+    """Everything in ``items`` now, taken one ``list.pop`` at a time (each atomic): an item
+    that another thread appends or pops meanwhile is taken by exactly one of them."""
+    taken = []
+    while True:
+        try:
+            taken.append(items.pop())
+        except IndexError:
+            return taken
+
+
+def run_releases(releases: list) -> None:
+    """Run releases made free (idle) after a fence or a synchronize; a failure is warned of."""
+    _run(releases)
 
 
 def _run(releases: list) -> None:

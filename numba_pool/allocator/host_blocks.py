@@ -240,8 +240,12 @@ class HostBlocks:
     def _free_oldest(self, down_to: int) -> None:
         """Wait for (``cuEventSynchronize``) and free the oldest cached blocks until reserved
         bytes <= ``down_to``; unfenced ones are fenced first."""
-        self.fences.fence()
+        deferral = self.fences.deferral
+        if deferral is None or not deferral.depth:  # never the legacy stream inside defer_cleanup
+            self.fences.fence()
         for block in self._cached_oldest_first():
+            if not block.fenced:  # its owner's blocking-stream work is not known done
+                continue
             if self.reserved <= down_to:
                 return
             for event in block.events:

@@ -215,12 +215,14 @@ class PooledBlocks(BlockSource):
         finally:
             fences.lock.release()
 
-    def take_released(self) -> list:
+    def take_released(self, releases: list) -> list:
         """Before a synchronize (trim, out of memory, reset): every released legacy-stream block,
-        fenced or not, for :meth:`free_idle` once the synchronize is done."""
+        fenced or not, for :meth:`free_idle` once the synchronize is done; the releases waiting
+        for a fence are added to ``releases`` (:meth:`Fences.take_all
+        <numba_pool.allocator.fences.Fences.take_all>`)."""
         with self.fences.lock:
             taken, self.legacy_bytes = take_list(self.legacy_frees), 0
-            for batch in self.fences.take_all():
+            for batch in self.fences.take_all(releases):
                 taken += batch
             for size, idle in list(self.idle.items()):
                 taken += [(ptr, size) for ptr in take_list(idle)]
@@ -260,7 +262,7 @@ class PooledBlocks(BlockSource):
     def free_completed(self) -> None:
         """The batches whose fence the host has seen complete back to the mempool, from any
         thread, in the owner's context (before figures are read); no fence is recorded."""
-        if self.fences.batches:
+        if self.fences.batches and not underway:  # rule 13: no query or free during a capture
             self._waits.owner.enter(self._free_completed)
 
     def _free_completed(self, retry: bool) -> None:  # OwnerContext.enter's signature
@@ -283,6 +285,9 @@ class PooledBlocks(BlockSource):
         # waits for the next fence; after a synchronize (on is None) the block is idle.
         if on is LEGACY:
             self.legacy_frees.append((ptr, size))
+            self.legacy_bytes += size
+            if self.dropped:  # after a reset's flush: nothing else would free it
+                self.free_after_reset()
             return
         check(self._free_async(ptr, self._handle_of(LEGACY) if on is None else on.handle),
               f"cuMemFreeAsync({int(ptr):#x})")

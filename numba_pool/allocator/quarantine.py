@@ -64,10 +64,11 @@ class Quarantine:
             rest += self.make_ready(taken)
         return rest
 
-    def take_released(self) -> list[dict[int, list[int]]]:
-        """Every waiting and fenced block (before a synchronize makes them idle)."""
+    def take_released(self, releases: list) -> list[dict[int, list[int]]]:
+        """Every waiting and fenced block (before a synchronize makes them idle); the releases
+        waiting for a fence are added to ``releases``."""
         with self.fences.lock:
-            return [self.take(), *self.fences.take_all()]
+            return [self.take(), *self.fences.take_all(releases)]
 
     def fenced(self) -> list[dict[int, list[int]]]:
         """The batches whose fence is not yet seen complete (a copy)."""
