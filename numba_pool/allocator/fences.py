@@ -110,7 +110,7 @@ class Fences:
             batches.popleft()
             self._spare.append(event)
             done.append(batch)
-            _run(releases)
+            run_releases(releases)
         return done
 
     def take_all(self, releases: list) -> list:
@@ -150,10 +150,6 @@ def take_list(items: list) -> list:
 
 def run_releases(releases: list) -> None:
     """Run releases made free (idle) after a fence or a synchronize; a failure is warned of."""
-    _run(releases)
-
-
-def _run(releases: list) -> None:
     for release in releases:
         try:
             release()

@@ -10,6 +10,8 @@ that allocations pop without a lock.
 
 from __future__ import annotations
 
+from .fences import take_list
+
 
 class Quarantine:
     """Rule 4's state: legacy-stream blocks freed and not yet fenced, and the fenced ones kept
@@ -121,14 +123,8 @@ class Quarantine:
 
     def take_ready(self) -> list[tuple[int, int]]:
         """Empty the cache: every ready block as (start, size)."""
-        taken = []
-        for size, ready in list(self.ready.items()):
-            while True:
-                try:
-                    taken.append((ready.pop(), size))
-                except IndexError:  # empty, or an allocation took the last one
-                    break
-        return taken
+        # take_list pops one at a time: an allocation popping meanwhile takes each block or not.
+        return [(start, size) for size, ready in list(self.ready.items()) for start in take_list(ready)]
 
     def bytes(self) -> tuple[int, int]:
         """(quarantined, cached) bytes; quarantined counts the fenced blocks too."""
