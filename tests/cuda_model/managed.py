@@ -1,6 +1,8 @@
 """Managed (unified) memory in the model: pools made with ``CU_MEM_ALLOCATION_TYPE_MANAGED``,
 whose allocations the *host* uses too (:meth:`_ManagedCalls.host_use` on their addresses), and
-``cuMemPrefetchAsync``.
+``cuMemPrefetchAsync``.  A host use before the host has observed the allocation itself complete
+(``cuMemAllocFromPoolAsync`` is an operation on its stream: "Stream Ordered Memory Allocator"
+requires it complete before another stream uses the memory) is a violation.
 
 A host use of managed memory is an op of the host's pseudo stream (as for pinned memory,
 :class:`~cuda_model.calls._HostCalls`), checked per granule against the device ops of the same
@@ -64,6 +66,10 @@ class _ManagedCalls:
                 self.violations.append(Violation("host use of device memory", address, address + nbytes,
                                                  new_owner=owner, new_stream=HOST_HANDLE, new_stream_id=HOST_ID,
                                                  new_site=site))
+            elif not self._streams.complete(alloc.op):  # the allocation is complete before any use elsewhere
+                self.violations.append(Violation(
+                    "host use of managed memory before its allocation completed", address, address + nbytes,
+                    "cuMemAllocFromPoolAsync", alloc.op.handle, alloc.op.stream_id, alloc.site, owner, HOST_HANDLE, HOST_ID, site))
             lo, hi = address // GRANULE * GRANULE, _round_up(address + nbytes)
             for start, end, prev in self._granules.use(lo, hi, _Use(op, owner, site)):
                 self.violations.append(Violation(
