@@ -152,6 +152,8 @@ class ArenaBlocks(BlockSource):
             start = self._allocate(rounded, LEGACY, self._take_legacy)
             if start is None:  # a reset overtook this allocation
                 return self.after_reset(size)
+        elif self.dropped:  # rule 12: a reset began before the pop; it frees the block's slab
+            return self.after_reset(size)
         self._note(size)
         return self._pointer(self._context, self._device_pointer(start), size,
                            partial(self._release_legacy_bound, start, size, rounded))

@@ -313,9 +313,18 @@ class HostBlocks:
             with contextlib.suppress(CudaAPIError):
                 self.backing.trim()
             if self.backing.frees_orphans:
-                live, self.live, self.recorded = self.live, {}, {}
-                for block in list(live.values()):
+                # Mark, then take each block out of the table: a release landing between sees
+                # the mark (its pop finds nothing) or took the block first (the reset's pop
+                # finds nothing: the release keeps it, unmarked).  Swapping the table first
+                # lost a release landing before the mark: it popped nothing, saw no mark.
+                live = self.live.copy()
+                for block in live.values():
                     block.orphan = True
+                for host, block in live.items():
+                    if self.live.pop(host, None) is None:  # released meanwhile: cached, counted again
+                        block.orphan = False
+                    else:
+                        self.recorded.pop(host, None)
                 self.reserved = 0
                 self.generation += 1
             events = self._free_events

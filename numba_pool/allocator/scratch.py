@@ -71,7 +71,20 @@ class ScratchBlock:
         address = self.base + self.offset
         self.offset += need
         self._outstanding[address] = need
+        if self._dropped():  # rule 12: a reset began, and its snapshot holds the block: not ours
+            self._outstanding.pop(address, None)
+            with _on_stream(self.stream):
+                return self._overflow(size)
         return type(self.block)(self.block.context, cu.CUdeviceptr(address), size, partial(self._drop, address))
+
+    def _dropped(self) -> bool:
+        # After the carve is registered: a reset marks the mempool blocks dropped before it
+        # snapshots the ledger that holds this block, so a carve that sees no mark here
+        # completed before the reset (which frees it as a live array), and one that sees it is
+        # served by the next generation.  The block's own check is too early: the reset
+        # forgets the scratch blocks only after its snapshot.
+        allocator = self._allocator
+        return allocator is None or allocator.mempool_blocks.dropped
 
     def _carved(self, address: int) -> int | None:
         for start, size in self._outstanding.copy().items():  # a finalizer may drop one meanwhile
