@@ -14,6 +14,7 @@ destruction.  Every call goes through the driver object given (:mod:`numba_pool.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -61,6 +62,7 @@ class MemPool:
         self.exportable, self.not_exportable_because = False, ("managed mempools cannot be exported" if managed else
                                                                "the device's default mempool is not exportable")
         self._export_fd: int | None = None
+        self._export_lock = threading.Lock()
         if managed:
             self.handle = self._create_managed()
             self.set_release_threshold(config.managed_release_threshold)
@@ -155,12 +157,16 @@ class MemPool:
             raise RuntimeError(f"numba_pool: device {self.device_id}'s mempool cannot be shared with other "
                                f"processes: {self.not_exportable_because}")
         if self._export_fd is None:
-            kind = self._cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-            self._export_fd = int(check(self._cu.cuMemPoolExportToShareableHandle(self.handle, kind, 0),
-                                        "cuMemPoolExportToShareableHandle"))
-            # Names this pool in importers' caches: a handle value or descriptor number can be
-            # reused after a reset, this cannot.
-            self.export_key = f"{os.getpid()}-{uuid.uuid4().hex}"
+            with self._export_lock:  # the first export once, whatever the threads
+                if self._export_fd is None:
+                    kind = self._cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                    fd = int(check(self._cu.cuMemPoolExportToShareableHandle(self.handle, kind, 0),
+                                   "cuMemPoolExportToShareableHandle"))
+                    # Names this pool in importers' caches: a handle value or descriptor number
+                    # can be reused after a reset, this cannot.  Set before the descriptor is
+                    # published: a thread that sees the descriptor reads the key next.
+                    self.export_key = f"{os.getpid()}-{uuid.uuid4().hex}"
+                    self._export_fd = fd
         return self._export_fd
 
     def set_release_threshold(self, nbytes: int) -> None:
