@@ -51,6 +51,9 @@ DEFAULT_ARENA_SLAB_SIZE = 4 << 20
 #: A pool cap given as a bare number (no unit) below this many bytes is refused; see
 #: :func:`parse_max_size`.
 MIN_BARE_CAP = 1 << 20
+#: The smallest block of the pinned and managed caches (bytes; ``MIN_BLOCK`` of
+#: :mod:`numba_pool.allocator.host_blocks`, which a test keeps equal): a smaller cap serves nothing.
+MIN_CACHE_BLOCK = 512
 #: The smallest pool cap given as a fraction of device memory (1 %); see :func:`parse_max_size`.
 MIN_FRACTION = 0.01
 
@@ -225,26 +228,43 @@ def parse_arena_size(value: Any, source: str) -> int:
 
 def parse_host_max_size(value: Any, source: str) -> int | None:
     """The pinned host cache's cap in bytes (see :func:`parse_size`); ``None``/``none`` for no
-    cap.
+    cap.  Small caps follow :func:`parse_max_size`'s rule (a bare number below 1 MiB is refused
+    with a suggestion), and a cap below the cache's smallest block (:data:`MIN_CACHE_BLOCK`) is
+    refused whatever its spelling: every allocation would fail.
 
-    :raises ConfigError: for 0 bytes, or anything :func:`parse_size` refuses.
+    :raises ConfigError: for 0 bytes, a bare number below 1 MiB, a cap below 512 bytes, or
+        anything :func:`parse_size` refuses.
     """
     return _optional_cap(value, source, "a host cache")
 
 
 def parse_managed_max_size(value: Any, source: str) -> int | None:
     """The managed cache's cap in bytes (see :func:`parse_size`); ``None``/``none`` for no cap.
+    Small caps as :func:`parse_host_max_size`'s (the two caches round blocks alike).
 
-    :raises ConfigError: for 0 bytes, or anything :func:`parse_size` refuses.
+    :raises ConfigError: for 0 bytes, a bare number below 1 MiB, a cap below 512 bytes, or
+        anything :func:`parse_size` refuses.
     """
     return _optional_cap(value, source, "a managed memory cache")
 
 
 def _optional_cap(value: Any, source: str, what: str) -> int | None:
-    """A cache's cap: None for ``None``/``none``, else :func:`_cap_bytes`."""
+    """A cache's cap: None for ``None``/``none``, else :func:`_cap_bytes`, with the small-cap
+    rules of :func:`parse_host_max_size`."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
-    return _cap_bytes(value, source, what, "or 'none' for no cap")
+    nbytes = _cap_bytes(value, source, what, "or 'none' for no cap")
+    bare = not isinstance(value, str) or _PLAIN_NUMBER.match(value)
+    if bare and nbytes < MIN_BARE_CAP:  # parse_max_size's rule: almost surely a slip
+        raise ConfigError(
+            f"{source}={value!r} would cap {what} at {nbytes} bytes: did you mean '{nbytes} MiB'? "
+            f"(a cap below 1 MiB needs its unit, e.g. '{max(nbytes, MIN_CACHE_BLOCK)} B')")
+    if nbytes < MIN_CACHE_BLOCK:
+        raise ConfigError(
+            f"{source}={value!r} would cap {what} at {nbytes} bytes, below its smallest block "
+            f"({MIN_CACHE_BLOCK} bytes): every allocation would fail; expected at least '{MIN_CACHE_BLOCK} B', "
+            "or 'none' for no cap")
+    return nbytes
 
 
 def _cap_bytes(value: Any, source: str, what: str, otherwise: str) -> int:

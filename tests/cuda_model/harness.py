@@ -129,10 +129,12 @@ class Program(Waits):
             options["max_size"] = max_size
         if release_threshold is not None:
             options["release_threshold"] = release_threshold
+        # The caches' caps with their unit: a bare number below 1 MiB is refused as a slip.
         if host:
-            options.update(host=True, host_max_size=host_max_size, host_release_threshold=host_release_threshold)
+            options.update(host=True, host_max_size=None if host_max_size is None else f"{host_max_size} B",
+                           host_release_threshold=host_release_threshold)
         if managed_max_size is not None:
-            options["managed_max_size"] = managed_max_size
+            options["managed_max_size"] = f"{managed_max_size} B"
         if managed_release_threshold is not None:
             options["managed_release_threshold"] = managed_release_threshold
         if adaptors:
