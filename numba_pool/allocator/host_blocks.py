@@ -313,18 +313,7 @@ class HostBlocks:
             with contextlib.suppress(CudaAPIError):
                 self.backing.trim()
             if self.backing.frees_orphans:
-                # Mark, then take each block out of the table: a release landing between sees
-                # the mark (its pop finds nothing) or took the block first (the reset's pop
-                # finds nothing: the release keeps it, unmarked).  Swapping the table first
-                # lost a release landing before the mark: it popped nothing, saw no mark.
-                live = self.live.copy()
-                for block in live.values():
-                    block.orphan = True
-                for host, block in live.items():
-                    if self.live.pop(host, None) is None:  # released meanwhile: cached, counted again
-                        block.orphan = False
-                    else:
-                        self.recorded.pop(host, None)
+                orphan_live_blocks(self)
                 self.reserved = 0
                 self.generation += 1
             events = self._free_events
@@ -423,6 +412,22 @@ class HostBlocks:
             self._free_events.append(event)
             check(result, "cuEventRecord (host block)")
         return event
+
+
+def orphan_live_blocks(cache: HostBlocks) -> None:
+    """A reset's live blocks become orphans, freed at their release (under the cache's lock).
+    Marked first, then each taken out of the table: a release landing between sees the mark
+    (its pop finds nothing), or took the block first (the reset's pop finds nothing: the release
+    keeps it, unmarked).  Swapping the table first lost a release landing before the mark: it
+    popped nothing and saw no mark, and nothing freed the block (issue 34)."""
+    live = cache.live.copy()
+    for block in live.values():
+        block.orphan = True
+    for host, block in live.items():
+        if cache.live.pop(host, None) is None:  # released meanwhile: cached, counted again
+            block.orphan = False
+        else:
+            cache.recorded.pop(host, None)
 
 
 def out_of_memory_error(cache: HostBlocks, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
