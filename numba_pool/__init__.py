@@ -18,12 +18,11 @@ from .config import ConfigError, PoolConfig
 from .cuda.frontend import FrontendError
 from .cuda import simulator as _simulator
 from .cuda.simulator import SimulatorWarning
-from .cuda.streams import using_stream
-from .observe.scopes import ScopedStatistics, statistics
+from .observe.scopes import ScopedStatistics
 from .observe.statistics import PoolStatistics
 from .plugin.api import (dump_snapshot, install, live_allocations, memory_summary, on_out_of_memory, prefetch,
-                         record_history, record_stream, reserved_bytes, reset_peak, scratch, snapshot, stats, trim,
-                         used_bytes)
+                         record_history, record_stream, reserved_bytes, reset_peak, scratch, snapshot, statistics, stats,
+                         trim, used_bytes, using_stream)
 from .plugin.manager import NumbaPoolManager
 
 __all__ = [

@@ -43,7 +43,7 @@ from ..cuda.capture import capture_id, is_capturing, relaxed
 from ..cuda.driver import SUCCESS, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.pointers import PoolPointer
-from ..cuda.streams import LEGACY, StreamRef, entry_hooks, per_thread, scopes_entered
+from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
 from .fences import PrivateStream
 
 _INVALID_VALUE = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE
@@ -94,9 +94,6 @@ def note_if_capturing(stream: StreamRef) -> None:
         return
     if cid:
         note(stream, cid)
-
-
-entry_hooks.append(note_if_capturing)
 
 
 def _goes_on(cu, capture: Capture) -> bool:

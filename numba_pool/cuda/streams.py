@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from cuda.bindings import driver as cu
 
@@ -127,19 +127,13 @@ def leave_scope(previous: StreamRef) -> None:
     per_thread.stream = previous
 
 
-#: Called with the scope's stream when a thread enters :func:`using_stream`: the allocator
-#: registers its capture check there (rule 13 of numba_pool.allocator: a stream entered while it
-#: is being captured makes the capture known before its first allocation).
-entry_hooks: list = []
-
-
 def current_stream() -> StreamRef:
     """The calling thread's allocation stream."""
     return per_thread.stream
 
 
 @contextlib.contextmanager
-def using_stream(stream: Any) -> Iterator[StreamRef]:
+def using_stream(stream: Any, on_entry: Callable[[StreamRef], None] | None = None) -> Iterator[StreamRef]:
     """Order the allocations made by this thread inside the block on ``stream``.
 
     Arrays allocated inside are allocated on ``stream`` and freed on it whenever they are
@@ -150,11 +144,16 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
     thread.
 
     :param stream: see :func:`as_stream_ref`.
+    :param on_entry: called with the scope's stream before the thread enters it.
+        :func:`numba_pool.using_stream` passes the allocator's capture check
+        (``allocator.captures.note_if_capturing``: rule 13 of :mod:`numba_pool.allocator`, a
+        stream entered while it is being captured makes the capture known before its first
+        allocation); this layer knows nothing of captures.
     :raises TypeError: when ``stream`` is not a stream.
     """
     ref = as_stream_ref(stream)
-    for hook in entry_hooks:
-        hook(ref)
+    if on_entry is not None:
+        on_entry(ref)
     previous = enter_scope(ref)
     try:
         yield ref

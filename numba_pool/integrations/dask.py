@@ -89,6 +89,7 @@ from ..plugin import debugging, settings
 from ..plugin.api import install
 from ..plugin.api import record_history as _record_history
 from ..plugin.manager import NumbaPoolManager, managers
+from ..plugin.state import process
 
 #: A child of the worker's logger, so that ``client.get_worker_logs()`` shows its lines.
 logger = logging.getLogger("distributed.worker.numba_pool")
@@ -334,7 +335,7 @@ def _record_history_here(enabled: bool, stacks: str, max_entries: int) -> dict:
 def recording() -> dict:
     """This process's recording: ``{"recording": True, "stacks": "python" or "none",
     "max_entries": n}``, or ``{"recording": False}``."""
-    current = _history.current()
+    current = process.recording
     if current is None:
         return {"recording": False}
     return {"recording": True, "stacks": current.stacks, "max_entries": current.max_entries}

@@ -40,7 +40,7 @@ Modules: :mod:`.leases` (the lease files and the hold), :mod:`.export` (the expo
 
 from .export import export
 from .handle import EXPORT_DATA_BYTES, ExportData, PoolIpcHandle, receive_fd
-from .leases import LEASE_CHECK_S, Lease, LeaseHold, lease_folder, pending_releases
+from .leases import LEASE_CHECK_S, Lease, LeaseHold, LeaseQueue, lease_folder
 
-__all__ = ["EXPORT_DATA_BYTES", "ExportData", "LEASE_CHECK_S", "Lease", "LeaseHold", "PoolIpcHandle", "export",
-           "lease_folder", "pending_releases", "receive_fd"]
+__all__ = ["EXPORT_DATA_BYTES", "ExportData", "LEASE_CHECK_S", "Lease", "LeaseHold", "LeaseQueue", "PoolIpcHandle",
+           "export", "lease_folder", "receive_fd"]

@@ -7,12 +7,12 @@ import os
 
 from ..cuda.driver import check
 from .handle import ExportData, PoolIpcHandle, handle_class
-from .leases import Lease, LeaseHold, lease_folder
+from .leases import Lease, LeaseHold, LeaseQueue, lease_folder
 
 _export_ids = itertools.count(1)
 
 
-def export(allocator, memory, source_info, frontend) -> PoolIpcHandle:
+def export(allocator, memory, source_info, frontend, leases: LeaseQueue) -> PoolIpcHandle:
     """An IPC handle for ``memory`` (a numba_pool ``MemoryPointer`` or a view of one): the
     EMM plugin's ``get_ipc_handle``.  The block is held from reuse while importers claim it
     (:class:`~numba_pool.ipc.leases.LeaseHold`).
@@ -21,6 +21,7 @@ def export(allocator, memory, source_info, frontend) -> PoolIpcHandle:
     :param source_info: the device's identity (Numba's ``Device.get_device_identity()``).
     :param frontend: the exporting manager's :class:`~numba_pool.cuda.frontend.Frontend`, whose
         ``IpcHandle`` the handle derives from.
+    :param leases: the process's lease queue, where the block's release waits for importers.
     :raises ValueError: when ``memory`` is not in a live numba_pool allocation of this device.
     :raises RuntimeError: when the pool cannot be exported (IPC off, the device's default
         mempool, or no POSIX file descriptor support), with the reason.
@@ -38,7 +39,7 @@ def export(allocator, memory, source_info, frontend) -> PoolIpcHandle:
     lease = Lease(lease_folder(), f"{os.getpid()}-{next(_export_ids)}")
     # Found above: only a release racing the export misses it.  The synchronize in export_hold
     # orders the block's previous owners before the importer, which orders against nothing here.
-    allocator.export_hold(address, LeaseHold(lease))
+    allocator.export_hold(address, LeaseHold(lease, leases))
     return handle_class(frontend)(memory, ExportData.from_driver(data), memory.size, source_info,
                                   offset=address - base, pool_key=pool.export_key, fd=fd, lease=lease)
 

@@ -72,17 +72,18 @@ class LeaseHold:
     living importer claims the export's lease.
 
     :param lease: the export's lease.
+    :param queue: the process's :class:`LeaseQueue` (the plugin's process state holds it).
     """
 
-    def __init__(self, lease: Lease):
-        self.lease = lease
+    def __init__(self, lease: Lease, queue: "LeaseQueue"):
+        self.lease, self.queue = lease, queue
 
     def defer(self, release: Callable[[], None]) -> bool:
         """From a finalizer, never raises: True (and ``release`` runs later, in the lease
         thread) while the lease is held; False when it is not."""
         if not self.lease.held():
             return False
-        _deferred.add(_Pending(release, self.lease))
+        self.queue.add(_Pending(release, self.lease))
         return True
 
 
@@ -93,7 +94,7 @@ class _Pending:
         self.release, self.lease = release, lease
 
 
-class _Deferred:
+class LeaseQueue:
     """Exported arrays released while importers hold them; a daemon thread, started at the first
     one and kept for the life of the process, runs each release once its lease goes.
 
@@ -119,6 +120,7 @@ class _Deferred:
                 self._start.release()
 
     def pending(self) -> int:
+        """Releases of exported arrays that wait for an importer to close."""
         return len(self._pending)
 
     def _run(self) -> None:
@@ -132,11 +134,3 @@ class _Deferred:
                 except ValueError:  # not ours to run
                     continue
                 waiting.release()
-
-
-_deferred = _Deferred()
-
-
-def pending_releases() -> int:
-    """Releases of exported arrays that wait for an importer to close (the lease thread's list)."""
-    return _deferred.pending()

@@ -16,7 +16,8 @@ Cost
 ----
 Off (the default): nothing.  The recording adaptor (:class:`RecordedAllocations`) is in a
 device's allocation path only while history is on (:mod:`numba_pool.plugin.path`); switching
-it on or off composes every path again (:func:`on_change`).  On: the stack is captured as
+it on or off (:func:`numba_pool.record_history`, which keeps the recording in the process state,
+:mod:`numba_pool.plugin.state`) composes every path again.  On: the stack is captured as
 ``(code object, line number)`` pairs, walking ``f_back`` (no file names, no
 :mod:`traceback`); file and function names are read from the code objects when a snapshot is
 taken (:func:`resolve`).
@@ -168,52 +169,19 @@ class History:
         self.ring.append(("free_completed", alloc, _now()))
 
 
-# -- the process's recording, switched by numba_pool.record_history ---------------------------
+# -- a recording, as numba_pool.record_history starts one ---------------------------------------
 
-_lock = threading.Lock()  # guards _current and _listeners' list
-_current: History | None = None
-_listeners: list[Callable[[], None]] = []
-
-
-def current() -> History | None:
-    """The recording in effect, or None (off)."""
-    return _current
-
-
-def start(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python") -> None:
-    """Record from now on (a new, empty recording); tell the listeners.
+def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python") -> History:
+    """A new, empty recording, its arguments checked (the process state keeps the one in
+    effect: :func:`numba_pool.record_history`).
 
     :raises ValueError: for ``max_entries`` < 1 or ``stacks`` other than ``"python"``/``"none"``.
     """
-    global _current
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
         raise ValueError(f"numba_pool.record_history: max_entries={max_entries!r} must be a positive number of events")
     if stacks not in STACKS:
         raise ValueError(f"numba_pool.record_history: stacks={stacks!r} must be one of {', '.join(map(repr, STACKS))}")
-    with _lock:
-        _current = History(max_entries, stacks)
-    _tell()
-
-
-def stop() -> None:
-    """Stop recording (what was recorded is dropped); tell the listeners."""
-    global _current
-    with _lock:
-        _current = None
-    _tell()
-
-
-def on_change(listener: Callable[[], None]) -> None:
-    """Call ``listener()`` after recording starts or stops (the plugin composes its paths again)."""
-    with _lock:
-        _listeners.append(listener)
-
-
-def _tell() -> None:
-    with _lock:
-        listeners = list(_listeners)
-    for listener in listeners:
-        listener()
+    return History(max_entries, stacks)
 
 
 # -- the recording adaptor ------------------------------------------------------------------

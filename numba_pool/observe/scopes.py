@@ -23,8 +23,11 @@ Cost
 ----
 None while no scope is open anywhere in the process: only while one is open is the counting
 adaptor (:class:`CountedAllocations`) in the allocation path, which the plugin composes
-(:mod:`numba_pool.plugin.path`).  The first scope to open and the last to exit tell the plugin
-(:func:`on_counting_changed`), which composes every device's path again.  The adaptor appends
+(:mod:`numba_pool.plugin.path`).  The scopes :func:`numba_pool.statistics` makes are the
+plugin's subclass of :class:`ScopedStatistics`: it counts the scopes open in the process (the
+process state, :mod:`numba_pool.plugin.state`) and, at the first to open and the last to exit,
+composes every device's path again.  This module keeps only each thread's open scopes
+(:data:`_local`, which the adaptor reads per allocation).  The adaptor appends
 one event per open scope of the thread to that scope's
 :class:`~numba_pool.allocator.usage.UsageTracker` (lock-free, replayed exactly on reading), and
 puts its part in front of the pointer's release (``PoolPointer.wrap_release``): the release
@@ -43,7 +46,6 @@ import threading
 from typing import Callable
 
 from ..allocator.usage import DRAIN_AT, UsageTracker
-from ..cuda import simulator
 from ..cuda.pointers import PoolPointer
 from .history import is_library_frame
 
@@ -54,10 +56,9 @@ class _ThreadScopes(threading.local):
     scopes: tuple = ()
 
 
+#: The calling thread's open scopes: a latch of the hot path (docs/architecture.md, "Module-level
+#: state"), read by the counting adaptor at each allocation.
 _local = _ThreadScopes()
-_lock = threading.Lock()  # guards _open; taken after a manager's initialization lock, never before
-_open = 0  # scopes open in the process, every thread
-_listeners: list[Callable[[], None]] = []  # told when counting starts or stops (on_counting_changed)
 
 
 class _Discard:
@@ -83,7 +84,9 @@ class ScopedStatistics:
     ``peak_count`` (their largest values), ``total_bytes`` and ``total_count`` (everything
     allocated inside), and ``total_frees``.  Live while the block runs, read from any thread.
 
-    A scope is entered once.  Use :func:`numba_pool.statistics` to make one.
+    A scope is entered once.  Use :func:`numba_pool.statistics` to make one: it puts the
+    counting adaptor in the allocation paths while the scope is open (this class alone counts
+    only while another scope keeps the adaptor there).
 
     :param profile: also record allocations per call site (:attr:`sites`, :meth:`report`).
     """
@@ -101,17 +104,11 @@ class ScopedStatistics:
 
         :raises RuntimeError: when this scope was entered before.
         """
-        global _open
         if self._state != "new":
             raise RuntimeError("numba_pool.statistics: a scope can be entered only once; make a new one")
         self._thread = threading.get_ident()
         self._state = "open"
         _local.scopes = _local.scopes + (self,)
-        with _lock:
-            _open += 1
-            first = _open == 1
-        if first:
-            _tell_listeners()
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -120,7 +117,6 @@ class ScopedStatistics:
         :raises RuntimeError: when the scope is not open, or is exited by another thread than
             the one that entered it.
         """
-        global _open
         if self._state != "open":
             raise RuntimeError(f"numba_pool.statistics: exiting a scope that is {self._state}, not open")
         if threading.get_ident() != self._thread:
@@ -128,11 +124,6 @@ class ScopedStatistics:
         _local.scopes = tuple(s for s in _local.scopes if s is not self)
         self._usage.close(_DISCARD)  # what a release appends from now on goes nowhere
         self._state = "closed"
-        with _lock:
-            _open -= 1
-            last = _open == 0
-        if last:
-            _tell_listeners()
 
     # -- figures --------------------------------------------------------------------------
 
@@ -221,42 +212,7 @@ class ScopedStatistics:
         self._sites[site] = (count + 1, nbytes + size)
 
 
-def statistics(*, profile: bool = False) -> ScopedStatistics:
-    """Count the device allocations this thread makes inside ``with numba_pool.statistics() as
-    s:``; read ``s.current_bytes``, ``s.peak_bytes``, ``s.total_count``... (bytes and counts,
-    :class:`ScopedStatistics`) inside or after the block.  Scopes nest; each thread has its own.
-    No cost to allocations while no scope is open.
-
-    :param profile: also record allocations and bytes per call site (``s.report()``); walks
-        the stack at each allocation.
-
-    Under the CUDA simulator, which has no memory manager, it warns
-    (:class:`numba_pool.SimulatorWarning`) that it counts nothing.
-    """
-    if simulator.active():
-        simulator.warn_scope()
-    return ScopedStatistics(profile=profile)
-
-
 # -- the counting adaptor ----------------------------------------------------------------
-
-def counting() -> bool:
-    """Whether a scope is open anywhere in the process (the counting adaptor must be in every
-    device's allocation path)."""
-    with _lock:
-        return _open > 0
-
-
-def on_counting_changed(listener: Callable[[], None]) -> None:
-    """Call ``listener()`` after the first scope opens and after the last one exits (the plugin
-    composes its paths again, reading :func:`counting`)."""
-    _listeners.append(listener)
-
-
-def _tell_listeners() -> None:
-    for listener in list(_listeners):
-        listener()
-
 
 class CountedAllocations:
     """The counting adaptor: counts each allocation in the calling thread's open scopes, and

@@ -14,19 +14,22 @@ from typing import Any, Iterator
 
 from .. import config as _config
 from ..allocator import threads
+from ..allocator.captures import note_if_capturing
 from ..allocator.scratch import ScratchBlock
 from ..config import PoolConfig
 from ..cuda import frontend as frontends
 from ..cuda import driver, simulator
 from ..cuda import mempool
 from ..cuda.pointers import data_address
-from ..cuda.streams import as_stream_ref, current_stream
+from ..cuda.streams import StreamRef, as_stream_ref, current_stream, enter_scope, leave_scope
+from ..observe.scopes import ScopedStatistics
 from ..observe.statistics import PoolStatistics
 from ..observe.summary import format_summary
 from ..observe import history as _history
 from ..observe import snapshot as _snapshot
 from . import debugging, settings
 from .manager import NumbaPoolManager, manager_class, managers
+from .state import process
 
 
 def install(frontend: str | None = None, **options: Any) -> PoolConfig:
@@ -268,6 +271,68 @@ def scratch(nbytes: int, *, manager=None, frontend: str | None = None) -> Iterat
         yield block
 
 
+@contextlib.contextmanager
+def using_stream(stream: Any) -> Iterator[StreamRef]:
+    """Order the allocations made by this thread inside the block on ``stream``.
+
+    Arrays allocated inside are allocated on ``stream`` and freed on it whenever they are
+    dropped, also after the block has exited.  Work on ``stream`` may use them at once; work on
+    any other stream must be ordered after ``stream`` by the caller (an event, a synchronize)
+    and, if it may still run when the array is dropped, registered with
+    :func:`numba_pool.record_stream`.  Scopes nest; the innermost wins.  The setting is per host
+    thread.  A stream entered while it is being captured into a CUDA graph makes the capture
+    known to numba_pool before its first allocation (rule 13 of :mod:`numba_pool.allocator`:
+    ``cuStreamIsCapturing``, 0.3 µs per scope entered).
+
+    :param stream: a Numba stream, ``CUstream``, int handle or ``__cuda_stream__`` object
+        (:func:`numba_pool.cuda.streams.as_stream_ref`).
+    :raises TypeError: when ``stream`` is not a stream.
+    """
+    # cuda.streams.using_stream's body with the check called directly: a scope entered costs
+    # what it cost with the check registered as a hook (no call in between, no registry).
+    ref = as_stream_ref(stream)
+    note_if_capturing(ref)
+    previous = enter_scope(ref)
+    try:
+        yield ref
+    finally:
+        leave_scope(previous)
+
+
+class _ProcessScope(ScopedStatistics):
+    """A :func:`statistics` scope: also counted among the scopes open in the process, and the
+    first to open and the last to exit compose every device's allocation path again (the
+    counting adaptor in, then out)."""
+
+    def __enter__(self) -> "_ProcessScope":
+        super().__enter__()
+        if process.scope_opened():
+            process.recompose()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        super().__exit__(*exc_info)
+        if process.scope_closed():
+            process.recompose()
+
+
+def statistics(*, profile: bool = False) -> ScopedStatistics:
+    """Count the device allocations this thread makes inside ``with numba_pool.statistics() as
+    s:``; read ``s.current_bytes``, ``s.peak_bytes``, ``s.total_count``... (bytes and counts,
+    :class:`~numba_pool.observe.scopes.ScopedStatistics`) inside or after the block.  Scopes
+    nest; each thread has its own.  No cost to allocations while no scope is open.
+
+    :param profile: also record allocations and bytes per call site (``s.report()``); walks
+        the stack at each allocation.
+
+    Under the CUDA simulator, which has no memory manager, it warns
+    (:class:`numba_pool.SimulatorWarning`) that it counts nothing.
+    """
+    if simulator.active():
+        simulator.warn_scope()
+    return _ProcessScope(profile=profile)
+
+
 # -- memory debugging: history, snapshots, out of memory, leaks --------------------------------
 
 def record_history(enabled: bool = True, stacks: str = "python", max_entries: int = _history.DEFAULT_MAX_ENTRIES) -> None:
@@ -287,10 +352,7 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
         apart, whatever their age).
     :raises ValueError: for another ``stacks`` or a ``max_entries`` below 1.
     """
-    if enabled:
-        _history.start(max_entries, stacks)
-    else:
-        _history.stop()
+    process.set_recording(_history.new_recording(max_entries, stacks) if enabled else None)
 
 
 def snapshot() -> dict:

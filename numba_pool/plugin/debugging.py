@@ -4,24 +4,20 @@
 
 What the history records, and its adaptor, are :mod:`numba_pool.observe.history`'s; this module
 holds what needs every manager at once, so the registry of managers comes in as an argument
-(``managers()``, from :mod:`numba_pool.plugin.manager`)."""
+(``managers()``, from :mod:`numba_pool.plugin.manager`).  The recording, the observers and the
+files written are the process state's (:data:`numba_pool.plugin.state.process`)."""
 
 from __future__ import annotations
 
 import atexit
 import sys
-import threading
 from typing import Callable, Iterable
 
 from ..allocator.host_blocks import segments as cache_segments
 from ..cuda.driver import warn
 from ..observe import history as _history
 from ..observe import snapshot as _snapshot
-
-_lock = threading.Lock()  # guards _observers, _dumped and _leak_report
-_observers: list[Callable] = []
-_dumped: set[str] = set()  # NUMBA_POOL_OOM_SNAPSHOT paths written (the first out of memory only)
-_leak_report: list[Callable[[], Iterable]] = []  # the registry's accessor, once the report is on
+from .state import process
 
 
 def segments_of(manager) -> list[dict]:
@@ -41,14 +37,14 @@ def snapshot_of(managers: Iterable, segments: Callable = segments_of) -> dict:
     by_device: dict[int, list[dict]] = {}
     for manager in managers:
         by_device.setdefault(manager.device_id, []).extend(segments(manager))
-    return _snapshot.build(by_device, _history.current())
+    return _snapshot.build(by_device, process.recording)
 
 
 def ensure_recording() -> None:
     """Start the history (with Python stacks) unless it is on: observers, the snapshot file and
     the leak report name allocation sites."""
-    if _history.current() is None:
-        _history.start()
+    if process.recording is None:
+        process.set_recording(_history.History())
 
 
 def add_observer(callback: Callable) -> None:
@@ -56,8 +52,7 @@ def add_observer(callback: Callable) -> None:
     in the allocating thread, before the error is raised."""
     if not callable(callback):
         raise TypeError(f"numba_pool.on_out_of_memory: {callback!r} is not callable")
-    with _lock:
-        _observers.append(callback)
+    process.add_observer(callback)
     ensure_recording()
 
 
@@ -65,11 +60,7 @@ def out_of_memory(managers: Callable[[], Iterable], oom_snapshot: str | None, de
     """An allocation of ``size`` bytes on ``device`` failed after the retry: one snapshot, to
     the file ``oom_snapshot`` the first time, then to every observer.  Never raises: an
     observer's exception becomes a warning, and the out-of-memory error goes on."""
-    with _lock:
-        observers = list(_observers)
-        write = oom_snapshot is not None and oom_snapshot not in _dumped
-        if write:
-            _dumped.add(oom_snapshot)
+    observers, write = process.out_of_memory_targets(oom_snapshot)
     if not observers and not write:
         return
     snapshot = snapshot_of(managers())
@@ -87,7 +78,7 @@ def out_of_memory(managers: Callable[[], Iterable], oom_snapshot: str | None, de
 
 def live_allocations(group_by: str | None = "site", device: int | None = None) -> list:
     """What the history says is held now (:func:`numba_pool.live_allocations`)."""
-    recording = _history.current()
+    recording = process.recording
     if recording is None:
         raise RuntimeError("numba_pool.live_allocations: no history is being recorded: call "
                            "numba_pool.record_history() first (or set NUMBA_POOL_LEAK_REPORT=1)")
@@ -102,17 +93,14 @@ def live_allocations(group_by: str | None = "site", device: int | None = None) -
 def enable_leak_report(managers: Callable[[], Iterable]) -> None:
     """Print the leak report at exit (once per process), and record from now on."""
     ensure_recording()
-    with _lock:
-        if _leak_report:
-            return
-        _leak_report.append(managers)
-    atexit.register(print_leak_report)
+    if process.leak_report_once():
+        atexit.register(print_leak_report)
 
 
 def leak_report(limit: int = 10) -> str:
     """The report: the top ``limit`` sites still holding memory, one line each with bytes and
     arrays; ``""`` when nothing is held."""
-    recording = _history.current()
+    recording = process.recording
     rows = _history.top_sites(recording) if recording is not None else []
     if not rows:
         return ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from ..allocator.host_blocks import HostBlock, HostBlocks, host_flags
-from ..observe import history as _history
+from .state import process
 
 
 def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bool, wc: bool):
@@ -18,7 +18,7 @@ def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bo
     """
     block = host.allocate(size, host_flags(mapped, portable, wc))
     finalizer = partial(_release_host, manager, host, block, mapped)
-    history = _history.current()
+    history = process.recording
     if history is not None:  # numba_pool.record_history: the block and its stack, and its release
         event = history.allocated(manager.device_id, block.host, size, 0, "pinned", history.capture(3))  # above memhostalloc
         finalizer = partial(history.release_recorded, manager.deferral, event, finalizer)

@@ -52,14 +52,13 @@ from ..cuda.frontend import Frontend
 from ..cuda.mempool import MemPool, device_memory_info
 from ..cuda.pointers import PoolPointer, data_address
 from ..cuda.streams import as_stream_ref
-from ..observe import history as _history
-from ..observe import scopes
 from ..observe.alloclog import AllocationLog
 from ..observe.statistics import PoolStatistics, collect
 from . import debugging, settings
 from .host_memory import host_memory
 from .managed_memory import ManagedSource, managed_cache
 from .path import Path, Recording, compose
+from .state import process
 
 
 class NumbaPoolManager:
@@ -164,7 +163,7 @@ class NumbaPoolManager:
                 debugging.ensure_recording()
             if config.log and self.log is None:
                 self.log = AllocationLog(config.log)
-            _register(self)  # before composing: a scope opening from now on recomposes this path
+            process.register(self)  # before composing: a scope opening from now on recomposes this path
             self._bind(allocator)
             self.allocator = allocator  # last: initialize()'s check without the lock reads it
 
@@ -268,7 +267,8 @@ class NumbaPoolManager:
         from ..ipc import export  # multiprocessing's reduction and the lease files: imported at the first export
 
         self.initialize()
-        return export(self.allocator, memory, self.context.device.get_device_identity(), self.frontend)
+        return export(self.allocator, memory, self.context.device.get_device_identity(), self.frontend,
+                      process.leases)
 
     def reset(self) -> None:
         """Free every allocation of this context and destroy the private pool (trim the shared
@@ -366,29 +366,18 @@ def _proxy(context):
         return context
 
 
-# -- the managers of the process, composed again when an adaptor is switched on or off -----
-
-_registry_lock = threading.Lock()  # guards _managers and _classes; taken inside a manager's _init_lock, never around it
-_managers: "weakref.WeakSet[NumbaPoolManager]" = weakref.WeakSet()  # managers initialized at least once
-
-
-_classes: dict[str, type] = {}  # frontend name -> its manager class; guarded by _registry_lock
-
+# -- the managers of the process, kept by the process state (numba_pool.plugin.state) ------------
 
 def manager_class(frontend: Frontend) -> type:
     """:class:`NumbaPoolManager` on ``frontend``'s ``HostOnlyCUDAMemoryManager``: the class
     that frontend's contexts instantiate (Note [One class for every frontend])."""
-    with _registry_lock:
-        cls = _classes.get(frontend.name)
-        if cls is None:
-            cls = _classes[frontend.name] = frontend.derive(NumbaPoolManager, frontend.HostOnlyCUDAMemoryManager)
-        return cls
+    return process.manager_class(
+        frontend, lambda: frontend.derive(NumbaPoolManager, frontend.HostOnlyCUDAMemoryManager))
 
 
 def managers() -> list[NumbaPoolManager]:
     """The managers initialized at least once, every frontend's, alive now."""
-    with _registry_lock:
-        return list(_managers)
+    return process.managers()
 
 
 def _compose(manager: NumbaPoolManager, allocator: DeviceAllocator) -> Path:
@@ -399,31 +388,15 @@ def _compose(manager: NumbaPoolManager, allocator: DeviceAllocator) -> Path:
         prefetch_to = manager.device_id if manager.config.managed_prefetch else None
         managed = ManagedSource(manager, manager.managed, prefetch_to).allocate
     recording = None
-    history = _history.current()
+    history = process.recording
     if history is not None:
         recording = Recording(history, manager.device_id, manager.deferral, lambda: device_memory_info(allocator.cu)[0],
                               partial(debugging.out_of_memory, managers, manager.config.oom_snapshot))
-    return compose(allocator, managed=managed, log=manager.log, counting=scopes.counting(), recording=recording)
+    return compose(allocator, managed=managed, log=manager.log, counting=process.counting(), recording=recording)
 
 
 def _note(action: str, device: int) -> None:
     """A ``trim`` or ``reset`` event in the history, when it records."""
-    history = _history.current()
+    history = process.recording
     if history is not None:
         history.record(action, device, 0, 0, 0, "device")
-
-
-def _register(manager: NumbaPoolManager) -> None:
-    with _registry_lock:
-        _managers.add(manager)
-
-
-def _recompose_all() -> None:
-    with _registry_lock:
-        managers = list(_managers)
-    for manager in managers:
-        manager.recompose()
-
-
-scopes.on_counting_changed(_recompose_all)
-_history.on_change(_recompose_all)

@@ -25,8 +25,8 @@ allocator (:meth:`~numba_pool.allocator.device.DeviceAllocator.hold`), which the
 consults on its slow path only (rule 2), so allocations pay nothing for them.
 
 The path is composed when a manager initializes, and composed again when an adaptor is switched
-on or off: the first statistics scope opening or the last closing
-(:func:`numba_pool.observe.scopes.on_counting_changed`).  With no adaptor on, the path is the
+on or off: the first statistics scope opening or the last closing, the history starting or
+stopping (:meth:`numba_pool.plugin.state.ProcessState.recompose`).  With no adaptor on, the path is the
 block source's own ``allocate``: every layer is a Python call, and one between Numba and the
 source cost 0.25 µs per allocation (``numba-pool bench --part allocator``).
 """

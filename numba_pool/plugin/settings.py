@@ -1,15 +1,12 @@
 """The configuration in effect for every numba_pool manager of the process: the one
 :func:`numba_pool.install` set, else the ``NUMBA_POOL_*`` environment, read once, when the
-first context initializes the plugin."""
+first context initializes the plugin.  Kept by the process state
+(:data:`numba_pool.plugin.state.process`)."""
 
 from __future__ import annotations
 
-import threading
-
 from .. import config as _config
-
-_lock = threading.Lock()
-_installed: _config.PoolConfig | None = None  # guarded by _lock
+from .state import process
 
 
 def config_in_effect() -> _config.PoolConfig:
@@ -17,23 +14,16 @@ def config_in_effect() -> _config.PoolConfig:
 
     :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad.
     """
-    global _installed
-    with _lock:
-        if _installed is None:
-            _installed = _config.load()
-        return _installed
+    return process.config_in_effect()
 
 
 def installed() -> _config.PoolConfig | None:
     """The configuration in effect, or None before ``install()`` and before the first manager
     read the environment."""
-    with _lock:
-        return _installed
+    return process.installed()
 
 
 def set_config(config: _config.PoolConfig | None) -> None:
     """Make ``config`` the configuration of managers initialized from now on (None: read the
     environment at the next initialization)."""
-    global _installed
-    with _lock:
-        _installed = config
+    process.set_config(config)

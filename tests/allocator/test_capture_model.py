@@ -123,3 +123,17 @@ def test_a_scratch_array_recorded_on_a_stream_dropped_during_a_capture(programs)
     with _capturing(p, stream):
         p.drop(family, legalize="record")
     p.model.assert_no_violations()
+
+
+@pytest.mark.parametrize("arena", [False, True])
+def test_using_stream_entered_during_a_capture_makes_it_known_before_any_allocation(programs, arena):
+    """Rule 13's early notice: ``numba_pool.using_stream(S)`` entered while S is being captured
+    registers the capture (the plugin calls the allocator's check, no hook registry), so that a
+    release in another thread is held back before S's first allocation."""
+    p = programs(arena=arena)
+    stream = p.create_stream(True)
+    handle = cu.CUstream(stream)
+    assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == R.CUDA_SUCCESS
+    with numba_pool.using_stream(p.stream_objects[stream]):
+        assert [int(c.stream) for c in captures.underway] == [stream]
+    assert p.model.cuStreamEndCapture(handle)[0] == R.CUDA_SUCCESS

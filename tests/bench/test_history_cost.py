@@ -21,6 +21,7 @@ from numba_pool.bench import checks, core, history_cost, launch, noop
 from numba_pool.bench import report as bench_report
 from numba_pool.observe import history
 from numba_pool.plugin.manager import NumbaPoolManager
+from numba_pool.plugin.state import process
 
 ARENA, POOL = "numba_pool arena", "numba_pool"
 DEPTH_20 = "numba_pool arena + history, depth 20"
@@ -66,14 +67,14 @@ def test_switching_the_history_on_and_off_leaves_each_path_as_it_was(program):
     after = program.mm.path
     assert "history" not in after.layers and after.layers == before.layers
     assert after.allocate == before.allocate == program.mm.allocator.source.allocate  # nothing in between
-    assert program.mm.memalloc == after.allocate and history.current() is None
+    assert program.mm.memalloc == after.allocate and process.recording is None
 
 
 def test_a_path_the_switch_leaves_recording_fails_the_worker(program, monkeypatch):
     recompose = NumbaPoolManager.recompose
 
     def only_on(self):  # planted: switching off forgets to compose the path again
-        if history.current() is not None:
+        if process.recording is not None:
             recompose(self)
 
     monkeypatch.setattr(NumbaPoolManager, "recompose", only_on)
@@ -117,7 +118,7 @@ def test_recorded_rows_record_into_their_own_history_through_the_managers_path(p
         assert (frames[0].co_name if frames else None) == (None if row.stacks == "none" else
                                                               "test_recorded_rows_record_into_their_own_history_"
                                                               "through_the_managers_path")
-    assert history.current() is None and "history" not in program.mm.path.layers  # the process records nothing
+    assert process.recording is None and "history" not in program.mm.path.layers  # the process records nothing
 
 
 def test_a_recorded_path_that_is_not_the_managers_with_the_history_outermost_fails(program):
@@ -274,7 +275,7 @@ def test_a_run_takes_the_history_rows_in_the_same_turns(model_run):
         assert {label for label, r in rows.items() if r["vs_never_recorded"]} == {POOL, ARENA}
         assert {"Numba alone", "no-op floor", f"{POOL} (history never on)", f"{ARENA} (history never on)"} <= set(rows)
     assert [n.split(":")[0] for n in output["notes"]] == [f"{POOL} + history, depth 5", f"{ARENA} + history, depth 5"]
-    assert history.current() is None
+    assert process.recording is None
 
 
 def test_a_run_without_the_history_has_none_of_its_rows(model_run):

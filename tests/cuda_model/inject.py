@@ -70,10 +70,9 @@ class ResetInjection:
 
     def _locks(self) -> list:
         """Every lock of numba_pool the call may hold."""
-        from numba_pool.observe import scopes
-        from numba_pool.plugin import manager, settings
+        from numba_pool.plugin.state import process
         mm = self.program.mm
-        found = [mm._init_lock, manager._registry_lock, scopes._lock, settings._lock, mm._usage._replay_lock]
+        found = [mm._init_lock, process._lock, mm._usage._replay_lock]
         for holder in (mm.host, mm.log):
             if holder is not None:
                 found.append(holder._lock)

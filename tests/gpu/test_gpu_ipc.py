@@ -20,6 +20,7 @@ import numpy as np
 {CUDA_IMPORT}
 import numba_pool, ipc_children
 from numba_pool import ipc
+from numba_pool.plugin.state import process
 ctx = mp.get_context("spawn")
 import faulthandler; faulthandler.dump_traceback_later(100, exit=True)
 def recv(conn):
@@ -71,11 +72,11 @@ p = ctx.Process(target=ipc_children.hold_until_told, args=(d.get_ipc_handle(), c
 seen = recv(parent)
 del d
 import gc; gc.collect(); time.sleep(0.3); cuda.synchronize()
-held = {"pending": ipc.pending_releases(), "used": numba_pool.stats().pool_used_bytes}
+held = {"pending": process.leases.pending(), "used": numba_pool.stats().pool_used_bytes}
 parent.send("close"); closed = recv(parent); p.join(60)
 time.sleep(0.5); cuda.synchronize()
 numba_pool.trim()  # the arena keeps an empty slab otherwise
-after = {"pending": ipc.pending_releases(), "used": numba_pool.stats().pool_used_bytes}
+after = {"pending": process.leases.pending(), "used": numba_pool.stats().pool_used_bytes}
 print(json.dumps({"seen": seen, "before": before, "held": held, "closed": closed, "after": after}))
 """, ENV)
     print(facts)

@@ -467,14 +467,15 @@ def test_snapshots_by_worker_address_a_worker_that_failed_says_so(program, async
 
 def test_record_history_switches_every_worker_and_says_what_records(program):
     from numba_pool.observe import history
+    from numba_pool.plugin.state import process
 
     assert npd.record_history(FakeClient(), stacks="none", max_entries=10) == {
         "tcp://a:1": {"recording": True, "stacks": "none", "max_entries": 10}}
-    assert history.current().stacks == "none" and program.mm.path.layers[0] == "history"
+    assert process.recording.stacks == "none" and program.mm.path.layers[0] == "history"
     assert npd.record_history(FakeClient()) == {
         "tcp://a:1": {"recording": True, "stacks": "python", "max_entries": history.DEFAULT_MAX_ENTRIES}}
     assert npd.record_history(FakeClient(), enabled=False) == {"tcp://a:1": {"recording": False}}
-    assert history.current() is None and "history" not in program.mm.path.layers
+    assert process.recording is None and "history" not in program.mm.path.layers
     with pytest.raises(ValueError, match=r"stacks='cpp' must be one of 'python', 'none'"):
         npd.record_history(FakeClient(), stacks="cpp")
 

@@ -107,21 +107,23 @@ def test_a_release_waits_for_the_leases_and_then_runs_once(tmp_path):
     lease = ipc.Lease(str(tmp_path), "123-3")
     released = []
     claim = lease.take()
-    assert ipc.LeaseHold(lease).defer(lambda: released.append(1))  # kept: it runs later
+    queue = ipc.LeaseQueue()
+    assert ipc.LeaseHold(lease, queue).defer(lambda: released.append(1))  # kept: it runs later
     time.sleep(3 * ipc.LEASE_CHECK_S)
-    assert released == [] and ipc.pending_releases() == 1
+    assert released == [] and queue.pending() == 1
     os.unlink(claim)
     deadline = time.monotonic() + 5
     while not released and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(3 * ipc.LEASE_CHECK_S)
-    assert released == [1] and ipc.pending_releases() == 0
+    assert released == [1] and queue.pending() == 0
 
 
 def test_a_release_without_leases_is_not_kept(tmp_path):
     released = []
-    assert not ipc.LeaseHold(ipc.Lease(str(tmp_path), "123-4")).defer(lambda: released.append(1))
-    assert released == [] and ipc.pending_releases() == 0  # the caller releases now
+    queue = ipc.LeaseQueue()
+    assert not ipc.LeaseHold(ipc.Lease(str(tmp_path), "123-4"), queue).defer(lambda: released.append(1))
+    assert released == [] and queue.pending() == 0  # the caller releases now
 
 
 def test_the_pickled_handle_carries_what_numba_checks(frontend_name):

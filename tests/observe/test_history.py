@@ -15,12 +15,13 @@ from cuda_model.harness import LEGACY, Program
 from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.observe import history
 from numba_pool.plugin import debugging
+from numba_pool.plugin.state import process
 
 
 @pytest.fixture
 def recording():
     numba_pool.record_history()
-    yield history.current()
+    yield process.recording
     numba_pool.record_history(False)
 
 
@@ -43,7 +44,7 @@ def test_off_means_no_adaptor_in_the_path(frontend_name):
         numba_pool.record_history()
         assert p.mm.path.layers[0] == "history"
         numba_pool.record_history(False)
-        assert "history" not in p.mm.path.layers and history.current() is None
+        assert "history" not in p.mm.path.layers and process.recording is None
     finally:
         numba_pool.record_history(False)
         p.close()
@@ -91,7 +92,7 @@ def test_the_ring_keeps_the_newest_events_and_every_live_allocation(frontend_nam
         kept = [p.mm.memalloc(512) for _ in range(20)]
         for _ in range(20):
             del [p.mm.memalloc(256)][0]
-        h = history.current()
+        h = process.recording
         assert len(h.entries) == 10 and len(h.live) == 20  # live ones are kept apart, whatever their age
         assert actions(h)[-2:] == ["alloc", "free"]
         del kept
@@ -190,8 +191,8 @@ def test_out_of_memory_names_the_largest_holder_calls_observers_once_and_the_poo
         assert p.mm.memalloc(600_000) is not None  # usable after
         assert len(seen) == 1
     finally:
-        debugging._observers.clear()
-        debugging._dumped.clear()
+        process._observers.clear()
+        process._dumped.clear()
         p.close()
 
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 import numba_pool
 from numba_pool.cuda.errors import CudaAPIError
-from numba_pool.observe import scopes as scoped_stats
 from numba_pool.observe.scopes import ScopedStatistics
 from numba_pool.plugin.manager import manager_class
+from numba_pool.plugin.state import process
 
 from cuda_model.harness import Program
 
@@ -49,7 +49,7 @@ def program(request):
     yield p
     p.close()
     assert p.problems == [], p.problems
-    assert not scoped_stats.counting(), "a test left a scope open"
+    assert not process.counting(), "a test left a scope open"
 
 
 # -- the path: nothing on the hot path without a scope -------------------------------------
@@ -364,7 +364,7 @@ def test_random_scoped_programs_match_the_reference(shared_program, actions):
         assert outer.peak_bytes >= inner.peak_bytes
     for pointer, size, counted in live:
         pointer.free()
-    assert not scoped_stats.counting() and not is_counting(mm)
+    assert not process.counting() and not is_counting(mm)
     p.check()
 
 

@@ -1,0 +1,157 @@
+"""numba_pool's state in this process, in one object: :data:`process`.
+
+It holds what every manager of the process shares and the public functions switch: the
+managers initialized so far (every device and frontend) and their classes, the configuration in
+effect (``install()``'s, else the environment's), the history recording, the count of
+statistics scopes open in every thread, the out-of-memory observers and report switches, and
+the IPC lease queue (releases of exported blocks waiting for their importers).
+
+The layers below keep no such state and never import this one: where they need a part of it,
+the plugin hands it to them (the recording to the recording adaptor, the counting switch to
+:func:`numba_pool.plugin.path.compose`).  When a public function switches an adaptor on or off
+(:func:`numba_pool.record_history`, a :func:`numba_pool.statistics` scope opening first or
+closing last), it changes the state here and then composes every manager's path again
+(:meth:`ProcessState.recompose`), directly: no listeners.
+
+The few module-level variables left in the package are latches the hot path reads without a
+lookup, or per-process memos of the layers below; ``docs/architecture.md``, "Module-level
+state", lists each, and ``tests/package/test_module_state.py`` keeps the list whole.
+
+Locks: :attr:`ProcessState._lock` is the innermost lock: no other lock of numba_pool is taken
+while it is held (a manager's ``_init_lock`` included: :meth:`ProcessState.recompose` copies the
+managers, then lets go), so it may be taken inside a manager's initialization.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Callable
+
+from .. import config as _config
+from ..ipc.leases import LeaseQueue
+from ..observe.history import History
+
+
+class ProcessState:
+    """The state numba_pool shares across the process (one instance: :data:`process`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()  # guards everything below but `recording`'s reads
+        self._managers = weakref.WeakSet()  # managers initialized at least once, every frontend's
+        self._classes: dict[str, type] = {}  # frontend name -> its manager class
+        self._config: _config.PoolConfig | None = None  # install()'s, or the environment's once read
+        #: The history recording in effect, or None (off).  Read without the lock: one load, by
+        #: the paths' composition, pinned allocations and the debugging functions.
+        self.recording: History | None = None
+        self._scopes_open = 0  # statistics scopes open now, every thread
+        self._observers: list[Callable] = []  # numba_pool.on_out_of_memory's callbacks
+        self._dumped: set[str] = set()  # NUMBA_POOL_OOM_SNAPSHOT paths written (the first out of memory only)
+        self._leak_report = False  # the leak report is registered with atexit
+        #: Releases of exported blocks waiting for their importers (the IPC lease thread's queue;
+        #: finalizers add to it through each block's ``LeaseHold``, without a lock).
+        self.leases = LeaseQueue()
+
+    # -- the managers -----------------------------------------------------------------------
+
+    def register(self, manager) -> None:
+        """Count ``manager`` among the process's (from its first initialization on, while it
+        lives): :meth:`recompose` composes its path again."""
+        with self._lock:
+            self._managers.add(manager)
+
+    def managers(self) -> list:
+        """The managers initialized at least once, every frontend's, alive now."""
+        with self._lock:
+            return list(self._managers)
+
+    def manager_class(self, frontend, make: Callable[[], type]) -> type:
+        """``frontend``'s manager class: ``make()``'s, made at the first call for that
+        frontend and kept."""
+        with self._lock:
+            cls = self._classes.get(frontend.name)
+            if cls is None:
+                cls = self._classes[frontend.name] = make()
+            return cls
+
+    def recompose(self) -> None:
+        """Compose every manager's allocation path again, for the adaptors switched on now
+        (``NumbaPoolManager.recompose``), in the calling thread, after an adaptor's switch."""
+        for manager in self.managers():
+            manager.recompose()
+
+    # -- the configuration ------------------------------------------------------------------
+
+    def config_in_effect(self) -> _config.PoolConfig:
+        """The installed configuration; the environment's, read now, when none was.
+
+        :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad.
+        """
+        with self._lock:
+            if self._config is None:
+                self._config = _config.load()
+            return self._config
+
+    def installed(self) -> _config.PoolConfig | None:
+        """The configuration in effect, or None before ``install()`` and before the first
+        manager read the environment."""
+        with self._lock:
+            return self._config
+
+    def set_config(self, config: _config.PoolConfig | None) -> None:
+        """Make ``config`` the configuration of managers initialized from now on (None: read
+        the environment at the next initialization)."""
+        with self._lock:
+            self._config = config
+
+    # -- the adaptors' switches -------------------------------------------------------------
+
+    def set_recording(self, recording: History | None) -> None:
+        """Record into ``recording`` from now on (None: stop), then compose every path again."""
+        with self._lock:
+            self.recording = recording
+        self.recompose()
+
+    def counting(self) -> bool:
+        """Whether a statistics scope is open anywhere in the process (the counting adaptor
+        must be in every device's allocation path)."""
+        with self._lock:
+            return self._scopes_open > 0
+
+    def scope_opened(self) -> bool:
+        """Count a scope opening; True when it is the only one open (compose the paths)."""
+        with self._lock:
+            self._scopes_open += 1
+            return self._scopes_open == 1
+
+    def scope_closed(self) -> bool:
+        """Count a scope closing; True when none is left open (compose the paths)."""
+        with self._lock:
+            self._scopes_open -= 1
+            return self._scopes_open == 0
+
+    # -- out of memory and leaks ------------------------------------------------------------
+
+    def add_observer(self, callback: Callable) -> None:
+        """Call ``callback`` at each out-of-memory error (:mod:`numba_pool.plugin.debugging`)."""
+        with self._lock:
+            self._observers.append(callback)
+
+    def out_of_memory_targets(self, oom_snapshot: str | None) -> tuple[list[Callable], bool]:
+        """The observers to call at an out-of-memory error, and whether to write the snapshot
+        file ``oom_snapshot`` (the first time for that path only; then counted as written)."""
+        with self._lock:
+            write = oom_snapshot is not None and oom_snapshot not in self._dumped
+            if write:
+                self._dumped.add(oom_snapshot)
+            return list(self._observers), write
+
+    def leak_report_once(self) -> bool:
+        """True the first time only: register the leak report then."""
+        with self._lock:
+            first, self._leak_report = not self._leak_report, True
+            return first
+
+
+#: The process's state: the one instance.
+process = ProcessState()
