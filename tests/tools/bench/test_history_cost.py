@@ -1,4 +1,4 @@
-"""The allocation history's rows of the allocator part (numba_pool/bench/history_cost.py) without a
+"""The allocation history's rows of the allocator part (tools/numba_pool_tools/bench/history_cost.py) without a
 GPU: the switch on and off checked for what it leaves behind (and a planted residue caught), the
 recorded paths on the CUDA model recording at the stack depth asked for, the rows, the checks (a
 planted figure above 5 us at depth 20 flagged), the tables, and a whole allocator run on the

@@ -75,7 +75,7 @@ def test_cells_are_calibrated_then_take_turns_and_report_per_operation():
 
 
 def _batch_by_hand(x):
-    """The two kernels, element by element, as written in numba_pool/bench/host_worker.py."""
+    """The two kernels, element by element, as written in tools/numba_pool_tools/bench/host_worker.py."""
     small_n = h.SMALL_TEMPORARY // 4
     n = len(x)
     full = [2.0 * x[i] for i in range(n)]

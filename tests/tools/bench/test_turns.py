@@ -1,4 +1,4 @@
-"""Lock-step turns between bench workers (numba_pool/bench/turns.py), with real processes: the
+"""Lock-step turns between bench workers (tools/numba_pool_tools/bench/turns.py), with real processes: the
 protocol needs no GPU, so CI runs it for real."""
 
 from __future__ import annotations
