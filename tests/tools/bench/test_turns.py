@@ -173,13 +173,34 @@ def test_a_worker_that_takes_no_turns_is_told_apart(tmp_path):
     assert outcomes["old"].status == 0 and not outcomes["old"].took_turns and outcomes["a"].took_turns
 
 
+def children() -> set[int]:
+    """This process's child processes, zombies included (Linux's ``/proc``): those that tests
+    run earlier in the same process left behind are there too, so compare before and after."""
+    pid = os.getpid()
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found.update(map(int, f.read().split()))
+    return found
+
+
 def test_a_worker_that_cannot_start_stops_the_ones_already_started(tmp_path):
     cmds = commands(tmp_path, ("a", 2, "ok"))
     cmds["missing"] = (["/nonexistent/python"], cmds["a"][1], str(tmp_path))
+    before = children()
     with pytest.raises(FileNotFoundError):
         run_in_turns(cmds)
-    with pytest.raises(ChildProcessError):  # "a" was killed and reaped: no child is left
-        os.waitpid(-1, os.WNOHANG)
+    assert children() <= before  # "a" was killed and reaped: no child of this test is left
+
+
+def test_the_child_count_sees_a_child_until_it_is_reaped():
+    import subprocess
+
+    before = children()
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert children() - before == {proc.pid}  # running, then a zombie until waited for
+    proc.wait()
+    assert children() <= before
 
 
 def test_without_the_variable_a_worker_runs_alone_and_a_bad_value_is_named():
