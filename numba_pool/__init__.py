@@ -7,9 +7,10 @@ The package's layers, each importing only those below it (``docs/architecture.md
 Numba); :mod:`~numba_pool.allocator` (the stream rule and the block sources);
 :mod:`~numba_pool.observe` and :mod:`~numba_pool.ipc` (statistics, summary, allocation log;
 IPC of pool memory); :mod:`~numba_pool.plugin` (the EMM plugin, its composed allocation path
-and the functions below); :mod:`~numba_pool.integrations` (Dask), :mod:`~numba_pool.replay`
-and :mod:`~numba_pool.kernels` (tools and examples); :mod:`~numba_pool.bench`; the command
-line, :mod:`~numba_pool.cli`.
+and the functions below); :mod:`~numba_pool.integrations` (Dask); the command line,
+:mod:`~numba_pool.cli` (``numba-pool info``).  The benchmark, the replay tool and the snapshot
+readers live beside the package, in ``tools/`` (``numba_pool_tools``), the example kernels in
+``kernels/``.
 """
 
 from __future__ import annotations

@@ -45,9 +45,15 @@ CUDA_IMPORT = "from numba_pool.cuda.frontend import for_tools; cuda = for_tools(
 TESTS = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(TESTS, "data")
 REPO = os.path.dirname(TESTS)
-# Subprocesses start here so that they import the numba_pool under test (the installed one),
-# not a source checkout in the current directory.
+# Subprocesses start here so that they import the numba_pool under test, not a source checkout
+# in the current directory.
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(numba_pool.__file__)))
+#: What pytest's ``pythonpath`` (pyproject.toml) gives the tests, the tools and the example
+#: kernels from the checkout, given to every program they start too: pytest sets ``sys.path``
+#: only, and a fresh interpreter reads ``PYTHONPATH``.
+CHECKOUT_PATHS = [os.path.join(REPO, "tools"), REPO]
+os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(
+    CHECKOUT_PATHS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
 
 
 def check_one_line_error(stderr: str, stdout: str, culprit: str) -> str:

@@ -1,30 +1,43 @@
-"""The ``numba-pool`` command line (also ``python -m numba_pool``).
+"""The ``numba-pool`` command line (also ``python -m numba_pool``): ``numba-pool info``.
 
 One line on standard error and no traceback for every error: exit status 2 for bad
 configuration, bad options and bad input files, 3 for a machine without a CUDA GPU
 (:mod:`numba_pool.cli.errors`).  The command alone prints its help (exit status 0).
 
-One module per command: :mod:`~numba_pool.cli.info`, :mod:`~numba_pool.cli.replay` and
-:mod:`~numba_pool.cli.bench` (whose measuring is :mod:`numba_pool.bench`'s); the ``snapshot``
-group is a package, :mod:`~numba_pool.cli.snapshot`, one module per subcommand.
+The benchmark, the replay of an allocation log and the snapshot readers are the tools' command,
+``numba-pool-tools`` (``tools/``, not in this package): asked for one of them, ``numba-pool``
+says so in one line, exit status 2 (:data:`MOVED`).
 """
 
 from __future__ import annotations
 
 import click
 
-from . import bench, info, replay
-from .snapshot import snapshot
+from . import info
 from .errors import OneLineErrors
 
+#: The commands that moved to ``numba-pool-tools``, and how to install it.
+MOVED = ("bench", "replay", "snapshot")
+TOOLS_INSTALL = "pip install -e ./tools from a numba-pool checkout"
 
-@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+
+class _Commands(OneLineErrors):
+    """``numba-pool``'s group: a moved command is a usage error (exit status 2) naming where it went."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] in MOVED and args[0] not in self.commands:
+            raise click.UsageError(f"'numba-pool {args[0]}' moved to the numba-pool-tools command: "
+                                   f"{TOOLS_INSTALL}, then run numba-pool-tools {args[0]}")
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="numba-pool")
 def main() -> None:
-    """numba-pool: Numba's CUDA allocations served by a stream-ordered memory pool."""
+    """numba-pool: Numba's CUDA allocations served by a stream-ordered memory pool.
+
+    The benchmark, replay and snapshot commands are numba-pool-tools' (pip install -e ./tools
+    from a checkout)."""
 
 
 main.add_command(info.info)
-main.add_command(bench.bench)
-main.add_command(replay.replay)
-main.add_command(snapshot)

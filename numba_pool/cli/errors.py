@@ -1,6 +1,7 @@
 """The command line's errors, one line each (``Error: ...``, no traceback), and the checks that
-raise them before a command does anything: the configuration of the environment, a CUDA GPU
-for the commands that need one, and the file a figure goes to.
+raise them before a command does anything: the configuration of the environment and a CUDA GPU
+for the commands that need one.  The tools' command line (``numba-pool-tools``, in ``tools/``)
+uses them too, so that both commands fail alike.
 
 Exit statuses: 2 for bad configuration, options or input files (:class:`Failure`); 3 when the
 configuration is fine but there is no CUDA GPU here, or only the CUDA simulator (:class:`NoGpu`),
@@ -34,10 +35,10 @@ class NoGpu(Failure):
 class OneLineErrors(click.Group):
     """Usage errors (a bad option value, a missing file, an unknown command) as one line,
     ``Error: ...``, without Click's usage lines: the culprit is in the line.  The class of
-    every group of commands, ``numba-pool`` and ``numba-pool snapshot``."""
+    every group of commands: ``numba-pool``, and ``numba-pool-tools`` and its ``snapshot``."""
 
     def make_context(self, info_name, args, parent=None, **extra):
-        if not args:  # the command, or a group such as `numba-pool snapshot`, alone: its help, exit status 0
+        if not args:  # the command, or a group such as `numba-pool-tools snapshot`, alone: its help, exit status 0
             args = ["--help"]
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
@@ -97,21 +98,3 @@ def require_gpu() -> None:
     if not frontend.cuda.is_available():
         raise NoGpu(f"no CUDA GPU is available here ({frontends.PACKAGES[frontend.name]}.is_available() is False): "
                     "numba-pool needs one for this command")
-
-
-def checked_plot_path(path: str, option: str) -> str:
-    """The file a figure will be written to (``.png`` added without an extension), tried before
-    the command's work (:func:`numba_pool.replay.figure.plot_path`), and matplotlib importable.
-
-    :param option: the option that named it, for the messages (``--plot``, ``-o``).
-    :raises Failure: when it cannot be written there, or matplotlib cannot be imported (saying
-        which extra to install).
-    """
-    from ..replay import figure
-
-    try:
-        path = figure.plot_path(path, option=option)
-        figure.require_matplotlib()
-    except figure.PlotError as err:
-        raise Failure(str(err)) from None
-    return path

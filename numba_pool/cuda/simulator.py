@@ -92,10 +92,10 @@ def requested(environ=os.environ) -> bool:
 
 def note_environment(environ=os.environ) -> None:
     """Warn once per process when ``NUMBA_CUDA_MEMORY_MANAGER`` names numba_pool (or
-    ``numba_pool.bench.noop``) under the simulator, which ignores the variable.  Never raises."""
+    the tools' ``numba_pool_tools.bench.noop``) under the simulator, which ignores the variable.  Never raises."""
     global _environment_noted
     value = environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip()
-    if _environment_noted or not (value == "numba_pool" or value.startswith("numba_pool.")):
+    if _environment_noted or not (value == "numba_pool" or value.startswith(("numba_pool.", "numba_pool_tools."))):
         return
     _environment_noted = True
     _note(f"NUMBA_CUDA_MEMORY_MANAGER={value} is ignored: {NO_MEMORY_MANAGER}")

@@ -482,7 +482,7 @@ def test_the_log_of_reuse_scratch_and_threads_replays(tmp_path):
     from numba_pool.cuda.driver import use
     from numba_pool.cuda.frontend import for_tools
     from numba_pool.plugin.manager import manager_class
-    from numba_pool.replay import LogError, parse_log, replay
+    from numba_pool_tools.replay import LogError, parse_log, replay
 
     path = tmp_path / "log.csv"
     cfg = numba_pool.config.load(environ={}, arena=True, arena_max_block=4096, arena_slab_size=16384,

@@ -1,5 +1,5 @@
 """One size syntax in every entry point (:mod:`numba_pool.config.sizes` states it): the
-environment, ``install()`` keywords, the ``numba-pool replay`` options and the Python
+environment, ``install()`` keywords, the ``numba-pool-tools replay`` options and the Python
 ``replay()`` API accept and refuse the same spellings, with one line naming the culprit.
 
 Also the pool cap's rule for small caps (:func:`numba_pool.config.parse_max_size`): below 1 MiB as
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from numba_pool import replay as offline_replay
-from numba_pool.cli import main
+from numba_pool_tools import replay as offline_replay
+from numba_pool_tools.cli import main
 from numba_pool.config import ConfigError, load
 
 #: (spelling, bytes) accepted everywhere; every value is a multiple of 256 bytes, so that the
@@ -46,7 +46,7 @@ def replay_api_size(text: str) -> int:
 
 
 def cli_size(text: str, tmp_path) -> int:
-    """The slab size ``numba-pool replay --slab-size TEXT`` replays with (its plot's title),
+    """The slab size ``numba-pool-tools replay --slab-size TEXT`` replays with (its plot's title),
     or the CLI's one-line error as a ConfigError."""
     log = tmp_path / "log.csv"
     log.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0x10,256,0x0\n1,t,free,0x10,256,0x0\n")
@@ -67,7 +67,7 @@ def cli_size(text: str, tmp_path) -> int:
 
 
 ENTRY_POINTS = {"environment": lambda text, tmp: env_size(text), "install()": lambda text, tmp: install_size(text),
-                "replay()": lambda text, tmp: replay_api_size(text), "numba-pool replay": cli_size}
+                "replay()": lambda text, tmp: replay_api_size(text), "numba-pool-tools replay": cli_size}
 
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))

@@ -224,7 +224,7 @@ import numba_pool
 from numba_cuda_mlir import cuda
 from numba_pool.cuda import driver, frontend
 from numba_pool.plugin.manager import manager_class
-import numba_pool.replay, numba_pool.ipc, numba_pool.observe.alloclog
+import numba_pool_tools.replay, numba_pool.ipc, numba_pool.observe.alloclog
 config = numba_pool.install(arena=True)
 fe = frontend.load("mlir")
 sys.path.insert(0, "TESTS")
@@ -267,7 +267,7 @@ except frontend.FrontendError as err:
 def test_importing_numba_pool_imports_no_frontend():
     code = """
 import json, sys
-import numba_pool, numba_pool.config, numba_pool.replay
+import numba_pool, numba_pool.config, numba_pool_tools.replay
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("numba", "numba_cuda", "numba_cuda_mlir"))))
 """
     assert last_json(run_python(code)) == []

@@ -79,7 +79,7 @@ def test_install_warns_once_and_the_program_goes_on():
 import json, warnings
 from numba import cuda
 import numba_pool
-from numba_pool.bench import noop
+from numba_pool_tools.bench import noop
 from numba_pool.plugin import manager
 
 with warnings.catch_warnings(record=True) as caught:
@@ -120,26 +120,31 @@ print(json.dumps(out))
     assert result["ok"]  # a kernel still runs after install()
 
 
-def numba_pool_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "numba_pool", *args], env={**os.environ, **SIM, **(env or {})},
+def numba_pool_cli(*args, env=None, module="numba_pool"):
+    """``python -m module ARGS``: ``numba-pool``, or the tools' ``numba-pool-tools`` (``numba_pool_tools``)."""
+    return subprocess.run([sys.executable, "-m", module, *args], env={**os.environ, **SIM, **(env or {})},
                           cwd=PACKAGE_PARENT, capture_output=True, text=True, timeout=120)
+
+
+#: The package of each command's command line.
+COMMANDS = {"info": "numba_pool", "bench": "numba_pool_tools", "replay": "numba_pool_tools"}
 
 
 @pytest.mark.parametrize("env", [SIM, SIM_WITH_PLUGIN], ids=["simulator", "simulator+variable"])
 def test_cli_help_and_replay(env):
-    proc = numba_pool_cli("--help", env=env)
+    proc = numba_pool_cli("--help", env=env, module=COMMANDS["replay"])
     assert proc.returncode == 0, proc.stderr
     assert "replay" in proc.stdout and "Traceback" not in proc.stderr
     logs = sorted(glob.glob(os.path.join(DATA, "*.csv")))
     assert logs
-    proc = numba_pool_cli("replay", logs[0], env=env)
+    proc = numba_pool_cli("replay", logs[0], env=env, module=COMMANDS["replay"])
     assert proc.returncode == 0, proc.stderr
     assert "peak reserved / peak requested" in proc.stdout
 
 
 @pytest.mark.parametrize("command", ["info", "bench"])
 def test_cli_commands_needing_a_gpu_say_simulator_in_one_line(command):
-    proc = numba_pool_cli(command)
+    proc = numba_pool_cli(command, module=COMMANDS[command])
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
@@ -179,7 +184,7 @@ def numba_pool_file() -> str:
 def test_kernel_scripts_run_to_completion_under_the_simulator_in_seconds(module, plugin):
     env = {**SIM, **({"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"} if plugin else {})}
     proc = run_python(f"import runpy, sys; sys.argv = ['{module}.py']; "
-                      f"runpy.run_module('numba_pool.kernels.{module}', run_name='__main__')", env, timeout=120)
+                      f"runpy.run_module('kernels.{module}', run_name='__main__')", env, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("under the CUDA simulator (no memory manager), frontend numba-cuda"), proc.stdout
     assert "x 3" in proc.stdout  # the simulator's defaults: 1024 elements x 3 rounds
@@ -187,7 +192,7 @@ def test_kernel_scripts_run_to_completion_under_the_simulator_in_seconds(module,
 
 def test_the_summary_option_says_in_one_line_why_there_is_none():
     proc = run_python("import runpy, sys; sys.argv = ['sqrt.py', '--summary']; "
-                      "runpy.run_module('numba_pool.kernels.sqrt', run_name='__main__')", SIM_WITH_PLUGIN, timeout=120)
+                      "runpy.run_module('kernels.sqrt', run_name='__main__')", SIM_WITH_PLUGIN, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == (
         "no memory summary: numba_pool is not the memory manager: the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): "

@@ -14,7 +14,7 @@ from cuda.bindings import driver as cu
 
 import numba_pool
 from numba_pool.cuda.frontend import for_tools
-from numba_pool.kernels import fill_kernel
+from kernels import fill_kernel
 
 cuda = for_tools().cuda
 

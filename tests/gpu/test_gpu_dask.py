@@ -36,7 +36,7 @@ def allocate_and_checksum(seed: int) -> dict:
     manager served the arrays.  Runs under the frontend under test: the workers inherit
     ``NUMBA_POOL_FRONTEND``."""
     from numba_pool.cuda.frontend import for_tools
-    from numba_pool.kernels import fill_kernel
+    from kernels import fill_kernel
 
     cuda = for_tools().cuda
 
@@ -59,7 +59,7 @@ def allocate_managed(seed: int) -> dict:
     from numba_pool.cuda.frontend import for_tools
     from numba_pool.cuda.mempool import concurrent_managed_access
     from numba_pool.cuda.pointers import PooledManagedMemory
-    from numba_pool.kernels import fill_kernel
+    from kernels import fill_kernel
 
     cuda = for_tools().cuda
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 if GPU:
     import numba_pool
-    from numba_pool.kernels import fill_kernel
+    from kernels import fill_kernel
     from numba_pool.cuda.mempool import pointer_mempool
 
     from gpu_helpers import THREADS, blocks
@@ -114,7 +114,7 @@ except Exception:
 cuda.current_context().memory_manager.reset()  # flushes the log
 print(json.dumps({{"addresses": addresses}}))
 """, env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_LOG": str(path)})
-    from numba_pool.replay import parse_log
+    from numba_pool_tools.replay import parse_log
 
     parsed = parse_log(open(path))
     allocations = [op for op in parsed.operations if op.action == "allocate"]

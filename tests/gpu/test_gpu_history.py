@@ -24,7 +24,7 @@ ENV = {"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"}
 
 
 def _sqrt_allocation_line() -> tuple[str, int]:
-    from numba_pool.kernels import sqrt
+    from kernels import sqrt
 
     source, first = inspect.getsourcelines(sqrt.main)
     line = next(first + i for i, text in enumerate(source) if "cuda.device_array(" in text)
@@ -34,7 +34,7 @@ def _sqrt_allocation_line() -> tuple[str, int]:
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed: PyTorch's viewer not run")
 def test_pytorchs_viewer_reads_a_kernel_scripts_snapshot(tmp_path):
     dump = tmp_path / "dump.pickle"
-    proc = run_python(f"import sys; from numba_pool.kernels.sqrt import main; sys.exit(main(['--iterations', '6', "
+    proc = run_python(f"import sys; from kernels.sqrt import main; sys.exit(main(['--iterations', '6', "
                       f"'--keep', '3', '--snapshot', {str(dump)!r}]))", ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(text for text in proc.stdout.splitlines() if text.startswith("snapshot:"))

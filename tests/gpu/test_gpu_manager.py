@@ -20,7 +20,7 @@ if GPU:
     from cuda.bindings import driver as cu
 
     import numba_pool
-    from numba_pool.kernels import fill_kernel, increment_kernel, sqrt_kernel
+    from kernels import fill_kernel, increment_kernel, sqrt_kernel
     from numba_pool.cuda.mempool import pointer_mempool
 
     from gpu_helpers import THREADS, blocks, cross_stream_experiment, non_blocking_stream
@@ -69,7 +69,7 @@ def test_numba_uses_numba_pool():
 
 @pytest.mark.parametrize("module", ["increment", "sqrt", "fill"])
 def test_kernel_scripts_run_under_the_plugin(module):
-    proc = run_python(f"import sys; from numba_pool.kernels.{module} import main; sys.exit(main(['--n', '100000', '--iterations', '5']))",
+    proc = run_python(f"import sys; from kernels.{module} import main; sys.exit(main(['--n', '100000', '--iterations', '5']))",
                       env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK" in proc.stdout and "NumbaPoolManager" in proc.stdout

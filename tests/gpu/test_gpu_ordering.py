@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 if GPU:
     import numba_pool
-    from numba_pool.kernels import fill_kernel
+    from kernels import fill_kernel
 
     from gpu_helpers import THREADS, blocks, non_blocking_stream
 
@@ -134,7 +134,7 @@ print(json.dumps({{"ok": bool((b.copy_to_host() == np.arange(100)).all())}}))
 
 
 def test_logs_of_free_reuse_scratch_and_threads_replay(tmp_path):
-    from numba_pool.replay import parse_log, replay
+    from numba_pool_tools.replay import parse_log, replay
 
     path = tmp_path / "log.csv"
     facts = run_json(f"""

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from helpers import FRONTENDS, GPU, MISSING_FRONTENDS, NUMBA_CUDA_CANNOT_COMPILE, PACKAGE_PARENT
+from helpers import FRONTENDS, GPU, MISSING_FRONTENDS, NUMBA_CUDA_CANNOT_COMPILE, PACKAGE_PARENT, REPO
 from readme_text import code_blocks
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")]
@@ -33,8 +33,9 @@ def test_the_main_job_command_prints_the_memory_summary():
     assignments = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
     argv = [word for word in words if word not in {f"{k}={v}" for k, v in assignments.items()}]
     assert argv[0] == "python"
+    # From the checkout's top level, where the README's commands run (kernels/ is there).
     proc = subprocess.run([sys.executable, *argv[1:]], env={**without_plugin_env(), **assignments},
-                          cwd=PACKAGE_PARENT, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr
     assert "sqrt: OK" in proc.stdout and "under NumbaPoolManager" in proc.stdout

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 if GPU:
     import numba_pool
-    from numba_pool.kernels import fill_kernel
+    from kernels import fill_kernel
 
     from gpu_helpers import THREADS, blocks
 
@@ -28,7 +28,7 @@ import json
 import numpy as np
 """ + CUDA_IMPORT + """
 import numba_pool
-from numba_pool.kernels import fill_kernel
+from kernels import fill_kernel
 
 small = [cuda.device_array(16 << 10, dtype=np.uint8) for _ in range(8)]   # 16 KiB each: the arena's when it is on
 large = [cuda.device_array(8 << 20, dtype=np.uint8) for _ in range(2)]    # 8 MiB each: the mempool's

@@ -1,5 +1,7 @@
 """Packaging: what ``pip install numba-pool`` pulls in, what the wheel carries, and that the
-imports of the package agree with the declared dependencies.  Reads setup.cfg; builds nothing."""
+imports of the package agree with the declared dependencies; the same for the tools beside it
+(``tools/``, the numba-pool-tools distribution).  Reads setup.cfg and tools/pyproject.toml;
+builds nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
+try:
+    import tomllib  # Python 3.11
+except ImportError:  # Python 3.10: the tools' metadata checks skip
+    tomllib = None
 
 from helpers import REPO as CHECKOUT
 from helpers import run_python
@@ -26,8 +33,8 @@ DISTRIBUTIONS = {
     "humanfriendly": "humanfriendly", "tabulate": "tabulate", "tqdm": "tqdm", "matplotlib": "matplotlib",
     "distributed": "distributed", "dask": "distributed",
 }
-#: Imported only where the user asks for them and never declared: ``numba-pool bench`` measures
-#: the anchors (RMM, CuPy) when they are installed, for the comparison rows only.
+#: Imported only where the user asks for them and never declared: ``numba-pool-tools bench``
+#: measures the anchors (RMM, CuPy) when they are installed, for the comparison rows only.
 UNDECLARED_OPTIONAL = {"rmm", "cupy"}
 
 
@@ -42,12 +49,14 @@ def requirement_names(text: str) -> list[str]:
 
 CORE = requirement_names(SETUP["options"]["install_requires"])
 EXTRAS = {name: requirement_names(text) for name, text in SETUP["options.extras_require"].items()}
+#: The tools' distribution (tools/pyproject.toml): its requirements and extras.
+TOOLS = tomllib.loads((REPO / "tools" / "pyproject.toml").read_text())["project"] if tomllib else None
 
 
 def test_core_dependencies_are_small_and_name_no_frontend():
     # The frontends come with the extras (tests/package/test_distribution.py checks the installed
     # metadata); the numpy cap is numba-cuda's, so it goes with numba-cuda.
-    assert CORE == ["numpy", "cuda-bindings", "click", "humanfriendly", "tabulate", "tqdm"]
+    assert CORE == ["numpy", "cuda-bindings", "click", "humanfriendly", "tabulate"]
     assert EXTRAS["numba-cuda"] == ["numba", "numba-cuda", "numpy"] and EXTRAS["mlir"] == ["numba-cuda-mlir"]
     assert "numba-cuda[cu13]" in SETUP["options.extras_require"]["numba-cuda"]
     assert re.search(r"numpy<2\.5", SETUP["options.extras_require"]["numba-cuda"])
@@ -55,9 +64,28 @@ def test_core_dependencies_are_small_and_name_no_frontend():
 
 
 def test_heavy_packages_are_extras():
-    assert EXTRAS["plot"] == ["matplotlib"]
+    assert "plot" not in EXTRAS  # the library draws nothing: plotting is the tools' extra
     assert EXTRAS["dask"] == ["distributed"]
-    assert {"pytest", "hypothesis", "distributed", "matplotlib"} <= set(EXTRAS["test"])
+    # The tests import the tools from the checkout: their dependencies come with the test extra.
+    assert {"pytest", "hypothesis", "distributed", "matplotlib", "tqdm"} <= set(EXTRAS["test"])
+
+
+def test_the_library_has_no_tools_in_it():
+    """The benchmark, the replay tool, the snapshot readers and the example kernels are beside
+    the package (tools/, kernels/), not in it, and the wheel takes only numba_pool's packages."""
+    for moved in ("bench", "replay", "kernels", "cli/snapshot", "cli/bench.py", "cli/replay.py"):
+        assert not (REPO / "numba_pool" / moved).exists(), moved
+    assert SETUP["options.packages.find"]["include"].split(", ") == ["numba_pool", "numba_pool.*"]
+
+
+@pytest.mark.skipif(tomllib is None, reason="reading tools/pyproject.toml needs tomllib (Python 3.11)")
+def test_the_tools_are_a_distribution_of_their_own():
+    assert TOOLS["name"] == "numba-pool-tools"
+    assert TOOLS["scripts"] == {"numba-pool-tools": "numba_pool_tools.cli:main"}
+    assert requirement_names("\n".join(TOOLS["dependencies"])) == [
+        "numba-pool", "numpy", "click", "humanfriendly", "tabulate", "tqdm"]
+    assert {k: requirement_names("\n".join(v)) for k, v in TOOLS["optional-dependencies"].items()} == {
+        "plot": ["matplotlib"]}
 
 
 def test_driver_requirement_and_license_are_stated():
@@ -83,11 +111,12 @@ def test_package_data_exists():
     assert (REPO / "numba_pool" / "py.typed").is_file()
 
 
-def third_party_imports() -> dict[str, tuple[str, bool]]:
-    """module -> (first file importing it, whether at module level), over the shipped code."""
+def third_party_imports(*folders: str) -> dict[str, tuple[str, bool]]:
+    """module -> (first file importing it, whether at module level), over the shipped code of
+    ``folders`` (default: the library's)."""
     stdlib = set(sys.stdlib_module_names)
     found: dict[str, tuple[str, bool]] = {}
-    for folder in ("numba_pool",):
+    for folder in folders or ("numba_pool",):
         for path in sorted((REPO / folder).rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
             top_level = {id(node) for node in tree.body}
@@ -100,7 +129,7 @@ def third_party_imports() -> dict[str, tuple[str, bool]]:
                     continue
                 for module in modules:
                     root = module.split(".")[0]
-                    if root in stdlib or root in ("numba_pool", "__future__"):
+                    if root in stdlib or root in ("numba_pool", "numba_pool_tools", "__future__"):
                         continue
                     where, at_top = found.get(root, (str(path.relative_to(REPO)), False))
                     found[root] = (where, at_top or id(node) in top_level)
@@ -116,6 +145,20 @@ def test_every_import_is_declared():
         assert DISTRIBUTIONS[module] in declared, f"{where} imports {module} ({DISTRIBUTIONS[module]}), not in setup.cfg"
 
 
+@pytest.mark.skipif(tomllib is None, reason="reading tools/pyproject.toml needs tomllib (Python 3.11)")
+def test_every_import_of_the_tools_is_declared_and_their_extras_imported_lazily():
+    declared = set(requirement_names("\n".join(TOOLS["dependencies"])))
+    extras = {name for names in TOOLS["optional-dependencies"].values() for name in requirement_names("\n".join(names))}
+    for module, (where, at_top) in third_party_imports("tools/numba_pool_tools").items():
+        if module in UNDECLARED_OPTIONAL:
+            assert not at_top, f"{where} imports {module} at module level, but it is optional"
+            continue
+        # cuda-bindings comes with numba-pool, which the tools require: its own dependency.
+        assert DISTRIBUTIONS[module] in declared | extras | {"cuda-bindings"}, f"{where} imports {module}, undeclared"
+        if DISTRIBUTIONS[module] in extras:
+            assert not at_top, f"{where} imports {module} at module level, but it is an extra"
+
+
 def test_extras_are_imported_lazily():
     """A package from an extra (or undeclared) is imported inside the function that needs it,
     so the core install works without it."""
@@ -127,11 +170,13 @@ def test_extras_are_imported_lazily():
 
 @pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="imports the real numba.cuda")
 def test_core_install_imports_without_the_extras():
-    """``import numba_pool`` and the CLI work when matplotlib, distributed and rmm are absent."""
+    """``import numba_pool`` and the CLI work when matplotlib, distributed, rmm and tqdm (the
+    tools') are absent, and so do the tools' command line without matplotlib."""
     code = (
         "import sys\n"
-        "for name in ('matplotlib', 'distributed', 'dask', 'rmm'): sys.modules[name] = None\n"
+        "for name in ('matplotlib', 'distributed', 'dask', 'rmm', 'tqdm'): sys.modules[name] = None\n"
         "import numba_pool, numba_pool.cli, numba_pool.config\n"
+        "import numba_pool_tools.cli\n"
         "print('ok')\n"
     )
     proc = run_python(code, timeout=120)

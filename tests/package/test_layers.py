@@ -1,6 +1,8 @@
 """The package's shape: the import contracts of setup.cfg (layers, no cycles, no Dask or plotting
-under the allocation path, no frontend imported outside numba_pool.cuda.frontend) hold, each fails on a planted breach, and no module or class grows past
-the sizes a reader can hold (about 500 and 300 lines)."""
+under the allocation path, no frontend imported outside numba_pool.cuda.frontend, the library
+importing neither the tools nor the example kernels beside it, the tools' own layers) hold, each
+fails on a planted breach, and no module or class, in the library, the tools or the kernels,
+grows past the sizes a reader can hold (about 500 and 300 lines)."""
 
 from __future__ import annotations
 
@@ -18,34 +20,40 @@ import numba_pool
 from helpers import REPO
 
 PACKAGE = Path(numba_pool.__file__).resolve().parent
+#: The tools and the example kernels, beside the library in the checkout.
+TOOLS, KERNELS = Path(REPO) / "tools" / "numba_pool_tools", Path(REPO) / "kernels"
+#: The packages the contracts name (setup.cfg's root_packages), where they are.
+ROOTS = {"numba_pool": PACKAGE, "numba_pool_tools": TOOLS, "kernels": KERNELS}
 #: The most lines a module, and a class, may have.
 MODULE_LINES, CLASS_LINES = 500, 300
 
 
-def lint_imports(package_parent: Path | str) -> subprocess.CompletedProcess:
-    """import-linter's check of setup.cfg's contracts on the numba_pool found in
-    ``package_parent``, without its cache (nothing is written in the checkout)."""
+def lint_imports(*package_parents: Path | str) -> subprocess.CompletedProcess:
+    """import-linter's check of setup.cfg's contracts on the packages found in
+    ``package_parents`` (numba_pool, numba_pool_tools, kernels), without its cache (nothing is
+    written in the checkout)."""
     code = ("import sys\nfrom importlinter.cli import lint_imports\n"
             f"sys.exit(lint_imports(config_filename={str(Path(REPO) / 'setup.cfg')!r}, no_cache=True, no_logo=True))")
-    env = {**os.environ, "PYTHONPATH": str(package_parent)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, package_parents))}
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=package_parent)
+                          cwd=package_parents[0])
 
 
 def test_the_import_contracts_hold():
-    proc = lint_imports(PACKAGE.parent)
+    proc = lint_imports(*{root.parent: None for root in ROOTS.values()})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "Contracts: 4 kept, 0 broken." in proc.stdout, proc.stdout[-2000:]
+    assert f"Contracts: {len(CONTRACTS)} kept, 0 broken." in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    """``plant(module, line)``: a copy of the package with ``line`` added to ``module`` (a path
-    inside the package); returns the folder holding the copy."""
+    """``plant(module, line)``: a copy of the packages (:data:`ROOTS`) with ``line`` added to
+    ``module`` (a path such as ``numba_pool/plugin/api.py``); returns the folder holding the copy."""
     def plant(module: str, line: str) -> Path:
         parent = tmp_path_factory.mktemp("planted")
-        shutil.copytree(PACKAGE, parent / "numba_pool", ignore=shutil.ignore_patterns("__pycache__"))
-        with open(parent / "numba_pool" / module, "a") as f:
+        for name, root in ROOTS.items():
+            shutil.copytree(root, parent / name, ignore=shutil.ignore_patterns("__pycache__"))
+        with open(parent / module, "a") as f:
             f.write(f"\n{line}  # planted\n")
         return parent
     return plant
@@ -55,19 +63,30 @@ LAYERS = "Layers: every module imports only the layers below its own"
 ACYCLIC = "No import cycles, within any package"
 RUNTIME = "What Numba's allocations run through imports neither Dask"
 FRONTEND = "Only numba_pool.cuda.frontend imports a Numba CUDA frontend"
-CONTRACTS = (LAYERS, ACYCLIC, RUNTIME, FRONTEND)
+ALONE = "The library imports neither the tools nor the example kernels"
+TOOLS_LAYERS = "Tools: cli over bench and snapshot, over replay"
+CONTRACTS = (LAYERS, ACYCLIC, RUNTIME, FRONTEND, ALONE, TOOLS_LAYERS)
 
 
 @pytest.mark.parametrize("module, line, broken, named", [
     # An upward import is a cycle too: the plugin imports the allocator.
-    ("allocator/usage.py", "from ..plugin import api", {LAYERS, ACYCLIC},
+    ("numba_pool/allocator/usage.py", "from ..plugin import api", {LAYERS, ACYCLIC},
      "numba_pool.allocator.usage -> numba_pool.plugin.api"),
-    ("allocator/free_list.py", "from . import arena", {ACYCLIC}, "numba_pool.allocator"),
-    ("observe/summary.py", "import matplotlib", {RUNTIME}, "numba_pool.observe.summary -> matplotlib"),
+    ("numba_pool/allocator/free_list.py", "from . import arena", {ACYCLIC}, "numba_pool.allocator"),
+    ("numba_pool/observe/summary.py", "import matplotlib", {RUNTIME}, "numba_pool.observe.summary -> matplotlib"),
     # Even inside a function, as the tools' old `from numba import cuda` were.
-    ("kernels/__init__.py", "def f():\n    from numba import cuda", {FRONTEND}, "numba_pool.kernels -> numba"),
-    ("plugin/api.py", "import numba_cuda_mlir.cuda", {FRONTEND}, "numba_pool.plugin.api -> numba_cuda_mlir"),
-], ids=["upward import", "cycle", "plotting under the allocation path", "numba-cuda in a tool", "mlir in the plugin"])
+    ("kernels/__init__.py", "def f():\n    from numba import cuda", {FRONTEND}, "kernels -> numba"),
+    ("numba_pool/plugin/api.py", "import numba_cuda_mlir.cuda", {FRONTEND}, "numba_pool.plugin.api -> numba_cuda_mlir"),
+    ("numba_pool/cli/info.py", "def f():\n    import numba_pool_tools.bench", {ALONE},
+     "numba_pool.cli.info -> numba_pool_tools.bench"),
+    ("numba_pool/cli/errors.py", "import kernels.sqrt", {ALONE}, "numba_pool.cli.errors -> kernels.sqrt"),
+    ("numba_pool_tools/replay/run.py", "from ..bench import labels", {TOOLS_LAYERS},
+     "numba_pool_tools.replay.run -> numba_pool_tools.bench.labels"),
+    ("numba_pool_tools/bench/labels.py", "from ..snapshot import load", {TOOLS_LAYERS},
+     "numba_pool_tools.bench.labels -> numba_pool_tools.snapshot.load"),
+], ids=["upward import", "cycle", "plotting under the allocation path", "numba-cuda in a kernel", "mlir in the plugin",
+        "the library importing the tools", "the library importing a kernel", "tools: replay over bench",
+        "tools: bench on snapshot"])
 def test_each_contract_fails_on_a_planted_breach(planted, module, line, broken, named):
     proc = lint_imports(planted(module, line))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -95,10 +114,11 @@ def oversized(source: str, name: str) -> list[str]:
     return found
 
 
-def test_no_module_or_class_is_too_long_to_read():
+@pytest.mark.parametrize("root", ROOTS)
+def test_no_module_or_class_is_too_long_to_read(root):
     found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        found += oversized(path.read_text(), str(path.relative_to(PACKAGE)))
+    for path in sorted(ROOTS[root].rglob("*.py")):
+        found += oversized(path.read_text(), str(path.relative_to(ROOTS[root])))
     assert found == []
 
 

@@ -1,9 +1,11 @@
-"""The command line's errors: one line on standard error naming the culprit, exit status 2, no
-traceback, for bad configuration, bad options, bad input files and machines without a GPU.
+"""The tools' command line, ``numba-pool-tools`` (``replay``, ``bench``): one line on standard
+error naming the culprit, exit status 2, no traceback, for bad configuration, bad options, bad
+input files and machines without a GPU.
 
 :data:`BAD` is the table CI runs: command line and input file -> the text the error line must
 hold.  Every row runs in process (Click's runner: fast); the rows marked ``subprocess`` run again
-as a real ``python -m numba_pool``, so that "no traceback" is checked on a real standard error.
+as a real ``python -m numba_pool_tools``, so that "no traceback" is checked on a real standard
+error.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import codecs
 import gzip
 import json
 import os
-import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -20,23 +21,20 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from helpers import FRONTEND, GPU, PACKAGE_PARENT, check_one_line_error, cuda
-from numba_pool.cli import main
-from numba_pool.cuda.frontend import PACKAGES
+from helpers import GPU, PACKAGE_PARENT, check_one_line_error
+from numba_pool_tools.cli import main
 
 HEADER = b"Thread,Time,Action,Pointer,Size,Stream\n"
 GOOD = HEADER + b"1,t,allocate,0x20,8,0x1\n1,t,free,0x20,8,0x1\n"
-#: The source checkout this file is in (tests/tools/ is two levels below it).
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def numba_pool_cli(*args, env=None, cwd=PACKAGE_PARENT, prelude=None):
-    """``python -m numba_pool ARGS``; with ``prelude``, Python code run first in the same process."""
+    """``python -m numba_pool_tools ARGS``; with ``prelude``, Python code run first in the same process."""
     full_env = {**os.environ, **(env or {})}
-    command = [sys.executable, "-m", "numba_pool", *args]
+    command = [sys.executable, "-m", "numba_pool_tools", *args]
     if prelude:
-        command = [sys.executable, "-c", f"{prelude}\nimport sys, runpy\nsys.argv = ['numba-pool', *sys.argv[1:]]\n"
-                                         "runpy.run_module('numba_pool', run_name='__main__')", *args]
+        command = [sys.executable, "-c", f"{prelude}\nimport sys, runpy\nsys.argv = ['numba-pool-tools', *sys.argv[1:]]\n"
+                                         "runpy.run_module('numba_pool_tools', run_name='__main__')", *args]
     return subprocess.run(command, env=full_env, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
@@ -103,19 +101,13 @@ def test_bad_input_in_a_real_process(tmp_path, case):
     check_one_line_error(proc.stderr, proc.stdout, culprit)
 
 
-def test_unknown_command_is_one_line():
-    result = CliRunner().invoke(main, ["replai"])
-    assert result.exit_code == 2
-    check_one_line_error(result.stderr, result.stdout, "No such command 'replai'")
-
-
 def test_plot_without_matplotlib_says_how_to_install_it(tmp_path):
     log = tmp_path / "trace.csv"
     log.write_bytes(GOOD)
     proc = numba_pool_cli("replay", str(log), "--plot", str(tmp_path / "x.png"),
                           prelude="import sys; sys.modules['matplotlib'] = None")
     assert proc.returncode == 2
-    check_one_line_error(proc.stderr, proc.stdout, "pip install 'numba-pool[plot]'")
+    check_one_line_error(proc.stderr, proc.stdout, "pip install -e './tools[plot]'")
     assert not (tmp_path / "x.png").exists()
 
 
@@ -125,7 +117,7 @@ def test_plot_without_matplotlib_in_process(tmp_path, monkeypatch):
     log.write_bytes(GOOD)
     result = CliRunner().invoke(main, ["replay", str(log), "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 2
-    check_one_line_error(result.stderr, result.stdout, "pip install 'numba-pool[plot]'")
+    check_one_line_error(result.stderr, result.stdout, "pip install -e './tools[plot]'")
 
 
 # Inputs that used to fail and must replay.
@@ -164,115 +156,32 @@ def test_help_shows_sizes_in_human_units():
     assert "(default: 4 MiB)" in text and "(default: 64 KiB)" in text and "(default: all)" in text
 
 
-@pytest.mark.parametrize("command", ["info", "bench"])
-def test_bad_configuration_is_one_clear_line_and_exit_2(command):
-    proc = numba_pool_cli(command, env={"NUMBA_POOL_INITIAL_SIZE": "a lot"})
+
+def test_bad_configuration_is_one_clear_line_and_exit_2():
+    proc = numba_pool_cli("bench", env={"NUMBA_POOL_INITIAL_SIZE": "a lot"})
     assert proc.returncode == 2
     assert "NUMBA_POOL_INITIAL_SIZE='a lot' is not a size" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
-@pytest.mark.parametrize("command", ["info", "bench"])
-def test_without_gpu_one_line_and_exit_3(command):
-    proc = numba_pool_cli(command)
+def test_without_gpu_one_line_and_exit_3():
+    proc = numba_pool_cli("bench")
     assert proc.returncode == 3  # 2 is a bad configuration: a script can tell them apart
     assert "no CUDA GPU is available" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
-def test_info_without_gpu_prints_versions_and_configuration_first():
-    proc = numba_pool_cli("info", env={"NUMBA_POOL_ARENA": "1"})
-    assert proc.returncode == 3 and proc.stderr.strip().splitlines() == [
-        f"Error: no CUDA GPU is available here ({PACKAGES[FRONTEND.name]}.is_available() is False): numba-pool needs one "
-        "for this command"]
-    for row in ("numba-pool", "frontend numba-cuda", "frontend mlir", "frontend in use", "cuda-bindings", "config: arena"):
-        assert row in proc.stdout
-    assert "on: blocks up to 64 KiB" in proc.stdout  # the configuration in effect, not the defaults
-
-
-def test_info_prints_the_managed_options_in_effect():
-    proc = numba_pool_cli("info", env={
-        "NUMBA_POOL_MANAGED_MAX_SIZE": "1 GiB", "NUMBA_POOL_MANAGED_RELEASE_THRESHOLD": "64MiB",
-        "NUMBA_POOL_MANAGED_INITIAL_SIZE": "2 MiB", "NUMBA_POOL_MANAGED_PREFETCH": "yes"})
-    assert proc.returncode == (0 if GPU else 3), proc.stderr  # without a GPU, after the configuration
-    rows = _as_rows(proc.stdout)
-    assert rows["config: managed"] == (
-        "on: managed arrays from a managed mempool, blocks cached, cap 1 GiB (1073741824 bytes), release threshold "
-        "64 MiB (67108864 bytes), initial size 2 MiB (2097152 bytes), prefetched to the device at allocation")
-    if GPU:  # one row per device, each saying who serves its managed arrays
-        assert "managed on device 0" in rows and rows["managed on device 0"].startswith("concurrent managed access: ")
-    else:
-        assert not any(name.startswith("managed on device") for name in rows)  # no device facts without a GPU
-
-
-@pytest.mark.parametrize("variable, value, culprit", [
-    ("NUMBA_POOL_MANAGED", "maybe", "NUMBA_POOL_MANAGED='maybe' is not a switch"),
-    ("NUMBA_POOL_MANAGED_MAX_SIZE", "lots", "NUMBA_POOL_MANAGED_MAX_SIZE='lots' is not a size"),
-    ("NUMBA_POOL_MANAGED_PREFETCH", "2", "NUMBA_POOL_MANAGED_PREFETCH='2' is not a switch"),
-])
-def test_info_names_a_bad_managed_variable_in_one_line_exit_2(variable, value, culprit):
-    result = CliRunner().invoke(main, ["info"], env={variable: value})
+def test_unknown_command_is_one_line():
+    result = CliRunner().invoke(main, ["replai"])
     assert result.exit_code == 2
-    check_one_line_error(result.stderr, result.stdout, culprit)
-
-
-def test_info_bad_managed_switch_in_a_real_process():
-    proc = numba_pool_cli("info", env={"NUMBA_POOL_MANAGED": "maybe"})
-    assert proc.returncode == 2
-    check_one_line_error(proc.stderr, proc.stdout, "NUMBA_POOL_MANAGED='maybe' is not a switch")
-
-
-def test_info_names_a_managed_reserve_above_its_cap_in_one_line():
-    result = CliRunner().invoke(main, ["info"], env={"NUMBA_POOL_MANAGED_INITIAL_SIZE": "2 MiB",
-                                                     "NUMBA_POOL_MANAGED_MAX_SIZE": "1 MiB"})
-    assert result.exit_code == 2
-    check_one_line_error(result.stderr, result.stdout,
-                         "NUMBA_POOL_MANAGED_INITIAL_SIZE='2 MiB' (2097152 bytes) is above NUMBA_POOL_MANAGED_MAX_SIZE='1 MiB'")
-
-
-@pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
-@pytest.mark.parametrize("module", ["numba_pool.kernels.increment", "numba_pool.kernels.sqrt", "numba_pool.kernels.fill"])
-def test_kernel_scripts_without_gpu_one_line_and_exit_2(module):
-    # From the source checkout's top level: numba_pool comes from the checkout there, whose
-    # numba_pool/kernels is a shim onto kernels/.
-    checkout = CHECKOUT
-    proc = subprocess.run([sys.executable, "-m", module, "--iterations", "1"], cwd=checkout, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        f"{module.rsplit('.', 1)[1]}.py: no CUDA GPU is available here ({PACKAGES[FRONTEND.name]}.is_available() is "
-        "False): this script runs kernels on one"]
-
-
-def test_kernel_scripts_name_a_bad_variable_in_one_line_before_anything_runs():
-    checkout = CHECKOUT
-    env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "NUMBA_POOL_ARENA_MAX_BLOCK": "1000"}
-    proc = subprocess.run([sys.executable, "-m", "numba_pool.kernels.sqrt", "--iterations", "1"], cwd=checkout,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sqrt.py: NUMBA_POOL_ARENA_MAX_BLOCK='1000'"), lines
-
-
-def test_kernels_import_from_a_checkout_without_the_editable_finder():
-    """``python -m numba_pool.kernels.sqrt`` inside a checkout with a plain (not editable)
-    install or none: only sys.path's finder, and numba_pool is the checkout's."""
-    checkout = CHECKOUT
-    code = ("import sys, os; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in repr(f)]\n"
-            "sys.path.insert(0, os.getcwd())\n"
-            "import numba_pool, numba_pool.kernels.sqrt as s\n"
-            "print(os.path.dirname(numba_pool.__file__), s.__file__)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [os.path.join(checkout, "numba_pool"), os.path.join(checkout, "numba_pool", "kernels", "sqrt.py")]
+    check_one_line_error(result.stderr, result.stdout, "No such command 'replai'")
 
 
 def test_help_lists_the_commands():
     proc = numba_pool_cli("--help")
     assert proc.returncode == 0
-    for command in ("bench", "info", "replay"):
+    for command in ("bench", "replay", "snapshot"):
         assert command in proc.stdout
 
 
@@ -283,104 +192,16 @@ def test_bench_help_offers_the_host_rows_switch():
     assert "seed" not in text.lower()
 
 
-# -- the commands on a GPU, faked: what they show and hand on ----------------------------------------
-
-def _as_rows(table: str) -> dict[str, str]:
-    """A plain two-column table as ``{name: value}``."""
-    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in table.strip().splitlines())
-
-
-#: The fake GPU machine's devices: ordinal -> CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS.
-CONCURRENT_MANAGED_ACCESS = {0: 1, 1: 0}
-
-
-@pytest.fixture
-def fake_gpu_info(monkeypatch):
-    """``numba-pool info`` on a fake GPU machine of two devices (device 1 current, without
-    concurrent managed access): yields what it asked numba_pool and the driver."""
-    import numba_pool
-    from cuda.bindings import driver
-
-    from numba_pool.cli import info
-
-    device = SimpleNamespace(id=1, name=b"Fake GPU", compute_capability=(9, 0))
-    asked = []
-
-    def attribute(attr, dev):
-        asked.append(("attribute", attr, int(dev)))
-        return 0, CONCURRENT_MANAGED_ACCESS[int(dev)]
-
-    monkeypatch.setattr(info, "gpu_available", lambda: True)
-    monkeypatch.setattr(numba_pool, "install", lambda **kw: asked.append(("install", kw)))
-    monkeypatch.setattr(cuda, "current_context", lambda: SimpleNamespace(device=device))  # the tools' frontend's
-    monkeypatch.setattr(driver, "cuDriverGetVersion", lambda: (0, 13020))
-    monkeypatch.setattr(driver, "cuDeviceGetCount", lambda: (0, len(CONCURRENT_MANAGED_ACCESS)))
-    monkeypatch.setattr(driver, "cuDeviceGetAttribute", attribute)
-    monkeypatch.setattr(numba_pool, "stats", lambda **kw: asked.append(("stats", kw)) or SimpleNamespace(
-        pool_reserved_bytes=2 << 20, pool_reserved_high=4 << 20, pool_used_bytes=1024, pool_used_high=3000))
-    yield asked
-
-
-def test_info_shows_the_device_and_the_pools_bytes_from_numba_pool_stats(fake_gpu_info):
-    from cuda.bindings import driver
-
-    result = CliRunner().invoke(main, ["info"])
-    assert result.exit_code == 0, result.output
-    access = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
-    assert fake_gpu_info == [("install", {"frontend": FRONTEND.name}), ("attribute", access, 0),
-                             ("attribute", access, 1), ("stats", {"frontend": FRONTEND.name})]
-    rows = _as_rows(result.stdout)
-    assert rows["frontend in use"].startswith(FRONTEND.name)
-    assert list(rows)[:6] == ["device", "compute capability", "driver (CUDA version)", "managed on device 0",
-                              "managed on device 1", "python"]
-    assert rows["device"] == "1: Fake GPU" and rows["compute capability"] == "9.0"
-    assert rows["driver (CUDA version)"] == "13.2" and "config: arena" in rows
-    assert list(rows)[-4:] == ["pool reserved", "pool reserved high", "pool used", "pool used high"]
-    assert rows["pool reserved"] == "2 MiB (2097152 bytes)" and rows["pool reserved high"] == "4 MiB (4194304 bytes)"
-    assert rows["pool used"] == "1 KiB (1024 bytes)" and rows["pool used high"] == "2.93 KiB (3000 bytes)"
-
-
-def test_info_says_per_device_whether_numba_pool_serves_managed_arrays(fake_gpu_info):
-    rows = _as_rows(CliRunner().invoke(main, ["info"]).stdout)
-    assert rows["managed on device 0"] == (
-        "concurrent managed access: yes; numba_pool serves managed arrays from a managed mempool, blocks cached "
-        "(host-attached ones, attach_global=False, stay Numba's)")
-    assert rows["managed on device 1"] == (
-        "concurrent managed access: no; managed arrays from Numba's own path (cuMemAllocManaged/cuMemFree per "
-        "array): device 1 has no concurrent managed access (CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS is 0): the "
-        "host must not touch managed memory while a kernel runs")
-
-
-def test_info_says_numba_serves_managed_arrays_when_switched_off(fake_gpu_info):
-    result = CliRunner().invoke(main, ["info"], env={"NUMBA_POOL_MANAGED": "0"})
-    assert result.exit_code == 0, result.output
-    rows = _as_rows(result.stdout)
-    numba = "managed arrays from Numba's own path (cuMemAllocManaged/cuMemFree per array): NUMBA_POOL_MANAGED is off"
-    assert rows["managed on device 0"] == f"concurrent managed access: yes; {numba}"
-    assert rows["managed on device 1"] == (
-        f"concurrent managed access: no; {numba}")
-    assert rows["config: managed"] == "off: Numba's cuMemAllocManaged/cuMemFree per array"
-
-
-def test_info_names_a_failed_managed_access_query_in_one_line(fake_gpu_info, monkeypatch):
-    from cuda.bindings import driver
-
-    refused = driver.CUresult.CUDA_ERROR_INVALID_DEVICE
-    monkeypatch.setattr(driver, "cuDeviceGetAttribute", lambda attr, dev: (refused, 0))
-    result = CliRunner().invoke(main, ["info"])
-    assert result.exit_code == 2
-    check_one_line_error(result.stderr, result.stdout,
-                         "cuDeviceGetAttribute(CONCURRENT_MANAGED_ACCESS) failed with CUDA_ERROR_INVALID_DEVICE")
-
+# -- bench on a GPU, faked: what it hands on ---------------------------------------------------------
 
 @pytest.fixture
 def fake_gpu_bench(monkeypatch):
-    """``numba-pool bench`` on a fake GPU, its parts replaced: yields what ``report.run`` was given
+    """``numba-pool-tools bench`` on a fake GPU, its parts replaced: yields what ``report.run`` was given
     and lets a test set what it returns or raises."""
     from numba import cuda
 
-    from numba_pool.bench import report
-    from numba_pool.cli import bench
+    from numba_pool_tools.bench import report
+    from numba_pool_tools.cli import bench
 
     asked = {"returns": ({"device": "Fake GPU"}, [])}
 
@@ -412,7 +233,7 @@ def test_bench_hands_its_options_to_the_parts_and_writes_their_report(fake_gpu_b
 
 
 def test_bench_exits_1_when_a_check_failed(fake_gpu_bench):
-    from numba_pool.bench.checks import Flag
+    from numba_pool_tools.bench.checks import Flag
 
     fake_gpu_bench["returns"] = ({}, [Flag("end to end", "256", "numba_pool", "rounds disagree")])
     result = CliRunner().invoke(main, ["bench"])
@@ -420,7 +241,7 @@ def test_bench_exits_1_when_a_check_failed(fake_gpu_bench):
 
 
 def test_a_bench_part_that_cannot_go_on_is_one_line_and_exit_2(fake_gpu_bench):
-    from numba_pool.bench.report import BenchError
+    from numba_pool_tools.bench.report import BenchError
 
     fake_gpu_bench["returns"] = BenchError("benchmark of numba_pool failed: exit 1:\nImportError: libcuda.so")
     result = CliRunner().invoke(main, ["bench"])
@@ -435,19 +256,7 @@ def test_bench_refuses_a_core_it_may_not_run_on_in_one_line(fake_gpu_bench):
     assert "setting" not in fake_gpu_bench
 
 
-
 def test_the_command_alone_prints_its_help():
     proc = numba_pool_cli()
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stdout.startswith("Usage: numba-pool") and "replay" in proc.stdout
-
-
-@pytest.mark.parametrize("argument, culprit", [
-    (["--iterations", "-1"], "argument --iterations: '-1': must be at least 1"),
-    (["--keep", "-5"], "argument --keep: '-5': must be at least 0"),
-    (["--iterations", "two"], "argument --iterations: 'two' is not a whole number"),
-])
-def test_kernel_scripts_refuse_bad_counts_in_one_line(argument, culprit):
-    proc = subprocess.run([sys.executable, "-m", "numba_pool.kernels.sqrt", *argument], cwd=CHECKOUT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"sqrt.py: error: {culprit}"], proc.stderr
+    assert proc.stdout.startswith("Usage: numba-pool-tools") and "replay" in proc.stdout

@@ -24,8 +24,8 @@ UNCHOSEN = {"NUMBA_POOL_FRONTEND": ""}
 
 
 def run_script(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m numba_pool.kernels.MODULE ARGS``."""
-    return subprocess.run([sys.executable, "-m", f"numba_pool.kernels.{module}", *args], env={**os.environ, **(env or {})},
+    """``python -m kernels.MODULE ARGS``."""
+    return subprocess.run([sys.executable, "-m", f"kernels.{module}", *args], env={**os.environ, **(env or {})},
                           cwd=PACKAGE_PARENT, capture_output=True, text=True, timeout=300)
 
 
@@ -61,7 +61,7 @@ def test_a_bad_frontend_variable_is_one_line_naming_it():
 def test_a_frontend_that_is_not_installed_is_one_line_saying_how_to_install_it():
     # A frontend's package that cannot be imported (None in sys.modules) is one not installed.
     code = ("import sys, runpy; sys.modules['numba_cuda_mlir'] = None; sys.argv = ['sqrt.py', '--frontend', 'mlir']\n"
-            "runpy.run_module('numba_pool.kernels.sqrt', run_name='__main__')")
+            "runpy.run_module('kernels.sqrt', run_name='__main__')")
     proc = run_python(code)
     check_script_error(proc, "sqrt", "the Numba-CUDA-MLIR frontend (numba_cuda_mlir.cuda) is not installed",
                        "pip install 'numba-pool[mlir]'")
@@ -87,7 +87,7 @@ def test_the_variable_chooses_the_scripts_frontend_when_the_option_is_absent(fro
 @pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
 @pytest.mark.skipif(MLIR not in FRONTENDS, reason=MISSING_FRONTENDS.get(MLIR, ""))
 def test_a_script_under_mlir_imports_no_numba():
-    code = ("import sys\nfrom numba_pool.kernels import sqrt\n"
+    code = ("import sys\nfrom kernels import sqrt\n"
             "try:\n    sqrt.main(['--frontend', 'mlir'])\nexcept SystemExit as exit:\n"
             "    print(exit.code, 'numba' in sys.modules, 'numba_cuda_mlir' in sys.modules)\n")
     proc = run_python(code, UNCHOSEN)
@@ -98,9 +98,9 @@ def test_a_script_under_mlir_imports_no_numba():
 
 KERNELS_PER_FRONTEND = """
 import json, sys
-import numba_pool.kernels as kernels
+import kernels as kernels
 from numba_pool.cuda.frontend import for_tools, load
-from numba_pool.kernels import fill, increment, sqrt
+from kernels import fill, increment, sqrt
 
 out = {"imported at first": sorted(m for m in ("numba", "numba_cuda_mlir") if m in sys.modules)}
 names = %r
@@ -137,7 +137,7 @@ def test_each_frontend_compiles_its_own_kernel_once():
 COMPILE_TO_PTX = """
 import json, sys
 from numba_pool.cuda.frontend import load
-from numba_pool.kernels import fill_kernel, increment_kernel, sqrt_kernel
+from kernels import fill_kernel, increment_kernel, sqrt_kernel
 fe = load(%r)
 if fe.name == "mlir":
     import numba_cuda_mlir.tools as tools
@@ -164,7 +164,7 @@ def test_each_frontend_compiles_the_kernels_copy_to_ptx(frontend_name):
 
 
 def test_the_kernels_run_under_the_simulator_through_their_old_names():
-    code = ("import numpy as np\nfrom numba_pool.kernels import fill_kernel, sqrt_kernel\n"
+    code = ("import numpy as np\nfrom kernels import fill_kernel, sqrt_kernel\n"
             "a = np.zeros(64, dtype=np.float32); sqrt_kernel[1, 64](a)\n"
             "b = np.zeros(64, dtype=np.float32); fill_kernel[1, 64](b, np.float32(3))\n"
             "print('{\"ok\": %s}' % str(bool(np.allclose(a, np.sqrt(np.arange(64))) and (b == 3).all())).lower())")
@@ -172,10 +172,10 @@ def test_the_kernels_run_under_the_simulator_through_their_old_names():
 
 
 def test_a_bad_frontend_name_for_a_kernel_is_one_line():
-    code = ("import numba_pool\nfrom numba_pool.kernels import sqrt_kernel\ntry:\n    sqrt_kernel.for_frontend('cupy')\n"
+    code = ("import numba_pool\nfrom kernels import sqrt_kernel\ntry:\n    sqrt_kernel.for_frontend('cupy')\n"
             "except numba_pool.FrontendError as err:\n    print(err)")
     proc = run_python(code)
-    assert proc.stdout.strip() == ("numba_pool: numba_pool.kernels: frontend='cupy' is not a frontend: expected "
+    assert proc.stdout.strip() == ("numba_pool: kernels: frontend='cupy' is not a frontend: expected "
                                    "'numba-cuda' (numba.cuda) or 'mlir' (numba_cuda_mlir.cuda)"), proc.stderr
 
 
@@ -254,7 +254,7 @@ def test_info_refuses_a_bad_frontend_variable_in_one_line_before_anything():
 
 
 def test_the_gpu_check_of_the_commands_uses_the_tools_frontend(frontend_name):
-    """``numba-pool bench`` and ``info`` ask the frontend in use whether there is a GPU."""
+    """``numba-pool-tools bench`` and ``info`` ask the frontend in use whether there is a GPU."""
     code = ("import json, sys\nfrom numba_pool.cli import errors\n"
             "print(json.dumps({'gpu': errors.gpu_available(), 'frontend': errors.tools_frontend().name,"
             " 'imported': sorted(m for m in ('numba', 'numba_cuda_mlir') if m in sys.modules)}))")

@@ -12,13 +12,13 @@ import pytest
 from helpers import DATA, PACKAGE_PARENT
 from numba_pool.observe import alloclog
 from numba_pool.observe.alloclog import AllocationLog
-from numba_pool.replay import LogError, Operation, ParsedLog, parse_log, read_log, replay
+from numba_pool_tools.replay import LogError, Operation, ParsedLog, parse_log, read_log, replay
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream\n"
 
 
 def replay_cli(*args):
-    return subprocess.run([sys.executable, "-m", "numba_pool", "replay", *args], cwd=PACKAGE_PARENT,
+    return subprocess.run([sys.executable, "-m", "numba_pool_tools", "replay", *args], cwd=PACKAGE_PARENT,
                           capture_output=True, text=True)
 
 
@@ -252,8 +252,8 @@ def test_plot_leaves_the_backend_and_pyplot_alone(tmp_path):
     code = f"""
 import sys, matplotlib
 matplotlib.use("svg")
-from numba_pool.replay import replay
-from numba_pool.replay.figure import figure, plot
+from numba_pool_tools.replay import replay
+from numba_pool_tools.replay.figure import figure, plot
 report = replay({path!r})
 written = plot(report, {str(tmp_path / "p")!r})
 title = figure(report).axes[0].get_title()
@@ -269,7 +269,7 @@ print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules, written, tit
 
 def test_plot_in_human_units(tmp_path):
     pytest.importorskip("matplotlib")
-    from numba_pool.replay.figure import figure
+    from numba_pool_tools.replay.figure import figure
 
     path = write(tmp_path, "1,t,allocate,0x20,3000000,0x1\n1,t,free,0x20,8,0x1\n")
     axes = figure(replay(path)).axes[0]

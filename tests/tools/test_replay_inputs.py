@@ -1,4 +1,4 @@
-"""What ``numba-pool replay`` and the Python replay API make of inputs a newcomer gives: log
+"""What ``numba-pool-tools replay`` and the Python replay API make of inputs a newcomer gives: log
 fields in other number syntaxes, a quote left open, logs with nothing to replay, plot paths that
 are empty, devices, only an extension or in ``/proc``, logs read from a pipe."""
 
@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import PACKAGE_PARENT, check_one_line_error
-from numba_pool import replay as offline_replay
-from numba_pool.cli import main
-from numba_pool.replay import figure
+from numba_pool_tools import replay as offline_replay
+from numba_pool_tools.cli import main
+from numba_pool_tools.replay import figure
 
 HEADER = "Thread,Time,Action,Pointer,Size,Stream\n"
 GOOD = HEADER + "1,t,allocate,0x20,256,0x1\n1,t,free,0x20,256,0x1\n"
@@ -128,7 +128,7 @@ def test_a_fifo_log_is_read(tmp_path):
 
 
 def test_standard_input_is_read_as_a_log():
-    proc = subprocess.run([sys.executable, "-m", "numba_pool", "replay", "/dev/stdin"], input=GOOD, text=True,
+    proc = subprocess.run([sys.executable, "-m", "numba_pool_tools", "replay", "/dev/stdin"], input=GOOD, text=True,
                           capture_output=True, cwd=PACKAGE_PARENT, timeout=120)
     assert proc.returncode == 0 and "operations" in proc.stdout and "Illegal seek" not in proc.stderr, proc.stderr
 

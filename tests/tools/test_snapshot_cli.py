@@ -1,4 +1,4 @@
-"""``numba-pool snapshot summarize`` and ``plot`` on real snapshots of numba_pool running on the
+"""``numba-pool-tools snapshot summarize`` and ``plot`` on real snapshots of numba_pool running on the
 CUDA model (this file's lines are the allocation sites), with no GPU: the tables and their
 totals, the figure and the bytes it stacks, and one-line errors for files that are no snapshot."""
 
@@ -17,8 +17,8 @@ from click.testing import CliRunner
 import numba_pool
 from cuda_model.harness import Program
 from helpers import PACKAGE_PARENT, check_one_line_error
-from numba_pool.cli import main
-from numba_pool.cli.snapshot.timeline import OTHER, timelines
+from numba_pool_tools.cli import main
+from numba_pool_tools.snapshot.timeline import OTHER, timelines
 from numba_pool.observe.snapshot import dump
 from numba_pool.plugin.debugging import snapshot_of
 
@@ -74,9 +74,9 @@ def dumped(tmp_path_factory) -> tuple[str, dict]:
 
 
 def numba_pool_cli(*args, prelude: str = ""):
-    """``numba-pool ARGS`` in a fresh interpreter, after the Python code ``prelude``."""
-    code = (f"{prelude}\nimport sys, runpy\nsys.argv = ['numba-pool', *sys.argv[1:]]\n"
-            "runpy.run_module('numba_pool', run_name='__main__')")
+    """``numba-pool-tools ARGS`` in a fresh interpreter, after the Python code ``prelude``."""
+    code = (f"{prelude}\nimport sys, runpy\nsys.argv = ['numba-pool-tools', *sys.argv[1:]]\n"
+            "runpy.run_module('numba_pool_tools', run_name='__main__')")
     return subprocess.run([sys.executable, "-c", code, *args], cwd=PACKAGE_PARENT, capture_output=True, text=True,
                           timeout=300)
 
@@ -282,7 +282,7 @@ def test_plot_without_matplotlib_says_which_extra_to_install(dumped, tmp_path, m
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = invoke("plot", path, "-o", str(tmp_path / "x.png"))
     assert result.exit_code == 2
-    check_one_line_error(result.stderr, result.stdout, "pip install 'numba-pool[plot]'")
+    check_one_line_error(result.stderr, result.stdout, "pip install -e './tools[plot]'")
     assert not (tmp_path / "x.png").exists()
 
 
@@ -292,7 +292,7 @@ def test_plot_without_matplotlib_in_a_real_process(dumped, tmp_path):
                           prelude="import sys; sys.modules['matplotlib'] = None")
     assert proc.returncode == 2
     check_one_line_error(proc.stderr, proc.stdout, "plotting needs matplotlib, which cannot be imported")
-    assert "pip install 'numba-pool[plot]'" in proc.stderr and not (tmp_path / "x.png").exists()
+    assert "pip install -e './tools[plot]'" in proc.stderr and not (tmp_path / "x.png").exists()
 
 
 # -- files that are no snapshot --------------------------------------------------------------------
@@ -359,7 +359,7 @@ def test_plot_names_a_bad_event(tmp_path):
 
 
 def test_an_unreadable_file_is_one_line(dumped, tmp_path, monkeypatch):
-    from numba_pool.cli.snapshot import load
+    from numba_pool_tools.snapshot import load
 
     def refused(path, mode="r"):
         raise PermissionError(13, "Permission denied", path)
