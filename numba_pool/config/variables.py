@@ -21,11 +21,11 @@ FRONTEND_VARIABLE = "NUMBA_POOL_FRONTEND"
 #: :func:`numba_pool.config.load`.  They are not warned about, and not offered to users either:
 #: the typo warning's suggestions are the configuration variables only.
 OTHER_VARIABLES = {
-    "NUMBA_POOL_NOOP_FINALIZER": "numba_pool.bench.noop: the no-op manager keeps (1) or drops (0) its finalizer",
-    "NUMBA_POOL_BENCH_RMM": "set by numba-pool bench in the child process that measures rmm",
-    "NUMBA_POOL_BENCH_CORE": "set by numba-pool bench: the CPU core its end-to-end workers pin themselves to",
-    "NUMBA_POOL_BENCH_TURNS": "set by numba-pool bench: the pipes its end-to-end workers take turns through",
-    "NUMBA_POOL_BENCH_REPEATS": "set by numba-pool bench in its warm-up rounds' workers: timed repeats per figure",
+    "NUMBA_POOL_NOOP_FINALIZER": "numba_pool_tools.bench.noop: the no-op manager keeps (1) or drops (0) its finalizer",
+    "NUMBA_POOL_BENCH_RMM": "set by numba-pool-tools bench in the child process that measures rmm",
+    "NUMBA_POOL_BENCH_CORE": "set by numba-pool-tools bench: the CPU core its end-to-end workers pin themselves to",
+    "NUMBA_POOL_BENCH_TURNS": "set by numba-pool-tools bench: the pipes its end-to-end workers take turns through",
+    "NUMBA_POOL_BENCH_REPEATS": "set by numba-pool-tools bench in its warm-up rounds' workers: timed repeats per figure",
     "NUMBA_POOL_FUZZ_EXAMPLES": "tests/allocator/test_fuzz.py: number of hypothesis examples",
     "NUMBA_POOL_FUZZ_PARK": "tests/allocator/test_fuzz.py: 0 leaves out the park rule (another thread's launch-and-drop between two driver calls)",
     "NUMBA_POOL_FUZZ_RULES": "tests/allocator/test_fuzz.py: only these rules, comma-separated (a run looking for one class of defect)",

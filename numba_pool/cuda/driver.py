@@ -5,8 +5,8 @@ Every driver call numba_pool makes goes through a *driver object*: on a GPU, cud
 it initializes and hands it to the pool and the allocator (:mod:`numba_pool.allocator`), which
 bind the functions they call on their hot paths once.  The tests put a model of CUDA's stream
 ordering in its place (the test package ``cuda_model``, through :func:`use`), so that the real
-allocator code runs unchanged, and is checked, on a machine without a GPU; ``numba-pool replay``
-passes its own address-space stand-in (:mod:`numba_pool.replay`) to the arena the same way.
+allocator code runs unchanged, and is checked, on a machine without a GPU; ``numba-pool-tools replay``
+passes its own address-space stand-in (``numba_pool_tools.replay``) to the arena the same way.
 
 Types, enums and constants (``CUstream``, ``CUresult`` ...) always come from cuda-python: a
 stand-in provides only functions.

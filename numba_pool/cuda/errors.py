@@ -12,7 +12,7 @@ Note [One error class for every frontend]
     ``CudaAPIError`` of every frontend loaded in the process and :class:`CudaAPIError` below
     (:func:`bind`, called when a frontend loads), rebuilt when a second frontend loads: each
     frontend's ``except`` catches it, and numba_pool's own code catches :class:`CudaAPIError`.
-    With no frontend loaded (the CUDA model of the tests, ``numba-pool replay``) it is
+    With no frontend loaded (the CUDA model of the tests, ``numba-pool-tools replay``) it is
     :class:`CudaAPIError` alone.  Every frontend's class takes ``(code, msg)`` and sets ``code``
     and ``msg``, as this one does.
 """

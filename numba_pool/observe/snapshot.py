@@ -134,7 +134,7 @@ def _trace(entry) -> list[dict]:
 
 
 def summarize(snapshot: dict, limit: int = 10) -> dict:
-    """What ``numba-pool snapshot summarize`` builds its tables from: ``sites``, the top
+    """What ``numba-pool-tools snapshot summarize`` builds its tables from: ``sites``, the top
     allocation sites by bytes held (``(site, bytes, blocks)``, at most ``limit``; None: all),
     ``kinds``, the segments per kind (``(kind, segments, reserved, allocated)``), and the totals
     ``reserved`` and ``allocated`` (requested bytes of active blocks), in bytes."""

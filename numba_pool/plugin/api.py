@@ -368,7 +368,7 @@ def snapshot() -> dict:
 
 def dump_snapshot(path) -> None:
     """Write :func:`snapshot` to ``path`` as a pickle: drop it on pytorch.org/memory_viz, or run
-    ``python -m torch.cuda._memory_viz stats|trace|trace_plot path``, or ``numba-pool snapshot
+    ``python -m torch.cuda._memory_viz stats|trace|trace_plot path``, or ``numba-pool-tools snapshot
     summarize path``.
 
     :raises OSError: when the file cannot be written.

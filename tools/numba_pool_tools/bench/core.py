@@ -31,7 +31,7 @@ from numba_pool.cuda import simulator
 from numba_pool.cuda.driver import check
 from numba_pool.cuda.frontend import DISTRIBUTIONS, NUMBA_CUDA, TITLES, VARIABLE, for_tools, version
 from numba_pool.cuda.mempool import device_memory_info
-from numba_pool.cuda.streams import using_stream
+from numba_pool import using_stream  # the public scope: it registers a capture under way (rule 13)
 from numba_pool.observe.history import MAX_FRAMES, History
 from numba_pool.plugin.api import record_history
 from numba_pool.plugin.path import Recording, compose
