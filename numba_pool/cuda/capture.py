@@ -18,7 +18,7 @@ rules (:mod:`numba_pool.allocator.captures`) follow from it:
   unsafe API calls" are then allowed, as PyTorch's allocator does around ``cudaMalloc``);
 * event records and ``cuStreamWaitEvent`` on other streams, and ``cuMemGetInfo``, are allowed.
 
-Costs (same host): ``cuStreamIsCapturing`` 0.30 µs, ``cuStreamGetCaptureInfo`` 1.0 µs.
+What these queries cost: Note [Capture queries] in docs/perf-notes.md.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _IMPLICIT = cuda_driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 
 def is_capturing(cu, handle) -> bool:
     """Whether the stream ``handle`` (a ``CUstream``) is being captured, or was and the capture
-    was invalidated (it still has to be ended): ``cuStreamIsCapturing``, 0.3 µs.  A stream the
+    was invalidated (it still has to be ended): ``cuStreamIsCapturing``.  A stream the
     driver will not answer for (destroyed, another context's) counts as not capturing."""
     err, status = cu.cuStreamIsCapturing(handle)
     return err == SUCCESS and status != _NONE

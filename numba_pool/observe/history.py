@@ -5,7 +5,7 @@ Per allocation: its address, requested size, stream, device, kind (``device``, `
 event: ``alloc``, ``free_requested`` (the array was dropped), ``free_completed`` (numba_pool
 made the memory reusable: at once, or when the ``defer_cleanup`` block that held it back
 exits), ``oom``, ``trim`` and ``reset``.  A release made reusable at once is one ``free`` entry,
-which a snapshot shows as both (one entry less per pair: 0.4 µs).  The events go to a ring of ``max_entries``
+which a snapshot shows as both (one entry less per pair: Note [History entries], docs/perf-notes.md).  The events go to a ring of ``max_entries``
 (:class:`collections.deque` with a ``maxlen``); the allocations alive now are kept apart, so
 that a snapshot names the frames of every live block however old.
 
@@ -61,13 +61,12 @@ STACKS = ("python", "none")
 #: (``threading.get_ident()``), ``time_ns`` (``time.time_ns()``), ``frames`` (the captured
 #: stack, :meth:`History.capture`: :func:`resolve` turns it into files and lines; empty with
 #: ``stacks="none"``) and, for ``oom``, the device's free bytes.  ``thread`` is the allocating
-#: (or failing) thread's; a free's is 0 (a finalizer's thread tells nothing, and costs 0.05 µs).
+#: (or failing) thread's; a free's is 0 (a finalizer's thread tells nothing, and costs time).
 #:
-#: What the ring and the live table hold, for the hot path's sake (each saving measured on a lent
-#: H100's host, docs/perf-notes.md): an allocation (``alloc``, ``oom``, ``trim``, ``reset``) as
-#: a plain tuple of Entry's fields in order (not a named tuple: 0.07 µs less), its ``address``
-#: the pointer's ``CUdeviceptr`` itself (``int()`` only when read: 0.15 µs less); a release as
-#: ``(action, its alloc event, time_ns)`` (0.1 µs less).  :attr:`History.entries` and
+#: What the ring and the live table hold, for the hot path's sake (Note [History entries],
+#: docs/perf-notes.md): an allocation (``alloc``, ``oom``, ``trim``, ``reset``) as a plain tuple
+#: of Entry's fields in order (not a named tuple), its ``address`` the pointer's ``CUdeviceptr``
+#: itself (``int()`` only when read); a release as ``(action, its alloc event, time_ns)``.  :attr:`History.entries` and
 #: :attr:`History.live` read them back as ``Entry``.
 Entry = namedtuple("Entry", "action device address size stream kind thread time_ns frames device_free")
 
@@ -85,9 +84,8 @@ _thread = threading.get_ident
 
 def _walk(frame) -> list:
     """``[code, offset, ...]`` of ``frame`` and its callers, innermost first, at most
-    :data:`MAX_FRAMES` (:meth:`History.capture`'s form).  About 0.1 µs a frame, nearly all of
-    it reading the three frame attributes: a walk in C (``accumulate`` over ``getattr``, ``map``
-    over ``attrgetter``) measured slower, an unrolled or unbounded loop within noise."""
+    :data:`MAX_FRAMES` (:meth:`History.capture`'s form).  A Python loop: the walks in C measured
+    slower (Note [Stack walks], docs/perf-notes.md)."""
     frames: list = []
     append = frames.append
     for _ in range(MAX_FRAMES):
@@ -130,8 +128,8 @@ class History:
         """The calling thread's stack, innermost first, starting ``skip`` frames above this
         call, as a flat list ``[code, offset, code, offset, ...]`` (:func:`pairs` reads it);
         ``()`` when stacks are off.  The bytecode offset, not ``f_lineno``, which Python
-        computes by scanning the line table (0.4 µs a frame); one flat list, not a tuple per
-        frame (0.5 µs less at 20 frames)."""
+        computes by scanning the line table; one flat list, not a tuple per frame (Note [Stack
+        walks], docs/perf-notes.md)."""
         if self.stacks != "python":
             return ()
         return _walk(sys._getframe(skip))
@@ -225,7 +223,7 @@ class RecordedAllocations:
         :raises CudaAPIError: upstream's; out of memory with the sites holding most memory on
             the device added to its message."""
         history = self._history
-        # History.capture, inlined: a method call less (0.1 µs) on every recorded allocation.
+        # History.capture, inlined: a method call less on every recorded allocation (Note [Stack walks]).
         frames = _walk(sys._getframe(self._skip - 1)) if history.stacks == "python" else ()
         ref = per_thread.stream if scopes_entered else LEGACY
         stream = ref.value
