@@ -21,10 +21,10 @@ from ..cuda.context import OwnerContext
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
 from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.mempool import MemPool, device_memory_info
-from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .arena import ArenaBlocks, layout
+from .block import Block
 from .captures import CaptureRouter, GraphBlocks, capture_pool_config
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
@@ -50,13 +50,13 @@ class DeviceAllocator:
     :param before_retry: called before an allocation that ran out of memory is retried (Numba's
         pending deallocations).
     :param deferral: ``defer_cleanup``'s state, which outlives a reset (the manager's).
-    :param after_reset: serves an allocation that a reset of this generation overtook, from the
-        next one (the manager's allocation without adaptors).
+    :param after_reset: ``(size, stream) -> Block``: serves an allocation that a reset of this
+        generation overtook, from the next one (the manager's :meth:`allocate`).
     """
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
                  before_retry: Callable[[], None] = lambda: None, deferral: Deferral | None = None,
-                 after_reset: Callable[[int], PoolPointer] | None = None, pointer: type):
+                 after_reset: Callable[[int, StreamRef], Block] | None = None, pointer: type):
         self.cu = cu  # the driver object (IPC exports through it)
         self.pool = pool
         self._usage = usage
@@ -76,7 +76,8 @@ class DeviceAllocator:
             self.arena = ArenaBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
                                      slab_size=config.arena_slab_size, max_block=config.arena_max_block,
                                      release_threshold=release_limit(config.release_threshold),
-                                     delegate=self.mempool_blocks.allocate, after_reset=after_reset,
+                                     delegate=self.mempool_blocks.allocate,
+                                     delegate_block=self.mempool_blocks.allocate_block, after_reset=after_reset,
                                      pointer=pointer, return_stream=self.private_streams[1], **shared)
         #: Where every request starts: the arena when it is on, else the mempool blocks.  Its
         #: ``allocate(size)`` is the allocation path with no adaptor (:mod:`numba_pool.plugin.path`).
@@ -84,8 +85,8 @@ class DeviceAllocator:
         # Rule 13: captured allocations, and where allocations go while a capture is under way.
         self._config = config
         self._capture_pool: MemPool | None = None
-        self.graph_blocks = GraphBlocks(cu, self._pool_for_captures, context, pointer=pointer)
-        router = CaptureRouter(cu, self.graph_blocks, self.source.allocate, self.mempool_blocks.allocate_on,
+        self.graph_blocks = GraphBlocks(cu, self._pool_for_captures)
+        router = CaptureRouter(cu, self.graph_blocks, self.source.allocate_block, self.mempool_blocks.allocate_on,
                                self.mempool_blocks.allocate_beside)
         self.mempool_blocks.capture_router = router.allocate
         if self.arena is not None:
@@ -102,10 +103,29 @@ class DeviceAllocator:
                 self._capture_pool = MemPool(self.cu, self.pool.device_id, capture_pool_config(self._config), 0)
         return self._capture_pool.handle
 
-    def allocate(self, size: int) -> PoolPointer:
-        """``size`` bytes from the block source on the thread's allocation stream, with no
-        adaptor (the scratch blocks reserve and overflow through this)."""
-        return self.source.allocate(size)
+    # -- the core's contract (:mod:`.block`) ---------------------------------------------------
+
+    def allocate(self, nbytes: int, stream: StreamRef = LEGACY) -> Block:
+        """``nbytes`` bytes for work on ``stream`` (RMM's and cuda.core's stream-ordered
+        ``allocate``): a :class:`~numba_pool.allocator.block.Block` from the block source (the
+        arena when it is on, else the mempool blocks), to be given back with
+        :meth:`deallocate`.  ``stream`` is a :class:`~numba_pool.cuda.streams.StreamRef` the
+        caller (a door) owns and keeps alive until then; :data:`LEGACY` for the legacy
+        stream.  Knows no frontend, and no ``using_stream`` or ``numba_pool.scratch`` scope.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
+            after synchronizing and trimming (:meth:`out_of_memory`); any other driver error
+            (``cuMemAllocFromPoolAsync``) as returned."""
+        return self.source.allocate_block(nbytes, stream)
+
+    def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
+        """Give ``block`` back (RMM's and cuda.core's stream-ordered ``deallocate``), by the
+        stream rule: its release is ordered on its allocation stream (``block.stream``); a
+        ``stream`` other than that one has used it last, so the release waits for it first
+        (:meth:`record_stream`, rule 2).  Once per block; never raises (rule 8)."""
+        if stream is not None and stream.value != block.stream.value:
+            self.record_stream(block.address, stream)
+        block.release(block)
 
     # -- what a release waits for (rule 2) --------------------------------------------------
 
@@ -168,35 +188,8 @@ class DeviceAllocator:
     # -- figures ----------------------------------------------------------------------------
 
     def segments(self) -> list[dict]:
-        """What this generation holds, for a snapshot: one segment per arena slab (its blocks
-        allocated, awaiting their free, or free), per scratch block (its carved arrays are not
-        tracked here: the snapshot fills them from the history) and per live mempool
-        allocation, then the mempool's reserve that nothing holds (reserved minus everything
-        above, with the driver's rounding).  Each segment: ``kind`` (``"arena slab"``,
-        ``"scratch"``, ``"mempool"``, ``"mempool reserve"``), ``address``, ``size``,
-        ``stream`` (0 for the legacy stream), ``blocks`` as ``(address, size, state)``.
-        Bytes throughout."""
-        self.issue_frees()
-        out = []
-        slab_starts = set()
-        if self.arena is not None:
-            for start, size, key, blocks in layout(self.arena):
-                slab_starts.add(start)
-                out.append({"kind": "arena slab", "address": start, "size": size,
-                            "stream": key if isinstance(key, int) else 0, "blocks": blocks})
-        for ptr, size in self.mempool_blocks.ledger.copy().items():
-            start = int(ptr)
-            if start in slab_starts:
-                continue  # the arena's slab (its ledger entry is the slab's allocation)
-            kind = "scratch" if start in self.scratch_blocks else "mempool"
-            out.append({"kind": kind, "address": start, "size": size, "stream": 0,
-                        "blocks": [(start, size, "allocated")]})
-        held = sum(segment["size"] for segment in out)
-        reserve = self.pool.usage().reserved - held
-        if reserve > 0:
-            out.append({"kind": "mempool reserve", "address": 0, "size": reserve, "stream": 0,
-                        "blocks": [(0, reserve, "free")]})
-        return out
+        """What this generation holds, for a snapshot (:func:`segments`)."""
+        return segments(self)
 
     def issue_frees(self) -> None:
         """Before figures are read and before a barrier: releases held back by a capture that
@@ -334,6 +327,38 @@ class DeviceAllocator:
         weakref.finalize(self, _destroy_private, self.private_streams, fences, self.waits.owner).atexit = False
         if self._capture_pool is not None:
             destroy_when_collected(self, self._capture_pool, self.waits.owner)
+
+
+def segments(allocator: DeviceAllocator) -> list[dict]:
+    """What ``allocator``'s generation holds, for a snapshot: one segment per arena slab (its blocks
+    allocated, awaiting their free, or free), per scratch block (its carved arrays are not
+    tracked here: the snapshot fills them from the history) and per live mempool
+    allocation, then the mempool's reserve that nothing holds (reserved minus everything
+    above, with the driver's rounding).  Each segment: ``kind`` (``"arena slab"``,
+    ``"scratch"``, ``"mempool"``, ``"mempool reserve"``), ``address``, ``size``,
+    ``stream`` (0 for the legacy stream), ``blocks`` as ``(address, size, state)``.
+    Bytes throughout."""
+    allocator.issue_frees()
+    out = []
+    slab_starts = set()
+    if allocator.arena is not None:
+        for start, size, key, blocks in layout(allocator.arena):
+            slab_starts.add(start)
+            out.append({"kind": "arena slab", "address": start, "size": size,
+                        "stream": key if isinstance(key, int) else 0, "blocks": blocks})
+    for ptr, size in allocator.mempool_blocks.ledger.copy().items():
+        start = int(ptr)
+        if start in slab_starts:
+            continue  # the arena's slab (its ledger entry is the slab's allocation)
+        kind = "scratch" if start in allocator.scratch_blocks else "mempool"
+        out.append({"kind": kind, "address": start, "size": size, "stream": 0,
+                    "blocks": [(start, size, "allocated")]})
+    held = sum(segment["size"] for segment in out)
+    reserve = allocator.pool.usage().reserved - held
+    if reserve > 0:
+        out.append({"kind": "mempool reserve", "address": 0, "size": reserve, "stream": 0,
+                    "blocks": [(0, reserve, "free")]})
+    return out
 
 
 def destroy_when_collected(holder, pool: MemPool, owner: OwnerContext) -> None:

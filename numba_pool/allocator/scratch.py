@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from functools import partial
 from typing import Iterator
 
 from cuda.bindings import driver as cu
 
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, enter_scope, leave_scope, per_thread
+from .block import Block, make_block
 from .free_list import round_up
 from .waits import split_waiting
 
@@ -71,7 +71,9 @@ class ScratchBlock:
         address = self.base + self.offset
         self.offset += need
         self._outstanding[address] = need
-        return type(self.block)(self.block.context, cu.CUdeviceptr(address), size, partial(self._drop, address))
+        block = make_block(cu.CUdeviceptr(address), size, self.stream, self._drop)
+        block.start, block.ref = address, self
+        return type(self.block)(self.block.context, block.ptr, size, block)
 
     def _carved(self, address: int) -> int | None:
         for start, size in self._outstanding.copy().items():  # a finalizer may drop one meanwhile
@@ -94,11 +96,12 @@ class ScratchBlock:
         self._recorded.clear()
         self._allocator = None
 
-    def _drop(self, address: int) -> None:
+    def _drop(self, carved: Block) -> None:
         # Release of a carved-out array: any thread, must not raise.  Its recorded streams are
         # waited for now, while they are alive; its holds pass to the block, whose release
         # orders at once and is made free when they let go (Note [A release made free later
         # orders now]).
+        address = carved.start
         streams, holds = split_waiting(self._recorded.pop(address, None) if self._recorded else None)
         allocator = self._allocator
         if allocator is not None:
