@@ -54,6 +54,12 @@ class Block:
         """The device address (bytes)."""
         return int(self.ptr)
 
+    def free(self) -> None:
+        """Give the block back on its allocation stream (``release(block)``, as
+        :meth:`DeviceAllocator.deallocate <numba_pool.allocator.device.DeviceAllocator.deallocate>`
+        with no other stream); once, by whoever owns it."""
+        self.release(self)
+
     def __repr__(self) -> str:
         return f"Block({self.address:#x}, {self.size} bytes, stream {self.stream.value:#x})"
 
