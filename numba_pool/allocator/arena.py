@@ -34,7 +34,7 @@ from ..cuda.driver import OUT_OF_MEMORY, check
 from ..cuda.errors import CudaAPIError
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef
-from .block import Block, LegacyBlock, new_block
+from .block import Block, LegacyBlock
 from .doors import ArenaDoor
 from .captures import underway
 from .domains import Domain, Domains
@@ -148,7 +148,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             if start is None:  # a reset overtook this allocation
                 return self.after_reset(size, LEGACY)
         self._note(size)
-        block = new_block(LegacyBlock)
+        block = LegacyBlock()
         block.ptr = self._device_pointer(start)
         block.size, block.start, block.rounded = size, start, rounded
         block.release = self._release_legacy_bound
@@ -162,7 +162,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             return self.after_reset(size, stream)
         start, domain = taken
         self._note(size)
-        block = new_block(Block)
+        block = Block()
         block.ptr = self._device_pointer(start)
         block.size, block.stream, block.start, block.rounded = size, stream, start, rounded
         block.domain, block.release = domain, self._release_scoped_bound

@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..cuda.capture import is_capturing
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, per_thread, scopes_entered
-from .block import LegacyBlock, new_block
+from .block import LegacyBlock
 from .captures import underway
 from .free_list import round_up
 
@@ -56,7 +56,7 @@ class ArenaDoor:
                 if start is None:  # a reset overtook this allocation
                     return self.wrap(self.after_reset(size, LEGACY))
             self._note(size)
-            block = new_block(LegacyBlock)  # Note [A Block replaces the release's partial] in .block
+            block = LegacyBlock()  # Note [A Block replaces the release's partial] in .block
             block.ptr = ptr = self._device_pointer(start)
             block.size = size
             block.start = start

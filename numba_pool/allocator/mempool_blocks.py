@@ -35,7 +35,7 @@ from ..cuda.capture import is_capturing
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
-from .block import Block, new_block
+from .block import Block
 from .captures import SideStream, defer, still_capturing, underway
 from .doors import PooledDoor
 from .fences import take_list
@@ -127,7 +127,7 @@ class PooledBlocks(PooledDoor, BlockSource):
             return self._lost_to_reset(ledger, ptr, size, stream)
         self._note(size)
         self._drain_if_due()
-        block = new_block(Block)  # Note [A Block replaces the release's partial] in .block
+        block = Block()  # Note [A Block replaces the release's partial] in .block
         block.ptr, block.size, block.stream, block.release, block.ledger = ptr, size, stream, self._release_bound, ledger
         return block
 
@@ -144,7 +144,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         ledger = self.ledger
         ledger[ptr] = size
         self._note(size)
-        block = new_block(Block)
+        block = Block()
         block.ptr, block.size, block.stream, block.release, block.ledger = ptr, size, LEGACY, self._release_bound, ledger
         return block
 
