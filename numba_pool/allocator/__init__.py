@@ -152,7 +152,16 @@ operations atomic with per-object locks, but nothing here has been run or checke
 the ordering argument above has not been made for it; :func:`.threads.require_gil` makes
 ``install()`` and the plugin refuse such a process with one line.
 
-Modules, bottom up: :mod:`.usage` (lock-free usage events), :mod:`.free_list` (one domain's heap),
+The contract
+------------
+A device's allocator (:class:`.device.DeviceAllocator`) and each block source offer the core's
+stream-ordered contract, which knows no frontend: ``allocate(nbytes, stream) -> Block`` and
+``deallocate(block, stream)`` (:mod:`.block`: one :class:`~.block.Block` record per handed-out
+block).  The Numba EMM plugin is one door over it: the pointer it gets holds the block and its
+finalizer is the block's release on its allocation stream.
+
+Modules, bottom up: :mod:`.block` (the record and the contract), :mod:`.usage` (lock-free usage
+events), :mod:`.free_list` (one domain's heap),
 :mod:`.waits` (rules 2 and 8), :mod:`.sources` (what both block sources share),
 :mod:`.fences` (rule 4: fences and the private streams), :mod:`.mempool_blocks` (rule 7),
 :mod:`.quarantine` and :mod:`.domains` (rules 4-6),

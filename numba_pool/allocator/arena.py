@@ -33,7 +33,9 @@ from ..cuda.capture import is_capturing
 from ..cuda.driver import OUT_OF_MEMORY, check
 from ..cuda.errors import CudaAPIError
 from ..cuda.pointers import PoolPointer
-from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
+from ..cuda.streams import LEGACY, StreamRef
+from .block import Block, LegacyBlock
+from .doors import ArenaDoor
 from .captures import underway
 from .domains import Domain, Domains
 from .fences import PrivateStream
@@ -71,7 +73,7 @@ class ArenaStatistics:
     fences: int
 
 
-class ArenaBlocks(BlockSource):
+class ArenaBlocks(ArenaDoor, BlockSource):
     """Blocks of up to ``max_block`` bytes carved out of slabs taken from the mempool, one
     domain per stream.
 
@@ -80,7 +82,9 @@ class ArenaBlocks(BlockSource):
     :param max_block: the largest request served (bytes).
     :param release_threshold: bytes of slabs kept when one becomes empty; beyond it an empty slab
         goes back to the mempool at once.  None keeps them all (until trim).
-    :param delegate: serves the requests the arena does not (larger, scratch): the mempool blocks.
+    :param delegate: serves the requests the arena does not (larger, scratch): the mempool
+        blocks' EMM door (bytes -> pointer).
+    :param delegate_block: the same for the core's contract, ``(bytes, stream) -> Block``.
     :param return_stream: the private stream on which slabs of streams other than the legacy one
         go back to the mempool, after their domain's event (one of its own when None).
     :raises ArenaError: for sizes that are not multiples of 256, or ``max_block`` > ``slab_size``.
@@ -88,7 +92,8 @@ class ArenaBlocks(BlockSource):
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
                  slab_size: int, max_block: int, release_threshold: int | None = None,
-                 delegate: Callable[[int], PoolPointer] | None = None, after_reset: Callable | None = None,
+                 delegate: Callable[[int], PoolPointer] | None = None,
+                 delegate_block: Callable[[int, StreamRef], Block] | None = None, after_reset: Callable | None = None,
                  pointer: type, return_stream: PrivateStream | None = None, **shared):
         if slab_size % ALIGNMENT or max_block % ALIGNMENT or not 0 < max_block <= slab_size:
             raise ArenaError(f"slab size ({slab_size}) and largest block ({max_block}) must be multiples of "
@@ -98,6 +103,8 @@ class ArenaBlocks(BlockSource):
         self._device_pointer = cu.CUdeviceptr
         self.max_block = max_block
         self.delegate = delegate if delegate is not None else partial(_not_served, max_block)
+        #: The core's delegate, ``(size, stream) -> Block``: the mempool blocks' ``allocate_block``.
+        self.delegate_block = delegate_block if delegate_block is not None else partial(_not_served_block, max_block)
         self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
         self._lock = threading.Lock()
         # Blocks out of the heaps (held, quarantined, ready, released unpublished): start -> rounded
@@ -117,28 +124,16 @@ class ArenaBlocks(BlockSource):
 
     # -- allocation ---------------------------------------------------------------------------
 
-    def allocate(self, size: int) -> PoolPointer:
-        """The EMM plugin's ``memalloc`` in arena mode: ``size`` bytes for work on the thread's
-        allocation stream.  Above ``max_block`` bytes, and inside ``numba_pool.scratch``, it
-        hands the request to :attr:`delegate` (the mempool path).
-
-        The legacy stream's path (no scope) is the hot one: a ready block is one ``list.pop``,
-        no lock and no driver call.  With no adaptor on, the allocation path
-        (:mod:`numba_pool.plugin.path`) is this method itself: one call layer fewer.
-
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when no slab can be had even after
-            the out-of-memory handler made room; any other driver error as returned.
-        """
+    def allocate_block(self, size: int, stream: StreamRef) -> Block:
+        """The core's contract (:mod:`.block`): ``size`` bytes for work on ``stream``, above
+        ``max_block`` from :attr:`delegate_block`; rule 13 and errors as :meth:`allocate`."""
         if underway:  # rule 13: no arena block while a capture is under way
-            return self.capture_router(size)
+            return self.capture_router(size, stream)
         if size > self.max_block:
-            return self.delegate(size)
-        stream = per_thread.stream if scopes_entered else LEGACY
+            return self.delegate_block(size, stream)
         if stream is not LEGACY:
             if is_capturing(self._cu, stream.handle):  # rule 13: an allocation node, not a carve
-                return self.capture_router(size)
-            if stream.scratch is not None:
-                return self.delegate(size)
+                return self.capture_router(size, stream)
             return self.allocate_scoped(size, stream)
         rounded = round_up(size)
         ready = self.ready.get(rounded)
@@ -151,23 +146,29 @@ class ArenaBlocks(BlockSource):
         if start is None:
             start = self._allocate(rounded, LEGACY, self._take_legacy)
             if start is None:  # a reset overtook this allocation
-                return self.after_reset(size)
+                return self.after_reset(size, LEGACY)
         elif self.dropped:  # rule 12: a reset began before the pop; it frees the block's slab
-            return self.after_reset(size)
+            return self.after_reset(size, LEGACY)
         self._note(size)
-        return self._pointer(self._context, self._device_pointer(start), size,
-                           partial(self._release_legacy_bound, start, size, rounded))
+        block = LegacyBlock()
+        block.ptr = self._device_pointer(start)
+        block.size, block.start, block.rounded = size, start, rounded
+        block.release = self._release_legacy_bound
+        return block
 
-    def allocate_scoped(self, size: int, stream: StreamRef) -> PoolPointer:
+    def allocate_scoped(self, size: int, stream: StreamRef) -> Block:
         """``size`` bytes for work on ``stream`` (a ``using_stream`` scope): its domain's heap."""
         rounded = round_up(size)
         taken = self._allocate(rounded, stream, self._take_scoped)
         if taken is None:  # a reset overtook this allocation
-            return self.after_reset(size)
+            return self.after_reset(size, stream)
         start, domain = taken
         self._note(size)
-        return self._pointer(self._context, self._device_pointer(start), size,
-                           partial(self._release_scoped_bound, start, size, rounded, stream, domain))
+        block = Block()
+        block.ptr = self._device_pointer(start)
+        block.size, block.stream, block.start, block.rounded = size, stream, start, rounded
+        block.domain, block.release = domain, self._release_scoped_bound
+        return block
 
     def _allocate(self, rounded: int, stream: StreamRef, take):
         """``take(rounded, stream)`` under the lock (None once a reset dropped the arena)."""
@@ -221,12 +222,13 @@ class ArenaBlocks(BlockSource):
 
     # -- release ------------------------------------------------------------------------------
 
-    def _release_legacy(self, start: int, size: int, rounded: int) -> None:
+    def _release_legacy(self, block: Block) -> None:
         # Any thread, from a finalizer, no lock, never raises: the common case is two atomic
         # operations and no driver call.  Once per block: PoolPointer releases once.
         if self.dropped:  # a reset dropped it
             return
-        self._note(~size)
+        self._note(~block.size)
+        start, rounded = block.start, block.rounded
         waits = self._waits
         if (waits.waiting and start in waits.waiting) or self._deferral.depth:  # rule 2 for this block, or held back
             waits.release(start, LEGACY, partial(self._quarantine_block, start, rounded))
@@ -239,11 +241,12 @@ class ArenaBlocks(BlockSource):
     def _quarantine_block(self, start: int, rounded: int, on: StreamRef | None) -> None:
         self.quarantine.add(start, rounded)  # the next fence orders it, whatever `on`
 
-    def _release_scoped(self, start: int, size: int, rounded: int, stream: StreamRef, domain: Domain) -> None:
+    def _release_scoped(self, block: Block) -> None:
         if self.dropped:
             return
-        self._note(~size)
-        self._waits.release(start, stream, partial(self._publish_scoped, start, rounded, domain),
+        self._note(~block.size)
+        start, rounded, domain = block.start, block.rounded, block.domain
+        self._waits.release(start, block.stream, partial(self._publish_scoped, start, rounded, domain),
                             partial(self._settle_scoped, domain))
 
     def _settle_scoped(self, domain: Domain, stream: StreamRef) -> None:
@@ -399,3 +402,7 @@ def layout(arena: ArenaBlocks) -> list[tuple[int, int, object, list[tuple[int, i
 def _not_served(max_block: int, size: int) -> PoolPointer:
     raise ArenaError(f"{size} bytes is above the arena's largest block ({max_block} bytes) "
                      "or inside a scratch scope, and no delegate is set")
+
+
+def _not_served_block(max_block: int, size: int, stream) -> Block:
+    raise ArenaError(f"{size} bytes is above the arena's largest block ({max_block} bytes), and no delegate is set")

@@ -42,8 +42,8 @@ from ..cuda import driver as _driver
 from ..cuda.capture import capture_id, is_capturing, relaxed
 from ..cuda.driver import SUCCESS, check, report_failure, warn
 from ..cuda.errors import api_error
-from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
+from .block import Block, make_block
 from .fences import PrivateStream
 
 _INVALID_VALUE = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE
@@ -160,19 +160,15 @@ class GraphBlocks:
 
     :param cu: the driver object.
     :param pool: returns the ``CUmemoryPool`` to allocate from (made at the first capture).
-    :param context: the Numba context the pointers belong to.
-    :param pointer: the class of the pointers handed out (the frontend's ``PoolPointer``).
     """
 
-    def __init__(self, cu, pool: Callable[[], object], context, *, pointer: type):
+    def __init__(self, cu, pool: Callable[[], object]):
         self._cu = cu
         self._pool = pool
-        self._context = context
-        self._pointer = pointer
         self.live: dict = {}  # CUdeviceptr -> bytes, arrays allocated in captures (atomic ops)
         self.left_to_graphs = 0  # releases after a capture that found no allocation to free
 
-    def allocate(self, size: int, capture: Capture) -> PoolPointer:
+    def allocate(self, size: int, capture: Capture) -> Block:
         """``size`` bytes as an allocation node of ``capture``'s graph.
 
         :raises CudaAPIError: the driver's error (out of memory included: no synchronize or
@@ -183,12 +179,13 @@ class GraphBlocks:
             raise api_error(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) in the capture of stream "
                                  f"{stream.value:#x} failed with {err.name}")
         self.live[ptr] = size
-        mem = self._pointer(self._context, ptr, size, partial(self._release, ptr, stream, capture.id))
-        mem.captured = capture.id
-        return mem
+        block = make_block(ptr, size, stream, self._release)
+        block.capture = capture.id
+        return block
 
-    def _release(self, ptr, stream: StreamRef, cid: int) -> None:
+    def _release(self, block: Block) -> None:
         # Any thread, from a finalizer: never raises.
+        ptr, stream, cid = block.ptr, block.stream, block.capture
         if self.live.pop(ptr, None) is None:
             return
         cu = self._cu
@@ -228,15 +225,15 @@ class CaptureRouter:
         self._on_stream = on_stream
         self._beside = beside
 
-    def allocate(self, size: int) -> PoolPointer:
-        """``size`` bytes: a node of the capture it belongs to, else the normal path once no
-        capture is left, else beside the captures (relaxed mode, no legacy stream)."""
-        stream = per_thread.stream if scopes_entered else LEGACY
+    def allocate(self, size: int, stream: StreamRef) -> Block:
+        """``size`` bytes for work on ``stream``: a node of the capture it belongs to, else the
+        normal path once no capture is left, else beside the captures (relaxed mode, no legacy
+        stream)."""
         capture = self._capture_for(stream)
         if capture is not None:
             return self.graph_blocks.allocate(size, capture)
         if not refresh(self._cu):
-            return self._normal(size)
+            return self._normal(size, stream)
         with relaxed(self._cu):
             if stream is LEGACY:
                 return self._beside(size)

@@ -21,10 +21,10 @@ from ..cuda.context import OwnerContext
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure
 from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.mempool import MemPool, device_memory_info
-from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .arena import ArenaBlocks, layout
+from .block import Block
 from .captures import CaptureRouter, GraphBlocks, capture_pool_config
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
@@ -50,13 +50,13 @@ class DeviceAllocator:
     :param before_retry: called before an allocation that ran out of memory is retried (Numba's
         pending deallocations).
     :param deferral: ``defer_cleanup``'s state, which outlives a reset (the manager's).
-    :param after_reset: serves an allocation that a reset of this generation overtook, from the
-        next one (the manager's allocation without adaptors).
+    :param after_reset: ``(size, stream) -> Block``: serves an allocation that a reset of this
+        generation overtook, from the next one (the manager's :meth:`allocate`).
     """
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
                  before_retry: Callable[[], None] = lambda: None, deferral: Deferral | None = None,
-                 after_reset: Callable[[int], PoolPointer] | None = None, pointer: type):
+                 after_reset: Callable[[int, StreamRef], Block] | None = None, pointer: type):
         self.cu = cu  # the driver object (IPC exports through it)
         self.pool = pool
         self._usage = usage
@@ -71,25 +71,30 @@ class DeviceAllocator:
                   "fence_bytes": int(device_memory_info(cu)[1] * FENCE_FRACTION)}
         self.mempool_blocks = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
                                            after_reset, pointer=pointer, **shared)
-        self.arena: ArenaBlocks | None = None
+        #: The arenas: one when it is on, else none (a list, not an optional: the barriers and
+        #: figures loop over it).
+        self.arenas: list[ArenaBlocks] = []
         if config.arena:
-            self.arena = ArenaBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
-                                     slab_size=config.arena_slab_size, max_block=config.arena_max_block,
-                                     release_threshold=release_limit(config.release_threshold),
-                                     delegate=self.mempool_blocks.allocate, after_reset=after_reset,
-                                     pointer=pointer, return_stream=self.private_streams[1], **shared)
+            self.arenas.append(ArenaBlocks(
+                cu, pool.handle, context, self.waits, usage, self.out_of_memory, slab_size=config.arena_slab_size,
+                max_block=config.arena_max_block, release_threshold=release_limit(config.release_threshold),
+                delegate=self.mempool_blocks.allocate, delegate_block=self.mempool_blocks.allocate_block,
+                after_reset=after_reset, pointer=pointer, return_stream=self.private_streams[1], **shared))
+        #: The arena when it is on, else None (for readers: statistics, the replay, tests).
+        self.arena: ArenaBlocks | None = self.arenas[0] if self.arenas else None
+        #: Every block source, the one requests start at first.
+        self.sources = [*self.arenas, self.mempool_blocks]
         #: Where every request starts: the arena when it is on, else the mempool blocks.  Its
         #: ``allocate(size)`` is the allocation path with no adaptor (:mod:`numba_pool.plugin.path`).
-        self.source = self.arena if self.arena is not None else self.mempool_blocks
+        self.source = self.sources[0]
         # Rule 13: captured allocations, and where allocations go while a capture is under way.
         self._config = config
         self._capture_pool: MemPool | None = None
-        self.graph_blocks = GraphBlocks(cu, self._pool_for_captures, context, pointer=pointer)
-        router = CaptureRouter(cu, self.graph_blocks, self.source.allocate, self.mempool_blocks.allocate_on,
+        self.graph_blocks = GraphBlocks(cu, self._pool_for_captures)
+        router = CaptureRouter(cu, self.graph_blocks, self.source.allocate_block, self.mempool_blocks.allocate_on,
                                self.mempool_blocks.allocate_beside)
-        self.mempool_blocks.capture_router = router.allocate
-        if self.arena is not None:
-            self.arena.capture_router = router.allocate
+        for source in self.sources:
+            source.capture_router = router.allocate
 
     def _pool_for_captures(self):
         """The pool that captured allocations name: the device's mempool when graphs accept it
@@ -102,18 +107,38 @@ class DeviceAllocator:
                 self._capture_pool = MemPool(self.cu, self.pool.device_id, capture_pool_config(self._config), 0)
         return self._capture_pool.handle
 
-    def allocate(self, size: int) -> PoolPointer:
-        """``size`` bytes from the block source on the thread's allocation stream, with no
-        adaptor (the scratch blocks reserve and overflow through this)."""
-        return self.source.allocate(size)
+    # -- the core's contract (:mod:`.block`) ---------------------------------------------------
+
+    def allocate(self, nbytes: int, stream: StreamRef = LEGACY) -> Block:
+        """``nbytes`` bytes for work on ``stream`` (RMM's and cuda.core's stream-ordered
+        ``allocate``): a :class:`~numba_pool.allocator.block.Block` from the block source (the
+        arena when it is on, else the mempool blocks), to be given back with
+        :meth:`deallocate`.  ``stream`` is a :class:`~numba_pool.cuda.streams.StreamRef` the
+        caller (a door) owns and keeps alive until then; :data:`LEGACY` for the legacy
+        stream.  Knows no frontend, and no ``using_stream`` or ``numba_pool.scratch`` scope.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
+            after synchronizing and trimming (:meth:`out_of_memory`); any other driver error
+            (``cuMemAllocFromPoolAsync``) as returned."""
+        return self.source.allocate_block(nbytes, stream)
+
+    def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
+        """Give ``block`` back (RMM's and cuda.core's stream-ordered ``deallocate``), by the
+        stream rule: its release is ordered on its allocation stream (``block.stream``); a
+        ``stream`` other than that one has used it last, so the release waits for it first
+        (:meth:`record_stream`, rule 2).  Once per block; never raises (rule 8)."""
+        if stream is not None and stream.value != block.stream.value:
+            self.record_stream(block.address, stream)
+        block.release(block)
 
     # -- what a release waits for (rule 2) --------------------------------------------------
 
     def _block_at(self, address: int) -> int | None:
-        start = self.mempool_blocks.containing_block(address)
-        if start is None and self.arena is not None:
-            start = self.arena.containing_block(address)
-        return start
+        for source in (self.mempool_blocks, *self.arenas):
+            start = source.containing_block(address)
+            if start is not None:
+                return start
+        return None
 
     def record_stream(self, address: int, stream: StreamRef) -> bool:
         """Rule 2 for the block holding ``address``; False when no live block holds it.  In a
@@ -161,42 +186,16 @@ class DeviceAllocator:
         start = self.mempool_blocks.containing_block(address)
         if start is not None:
             return start, self.mempool_blocks.block_size(start)
-        if self.arena is not None and self.arena.containing_block(address) is not None:
-            return self.arena.slab_of(address)
+        for arena in self.arenas:
+            if arena.containing_block(address) is not None:
+                return arena.slab_of(address)
         return None
 
     # -- figures ----------------------------------------------------------------------------
 
     def segments(self) -> list[dict]:
-        """What this generation holds, for a snapshot: one segment per arena slab (its blocks
-        allocated, awaiting their free, or free), per scratch block (its carved arrays are not
-        tracked here: the snapshot fills them from the history) and per live mempool
-        allocation, then the mempool's reserve that nothing holds (reserved minus everything
-        above, with the driver's rounding).  Each segment: ``kind`` (``"arena slab"``,
-        ``"scratch"``, ``"mempool"``, ``"mempool reserve"``), ``address``, ``size``,
-        ``stream`` (0 for the legacy stream), ``blocks`` as ``(address, size, state)``.
-        Bytes throughout."""
-        self.issue_frees()
-        out = []
-        slab_starts = set()
-        if self.arena is not None:
-            for start, size, key, blocks in layout(self.arena):
-                slab_starts.add(start)
-                out.append({"kind": "arena slab", "address": start, "size": size,
-                            "stream": key if isinstance(key, int) else 0, "blocks": blocks})
-        for ptr, size in self.mempool_blocks.ledger.copy().items():
-            start = int(ptr)
-            if start in slab_starts:
-                continue  # the arena's slab (its ledger entry is the slab's allocation)
-            kind = "scratch" if start in self.scratch_blocks else "mempool"
-            out.append({"kind": kind, "address": start, "size": size, "stream": 0,
-                        "blocks": [(start, size, "allocated")]})
-        held = sum(segment["size"] for segment in out)
-        reserve = self.pool.usage().reserved - held
-        if reserve > 0:
-            out.append({"kind": "mempool reserve", "address": 0, "size": reserve, "stream": 0,
-                        "blocks": [(0, reserve, "free")]})
-        return out
+        """What this generation holds, for a snapshot (:func:`segments`)."""
+        return segments(self)
 
     def issue_frees(self) -> None:
         """Before figures are read and before a barrier: releases held back by a capture that
@@ -225,9 +224,9 @@ class DeviceAllocator:
         free, total = device_memory_info(self.cu)
         usage = self.pool.usage()
         free += usage.reserved - usage.used + self.mempool_blocks.released_bytes()  # rule 4's: free soon
-        if self.arena is not None:
-            arena = self.arena.statistics()
-            free += arena.reserved - arena.in_use
+        for arena in self.arenas:
+            figures = arena.statistics()
+            free += figures.reserved - figures.in_use
         cap = self.pool.max_size
         if cap:
             total = cap
@@ -243,8 +242,7 @@ class DeviceAllocator:
         kind = "private mempool" if pool.is_private else "device default mempool"
         cap = f" (capped at {_fmt(pool.max_size)})" if pool.max_size else ""
         arena = ""
-        if self.arena is not None:
-            a = self.arena.statistics()
+        for a in (arena.statistics() for arena in self.arenas):
             arena = f", arena slabs {_fmt(a.reserved)} of which {_fmt(a.in_use)} in blocks"
         return (f"numba_pool: out of memory allocating {_fmt(size)} on device {pool.device_id} "
                 f"after synchronizing, trimming and retrying once: {kind}{cap} reserves {_fmt(usage.reserved)}, "
@@ -286,12 +284,12 @@ class DeviceAllocator:
         self.issue_frees()
         releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
         released = self.mempool_blocks.take_released(releases)
-        arena_released = self.arena.take_released(releases) if self.arena is not None else []
+        arena_released = [arena.take_released(releases) for arena in self.arenas]
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
         self.mempool_blocks.free_idle(released)
         run_releases(releases)
-        if self.arena is not None:
-            self.arena.release_cached(arena_released)
+        for arena, taken in zip(self.arenas, arena_released):
+            arena.release_cached(taken)
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
         self.pool.trim(keep_bytes)
         if self._capture_pool is not None:
@@ -306,9 +304,9 @@ class DeviceAllocator:
         allocation under way may still name it."""
         releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
         pointers = self.mempool_blocks.take_all() + [ptr for ptr, _ in self.mempool_blocks.take_released(releases)]
-        if self.arena is not None:
-            self.arena.fences.take_all(releases)
-            pointers += [self.cu.CUdeviceptr(start) for start, _ in self.arena.drop_all()]
+        for arena in self.arenas:
+            arena.fences.take_all(releases)
+            pointers += [self.cu.CUdeviceptr(start) for start, _ in arena.drop_all()]
         self.waits.waiting.clear()
         self.graph_blocks.live.clear()  # graph memory: its graphs' own, not this pool's
         while self.scratch_blocks:  # popitem, not a copy: a finalizer may pop one meanwhile
@@ -330,10 +328,42 @@ class DeviceAllocator:
         with contextlib.suppress(CudaAPIError):
             self.pool.trim(0)
         destroy_when_collected(self, self.pool, self.waits.owner)
-        fences = [source.fences for source in (self.mempool_blocks, self.arena) if source is not None]
+        fences = [source.fences for source in self.sources]
         weakref.finalize(self, _destroy_private, self.private_streams, fences, self.waits.owner).atexit = False
         if self._capture_pool is not None:
             destroy_when_collected(self, self._capture_pool, self.waits.owner)
+
+
+def segments(allocator: DeviceAllocator) -> list[dict]:
+    """What ``allocator``'s generation holds, for a snapshot: one segment per arena slab (its blocks
+    allocated, awaiting their free, or free), per scratch block (its carved arrays are not
+    tracked here: the snapshot fills them from the history) and per live mempool
+    allocation, then the mempool's reserve that nothing holds (reserved minus everything
+    above, with the driver's rounding).  Each segment: ``kind`` (``"arena slab"``,
+    ``"scratch"``, ``"mempool"``, ``"mempool reserve"``), ``address``, ``size``,
+    ``stream`` (0 for the legacy stream), ``blocks`` as ``(address, size, state)``.
+    Bytes throughout."""
+    allocator.issue_frees()
+    out = []
+    slab_starts = set()
+    for arena in allocator.arenas:
+        for start, size, key, blocks in layout(arena):
+            slab_starts.add(start)
+            out.append({"kind": "arena slab", "address": start, "size": size,
+                        "stream": key if isinstance(key, int) else 0, "blocks": blocks})
+    for ptr, size in allocator.mempool_blocks.ledger.copy().items():
+        start = int(ptr)
+        if start in slab_starts:
+            continue  # the arena's slab (its ledger entry is the slab's allocation)
+        kind = "scratch" if start in allocator.scratch_blocks else "mempool"
+        out.append({"kind": kind, "address": start, "size": size, "stream": 0,
+                    "blocks": [(start, size, "allocated")]})
+    held = sum(segment["size"] for segment in out)
+    reserve = allocator.pool.usage().reserved - held
+    if reserve > 0:
+        out.append({"kind": "mempool reserve", "address": 0, "size": reserve, "stream": 0,
+                    "blocks": [(0, reserve, "free")]})
+    return out
 
 
 def destroy_when_collected(holder, pool: MemPool, owner: OwnerContext) -> None:

@@ -34,9 +34,10 @@ from functools import partial
 from ..cuda.capture import is_capturing
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure, warn
 from ..cuda.errors import api_error
-from ..cuda.pointers import PoolPointer
-from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
+from ..cuda.streams import LEGACY, StreamRef
+from .block import Block
 from .captures import SideStream, defer, still_capturing, underway
+from .doors import PooledDoor
 from .fences import take_list
 from .sources import BlockSource
 
@@ -44,7 +45,7 @@ from .sources import BlockSource
 IDLE_BLOCKS = 64
 
 
-class PooledBlocks(BlockSource):
+class PooledBlocks(PooledDoor, BlockSource):
     """Rule 7: blocks straight from the mempool (``cuMemAllocFromPoolAsync`` and
     ``cuMemFreeAsync`` on the allocation stream).
 
@@ -73,31 +74,25 @@ class PooledBlocks(BlockSource):
         self._release_bound = self._release
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
-    def allocate(self, size: int) -> PoolPointer:
-        """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`):
-        ``size`` bytes on the thread's allocation stream, freed on it when the pointer is
-        released.  Inside ``numba_pool.scratch`` the thread's scratch block serves it.  The
-        allocation path (:mod:`numba_pool.plugin.path`) is this method itself when no adaptor is
-        on: a dispatching call in between cost 0.25 µs per allocation (``numba-pool bench
-        --part allocator``).
+    def allocate_block(self, size: int, stream: StreamRef) -> Block:
+        """The core's contract (:mod:`.block`): ``size`` bytes for work on ``stream``, a
+        :class:`~numba_pool.allocator.block.Block` whose ``release(block)`` frees it on
+        ``stream`` by the stream rule.  No scratch (a ``numba_pool.scratch`` scope belongs to
+        the EMM door's thread); rule 13 as :meth:`allocate`.
 
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
-            after the out-of-memory handler made room; any other driver error as returned."""
-        stream = per_thread.stream if scopes_entered else LEGACY
+        :raises CudaAPIError: as :meth:`allocate`."""
         if underway or (stream is not LEGACY and is_capturing(self._cu, stream.handle)):
-            return self.capture_router(size)  # rule 13
-        if stream.scratch is not None:
-            return stream.scratch.allocate(size)
+            return self.capture_router(size, stream)  # rule 13
         fences = self.fences
         if (fences.batches or len(self.legacy_frees) + len(fences.after_fence) >= fences.fence_blocks
                 or self.legacy_bytes >= fences.fence_bytes):
-            self.settle()  # rule 4: a fence is due, or one may have completed
+            self.settle()
         if stream is LEGACY:
             idle = self.idle.get(size)
             if idle:
                 try:
                     return self._hand_out(idle.pop(), size, LEGACY)
-                except IndexError:  # another thread took the last one
+                except IndexError:
                     pass
         return self.allocate_on(size, stream)
 
@@ -110,7 +105,7 @@ class PooledBlocks(BlockSource):
             handle = self._private = self.alloc_stream.handle
         return handle
 
-    def allocate_on(self, size: int, stream: StreamRef) -> PoolPointer:
+    def allocate_on(self, size: int, stream: StreamRef) -> Block:
         """``size`` bytes on ``stream`` straight from the mempool, freed on it when released
         (no scratch, no capture check: :meth:`allocate` and rule 13's router decide that).
 
@@ -119,22 +114,24 @@ class PooledBlocks(BlockSource):
         err, ptr = self._alloc_async(size, self._pool, handle)
         if err:
             if self.dropped:  # a reset overtook this allocation
-                return self.after_reset(size)
+                return self.after_reset(size, stream)
             ptr = self._after_error(size, stream, err)
         if stream is LEGACY and self._query(handle)[0]:  # rule 4: complete before it is used elsewhere
             self.alloc_stream.complete()
         return self._hand_out(ptr, size, stream)
 
-    def _hand_out(self, ptr, size: int, stream: StreamRef) -> PoolPointer:
+    def _hand_out(self, ptr, size: int, stream: StreamRef) -> Block:
         ledger = self.ledger
         ledger[ptr] = size
         if self.dropped:  # a reset began meanwhile: the block belongs to the generation it dropped
             return self._lost_to_reset(ledger, ptr, size, stream)
         self._note(size)
         self._drain_if_due()
-        return self._pointer(self._context, ptr, size, partial(self._release_bound, ledger, ptr, stream))
+        block = Block()  # Note [A Block replaces the release's partial] in .block
+        block.ptr, block.size, block.stream, block.release, block.ledger = ptr, size, stream, self._release_bound, ledger
+        return block
 
-    def allocate_beside(self, size: int) -> PoolPointer:
+    def allocate_beside(self, size: int) -> Block:
         """Rule 13: ``size`` bytes for the legacy stream's users while a capture is under way
         (which the legacy stream would join or break): allocated on a side stream and
         synchronized with it (the caller is in relaxed capture mode), so the block is idle when
@@ -147,30 +144,33 @@ class PooledBlocks(BlockSource):
         ledger = self.ledger
         ledger[ptr] = size
         self._note(size)
-        return self._pointer(self._context, ptr, size, partial(self._release_bound, ledger, ptr, LEGACY))
+        block = Block()
+        block.ptr, block.size, block.stream, block.release, block.ledger = ptr, size, LEGACY, self._release_bound, ledger
+        return block
 
     def _after_error(self, size: int, stream: StreamRef, err):
         if err != OUT_OF_MEMORY:
             raise api_error(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) failed with {err.name}")
         return self._on_out_of_memory(size, partial(self._retry, size, stream))
 
-    def _lost_to_reset(self, ledger: dict, ptr, size: int, stream: StreamRef) -> PoolPointer:
+    def _lost_to_reset(self, ledger: dict, ptr, size: int, stream: StreamRef) -> Block:
         # The block was never used: back on its stream, unless the reset's snapshot took it
         # (then the reset frees it); the next generation serves the request.
         if ledger.pop(ptr, None) is not None:
             report_failure(self._free_async(ptr, self._handle_of(stream)), f"cuMemFreeAsync({int(ptr):#x})")
-        return self.after_reset(size)
+        return self.after_reset(size, stream)
 
     def _retry(self, size: int, stream: StreamRef):
         return check(self._alloc_async(size, self._pool, self._handle_of(stream)),
                      f"cuMemAllocFromPoolAsync({size} bytes)")
 
-    def _release(self, ledger: dict, ptr, stream: StreamRef) -> None:
-        # Any thread, from a finalizer: never raises.
+    def _release(self, block: Block) -> None:
+        # Any thread, from a finalizer: never raises.  Once per block.
         if underway and still_capturing(self._cu):  # rule 13: no driver call while a capture is under way
-            defer(partial(self._release, ledger, ptr, stream))
+            defer(partial(self._release, block))
             return
-        size = ledger.pop(ptr, None)
+        ptr, stream = block.ptr, block.stream
+        size = block.ledger.pop(ptr, None)
         if size is None:  # a reset freed it already
             return
         self._note(~size)

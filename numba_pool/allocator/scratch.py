@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from functools import partial
 from typing import Iterator
 
 from cuda.bindings import driver as cu
 
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, enter_scope, leave_scope, per_thread
+from .block import Block, make_block
 from .free_list import round_up
 from .waits import split_waiting
 
@@ -75,7 +75,9 @@ class ScratchBlock:
             self._outstanding.pop(address, None)
             with _on_stream(self.stream):
                 return self._overflow(size)
-        return type(self.block)(self.block.context, cu.CUdeviceptr(address), size, partial(self._drop, address))
+        block = make_block(cu.CUdeviceptr(address), size, self.stream, self._drop)
+        block.start, block.ref = address, self
+        return type(self.block)(self.block.context, block.ptr, size, block)
 
     def _dropped(self) -> bool:
         # After the carve is registered: a reset marks the mempool blocks dropped before it
@@ -107,11 +109,12 @@ class ScratchBlock:
         self._recorded.clear()
         self._allocator = None
 
-    def _drop(self, address: int) -> None:
+    def _drop(self, carved: Block) -> None:
         # Release of a carved-out array: any thread, must not raise.  Its recorded streams are
         # waited for now, while they are alive; its holds pass to the block, whose release
         # orders at once and is made free when they let go (Note [A release made free later
         # orders now]).
+        address = carved.start
         streams, holds = split_waiting(self._recorded.pop(address, None) if self._recorded else None)
         allocator = self._allocator
         if allocator is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .block import Block
 from .fences import Fences, PrivateStream
 from .usage import UsageTracker
 from .waits import StreamWaits
@@ -16,15 +17,16 @@ class BlockSource:
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
     :param pool_handle: the device's mempool (``CUmemoryPool``).
     :param context: the Numba context the pointers belong to.
-    :param pointer: the class of the pointers handed out: the frontend's ``PoolPointer``
-        (:meth:`numba_pool.cuda.frontend.Frontend.derive`), ``(context, CUdeviceptr, size,
-        release)``; the allocator itself knows no frontend.
+    :param pointer: the EMM door's factory: the class of the pointers its ``allocate(size)``
+        hands out, the frontend's ``PoolPointer`` (:meth:`numba_pool.cuda.frontend.Frontend.derive`),
+        ``(context, CUdeviceptr, size, block)``; the core itself (``allocate_block(size,
+        stream) -> Block``, :mod:`.block`) knows no frontend.
     :param waits: the device allocator's release ordering (rules 2 and 8).
     :param usage: the usage tracker that allocations and frees append their events to.
     :param on_out_of_memory: ``(size, retry)``: make room, then ``retry()`` once
         (:meth:`numba_pool.allocator.device.DeviceAllocator.out_of_memory`).
-    :param after_reset: serves, from the next generation, an allocation of ``size`` bytes that
-        a reset overtook (:attr:`dropped`): "an allocation never completes against a reset
+    :param after_reset: ``(size, stream) -> Block``: serves, from the next generation, an
+        allocation of ``size`` bytes on ``stream`` that a reset overtook (:attr:`dropped`): "an allocation never completes against a reset
         generation".
     :param alloc_stream: the private stream new memory for the legacy stream's owners is
         allocated on (:class:`~numba_pool.allocator.fences.PrivateStream`), shared by the
@@ -56,15 +58,25 @@ class BlockSource:
         # Rule 4: the batches of released legacy-stream blocks and their fences.
         self.fences = Fences(cu, fence_bytes or 1 << 62, waits.fence_waits, waits.fence_lock, waits.after_fence)
         #: Rule 13's slow branch (:class:`~numba_pool.allocator.captures.CaptureRouter`), set by
-        #: the device allocator: an allocation while a capture is under way, or on a capturing stream.
-        self.capture_router: Callable[[int], object] = _no_router
+        #: the device allocator: an allocation while a capture is under way, or on a capturing
+        #: stream, ``(size, stream) -> Block``.
+        self.capture_router: Callable[[int, object], Block] = _no_router
+
+    def wrap(self, block: Block):
+        """The EMM door's pointer for ``block`` (off the hot paths, which build it inline):
+        ``captured`` names the capture whose graph allocated it (rule 13)."""
+        mem = self._pointer(self._context, block.ptr, block.size, block)
+        capture = getattr(block, "capture", 0)
+        if capture:
+            mem.captured = capture
+        return mem
 
 
-def _no_successor(size: int):
+def _no_successor(size: int, stream=None):
     raise RuntimeError(f"numba_pool: an allocation of {size} bytes was overtaken by a reset of its pool, "
                        "and no allocator serves the next generation")
 
 
-def _no_router(size: int):
+def _no_router(size: int, stream=None):
     raise RuntimeError(f"numba_pool: an allocation of {size} bytes met a stream capture, and no capture router "
                        "was set up for this block source")

@@ -17,14 +17,14 @@ collector frees a reference cycle, PEP 442) for about a tenth of that.
 What ``weakref.finalize`` gave that ``__del__`` does not, and how each is covered here:
 
 * ``MemoryPointer.free()`` runs the finalizer early.  :meth:`PoolPointer.free` does the same:
-  the release runs once, whichever of ``free()`` and ``__del__`` comes first.
+  the block's release runs once, whichever of ``free()`` and ``__del__`` comes first.
 * ``weakref.finalize`` runs the finalizers still alive at exit, before modules are torn down; a
   ``__del__`` may run during the teardown, when the driver bindings and our module globals may
   be gone.  :meth:`PoolPointer.__del__` therefore releases nothing once the interpreter is
   finalizing (``sys.is_finalizing()``, bound early): the memory goes with the CUDA context at
   exit.  The same remedy as cuda-python's and CuPy's (cuda-python #973, CuPy #2809).
 * ``weakref.finalize`` belongs to one object: a copy of a Numba ``MemoryPointer`` shares it, and
-  it runs once.  A plain copy of our pointer would share ``_release`` and release twice, handing
+  it runs once.  A plain copy of our pointer would share ``_block`` and release it twice, handing
   one block to two owners.  :meth:`PoolPointer.__copy__` (and ``__deepcopy__``) therefore return
   a non-owning view that keeps the original alive, as Numba's ``MemoryPointer.view`` does.
 """
@@ -37,22 +37,24 @@ from typing import Callable
 
 
 class PoolPointer:
-    """Mixin for a frontend's ``MemoryPointer``: a pointer that owns numba_pool memory and calls
-    ``release()`` (no arguments, must not raise) exactly once: on :meth:`free` or when the
-    pointer is collected.
+    """Mixin for a frontend's ``MemoryPointer``: the EMM door of the allocator's core
+    (:mod:`numba_pool.allocator.block`).  It holds one :class:`~numba_pool.allocator.block.Block`
+    and releases it exactly once, ``block.release(block)`` (which must not raise): on
+    :meth:`free` or when the pointer is collected.
 
     :param context: the Numba context (Numba ignores it; kept for its interface).
     :param pointer: the device address (``CUdeviceptr``).
     :param size: bytes requested.
-    :param release: returns the memory to its pool; called at most once.
+    :param block: the block (or an adaptor's wrapper of it, :meth:`wrap_release`); released at
+        most once.
     """
 
-    _release = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
+    _block = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
     #: The id of the stream capture whose graph allocated this memory (an allocation node,
     #: rule 13 of numba_pool.allocator), 0 for memory allocated outside any capture.
     captured = 0
 
-    def __init__(self, context, pointer, size: int, release: Callable[[], None]):
+    def __init__(self, context, pointer, size: int, block):
         # MemoryPointer.__init__'s attributes, set here rather than through super().__init__(),
         # which costs 0.25 µs more per allocation (measured: docs/perf-notes.md).  A CI test
         # checks that this list stays the one each frontend's MemoryPointer sets.
@@ -62,7 +64,14 @@ class PoolPointer:
         self.is_managed = True  # it owns its memory, as a MemoryPointer with a finalizer does
         self.refct = 1
         self._owner = None
-        self._release = release
+        self._block = block
+
+    @property
+    def block(self):
+        """The allocator's :class:`~numba_pool.allocator.block.Block` of this memory (None once
+        released)."""
+        block = self._block
+        return block.block if type(block) is _Adapted else block
 
     def free(self) -> None:
         """Release the memory now (Numba's ``MemoryPointer.free``); arrays on it must not be
@@ -71,11 +80,11 @@ class PoolPointer:
         :raises RuntimeError: when the memory was already released ("Freeing dead memory",
             Numba's message).
         """
-        release = self._release
-        if release is None:
+        block = self._block
+        if block is None:
             raise RuntimeError("Freeing dead memory")
-        self._release = None
-        release()
+        self._block = None
+        block.release(block)
 
     def wrap_release(self, adaptor: Callable[..., None], *args) -> None:
         """Put an adaptor's part in front of this pointer's release: from now on, releasing
@@ -87,10 +96,10 @@ class PoolPointer:
 
         :raises RuntimeError: when the memory was already released ("Freeing dead memory").
         """
-        release = self._release
-        if release is None:
+        block = self._block
+        if block is None:
             raise RuntimeError("Freeing dead memory")
-        self._release = partial(adaptor, *args, release)
+        self._block = _Adapted(block, partial(adaptor, *args, partial(block.release, block)))
 
     def __copy__(self):
         """A view of the whole allocation that owns nothing and keeps this pointer alive: the
@@ -102,9 +111,24 @@ class PoolPointer:
         return self.view(0)
 
     def __del__(self, _finalizing=sys.is_finalizing) -> None:
-        release = self._release
-        if release is not None and not _finalizing():
-            release()
+        block = self._block
+        if block is not None and not _finalizing():
+            block.release(block)
+
+
+class _Adapted:
+    """A block whose release an adaptor wraps (:meth:`PoolPointer.wrap_release`): releasing it
+    runs ``chain()``, the adaptors' parts and then the block's own release."""
+
+    __slots__ = ("block", "chain")
+
+    def __init__(self, block, chain: Callable[[], None]):
+        self.block = block.block if type(block) is _Adapted else block
+        self.chain = chain
+
+    @staticmethod
+    def release(adapted: "_Adapted") -> None:
+        adapted.chain()
 
 
 class PooledManagedMemory(PoolPointer):
@@ -121,9 +145,9 @@ class PooledManagedMemory(PoolPointer):
     device memory.
     """
 
-    def __init__(self, context, pointer, size: int, release: Callable[[], None]):
+    def __init__(self, context, pointer, size: int, block):
         # ManagedMemory.__init__'s attributes beyond MemoryPointer's (a CI test checks the list).
-        PoolPointer.__init__(self, context, pointer, size, release)
+        PoolPointer.__init__(self, context, pointer, size, block)
         self.owned = None
         self._buflen_ = size
         self._bufptr_ = int(pointer)

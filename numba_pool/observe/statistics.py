@@ -156,7 +156,7 @@ def collect(usage, allocator, host=None, managed=None) -> PoolStatistics:
         pool_used_bytes=pool.used, pool_used_high=pool.used_high,
         pool_released_bytes=allocator.mempool_blocks.released_bytes(),
         oom_retries=usage.oom_retries, oom_errors=usage.oom_errors,
-        **_arena_fields(allocator.arena), **_cache_fields(host, "host_on"), **_cache_fields(managed, "managed_on"),
+        **_arena_fields(allocator.arenas), **_cache_fields(host, "host_on"), **_cache_fields(managed, "managed_on"),
         **_graph_fields(allocator))
 
 
@@ -171,14 +171,14 @@ def _graph_fields(allocator) -> dict:
             "releases_held_for_capture": captures.held_back()}
 
 
-def _arena_fields(arena) -> dict:
-    if arena is None:
-        return {}
-    a = arena.statistics()
-    return {"arena_reserved_bytes": a.reserved, "arena_in_use_bytes": a.in_use,
-            "arena_free_blocks": a.free_blocks, "arena_largest_free_block": a.largest_free_block,
-            "arena_on": True, "arena_cached_bytes": a.cached, "arena_quarantined_bytes": a.quarantined,
-            "arena_free_bytes": a.free, "arena_slabs": a.slabs}
+def _arena_fields(arenas) -> dict:
+    fields: dict = {}
+    for a in (arena.statistics() for arena in arenas):  # none when the arena is off
+        fields = {"arena_reserved_bytes": a.reserved, "arena_in_use_bytes": a.in_use,
+                  "arena_free_blocks": a.free_blocks, "arena_largest_free_block": a.largest_free_block,
+                  "arena_on": True, "arena_cached_bytes": a.cached, "arena_quarantined_bytes": a.quarantined,
+                  "arena_free_bytes": a.free, "arena_slabs": a.slabs}
+    return fields
 
 
 def _cache_fields(cache, switch: str) -> dict:

@@ -4,10 +4,9 @@ the block source of a device's managed allocation path (:mod:`numba_pool.plugin.
 
 from __future__ import annotations
 
-from functools import partial
-
 from .. import config as _config
 from ..allocator.backings import ManagedBacking
+from ..allocator.block import Block, make_block
 from ..allocator.host_blocks import HostBlocks
 from ..allocator.device import destroy_now, destroy_when_collected
 from ..cuda.context import OwnerContext
@@ -55,7 +54,9 @@ class ManagedSource:
         handle = block.handle
         if handle is None:
             handle = block.handle = self._cu.CUdeviceptr(block.host)
-        mem = self._pointer(self._context, handle, size, partial(self._cache.release, block, self._deferral))
+        record = make_block(handle, size, stream, self._release)
+        record.ref = block
+        mem = self._pointer(self._context, handle, size, record)
         if self._prefetch_to is not None:
             try:
                 prefetch(self._cu, block.host, size, self._prefetch_to, stream.handle)
@@ -63,6 +64,10 @@ class ManagedSource:
                 mem.free()
                 raise
         return mem
+
+    def _release(self, record: Block) -> None:
+        # The pointer's release (any thread, never raises): the host block back to the cache.
+        self._cache.release(record.ref, self._deferral)
 
 
 

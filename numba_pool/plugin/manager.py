@@ -147,7 +147,7 @@ class NumbaPoolManager:
             pool.reserve(config.initial_size)
             allocator = DeviceAllocator(cu, pool, self.context, self._usage, config,
                                         before_retry=self.deallocations.clear, deferral=self.deferral,
-                                        after_reset=self.allocate_unadapted, pointer=self.frontend.PoolPointer)
+                                        after_reset=self.allocate_block, pointer=self.frontend.PoolPointer)
             self.config = config
             if self.context_proxy is None:
                 self.context_proxy = _proxy(self.context)
@@ -201,7 +201,14 @@ class NumbaPoolManager:
         """:meth:`memalloc` from the block source, without the adaptors (scratch blocks are
         neither logged nor counted: the arrays carved from them are)."""
         self.initialize()
-        return self.allocator.allocate(size)
+        return self.allocator.source.allocate(size)
+
+    def allocate_block(self, size: int, stream) -> "Block":
+        """The core's ``allocate(size, stream)`` on this device's current generation
+        (:meth:`DeviceAllocator.allocate <numba_pool.allocator.device.DeviceAllocator.allocate>`):
+        what an allocation that a reset overtook gets instead."""
+        self.initialize()
+        return self.allocator.allocate(size, stream)
 
     def scratch(self, nbytes: int):
         """This thread's scratch scope on this device (:func:`numba_pool.scratch`)."""

@@ -73,9 +73,9 @@ def compose(allocator: DeviceAllocator, *, managed: Callable[[int], PoolPointer]
     source ``managed``, when given), each wrapped by the logging adaptor when ``log`` is given,
     then by the counting adaptor when ``counting``, then by the recording adaptor when
     ``recording``."""
-    layers = ["arena" if allocator.arena is not None else "mempool"]
+    layers = ["arena" if allocator.arenas else "mempool"]
     layers += ["log"] * (log is not None) + ["counting"] * counting + ["history"] * (recording is not None)
-    arena_limit = allocator.arena.max_block if allocator.arena is not None else -1
+    arena_limit = max((arena.max_block for arena in allocator.arenas), default=-1)
     device = _adapt(allocator.source.allocate, "device", log, counting, recording, arena_limit)
     return Path(device, tuple(reversed(layers)),
                 None if managed is None else _adapt(managed, "managed", log, counting, recording, -1))

@@ -29,12 +29,12 @@ BUDGET = settings(max_examples=3000, stateful_step_count=30, deadline=None, dera
                   phases=[Phase.generate], suppress_health_check=list(HealthCheck), print_blob=False)
 
 
-def release_without_quarantine(self, start, size, rounded):
+def release_without_quarantine(self, block):
     """Rule 4 broken: a legacy block is ready for reuse at once, with no fence."""
     if self.dropped:
         return
-    self._note(~size)
-    self.ready.setdefault(rounded, []).append(start)
+    self._note(~block.size)
+    self.ready.setdefault(block.rounded, []).append(block.start)
 
 
 def take_another_streams_block(self, rounded, stream):

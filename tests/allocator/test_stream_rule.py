@@ -540,9 +540,9 @@ def test_the_log_of_reuse_scratch_and_threads_replays(tmp_path):
 # 4. Planted bugs that the model must catch; each with the same program unpatched as control.
 
 
-def _free_without_fence(self, start, size, rounded):
-    self._note(~size)
-    self.ready.setdefault(rounded, []).append(start)  # no quarantine, no fence
+def _free_without_fence(self, block):
+    self._note(~block.size)
+    self.ready.setdefault(block.rounded, []).append(block.start)  # no quarantine, no fence
 
 
 def _legacy_reuse_program(p: Program):

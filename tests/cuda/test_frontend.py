@@ -16,6 +16,7 @@ from cuda.bindings import driver as cu
 
 import numba_pool
 from helpers import FRONTENDS, MISSING_FRONTENDS, run_python
+from numba_pool.allocator.block import make_block
 from numba_pool.cuda import errors
 from numba_pool.cuda import frontend as frontends
 from numba_pool.plugin import api
@@ -71,7 +72,7 @@ def test_modules_belong_to_their_frontend(module, name):
 def test_objects_belong_to_their_frontend(frontend_name):
     frontend = frontends.load(frontend_name)
     assert frontends.name_of(frontend.MemoryPointer(None, cu.CUdeviceptr(256), 8)) == frontend_name
-    assert frontends.name_of(frontend.PoolPointer(None, cu.CUdeviceptr(256), 8, lambda: None)) == frontend_name
+    assert frontends.name_of(frontend.PoolPointer(None, cu.CUdeviceptr(256), 8, make_block(None, 8, None, lambda _: None))) == frontend_name
     stream = frontend.driver.Stream(cu.CUstream(0))
     assert frontends.name_of(stream) == frontend_name
     context = frontend.driver.Context.__new__(frontend.driver.Context)

@@ -15,10 +15,16 @@ from numba_pool.cuda import pointers
 
 
 class Releases:
+    """A stand-in for a Block: the pointer calls ``block.release(block)``."""
+
     def __init__(self):
         self.count = 0
 
-    def __call__(self):
+    def release(self, block):
+        assert block is self
+        self.count += 1
+
+    def __call__(self):  # a pinned memory's release
         self.count += 1
 
 
@@ -47,7 +53,7 @@ def test_has_every_attribute_numba_memory_pointer_sets(frontend, PoolPointer):
     numba_attributes = set(vars(MemoryPointer(None, cu.CUdeviceptr(256), 8, finalizer=lambda: None)))
     ours = set(vars(PoolPointer(None, cu.CUdeviceptr(256), 8, Releases())))
     assert numba_attributes - {"_finalizer"} <= ours
-    assert ours - numba_attributes == {"_release"}
+    assert ours - numba_attributes == {"_block"}
 
 
 def test_behaves_as_an_owning_memory_pointer(PoolPointer):
@@ -115,15 +121,16 @@ def test_nothing_is_released_or_reported_while_the_interpreter_exits(frontend_na
     code = f"""
 import sys
 from cuda.bindings import driver as cu
+from numba_pool.allocator.block import make_block
 from numba_pool.cuda import frontend
 PoolPointer = frontend.load({frontend_name!r}).PoolPointer
 
-def release():
+def release(block):
     sys.stdout.write("released\\n")
 
-freed = PoolPointer(None, cu.CUdeviceptr(256), 8, release)
+freed = PoolPointer(None, cu.CUdeviceptr(256), 8, make_block(None, 8, None, release))
 del freed
-alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, release)
+alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, make_block(None, 8, None, release))
 """
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr

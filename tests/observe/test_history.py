@@ -12,6 +12,7 @@ import pytest
 
 import numba_pool
 from cuda_model.harness import LEGACY, Program
+from numba_pool.allocator.block import make_block
 from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.observe import history
 from numba_pool.plugin import debugging
@@ -243,7 +244,8 @@ def test_the_adaptors_hand_back_upstreams_own_pointer_marked_and_released_once(t
     made = []
 
     def upstream(size: int):
-        pointer = load("numba-cuda").PoolPointer(None, cu.CUdeviceptr(0x7000), size, lambda: releases.append(size))
+        pointer = load("numba-cuda").PoolPointer(None, cu.CUdeviceptr(0x7000), size,
+                                                 make_block(None, size, None, lambda _: releases.append(size)))
         pointer.captured = 7  # an allocation node of capture 7
         made.append(pointer)
         return pointer

@@ -1,0 +1,102 @@
+"""The EMM door's allocation paths: each block source's ``allocate(size) -> pointer``, Numba's
+``memalloc`` with no adaptor on (:mod:`numba_pool.plugin.path`).
+
+The core's contract is ``allocate_block(nbytes, stream) -> Block`` (:mod:`.block`); this door
+adds what only the EMM plugin has: the thread's allocation stream (``using_stream``), the
+``numba_pool.scratch`` scope, and the frontend's pointer class, given to the source as its
+``pointer`` factory.  Its hot paths (the arena's ready cache, the mempool's idle blocks) repeat
+the core's few lines inline rather than call it: each Python call layer costs 0.1-0.25 µs per
+allocation (``numba-pool bench --part allocator``), and the path with no adaptor is this
+method itself, no call in between.  Everything else goes through the core and
+:meth:`~numba_pool.allocator.sources.BlockSource.wrap`.
+
+Each class here is a facet of one block source (:class:`ArenaDoor` of
+:class:`~numba_pool.allocator.arena.ArenaBlocks`, :class:`PooledDoor` of
+:class:`~numba_pool.allocator.mempool_blocks.PooledBlocks`), kept in its own module for
+length: it reads the source's own fields, and is mixed into no other class.
+"""
+
+from __future__ import annotations
+
+from ..cuda.capture import is_capturing
+from ..cuda.pointers import PoolPointer
+from ..cuda.streams import LEGACY, per_thread, scopes_entered
+from .block import LegacyBlock
+from .captures import underway
+from .free_list import round_up
+
+
+class ArenaDoor:
+    """The EMM door of :class:`~numba_pool.allocator.arena.ArenaBlocks`."""
+
+    def allocate(self, size: int) -> PoolPointer:
+        """The EMM plugin's ``memalloc`` in arena mode: ``size`` bytes for work on the thread's
+        allocation stream.  Above ``max_block`` bytes, and inside ``numba_pool.scratch``, it
+        hands the request to :attr:`delegate` (the mempool path).
+
+        The legacy stream's path (no scope) is the hot one: a ready block is one ``list.pop``,
+        no lock and no driver call.  With no adaptor on, the allocation path
+        (:mod:`numba_pool.plugin.path`) is this method itself: one call layer fewer.
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when no slab can be had even after
+            the out-of-memory handler made room; any other driver error as returned.
+        """
+        stream = per_thread.stream if scopes_entered else LEGACY
+        if stream is LEGACY and not underway and size <= self.max_block:  # the hot path
+            rounded = round_up(size)
+            ready = self.ready.get(rounded)
+            start = None
+            if ready:
+                try:
+                    start = ready.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+            if start is None:
+                start = self._allocate(rounded, LEGACY, self._take_legacy)
+                if start is None:  # a reset overtook this allocation
+                    return self.wrap(self.after_reset(size, LEGACY))
+            elif self.dropped:  # rule 12: a reset began before the pop; it frees the block's slab
+                return self.wrap(self.after_reset(size, LEGACY))
+            self._note(size)
+            block = LegacyBlock()  # Note [A Block replaces the release's partial] in .block
+            block.ptr = ptr = self._device_pointer(start)
+            block.size = size
+            block.start = start
+            block.rounded = rounded
+            block.release = self._release_legacy_bound
+            return self._pointer(self._context, ptr, size, block)
+        if not underway and (size > self.max_block or stream.scratch is not None):
+            return self.delegate(size)  # the mempool blocks' own door, which serves the scratch block
+        return self.wrap(self.allocate_block(size, stream))
+
+
+class PooledDoor:
+    """The EMM door of :class:`~numba_pool.allocator.mempool_blocks.PooledBlocks`."""
+
+    def allocate(self, size: int) -> PoolPointer:
+        """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`):
+        ``size`` bytes on the thread's allocation stream, freed on it when the pointer is
+        released.  Inside ``numba_pool.scratch`` the thread's scratch block serves it.  The
+        allocation path (:mod:`numba_pool.plugin.path`) is this method itself when no adaptor is
+        on: a dispatching call in between cost 0.25 µs per allocation (``numba-pool bench
+        --part allocator``).
+
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
+            after the out-of-memory handler made room; any other driver error as returned."""
+        stream = per_thread.stream if scopes_entered else LEGACY
+        if stream is LEGACY:
+            fences = self.fences
+            if not (underway or fences.batches or self.legacy_bytes >= fences.fence_bytes
+                    or len(self.legacy_frees) + len(fences.after_fence) >= fences.fence_blocks):
+                idle = self.idle.get(size)
+                if idle:  # the hot path: an idle block, no lock, no driver call
+                    try:
+                        ptr = idle.pop()
+                    except IndexError:  # another thread took the last one
+                        pass
+                    else:
+                        block = self._hand_out(ptr, size, LEGACY)
+                        return self._pointer(self._context, block.ptr, size, block)
+        elif stream.scratch is not None and not (underway or is_capturing(self._cu, stream.handle)):
+            return stream.scratch.allocate(size)
+        return self.wrap(self.allocate_block(size, stream))
