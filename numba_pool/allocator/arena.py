@@ -374,29 +374,28 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             self.quarantine.check_invariants(taken)
             self._domains.check_invariants(taken)
 
-
-def layout(arena: ArenaBlocks) -> list[tuple[int, int, object, list[tuple[int, int, str]]]]:
-    """Every slab of ``arena`` now, as ``(start, size, domain key, blocks)``, each block
-    ``(start, size, state)`` in address order: ``"allocated"`` (its owner holds it),
-    ``"awaiting_free"`` (released, waiting for a fence or a hold), ``"free"`` (ready in the cache,
-    or in the heap).  For snapshots; takes the arena's lock."""
-    with arena._lock:
-        arena._publish_released()
-        ready = {start for starts in list(arena.quarantine.ready.values()) for start in list(starts)}
-        slabs = []
-        for domain in arena._domains:
-            heap = domain.heap
-            free = heap.free_blocks()
-            for slab_start, slab_size in sorted(heap.slabs.items()):
-                end = slab_start + slab_size
-                blocks = [(s, n, "free") for s, n in free if slab_start <= s < end]
-                for start, size in arena.taken.items():
-                    if slab_start <= start < end:
-                        state = ("free" if start in ready else
-                                 "awaiting_free" if arena._is_released(start, size) else "allocated")
-                        blocks.append((start, size, state))
-                slabs.append((slab_start, slab_size, domain.key, sorted(blocks)))
-        return slabs
+    def layout(self) -> list[tuple[int, int, object, list[tuple[int, int, str]]]]:
+        """Every slab now, as ``(start, size, domain key, blocks)``, each block
+        ``(start, size, state)`` in address order: ``"allocated"`` (its owner holds it),
+        ``"awaiting_free"`` (released, waiting for a fence or a hold), ``"free"`` (ready in the cache,
+        or in the heap).  For snapshots; takes the arena's lock."""
+        with self._lock:
+            self._publish_released()
+            ready = {start for starts in list(self.quarantine.ready.values()) for start in list(starts)}
+            slabs = []
+            for domain in self._domains:
+                heap = domain.heap
+                free = heap.free_blocks()
+                for slab_start, slab_size in sorted(heap.slabs.items()):
+                    end = slab_start + slab_size
+                    blocks = [(s, n, "free") for s, n in free if slab_start <= s < end]
+                    for start, size in self.taken.items():
+                        if slab_start <= start < end:
+                            state = ("free" if start in ready else
+                                     "awaiting_free" if self._is_released(start, size) else "allocated")
+                            blocks.append((start, size, state))
+                    slabs.append((slab_start, slab_size, domain.key, sorted(blocks)))
+            return slabs
 
 
 def _not_served(max_block: int, size: int) -> PoolPointer:

@@ -23,7 +23,7 @@ from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.mempool import MemPool, device_memory_info
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
-from .arena import ArenaBlocks, layout
+from .arena import ArenaBlocks
 from .block import Block
 from .captures import CaptureRouter, GraphBlocks, capture_pool_config
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
@@ -347,7 +347,7 @@ def segments(allocator: DeviceAllocator) -> list[dict]:
     out = []
     slab_starts = set()
     for arena in allocator.arenas:
-        for start, size, key, blocks in layout(arena):
+        for start, size, key, blocks in arena.layout():
             slab_starts.add(start)
             out.append({"kind": "arena slab", "address": start, "size": size,
                         "stream": key if isinstance(key, int) else 0, "blocks": blocks})

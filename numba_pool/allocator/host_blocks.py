@@ -413,6 +413,36 @@ class HostBlocks:
             check(result, "cuEventRecord (host block)")
         return event
 
+    def segments(self) -> list[dict]:
+        """Every block this cache reserves, one segment each, for a snapshot: ``kind`` (the
+        backing's: ``"pinned"``, ``"managed"``), ``address``, ``size`` (bytes, rounded), ``stream``
+        0, ``blocks`` as ``[(address, size, state)]``: ``"allocated"`` (live, or held back by
+        ``defer_cleanup``), ``"awaiting_free"`` (cached, its events not yet seen complete), ``"free"``
+        (cached, reusable).  Takes the cache's lock."""
+        with self._lock:
+            self._take_released()
+            live = [(b, "allocated") for b in [*list(self.live.values()), *held_now(self)]]
+            cached = [(b, "free" if self._completed(b) else "awaiting_free")
+                      for bin_ in self.bins.values() for b in bin_]
+            return [{"kind": self.backing.kind, "address": b.host, "size": b.size, "stream": 0,
+                     "blocks": [(b.host, b.size, state)]} for b, state in live + cached]
+
+    def check_invariants(self) -> None:
+        """Every byte accounted for: in use + cached + released (not yet binned) == reserved; no
+        block both live and cached, or twice in the bins.  A release may land while this runs
+        (a finalizer at one of its driver calls): it waits in ``released``, counted there.
+        :raises AssertionError: otherwise."""
+        with self._lock:
+            self._take_released()
+            cached = [b for bin_ in self.bins.values() for b in bin_]
+            hosts = [b.host for b in cached] + list(self.live)
+            assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
+            assert self.cached == sum(b.size for b in cached), (self.cached, cached)
+            in_use = sum(b.size for b in [*self.live.values(), *held_now(self)])
+            released = sum(b.size for b in list(self.released) if b.generation == self.generation)
+            assert in_use + self.cached + released == self.reserved, (in_use, self.cached, released, self.reserved)
+
+
 
 def orphan_live_blocks(cache: HostBlocks) -> None:
     """A reset's live blocks become orphans, freed at their release (under the cache's lock).
@@ -444,21 +474,6 @@ def out_of_memory_error(cache: HostBlocks, size: int, rounded: int, flags: int, 
         f"{cache.cached} cached"))
 
 
-def segments(cache: HostBlocks) -> list[dict]:
-    """Every block ``cache`` reserves, one segment each, for a snapshot: ``kind`` (the
-    backing's: ``"pinned"``, ``"managed"``), ``address``, ``size`` (bytes, rounded), ``stream``
-    0, ``blocks`` as ``[(address, size, state)]``: ``"allocated"`` (live, or held back by
-    ``defer_cleanup``), ``"awaiting_free"`` (cached, its events not yet seen complete), ``"free"``
-    (cached, reusable).  Takes the cache's lock."""
-    with cache._lock:
-        cache._take_released()
-        live = [(b, "allocated") for b in [*list(cache.live.values()), *held_now(cache)]]
-        cached = [(b, "free" if cache._completed(b) else "awaiting_free")
-                  for bin_ in cache.bins.values() for b in bin_]
-        return [{"kind": cache.backing.kind, "address": b.host, "size": b.size, "stream": 0,
-                 "blocks": [(b.host, b.size, state)]} for b, state in live + cached]
-
-
 def held_now(cache: HostBlocks) -> list[HostBlock]:
     """Released blocks that ``defer_cleanup`` holds back, of this generation."""
     return [b for b in list(cache.held.values()) if b.generation == cache.generation]
@@ -475,19 +490,3 @@ def statistics(cache: HostBlocks) -> dict:
     prefix = cache.backing.prefix
     return {f"{prefix}_reserved_bytes": cache.reserved, f"{prefix}_in_use_bytes": sum(b.size for b in live),
             f"{prefix}_cached_bytes": cache.cached + pending, f"{prefix}_blocks": len(live) + cached_blocks}
-
-
-def check_invariants(cache: HostBlocks) -> None:
-    """Every byte accounted for: in use + cached + released (not yet binned) == reserved; no
-    block both live and cached, or twice in the bins.  A release may land while this runs
-    (a finalizer at one of its driver calls): it waits in ``released``, counted there.
-    :raises AssertionError: otherwise."""
-    with cache._lock:
-        cache._take_released()
-        cached = [b for bin_ in cache.bins.values() for b in bin_]
-        hosts = [b.host for b in cached] + list(cache.live)
-        assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
-        assert cache.cached == sum(b.size for b in cached), (cache.cached, cached)
-        in_use = sum(b.size for b in [*cache.live.values(), *held_now(cache)])
-        released = sum(b.size for b in list(cache.released) if b.generation == cache.generation)
-        assert in_use + cache.cached + released == cache.reserved, (in_use, cache.cached, released, cache.reserved)

@@ -13,7 +13,6 @@ import atexit
 import sys
 from typing import Callable, Iterable
 
-from ..allocator.host_blocks import segments as cache_segments
 from ..cuda.driver import warn
 from ..observe import history as _history
 from ..observe import snapshot as _snapshot
@@ -27,7 +26,7 @@ def segments_of(manager) -> list[dict]:
     segments = manager.allocator.segments()
     for cache in (manager.host, manager.managed):
         if cache is not None:
-            segments += cache_segments(cache)
+            segments += cache.segments()
     return segments
 
 

@@ -9,6 +9,7 @@ from ..allocator.backings import ManagedBacking
 from ..allocator.block import Block, make_block
 from ..allocator.host_blocks import HostBlocks
 from ..allocator.device import destroy_now, destroy_when_collected
+from ..cuda import driver
 from ..cuda.context import OwnerContext
 from ..cuda.driver import warn
 from ..cuda.errors import CudaAPIError
@@ -35,7 +36,7 @@ class ManagedSource:
         self._deferral = manager.deferral
         self._context = manager.context_proxy
         self._pointer = manager.frontend.PooledManagedMemory
-        self._cu = cache._cu
+        self._cu = driver.cu  # the driver object the cache was made with (the model's, in tests)
         self._prefetch_to = prefetch_to
 
     def allocate(self, size: int) -> PooledManagedMemory:

@@ -157,15 +157,17 @@ class NumbaPoolManager:
                                        owner=OwnerContext.of(cu, self.context))
             if self.managed is None:
                 self.managed, self.managed_off_because = managed_cache(cu, self.device_id, self.context, config)
-            if config.leak_report:
-                debugging.enable_leak_report(managers)
-            if config.oom_snapshot:
-                debugging.ensure_recording()
             if config.log and self.log is None:
                 self.log = AllocationLog(config.log)
             process.register(self)  # before composing: a scope opening from now on recomposes this path
             self._bind(allocator)
             self.allocator = allocator  # last: initialize()'s check without the lock reads it
+        # Outside the lock: starting the history composes every registered manager's path again,
+        # this one's included, which takes this lock (a reset leaves the manager registered).
+        if config.leak_report:
+            debugging.enable_leak_report(managers)
+        if config.oom_snapshot:
+            debugging.ensure_recording()
 
     def _bind(self, allocator: DeviceAllocator | None) -> None:
         """Compose ``allocator``'s path and make it this instance's ``memalloc``; None unbinds

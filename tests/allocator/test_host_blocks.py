@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from cuda_model import CudaModel
 from cuda_model.harness import LEGACY, Program
-from numba_pool.allocator.host_blocks import DEVICEMAP, HostBlocks, check_invariants
+from numba_pool.allocator.host_blocks import DEVICEMAP, HostBlocks
 from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.cuda.streams import LEGACY as LEGACY_REF
 from numba_pool.cuda.streams import StreamRef
@@ -413,7 +413,7 @@ def test_host_blocks_invariants(actions, cap, threshold):
             model.cuCtxSynchronize()
         elif action == "trim":
             blocks.trim()
-        check_invariants(blocks)
+        blocks.check_invariants()
         model.assert_no_violations()
     assert blocks.reserved <= (cap or blocks.reserved)
     assert model.host_stats()["reserved"] == blocks.reserved

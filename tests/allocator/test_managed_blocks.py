@@ -17,7 +17,7 @@ import pytest
 from cuda.bindings import driver as real_cu
 
 from cuda_model.harness import LEGACY, Program
-from numba_pool.allocator.host_blocks import HostBlocks, check_invariants
+from numba_pool.allocator.host_blocks import HostBlocks
 from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.observe.summary import format_summary
 
@@ -187,7 +187,7 @@ def test_the_cap_waits_for_cached_blocks_then_refuses_in_one_line(prog):
     assert "capped at 8192 bytes (NUMBA_POOL_MANAGED_MAX_SIZE)" in message and "8192 in use" in message
     drop(prog, b)
     assert prog.allocate_managed(100) is not None  # usable after the error
-    check_invariants(prog.mm.managed)
+    prog.mm.managed.check_invariants()
     prog.check()
 
 

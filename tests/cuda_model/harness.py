@@ -561,9 +561,9 @@ class Program(Waits):
         if arena is not None:
             arena.check_invariants()
         if self.mm.managed is not None:
-            host_blocks.check_invariants(self.mm.managed)
+            self.mm.managed.check_invariants()
         if self.mm.host is not None:
-            host_blocks.check_invariants(self.mm.host)
+            self.mm.host.check_invariants()
 
     def finish(self) -> dict:
         """Drop everything, let every hold go, trim, and check that every byte is accounted for.

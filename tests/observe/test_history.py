@@ -264,3 +264,34 @@ def test_the_adaptors_hand_back_upstreams_own_pointer_marked_and_released_once(t
     assert actions(h) == ["alloc", "free"] and not h.live
     log.close()
     assert (tmp_path / "alloc.csv").read_text().count("graph") == 2  # the allocation and its free
+
+
+def test_a_manager_that_starts_the_history_as_it_initializes_again_does_not_deadlock(frontend_name, tmp_path):
+    """``NUMBA_POOL_OOM_SNAPSHOT`` starts the history when a manager initializes; starting it
+    composes every registered manager's path again, this one's included.  After a reset (the
+    manager stays registered) and ``record_history(False)``, the next allocation initializes
+    again: the history must be started outside the manager's initialization lock, or composing
+    this manager's path waits for the lock its own thread holds."""
+    from numba_pool import config as pool_config
+    from numba_pool.plugin.manager import manager_class
+    p = Program(arena=False, frontend=frontend_name)
+    config = pool_config.load(environ={}, oom_snapshot=str(tmp_path / "oom.pickle"))
+    mm = manager_class(p.frontend)(context=p.context, config=config)
+    mm.initialize()
+    assert process.recording is not None
+    mm.reset()
+    numba_pool.record_history(False)
+    done = []
+    thread = threading.Thread(target=lambda: done.append(mm.memalloc(256)), daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    # Deadlocked, the manager's lock stays taken: no cleanup through it (the thread is a daemon).
+    assert done, "the allocation after the reset never returned: initialization deadlocked"
+    try:
+        assert process.recording is not None  # the history is on again, and the path records
+        assert mm.path.layers[0] == "history"
+        done.clear()
+    finally:
+        numba_pool.record_history(False)
+        mm.reset()
+        p.close()
