@@ -205,6 +205,16 @@ class PrivateStream:
 HOST_FENCE_BYTES = 256 << 20
 
 
+class SharedFence:
+    """The legacy-stream event of one host fence (:meth:`HostFences.fence`) and how many blocks
+    of its batch still need it (under the cache's lock)."""
+
+    __slots__ = ("event", "users")
+
+    def __init__(self, event, users: int):
+        self.event, self.users = event, users
+
+
 class HostFences:
     """The blocks of a host-rule cache (:mod:`.host_blocks`) released and binned whose
     legacy-stream event is not yet recorded, and the fences that record them: one point of the
@@ -244,20 +254,34 @@ class HostFences:
             self.fence()
 
     def fence(self) -> None:
-        """The legacy stream's event of every unfenced block, recorded at one point; where a
-        record fails, the context is synchronized instead (rule 8) and the blocks need none."""
+        """One event on the legacy stream for every unfenced block: the batch shares it
+        (:class:`SharedFence`), one driver call whatever its size.  Where the record fails, the
+        context is synchronized instead (rule 8) and the blocks need none."""
         unfenced = self.unfenced
+        if not unfenced:
+            return
         try:
-            while unfenced:
-                block = unfenced[0]
-                block.events.append(self._record(LEGACY))
-                block.fenced = True
-                del unfenced[0]
+            shared = SharedFence(self._record(LEGACY), len(unfenced))
         except Exception as err:  # noqa: BLE001 - nothing earlier remains after the synchronize
             if report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 warn(f"could not fence released {self._kind} blocks ({err}); synchronized the device instead")
                 self.synchronized()
+            return
+        for block in unfenced:
+            block.fence, block.fenced = shared, True
+        unfenced.clear()
         self.recorded += 1
+
+    @staticmethod
+    def let_go(block, free_events: list) -> None:
+        """``block`` leaves its fence (reused or freed): the fence's event goes back to
+        ``free_events`` once no block of its batch needs it."""
+        shared = block.fence
+        if shared is not None:
+            block.fence = None
+            shared.users -= 1
+            if not shared.users:
+                free_events.append(shared.event)
 
     def synchronized(self) -> None:
         """The context was synchronized after every unfenced block was binned (a trim, rule 8's

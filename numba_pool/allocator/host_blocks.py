@@ -115,7 +115,8 @@ class HostBlock:
     generation: int = 0  # the cache's generation (resets so far) that counts it in reserved
     stream: StreamRef = LEGACY  # its allocation stream: its release records an event there too
     handle: object = None  # its CUdeviceptr, made once (managed blocks: what the pointer holds)
-    fenced: bool = False  # its release's legacy-stream event is among ``events``
+    fenced: bool = False  # its owner's blocking-stream work is covered: by ``fence``, or a synchronize
+    fence: object = None  # the SharedFence of its batch (one legacy-stream event for the batch), or None
 
 
 class HostBlocks:
@@ -213,6 +214,8 @@ class HostBlocks:
         if not block.fenced:
             return False
         query = self._cu.cuEventQuery
+        if block.fence is not None and query(block.fence.event)[0] != SUCCESS:
+            return False
         for event in block.events:
             if query(event)[0] != SUCCESS:
                 return False
@@ -241,14 +244,18 @@ class HostBlocks:
         """Wait for (``cuEventSynchronize``) and free the oldest cached blocks until reserved
         bytes <= ``down_to``; unfenced ones are fenced first."""
         deferral = self.fences.deferral
-        if deferral is None or not deferral.depth:  # never the legacy stream inside defer_cleanup
-            self.fences.fence()
+        if self.fences.unfenced and (deferral is None or not deferral.depth):
+            # Over the cap, a barrier as out of memory is (never inside defer_cleanup): the
+            # snapshot of the unfenced blocks was taken (binned) before it, so after it their
+            # owners' work is done; no fence of a few blocks on the legacy stream.
+            check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (host cache over its cap)")
+            self.fences.synchronized()
         for block in self._cached_oldest_first():
             if not block.fenced:  # its owner's blocking-stream work is not known done
                 continue
             if self.reserved <= down_to:
                 return
-            for event in block.events:
+            for event in ([block.fence.event] if block.fence is not None else []) + block.events:
                 check(self._cu.cuEventSynchronize(event), "cuEventSynchronize (host block)")
             self._free_cached(block)
 
@@ -275,6 +282,7 @@ class HostBlocks:
     def _recycle_events(self, block: HostBlock) -> None:
         self._free_events.extend(block.events)
         block.events = []
+        HostFences.let_go(block, self._free_events)
         block.fenced = False
 
     def trim(self) -> int:

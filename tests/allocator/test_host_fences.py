@@ -47,6 +47,47 @@ def test_a_release_is_not_fenced_until_enough_blocks_wait(prog):
     prog.check()
 
 
+def test_a_fence_is_one_event_whatever_the_batch(prog):
+    # A fence of N released blocks is one event record on the legacy stream, shared by the
+    # batch (it recorded one per block before: 32 driver calls per fence); the shared event
+    # goes back to the cache's events only once every block of the batch was reused.
+    fences = prog.mm.host.fences
+    fences.fence_blocks = 5
+    blocks = [Pinned(prog, 4096) for _ in range(5)]
+    for b in blocks:
+        b.drop()
+    before = _legacy_ops(prog)
+    fresh = Pinned(prog, 4096)  # five wait: this allocation fences them
+    assert fences.recorded == 1 and _legacy_ops(prog) - before == 1
+    binned = [b for bin_ in prog.mm.host.bins.values() for b in bin_]
+    assert len(binned) == 5 and len({id(b.fence) for b in binned}) == 1 and binned[0].fence.users == 5
+    sync(prog, LEGACY)
+    reused = [Pinned(prog, 4096) for _ in range(4)]
+    assert binned[0].fence is None and [b for bin_ in prog.mm.host.bins.values() for b in bin_][0].fence.users == 1
+    del fresh, reused
+    prog.check()
+
+
+def test_over_the_cap_an_allocation_synchronizes_instead_of_fencing_a_few_blocks(frontend_name):
+    # Over the cap the cache must free cached blocks now: a barrier, as out of memory is. It
+    # synchronizes the context (whose cost the default manager's frees pay too) rather than
+    # record a fence for the two blocks released so far: a fence is due only at 32 blocks.
+    p = Program(arena=False, host=True, host_max_size=3 * 4096, frontend=frontend_name)
+    try:
+        fences = p.mm.host.fences
+        blocks = [Pinned(p, 4096) for _ in range(3)]
+        blocks[0].drop()
+        blocks[1].drop()
+        before = _legacy_ops(p)
+        big = Pinned(p, 8192)  # over the cap: the two released blocks are freed
+        assert fences.recorded == 0 and _legacy_ops(p) == before
+        assert p.mm.host.reserved <= 3 * 4096  # the cap holds
+        del big, blocks
+        p.check()
+    finally:
+        p.close()
+
+
 def _legacy_ops(prog) -> int:
     """numba_pool's operations on a legacy stream so far, in every call the program made and
     elsewhere (:mod:`cuda_model.costs`)."""
