@@ -1,17 +1,8 @@
 """numba_pool: a Numba External Memory Management (EMM) plugin on a CUDA stream-ordered mempool.
 
-Switch it on with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` or :func:`install`.
-
-The package's layers, each importing only those below it (``docs/architecture.md``):
-:mod:`~numba_pool.config` (options, no CUDA); :mod:`~numba_pool.cuda` (the seam to CUDA and
-Numba); :mod:`~numba_pool.allocator` (the stream rule and the block sources);
-:mod:`~numba_pool.observe` and :mod:`~numba_pool.ipc` (statistics, summary, allocation log;
-IPC of pool memory); :mod:`~numba_pool.plugin` (the EMM plugin, its composed allocation path
-and the functions below); :mod:`~numba_pool.integrations` (Dask); the command line,
-:mod:`~numba_pool.cli` (``numba-pool info``).  The benchmark, the replay tool and the snapshot
-readers live beside the package, in ``tools/`` (``numba_pool_tools``), the example kernels in
-``kernels/``.
-"""
+Switch it on with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` or :func:`install`.  The package's
+layers (config, cuda, allocator, observe and ipc, plugin, integrations, cli), each importing only
+those below it, and the tools beside it: ``docs/architecture.md``."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The ``numba-pool`` command line (also ``python -m numba_pool``): ``numba-pool info``.
-
-One line on standard error and no traceback for every error: exit status 2 for bad
-configuration, bad options and bad input files, 3 for a machine without a CUDA GPU
-(:mod:`numba_pool.cli.errors`).  The command alone prints its help (exit status 0).
-
-The benchmark, the replay of an allocation log and the snapshot readers are the tools' command,
-``numba-pool-tools`` (``tools/``, not in this package): asked for one of them, ``numba-pool``
-says so in one line, exit status 2 (:data:`MOVED`).
-"""
+"""The ``numba-pool`` command line (also ``python -m numba_pool``): ``numba-pool info``.  Errors
+are one line, no traceback (:mod:`numba_pool.cli.errors`: exit status 2 or 3); alone it prints
+its help.  The benchmark, replay and snapshot readers are ``numba-pool-tools``' (``tools/``):
+asked for one, ``numba-pool`` says so, exit status 2 (:data:`MOVED`)."""
 
 from __future__ import annotations
 

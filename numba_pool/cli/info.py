@@ -18,15 +18,12 @@ from .errors import Failure, gpu_available, load_config, require_gpu, tools_fron
 
 @click.command()
 def info() -> None:
-    """Device, driver, managed memory on each device (whether it has concurrent managed access,
-    and so whether numba_pool or Numba's own path serves ``cuda.managed_array`` there, and why),
-    versions, both Numba CUDA frontends (installed or not, and which one the tools use, and
-    why), the configuration in effect and the pool's attributes.
+    """Device, driver, who serves ``cuda.managed_array`` on each device and why, versions, both
+    frontends (installed or not; the tools' choice and why), the configuration in effect and the
+    pool's attributes.  Imports no frontend but the one in use.
 
-    Exit status 0; 2 for a bad ``NUMBA_POOL_*`` variable (one line naming it) or when the
-    frontend to use is not installed; 3 without a CUDA GPU, after the versions and the
-    configuration, which are then known to be good.  Imports no frontend but the one in use.
-    """
+    Exit status 0; 2 for a bad ``NUMBA_POOL_*`` variable or a frontend not installed; 3 without a
+    CUDA GPU, after the versions and the configuration."""
     config = load_config()
     from tabulate import tabulate
 
@@ -108,12 +105,10 @@ NUMBA_MANAGED = "managed arrays from Numba's own path (cuMemAllocManaged/cuMemFr
 
 
 def _managed_rows(config) -> list[tuple[str, str]]:
-    """One row per device: who serves its managed arrays, numba_pool's managed cache or Numba's
-    own path and why (:func:`numba_pool.plugin.managed_memory.why_not_served`, the manager's
-    decision), asked without creating a context on the other devices.
+    """One row per device: who serves its managed arrays and why
+    (:func:`numba_pool.plugin.managed_memory.why_not_served`), creating no context on other devices.
 
-    :raises Failure: when the driver refuses a query.
-    """
+    :raises Failure: when the driver refuses a query."""
     cu = _driver.cu
     try:
         count = _driver.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")

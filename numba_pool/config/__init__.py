@@ -1,20 +1,12 @@
-"""Configuration of the numba_pool EMM plugin.
+"""Configuration of the numba_pool EMM plugin: :class:`PoolConfig`, :data:`OPTIONS`, :func:`load`,
+composed from :mod:`.sizes` and :mod:`.values` (the parsers) and :mod:`.variables` (the names).
 
-Every option can come from an environment variable (read once, when the first CUDA context
-initializes the plugin) or from :func:`numba_pool.install` keyword arguments, which take
-precedence.  Parsing never touches CUDA, so ``numba-pool info`` can report a bad value on a
-machine without a GPU.
-
-A bad value raises :class:`ConfigError`, a one-line message naming what the user typed (the
-environment variable, or ``install(<keyword>)``), the value, and what is accepted.  Nothing falls
-back silently to a default.  A variable that is unset or empty, and an ``install()`` keyword
-given as ``None``, mean "use the default".  An unknown ``NUMBA_POOL_*`` variable (a typo) gives a
-:class:`ConfigWarning` naming the closest known variable.
-
-Sizes are in bytes, with one syntax in every entry point (:mod:`.sizes` states it).  The parsers
-live in :mod:`.sizes` and :mod:`.values`, the variables' names and the typo warning in
-:mod:`.variables`; this module composes them: :class:`PoolConfig`, :data:`OPTIONS`, :func:`load`.
-"""
+Each option comes from its ``NUMBA_POOL_*`` variable (read when the first context initializes
+the plugin) or an :func:`numba_pool.install` keyword, which wins; unset, empty or ``None`` means
+the default.  Parsing never touches CUDA (``numba-pool info`` reports bad values without a GPU).
+A bad value raises :class:`ConfigError`, one line naming the variable or ``install(<keyword>)``,
+the value and what is accepted; nothing falls back silently.  An unknown ``NUMBA_POOL_*``
+variable gives a :class:`ConfigWarning` naming the closest known one."""
 
 from __future__ import annotations
 
@@ -41,28 +33,13 @@ __all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_S
 
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
-    """The configuration in effect for every numba_pool memory manager of a process.
-
-    Sizes are in bytes.  ``max_size`` is either bytes (int) or a fraction of the device's total
-    memory (float in (0, 1]); :meth:`max_size_bytes` resolves it once the device is known.
-    ``log`` is an absolute file path, or None for no allocation log.  ``ipc`` asks for a pool
-    whose allocations other processes can open (where the device supports it); ``peer_access``
-    is ``"all"`` (other devices may reach the pool's memory) or ``"none"``.  ``host`` serves
-    pinned and mapped host memory (``cuda.pinned_array``, ``mapped_array``) from a cache of
-    ``cuMemHostAlloc`` blocks (:mod:`numba_pool.allocator.host_blocks`); off by default, since
-    a pinned block is reused only once the host has observed its last use (an event per stream
-    that used it), which changes when memory comes back.  ``host_max_size`` caps its reserved bytes (None: no cap); beyond
-    ``host_release_threshold`` cached bytes, completed blocks are freed.  ``managed`` serves
-    ``cuda.managed_array`` (``memallocmanaged`` with global attachment, on devices with
-    concurrent managed access) from a managed mempool under the same host rule; on by default
-    (README, "Managed memory", says why); ``managed_max_size``, ``managed_release_threshold``
-    and ``managed_initial_size`` are its cap, threshold and reserve; ``managed_prefetch``
-    prefetches each managed array to its device at allocation (``cuMemPrefetchAsync``).
-    ``oom_snapshot`` is a file the first out-of-memory error writes a snapshot to (PyTorch's
-    viewer reads it); ``leak_report`` prints the sites still holding memory at exit.  Both start
-    the allocation history.  Build it with :func:`load`, which checks every value; the
-    constructor checks nothing.
-    """
+    """The configuration in effect for every numba_pool manager of a process; what each option means:
+    README's table of ``NUMBA_POOL_*`` variables.  Sizes in bytes; ``max_size`` is
+    bytes or a fraction of device memory (:meth:`max_size_bytes` resolves it); ``log`` an absolute
+    path or None.  ``host`` is off by default because a pinned block comes back only once the host
+    observed its last use; ``managed`` is on (README, "Managed memory").  ``oom_snapshot`` and
+    ``leak_report`` start the allocation history.  Build it with :func:`load`, which checks every
+    value; the constructor checks nothing."""
 
     release_threshold: int = KEEP_ALL
     max_size: int | float | None = None
@@ -86,8 +63,7 @@ class PoolConfig:
     leak_report: bool = False
 
     def max_size_bytes(self, device_total: int) -> int | None:
-        """The hard cap of the private pool in bytes for a device of ``device_total`` bytes
-        (None: no cap)."""
+        """The private pool's cap in bytes on a device of ``device_total`` bytes (None: no cap)."""
         if isinstance(self.max_size, float):
             return int(self.max_size * device_total)
         return self.max_size
@@ -158,16 +134,13 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
 KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + [FRONTEND_VARIABLE] + list(OTHER_VARIABLES))
 
 def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConfig:
-    """Build the configuration from environment variables and keyword overrides.
+    """Build the configuration from the environment and keyword overrides.
 
-    :param environ: the environment to read (``os.environ`` when None).  Unset or empty
-        variables mean the default.  Unknown ``NUMBA_POOL_*`` names give a :class:`ConfigWarning`
-        naming the closest known variable.
-    :param overrides: option values from :func:`numba_pool.install`; they win over the
-        environment.  ``None`` means the option's default (whatever the environment says).
-    :raises ConfigError: an unknown option, a bad value, or options that contradict each other;
-        the message names the environment variable or ``install(<option>)`` the value came from.
-    """
+    :param environ: the environment to read (``os.environ`` when None).
+    :param overrides: :func:`numba_pool.install`'s options, winning over the environment;
+        ``None``: the option's default.
+    :raises ConfigError: for an unknown option, a bad value, or contradicting options, naming the
+        variable or ``install(<option>)``."""
     environ = os.environ if environ is None else environ
     unknown = sorted(set(overrides) - set(OPTIONS))
     if unknown:

@@ -1,24 +1,15 @@
-"""Sizes in bytes, as every entry point takes them: environment variables, ``install()``
-keywords, the command line and the Python replay API all parse with :func:`parse_size` and the
-parsers built on it.
+"""Sizes in bytes, as every entry point takes them (docs/architecture.md, "Sizes: one syntax, and
+small caps refused"):
 
-The syntax, decided once for all of them:
-
-* a Python ``int`` (numpy integers too): bytes.  Floats are never sizes (``1.5`` would be
-  fractional bytes), except as :func:`parse_max_size`'s fraction of device memory;
+* an ``int`` (numpy integers too): bytes.  Floats never (except :func:`parse_max_size`'s
+  fraction);
 * a string: a decimal number of bytes (``"1048576"``), or a decimal number with a unit
-  (``"64 MiB"``, ``"1.5 GiB"``, ``"2 MB"``), spaces allowed around both.  Binary units (KiB, MiB,
-  GiB, TiB, PiB, EiB) are powers of 1024, decimal ones (KB, MB, GB, TB, PB, EB, and SI's kB) of
-  1000, as in the IEC standard and humanfriendly.  Units are case-insensitive (``"64 mib"``,
-  ``"64 MB"``, ``"64 mb"``), except a lower-case ``b`` after an upper-case prefix (``"64 Mb"``,
-  ``"1 Gb"``), which reads as bits and is refused, naming the byte units meant;
-* not accepted: digit separators (``"1_000"``, ``"1,000"``), a leading ``+``, exponents
-  (``"1e6"``), hexadecimal, and a number that is not a whole number of bytes once scaled
-  (``"1.1 KiB"``, ``"0.5 B"``).
+  (``"64 MiB"``, ``"1.5 GiB"``), spaces allowed.  KiB...EiB are powers of 1024, KB...EB (and
+  ``kB``) of 1000, as in the IEC standard and humanfriendly; case-insensitive, except a
+  lower-case ``b`` after an upper-case prefix (``"64 Mb"``: bits, refused);
+* refused: digit separators, ``+``, exponents, hexadecimal, fractional bytes once scaled.
 
-The result is a whole number of bytes from 0 to 2**64 - 1 (what the driver's
-``cuuint64_t``/``size_t`` attributes hold).
-"""
+The result is a whole number of bytes from 0 to 2**64 - 1 (the driver's ``cuuint64_t``)."""
 
 from __future__ import annotations
 
@@ -40,10 +31,7 @@ MAX_BYTES = 2**64 - 1
 #: The arena's block and slab sizes are multiples of it.
 ALIGNMENT = 256
 
-#: Default largest block served by the arena (bytes).  Measured (docs/guide.md, the arena): on the
-#: shipped logs, blocks of 200 KiB in the arena raise peak reserved / peak requested to 1.22,
-#: while at 64 KiB both replay within 1.01; and the arena's gain over the mempool path matters
-#: most for the small, frequent arrays that dominate Numba workloads.
+#: Default largest block served by the arena (bytes): docs/guide.md, "The arena", says why.
 DEFAULT_ARENA_MAX_BLOCK = 64 << 10
 #: Default slab the arena takes from the mempool (bytes); see docs/guide.md, the arena.
 DEFAULT_ARENA_SLAB_SIZE = 4 << 20
@@ -82,9 +70,7 @@ _SIZE = re.compile(r"^\s*(?P<sign>-?)\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)
 
 
 def _reads_as_bits(unit: str) -> bool:
-    """Whether ``unit`` ends in a lower-case ``b`` after an upper-case prefix (``Mb``, ``Gb``,
-    ``MIb``): the network convention for bits, which a size in bytes must not silently take for
-    bytes (``kb``/``mb``, all lower case, and SI's ``kB`` are bytes)."""
+    """Whether ``unit`` is a bits spelling (``Mb``, ``Gb``, ``MIb``); ``kb``/``mb`` and ``kB`` are bytes."""
     return len(unit) >= 2 and unit.endswith("b") and unit[0].isupper()
 
 
@@ -93,20 +79,12 @@ def _size_error(value: Any, source: str, problem: str) -> ConfigError:
 
 
 def parse_size(value: Any, source: str) -> int:
-    """Parse a size in bytes, in the syntax this module's docstring states: an int (also numpy
-    integers), or a string of a whole number of bytes or of a decimal number with a binary
-    (KiB...) or decimal (KB...) unit.
+    """Parse a size in bytes in this module's syntax, scaled exactly (``"1.5 GiB"`` is 1610612736).
 
-    The number is scaled exactly: ``"1.5 GiB"`` is 1610612736 bytes, while ``"1.1 KiB"``
-    (1126.4 bytes) and ``"1.5 B"`` are refused rather than truncated.
-
-    :param source: what the value came from (an environment variable or ``install(name)``),
-        quoted in the error.
+    :param source: what the value came from (a variable or ``install(name)``), quoted in the error.
     :returns: bytes, from 0 to :data:`MAX_BYTES`.
-    :raises ConfigError: for anything else: other types (floats and bools included), unknown
-        units or units that read as bits (``Mb``), digit separators, a ``+`` sign, negative
-        sizes, fractional bytes, sizes above 2**64 - 1.
-    """
+    :raises ConfigError: for other types (floats and bools too), unknown or bits units, digit
+        separators, ``+``, negative or fractional bytes, sizes above 2**64 - 1."""
     if isinstance(value, str):
         match = _SIZE.match(value)
         if not match:
@@ -157,22 +135,13 @@ def parse_release_threshold(value: Any, source: str) -> int:
 
 
 def parse_max_size(value: Any, source: str) -> int | float | None:
-    """The private pool's cap: a size in bytes (see :func:`parse_size`), or a fraction of device
-    memory: a float (numpy floats too) in [0.01, 1], or a string ``"0.5"`` or ``"50%"``.
-    ``None`` means no cap.
+    """The private pool's cap: bytes (:func:`parse_size`), or a fraction of device memory (a float in
+    [0.01, 1], ``"0.5"``, ``"50%"``); ``None``: no cap.  A bare number below 1 MiB
+    (:data:`MIN_BARE_CAP`) or a fraction below 1 % is refused with a suggestion (docs/architecture.md,
+    "Sizes"); a unit allows it (``"512 KiB"``).
 
-    Small caps follow one rule, whatever the spelling: below 1 MiB (:data:`MIN_BARE_CAP`) as a
-    bare number (an int, or a string without a unit), or below 1 % (:data:`MIN_FRACTION`) as a
-    fraction, the value is refused with a suggestion.  Decision: an error, not a warning.  ``1``
-    and ``1.0`` differ only by a dot yet mean a 1-byte cap and 100 % of the device, and
-    ``0.0000000000001`` or ``0.001%`` would cap an 80 GiB device at 0 bytes or 859 kB: a cap that
-    small cannot serve a real workload, so the value is almost surely a slip, and as a warning it
-    would scroll by while the program fails later with ``CUDA_ERROR_OUT_OF_MEMORY`` far from its
-    cause.  A small cap remains possible by writing the unit (``"512 KiB"``, ``"4096 B"``).
-
-    :raises ConfigError: for a fraction outside [0.01, 1], a cap of 0 bytes, a bare number below
-        1 MiB, or anything :func:`parse_size` refuses.
-    """
+    :raises ConfigError: for a fraction outside [0.01, 1], 0 bytes, a bare number below 1 MiB, or
+        what :func:`parse_size` refuses."""
     if value is None:
         return None
     fraction = None
@@ -227,24 +196,18 @@ def parse_arena_size(value: Any, source: str) -> int:
 
 
 def parse_host_max_size(value: Any, source: str) -> int | None:
-    """The pinned host cache's cap in bytes (see :func:`parse_size`); ``None``/``none`` for no
-    cap.  Small caps follow :func:`parse_max_size`'s rule (a bare number below 1 MiB is refused
-    with a suggestion), and a cap below the cache's smallest block (:data:`MIN_CACHE_BLOCK`) is
-    refused whatever its spelling: every allocation would fail.
+    """The pinned host cache's cap in bytes; ``None``/``none``: no cap.  :func:`parse_max_size`'s
+    small-cap rule, and below :data:`MIN_CACHE_BLOCK` refused however spelt.
 
-    :raises ConfigError: for 0 bytes, a bare number below 1 MiB, a cap below 512 bytes, or
-        anything :func:`parse_size` refuses.
-    """
+    :raises ConfigError: for 0 bytes, a bare number below 1 MiB, a cap below 512 bytes, or what
+        :func:`parse_size` refuses."""
     return _optional_cap(value, source, "a host cache")
 
 
 def parse_managed_max_size(value: Any, source: str) -> int | None:
-    """The managed cache's cap in bytes (see :func:`parse_size`); ``None``/``none`` for no cap.
-    Small caps as :func:`parse_host_max_size`'s (the two caches round blocks alike).
+    """The managed cache's cap: as :func:`parse_host_max_size`.
 
-    :raises ConfigError: for 0 bytes, a bare number below 1 MiB, a cap below 512 bytes, or
-        anything :func:`parse_size` refuses.
-    """
+    :raises ConfigError: as :func:`parse_host_max_size`."""
     return _optional_cap(value, source, "a managed memory cache")
 
 

@@ -1,11 +1,4 @@
-"""The CUDA context a release must run in: rule 10 of :mod:`numba_pool.allocator`.
-
-A release runs where the last reference to an array went: a finalizer, in any thread.  That
-thread may have no current context, or another one (another device's, or another context of the
-same device), where handle 0 (the legacy stream) is *that* context's stream and orders nothing of
-the owner's streams.  :class:`OwnerContext` pushes
-the owner's context around such a release.
-"""
+"""The CUDA context a release must run in: rule 10 of :mod:`numba_pool.allocator` (:class:`OwnerContext`)."""
 
 from __future__ import annotations
 
@@ -13,22 +6,17 @@ from .driver import GONE, SUCCESS, warn
 
 
 class OwnerContext:
-    """The CUDA context a release must run in, for threads where it is not current.
+    """The CUDA context a release must run in, pushed where it is not current.
 
-    A release may run in any thread: a finalizer where the last reference went.  One that
-    never used CUDA has no current context, so every driver call fails
-    (``CUDA_ERROR_INVALID_CONTEXT``).  One working on another device, or in another context of
-    the same device (PyCUDA's ``make_context``, ``cuCtxCreate``, a green context, a library's
-    own), has that context current, where the legacy stream (handle 0) is *that* context's,
-    which orders nothing of the owner's streams, and where events are created in that context.
-    Numba's default manager is safe there only because ``cuMemFree`` takes no stream and
-    synchronizes.  So every release that makes a driver call first asks which context is
-    current (``cuCtxGetCurrent``) and, when it is not the owner's, pushes the owner's
-    (``cuCtxPushCurrent``) around the release.
+    A release runs in a finalizer, in any thread.  A thread with no current context fails every call
+    (``CUDA_ERROR_INVALID_CONTEXT``); one with another context current (another device's, or
+    PyCUDA's ``make_context``, ``cuCtxCreate``, a green context) has *that* context's legacy stream
+    (handle 0), which orders nothing of the owner's streams, and creates events there.  (Numba's
+    default manager is safe only because ``cuMemFree`` synchronizes.)  So a release that calls the
+    driver checks ``cuCtxGetCurrent`` and pushes the owner's (``cuCtxPushCurrent``) when needed.
 
     :param cu: the driver object.
-    :param handle: the owner's ``CUcontext`` (Numba's ``Context.handle``); None: never pushed.
-    """
+    :param handle: the owner's ``CUcontext`` (Numba's ``Context.handle``); None: never pushed."""
 
     def __init__(self, cu, handle):
         self._cu = cu

@@ -1,34 +1,21 @@
 """The Numba CUDA frontends numba_pool serves, found, never assumed: the only module that imports
-one.
+one (docs/architecture.md, "Two frontends").  Both keep Numba's EMM plugin interface, version 1:
+``numba-cuda`` (``numba.cuda``) and ``mlir``, Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``), its
+successor, which depends on neither numba nor numba-cuda.
 
-Two frontends keep Numba's External Memory Management (EMM) plugin interface, version 1:
-
-* ``numba-cuda`` (``numba.cuda``; the driver module ``numba.cuda.cudadrv.driver``), in
-  maintenance;
-* ``mlir``: Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``; ``numba_cuda_mlir.numba_cuda.cudadrv.
-  driver``), its successor, which depends on neither numba nor numba-cuda.
-
-A :class:`Frontend` holds what numba_pool takes from one of them (the memory manager, pointer
-and IPC base classes, ``CudaAPIError``, ``current_context``, the stream and array types) and
-numba_pool's classes built on them (:meth:`Frontend.derive`).  A frontend is imported only when
-it is the one in use: :func:`load` is called for the frontend that loads numba_pool (its
-``NUMBA_CUDA_MEMORY_MANAGER`` or ``set_memory_manager``), for the one that owns an object a
-public function is given, or for the one a tool is told to use.  The allocator core knows no
-frontend: it gets its pointer class from the manager that composes it.
+A :class:`Frontend` holds what numba_pool takes from one and numba_pool's classes built on it.
+A frontend is imported only when in use (:func:`load`): the one loading numba_pool, the one
+owning an object a public function is given, or the one a tool is told to use.  The allocator
+core knows no frontend.  Under numba-cuda's simulator, :mod:`numba_pool.cuda.simulator`
+provides the EMM stand-ins; Numba-CUDA-MLIR has none.
 
 Note [Which frontend a call acts on]
-    Each frontend has its own contexts, hence its own numba_pool managers.  A public function
-    (:func:`resolve`) acts on the frontend named by its ``frontend=`` argument; else on the one
-    whose array, stream, context or pointer it is given; else on the one imported in the
-    process, if there is one; else, with both imported, on the one whose contexts have a
-    numba_pool manager, if only one has; else on ``NUMBA_POOL_FRONTEND``'s.  Otherwise it is
-    ambiguous and the call says so in one line: it never reports the other frontend's figures.
-    With neither imported, the tools' choice (:func:`for_tools`) is imported.
-
-Under numba-cuda's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) ``numba.cuda`` has none of the
-EMM classes: :mod:`numba_pool.cuda.simulator` provides stand-ins.  Numba-CUDA-MLIR has no
-simulator.
-"""
+    Each frontend has its own contexts, hence managers.  A public function (:func:`resolve`)
+    acts on the frontend named by ``frontend=``; else the one whose object it is given; else
+    the one imported, if only one is; else, both imported, the one whose contexts have a
+    numba_pool manager, if only one has; else ``NUMBA_POOL_FRONTEND``'s.  Otherwise the call
+    says it is ambiguous, in one line (never the other frontend's figures).  Neither imported:
+    :func:`for_tools`'s choice is imported."""
 
 from __future__ import annotations
 
@@ -69,16 +56,11 @@ class FrontendError(RuntimeError):
 
 
 class Frontend:
-    """What numba_pool takes from one Numba CUDA frontend, and numba_pool's classes on it.
-
-    Attributes: ``name`` (``"numba-cuda"`` or ``"mlir"``), ``title``, ``cuda`` (the module
-    programs use: ``cuda.device_array``, ``cuda.stream`` ...), ``driver`` (its
-    ``cudadrv.driver`` module), ``simulator`` (numba-cuda's CUDA simulator is on); the
-    frontend's ``HostOnlyCUDAMemoryManager``, ``GetIpcHandleMixin``, ``MemoryPointer``,
-    ``PinnedMemory``, ``ManagedMemory``, ``MemAlloc`` (``mviewbuf``'s buffer type),
-    ``IpcHandle``, ``MemoryInfo``, ``CudaAPIError``, ``CudaSupportError``; and numba_pool's
-    ``PoolPointer``, ``PooledPinnedMemory`` and ``PooledManagedMemory`` derived from its classes.
-    """
+    """What numba_pool takes from one frontend, and numba_pool's classes on it: ``name``, ``title``,
+    ``cuda`` (the module programs use), ``driver`` (its ``cudadrv.driver``), ``simulator``; the
+    frontend's EMM, pointer, IPC and error classes (``HostOnlyCUDAMemoryManager`` ...
+    ``CudaSupportError``, ``MemAlloc``: ``mviewbuf``'s buffer type); numba_pool's ``PoolPointer``,
+    ``PooledPinnedMemory`` and ``PooledManagedMemory`` derived from them."""
 
     def __init__(self, name: str):
         self.name = name
@@ -231,12 +213,10 @@ def version(distribution: str) -> str | None:
 
 
 def tools_choice(environ=os.environ) -> tuple[str | None, str]:
-    """Which frontend the tools use and why, importing nothing: ``NUMBA_POOL_FRONTEND``'s; else
-    the one imported; else the one installed, numba-cuda when both are.  ``(None, why)`` when
-    none is installed.
+    """Which frontend the tools use and why, importing nothing: ``NUMBA_POOL_FRONTEND``'s, else the
+    one imported, else the one installed (numba-cuda first); ``(None, why)`` when none is.
 
-    :raises FrontendError: when the variable names no frontend.
-    """
+    :raises FrontendError: when the variable names no frontend."""
     name = from_environment(environ)
     if name is not None:
         return name, f"{VARIABLE}={environ[VARIABLE].strip()}"

@@ -1,33 +1,22 @@
-"""The pointers numba_pool hands to Numba, released from ``__del__``: device memory as a
-``MemoryPointer`` (:class:`PoolPointer`), pinned host memory from the host cache as a
-``PinnedMemory`` (:class:`PooledPinnedMemory`), managed memory as a ``ManagedMemory`` that is
-also a buffer (:class:`PooledManagedMemory`).
+"""The pointers numba_pool hands to Numba, released from ``__del__``: :class:`PoolPointer`
+(device, a ``MemoryPointer``), :class:`PooledPinnedMemory` (host cache, a ``PinnedMemory``),
+:class:`PooledManagedMemory` (a ``ManagedMemory`` that is also a buffer).  Mixins: each frontend
+gets its subclasses (:meth:`numba_pool.cuda.frontend.Frontend.derive`); ``isinstance(p,
+PoolPointer)`` holds for either frontend's.
 
-Both are mixins: each frontend's ``MemoryPointer`` and ``PinnedMemory`` get their own subclass
-(:meth:`numba_pool.cuda.frontend.Frontend.derive`: ``frontend.PoolPointer`` ...), which is what
-the allocator hands out; ``isinstance(p, PoolPointer)`` holds for either frontend's.
+Note [No weakref.finalize]
+    Numba wraps a pointer's ``finalizer=`` in ``weakref.finalize`` (a process-wide registry, a
+    weak reference with a callback, an atexit record), which costs more than numba_pool's whole
+    allocation path (docs/perf-notes.md); ``__del__`` runs at the same moment (last reference,
+    or the collector freeing a cycle, PEP 442) for a fraction.  What finalize gave, covered here:
 
-Why not ``MemoryPointer(..., finalizer=f)``: Numba wraps every finalizer in ``weakref.finalize``,
-which registers the object in a process-wide registry, creates a weak reference with a callback
-and keeps an atexit record.  That costs 1.4 µs per allocation on a development machine and
-1.7-1.9 µs on a lent H100's host (docs/perf-notes.md), more than numba_pool's whole allocation
-path.  ``__del__`` runs at the same moment (when the last reference goes, or when the garbage
-collector frees a reference cycle, PEP 442) for about a tenth of that.
-
-What ``weakref.finalize`` gave that ``__del__`` does not, and how each is covered here:
-
-* ``MemoryPointer.free()`` runs the finalizer early.  :meth:`PoolPointer.free` does the same:
-  the block's release runs once, whichever of ``free()`` and ``__del__`` comes first.
-* ``weakref.finalize`` runs the finalizers still alive at exit, before modules are torn down; a
-  ``__del__`` may run during the teardown, when the driver bindings and our module globals may
-  be gone.  :meth:`PoolPointer.__del__` therefore releases nothing once the interpreter is
-  finalizing (``sys.is_finalizing()``, bound early): the memory goes with the CUDA context at
-  exit.  The same remedy as cuda-python's and CuPy's (cuda-python #973, CuPy #2809).
-* ``weakref.finalize`` belongs to one object: a copy of a Numba ``MemoryPointer`` shares it, and
-  it runs once.  A plain copy of our pointer would share ``_block`` and release it twice, handing
-  one block to two owners.  :meth:`PoolPointer.__copy__` (and ``__deepcopy__``) therefore return
-  a non-owning view that keeps the original alive, as Numba's ``MemoryPointer.view`` does.
-"""
+    * an early ``free()``: :meth:`PoolPointer.free` runs the release once, whichever comes first;
+    * running before module teardown at exit: ``__del__`` releases nothing once the interpreter
+      is finalizing (``sys.is_finalizing``, bound early); the memory goes with the context, as
+      in cuda-python (#973) and CuPy (#2809);
+    * one finalizer shared by copies: a plain copy would release ``_block`` twice, so
+      :meth:`PoolPointer.__copy__` and ``__deepcopy__`` return a non-owning view keeping the
+      original alive, as Numba's ``MemoryPointer.view``."""
 
 from __future__ import annotations
 
@@ -38,16 +27,13 @@ from typing import Callable
 
 class PoolPointer:
     """Mixin for a frontend's ``MemoryPointer``: the EMM door of the allocator's core
-    (:mod:`numba_pool.allocator.block`).  It holds one :class:`~numba_pool.allocator.block.Block`
-    and releases it exactly once, ``block.release(block)`` (which must not raise): on
-    :meth:`free` or when the pointer is collected.
+    (:mod:`numba_pool.allocator.block`).  Releases its block exactly once, ``block.release(block)``
+    (must not raise), on :meth:`free` or collection.
 
-    :param context: the Numba context (Numba ignores it; kept for its interface).
+    :param context: the Numba context (kept for Numba's interface).
     :param pointer: the device address (``CUdeviceptr``).
     :param size: bytes requested.
-    :param block: the block (or an adaptor's wrapper of it, :meth:`wrap_release`); released at
-        most once.
-    """
+    :param block: the block, or an adaptor's wrapper of it (:meth:`wrap_release`)."""
 
     _block = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
     #: The id of the stream capture whose graph allocated this memory (an allocation node,
@@ -55,9 +41,8 @@ class PoolPointer:
     captured = 0
 
     def __init__(self, context, pointer, size: int, block):
-        # MemoryPointer.__init__'s attributes, set here rather than through super().__init__(),
-        # which costs 0.25 µs more per allocation (measured: docs/perf-notes.md).  A CI test
-        # checks that this list stays the one each frontend's MemoryPointer sets.
+        # MemoryPointer.__init__'s attributes, set here (Note [MemoryPointer's fields set
+        # directly]).  A CI test checks that this list stays the one each frontend's sets.
         self.context = context
         self.device_pointer = self.handle = pointer
         self.size = self._cuda_memsize_ = size
@@ -68,18 +53,14 @@ class PoolPointer:
 
     @property
     def block(self):
-        """The allocator's :class:`~numba_pool.allocator.block.Block` of this memory (None once
-        released)."""
+        """The allocator's :class:`~numba_pool.allocator.block.Block` (None once released)."""
         block = self._block
         return block.block if type(block) is _Adapted else block
 
     def free(self) -> None:
-        """Release the memory now (Numba's ``MemoryPointer.free``); arrays on it must not be
-        used afterwards.
+        """Release the memory now (Numba's ``MemoryPointer.free``).
 
-        :raises RuntimeError: when the memory was already released ("Freeing dead memory",
-            Numba's message).
-        """
+        :raises RuntimeError: "Freeing dead memory" (Numba's message) when already released."""
         block = self._block
         if block is None:
             raise RuntimeError("Freeing dead memory")
@@ -87,23 +68,18 @@ class PoolPointer:
         block.release(block)
 
     def wrap_release(self, adaptor: Callable[..., None], *args) -> None:
-        """Put an adaptor's part in front of this pointer's release: from now on, releasing
-        calls ``adaptor(*args, release)``, where ``release`` is the release before, which the
-        adaptor calls after its part (an allocation path's adaptor,
-        :mod:`numba_pool.plugin.path`: a log row, the scopes' counts, the history's entry).
-        The pointer stays the one Numba gets: one object, one owner, one release, and no
-        second pointer to build and collect (0.4 µs per allocation and adaptor).
+        """Make releasing call ``adaptor(*args, release)``, ``release`` being the release before, which
+        the adaptor calls after its part (:mod:`numba_pool.plugin.path`'s adaptors).  Numba keeps the
+        one pointer (Note [One pointer per allocation]).
 
-        :raises RuntimeError: when the memory was already released ("Freeing dead memory").
-        """
+        :raises RuntimeError: "Freeing dead memory" when already released."""
         block = self._block
         if block is None:
             raise RuntimeError("Freeing dead memory")
         self._block = _Adapted(block, partial(adaptor, *args, partial(block.release, block)))
 
     def __copy__(self):
-        """A view of the whole allocation that owns nothing and keeps this pointer alive: the
-        memory is released once, when the last of them goes."""
+        """A non-owning view of the whole allocation keeping this pointer alive (Note [No weakref.finalize])."""
         return self.view(0)
 
     def __deepcopy__(self, memo):
@@ -132,18 +108,10 @@ class _Adapted:
 
 
 class PooledManagedMemory(PoolPointer):
-    """Mixin for a frontend's ``ManagedMemory`` (with its ``mviewbuf.MemAlloc``, the buffer
-    protocol NumPy reads): managed memory from numba_pool's managed cache, what
-    ``cuda.managed_array`` wraps in a NumPy array and keeps as the array's ``gpu_data``.
-    A :class:`PoolPointer` otherwise: released exactly once, on :meth:`free` or collection,
-    never at exit.
-
-    Numba's own ``memallocmanaged`` returns ``ManagedMemory(...).own()``: a
-    ``ManagedOwnedPointer`` whose ``weakref.finalize`` calls the ``ManagedMemory``'s, which
-    Numba keeps alive in the manager's ``allocations``; two ``weakref.finalize`` objects (1.7-1.9
-    µs each on a lent H100's host).  This one object is both, as :class:`PoolPointer` is for
-    device memory.
-    """
+    """Mixin for a frontend's ``ManagedMemory`` (with ``mviewbuf.MemAlloc``, the buffer NumPy reads)
+    for a block of the managed cache; a :class:`PoolPointer` otherwise.  Numba's own is a
+    ``ManagedOwnedPointer`` over a ``ManagedMemory``, two ``weakref.finalize``; this one object is
+    both (Note [No weakref.finalize])."""
 
     def __init__(self, context, pointer, size: int, block):
         # ManagedMemory.__init__'s attributes beyond MemoryPointer's (a CI test checks the list).
@@ -154,22 +122,14 @@ class PooledManagedMemory(PoolPointer):
 
 
 class PooledPinnedMemory:
-    """Mixin for a frontend's ``PinnedMemory`` (what ``cuda.pinned_array`` wraps in a NumPy
-    array; ``mempin``, behind ``cuda.pinned()``, keeps Numba's own) for a block of numba_pool's
-    host cache, calling ``release()`` (no arguments, must not raise) exactly once, when the
-    object is collected; never while the interpreter exits (as :class:`PoolPointer`).
+    """Mixin for a frontend's ``PinnedMemory`` (``cuda.pinned_array``'s; ``mempin`` keeps Numba's) for
+    a block of the host cache: calls ``release()`` (must not raise) once, at collection, never at
+    exit (Note [No weakref.finalize]).  Numba's has no ``free()``; a copy returns the object itself.
 
-    ``PinnedMemory(..., finalizer=f)`` wraps ``f`` in ``weakref.finalize`` (1.7-1.9 µs on a lent
-    H100's host, :class:`PoolPointer`'s reasons); Numba's ``PinnedMemory`` has no ``free()``, so
-    collection is the only release.  A copy would share ``release`` and give the block back
-    twice, so :meth:`__copy__` and :meth:`__deepcopy__` return the object itself: host memory
-    is not duplicated by copying its pointer, as for Numba's own.
-
-    :param context: the Numba context (a weak proxy, as Numba's ``memhostalloc`` passes).
+    :param context: the Numba context (a weak proxy, as ``memhostalloc`` passes).
     :param pointer: the host address (int).
     :param size: bytes requested.
-    :param release: gives the block back to the host cache; called at most once.
-    """
+    :param release: gives the block back to the host cache."""
 
     _release = None  # until __init__ ran
 
@@ -197,12 +157,10 @@ class PooledPinnedMemory:
 
 
 def data_address(array) -> int:
-    """The device address of an array's first byte (CUDA Array Interface) or of a
-    ``MemoryPointer``; for host memory (a pinned NumPy array, ``PinnedMemory``) its host
-    address.
+    """The address of an array's first byte (CUDA Array Interface, or NumPy's for pinned host memory)
+    or of a ``MemoryPointer`` / ``PinnedMemory``.
 
-    :raises TypeError: for anything else, naming its type.
-    """
+    :raises TypeError: for anything else, naming its type."""
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is not None:
         return int(interface["data"][0])

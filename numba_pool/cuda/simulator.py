@@ -1,31 +1,13 @@
-"""numba_pool under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``).
+"""numba_pool under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``); behaviour for users:
+docs/guide.md, "Without a GPU".
 
-The simulator runs kernels in Python on the CPU and keeps "device" arrays in host memory (NumPy
-arrays made by its ``FakeCUDAContext.memalloc``). It has no driver and no memory managers, and
-its ``numba.cuda`` lacks the EMM classes (``HostOnlyCUDAMemoryManager``, ``MemoryPointer``,
-``MemoryInfo``), which :mod:`numba_pool.cuda.frontend` then takes from here. numba-cuda ignores
-``NUMBA_CUDA_MEMORY_MANAGER`` under the simulator: its config parses the variable, but only the
-real driver (``cudadrv/driver.py``, ``_ensure_memory_manager``, on a context's creation) imports
-the module it names. So a program run with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` keeps
-running, on the simulator's own arrays.
-
-What numba_pool does under the simulator, so that test suites run with the production
-environment:
-
-* ``import numba_pool`` and the command line work: the managers derive from the stand-in bases
-  below, which refuse to be instantiated (:class:`RuntimeError`; Numba never tries).
-* :func:`numba_pool.install` checks its options (:class:`~numba_pool.ConfigError` as on a GPU),
-  warns once with :class:`SimulatorWarning` and returns the configuration: the program goes on.
-  Like the import's warning, it never raises, even under ``python -W error``.
-* ``import numba_pool`` with ``NUMBA_CUDA_MEMORY_MANAGER`` naming numba_pool warns once, never
-  raises (a warnings filter set to "error" cannot stop the import).
-* :func:`numba_pool.stats`, ``trim``, ``reset_peak`` and ``record_stream`` raise
-  :class:`RuntimeError`: numba_pool is not the memory manager, as on a GPU without ``install()``.
-* ``with numba_pool.statistics()`` warns, as ``install()`` does, that it counts nothing; its
-  figures stay 0.
-
-Filter the warnings with ``warnings.filterwarnings("ignore", category=numba_pool.SimulatorWarning)``.
-"""
+The simulator keeps "device" arrays in host memory and has no driver and no memory managers; its
+``numba.cuda`` lacks the EMM classes, which :mod:`numba_pool.cuda.frontend` takes from here
+(stand-ins that refuse to be instantiated).  numba-cuda ignores ``NUMBA_CUDA_MEMORY_MANAGER``
+under it (only the real driver's ``_ensure_memory_manager`` imports the module named), so such a
+program keeps running on the simulator's arrays.  ``install()`` and ``statistics()`` check, warn
+(:class:`SimulatorWarning`, never raised even under ``-W error``) and go on; the functions that
+need a manager raise :class:`RuntimeError`, as on a GPU without ``install()``."""
 
 from __future__ import annotations
 
@@ -59,10 +41,8 @@ def install_message() -> str:
 
 
 def warn_install() -> None:
-    """Warn (:class:`SimulatorWarning`) that ``install()`` changes nothing under the simulator,
-    pointing at the user's call.  Never raises: as for the import, a warnings filter set to
-    "error" (``python -W error``, pytest's ``filterwarnings = error``) must not stop a program
-    that runs under the simulator with its production set-up."""
+    """Warn (:class:`SimulatorWarning`) at the user's call that ``install()`` changes nothing here.
+    Never raises, so that a program under ``-W error`` keeps its production set-up."""
     _note(install_message())
 
 
@@ -92,7 +72,7 @@ def requested(environ=os.environ) -> bool:
 
 def note_environment(environ=os.environ) -> None:
     """Warn once per process when ``NUMBA_CUDA_MEMORY_MANAGER`` names numba_pool (or
-    the tools' ``numba_pool_tools.bench.noop``) under the simulator, which ignores the variable.  Never raises."""
+    ``numba_pool_tools.bench.noop``) under the simulator, which ignores it.  Never raises."""
     global _environment_noted
     value = environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip()
     if _environment_noted or not (value == "numba_pool" or value.startswith(("numba_pool.", "numba_pool_tools."))):

@@ -1,12 +1,9 @@
-"""The allocation stream: which CUDA stream an allocation (and its free) is ordered on.
+"""The allocation stream: the CUDA stream an allocation (and its free) is ordered on.
 
-Numba's EMM interface passes no stream to ``memalloc``, so numba_pool keeps a thread-local
-*allocation stream*.  Outside :func:`using_stream` it is the legacy default stream
-(``CU_STREAM_LEGACY``): every operation on it waits for all earlier work on blocking streams and
-all later work on blocking streams waits for it, so an allocation or free issued there is
-ordered around the work of Numba's own streams (``cuda.stream()`` creates blocking streams).
-What numba_pool does with the stream is :mod:`numba_pool.allocator`'s business.
-"""
+Numba's EMM interface passes no stream to ``memalloc``, so numba_pool keeps a thread-local one:
+outside :func:`using_stream`, the legacy default stream (``CU_STREAM_LEGACY``), which is ordered
+around the work of every blocking stream (Numba's ``cuda.stream()`` ones).  What is done with
+it: :mod:`numba_pool.allocator`."""
 
 from __future__ import annotations
 
@@ -21,19 +18,13 @@ _PER_THREAD = int(cu.CU_STREAM_PER_THREAD)
 
 
 class StreamRef:
-    """A CUDA stream handle plus the object that owns it.
+    """A CUDA stream handle plus its owner (a Numba, CuPy or PyTorch stream...), kept alive while an
+    allocation ordered on the stream lives, so the stream-ordered free can be enqueued.
 
-    The owner (a Numba ``Stream``, a CuPy or PyTorch stream...) is kept alive for as long as an
-    allocation ordered on the stream lives, so that the stream still exists when the
-    stream-ordered free is enqueued on it.
-
-    ``key`` is the stream's identity for the arena: the driver's stream id
-    (``cuStreamGetId``, unique for the life of the process), filled in by
-    :mod:`numba_pool.allocator.arena` at the first arena allocation on the stream.  Never the handle's
-    value, which the driver may give to a new stream once this one is destroyed.
-    ``thread`` is the host thread of a per-thread default stream (``CU_STREAM_PER_THREAD``
-    names a different stream in every thread), else None.
-    """
+    ``key``: the arena's stream identity, the driver's stream id (``cuStreamGetId``, unique for the
+    process's life; never the handle, which the driver reuses), filled in by
+    :mod:`numba_pool.allocator.arena` at first use.  ``thread``: the host thread of a per-thread
+    default stream (``CU_STREAM_PER_THREAD``), else None."""
 
     __slots__ = ("handle", "owner", "value", "key", "thread", "scratch")
 
@@ -68,17 +59,12 @@ LEGACY = StreamRef(cu.CUstream(cu.CU_STREAM_LEGACY), key="legacy")
 
 
 def as_stream_ref(stream: Any) -> StreamRef:
-    """Normalize a stream to a :class:`StreamRef`.
+    """Normalize a stream to a :class:`StreamRef`: a Numba stream (``cuda.stream()``,
+    ``external_stream``, ``default_stream()``...), a ``CUstream``, an int handle, or a
+    ``__cuda_stream__`` object (CuPy, PyTorch, cuda.core's ``Stream`` and ``GraphBuilder``, whose
+    stream is the one captured).  Handle 0 and ``CU_STREAM_LEGACY`` are :data:`LEGACY`.
 
-    Accepts a Numba stream (``cuda.stream()``, ``cuda.external_stream(ptr)``,
-    ``cuda.default_stream()``...), a ``CUstream``, an int handle, or any object implementing the
-    CUDA stream protocol (``__cuda_stream__``), such as CuPy and PyTorch streams, cuda.core's
-    ``Stream`` and its ``GraphBuilder`` (numba-cuda launches kernels into a builder's capture:
-    its stream is the one captured).  The legacy
-    default stream, by handle 0 or ``CU_STREAM_LEGACY``, is always :data:`LEGACY`.
-
-    :raises TypeError: for anything else, naming its type.
-    """
+    :raises TypeError: for anything else, naming its type."""
     if isinstance(stream, StreamRef):
         return stream
     if isinstance(stream, cu.CUstream):
@@ -134,23 +120,11 @@ def current_stream() -> StreamRef:
 
 @contextlib.contextmanager
 def using_stream(stream: Any, on_entry: Callable[[StreamRef], None] | None = None) -> Iterator[StreamRef]:
-    """Order the allocations made by this thread inside the block on ``stream``.
+    """:func:`numba_pool.using_stream`'s semantics (stated there), without the capture check.
 
-    Arrays allocated inside are allocated on ``stream`` and freed on it whenever they are
-    dropped, also after the block has exited.  Work on ``stream`` may use them at once; work on
-    any other stream must be ordered after ``stream`` by the caller (an event, a synchronize)
-    and, if it may still run when the array is dropped, registered with
-    :func:`numba_pool.record_stream`.  Scopes nest; the innermost wins.  The setting is per host
-    thread.
-
-    :param stream: see :func:`as_stream_ref`.
-    :param on_entry: called with the scope's stream before the thread enters it.
-        :func:`numba_pool.using_stream` passes the allocator's capture check
-        (``allocator.captures.note_if_capturing``: rule 13 of :mod:`numba_pool.allocator`, a
-        stream entered while it is being captured makes the capture known before its first
-        allocation); this layer knows nothing of captures.
-    :raises TypeError: when ``stream`` is not a stream.
-    """
+    :param on_entry: called with the scope's stream before the thread enters it (this layer knows
+        nothing of captures: the public function passes rule 13's check).
+    :raises TypeError: when ``stream`` is not a stream."""
     ref = as_stream_ref(stream)
     if on_entry is not None:
         on_entry(ref)

@@ -1,70 +1,13 @@
-"""numba_pool on Dask workers: a ``distributed.WorkerPlugin`` that makes numba_pool Numba's
-memory manager on every worker, and numba_pool's statistics per worker.
+"""numba_pool on Dask workers: :class:`NumbaPoolPlugin` (a ``distributed.WorkerPlugin``) installs
+numba_pool on every worker, :func:`stats`, :func:`record_history` and :func:`snapshots` ask the
+workers now (``client.run``).  Usage, setup outcomes and caveats: docs/guide.md, "Dask"::
 
-dask-cuda sets RMM up on each worker (``LocalCUDACluster(rmm_pool_size=...)``), but nothing sets
-Numba's memory manager up there::
-
-    from dask_cuda import LocalCUDACluster
-    from distributed import Client
-
-    import numba_pool.integrations.dask as npd
-
-    client = Client(LocalCUDACluster())
     client.register_plugin(npd.NumbaPoolPlugin(arena=True))  # frontend="mlir" for Numba-CUDA-MLIR
-    ...  # tasks that use numba.cuda
-    npd.stats(client)  # {worker address: {"status": "ok", "frontend": "numba-cuda", "current_bytes": ..., ...}}
+    npd.stats(client)  # {worker address: {"status": "ok", "frontend": "numba-cuda", ...}}
 
-The Numba CUDA frontend is the plugin's ``frontend`` (``"numba-cuda"`` or ``"mlir"``), else each
-worker's own choice (:func:`numba_pool.cuda.frontend.for_tools`: ``NUMBA_POOL_FRONTEND``, else the
-frontend imported there, else the one installed, numba-cuda first).
-
-Register the plugin before Numba's first CUDA use on the workers (before any task used
-``numba.cuda``), as for :func:`numba_pool.install`; workers that join later get it when they
-start.  The CUDA context that dask-cuda creates on each worker at start (its preload,
-``dask_cuda.initialize``) does not count: Numba adopts that primary context later and binds
-numba_pool to it.  Do not also hand Numba to RMM (``rmm_allocator_external_lib_list`` with
-``"numba"``, or ``rmm.allocators.numba``): both set Numba's memory manager.
-
-Outcomes of the plugin's setup on a worker (each written to the worker's log, logger
-``distributed.worker.numba_pool``, which ``client.get_worker_logs()`` shows, and given by
-:func:`stats` as ``status`` and ``message``):
-
-* a GPU, no Numba CUDA context yet: numba_pool is installed (log level INFO);
-* no GPU on the worker, or the CUDA simulator: nothing installed, a warning (a cluster may mix
-  CPU and GPU workers; registration goes on);
-* Numba already used CUDA on the worker with another memory manager: nothing installed; the
-  setup raises :class:`RuntimeError`, so ``client.register_plugin`` raises it on the client
-  (the worker goes on, with Numba's own manager).  Registering again with the same options on
-  a worker where numba_pool is already in effect is not an error.
-
-Statistics are published through ``worker.metrics["numba_pool"]``: they appear in
-``client.scheduler_info()["workers"][address]["metrics"]["numba_pool"]`` (refreshed at each
-heartbeat); :func:`stats` asks the workers directly.  They never raise into the worker or the
-scheduler: a failure becomes ``{"status": "error", "message": ...}``.  They include managed
-memory's figures (``managed_on``, ``managed_reserved_bytes``, ``managed_in_use_bytes``,
-``managed_cached_bytes``, ``managed_blocks``): ``managed_on`` is false where numba_pool leaves
-``cuda.managed_array`` to Numba (``managed=False``, or a device without concurrent managed
-access; ``numba-pool info`` on the worker's host says which).
-
-Memory debugging on request (allocation history and snapshots), asked of the workers now, as :func:`stats` is::
-
-    npd.record_history(client)  # numba_pool.record_history() on every worker
-    ...  # the tasks to look at
-    for address, snapshot in npd.snapshots(client).items():  # numba_pool.snapshot() of each worker
-        with open(f"snapshot-{address.replace('/', '_').replace(':', '_')}.pickle", "wb") as f:
-            pickle.dump(snapshot, f)  # what numba_pool.dump_snapshot writes: PyTorch's viewer reads it
-
-:func:`record_history` switches the allocation history of the workers there now, on or off,
-as :func:`numba_pool.record_history` does in one process: it is a switch of the running
-process, not an option of numba_pool's installation, so it is a function beside :func:`stats`
-and not an option of the plugin (whose options are :func:`numba_pool.install`'s, checked
-against what is in effect when the plugin is registered again).  Workers that join later do not
-record until it is called again; the plugin's ``leak_report`` and ``oom_snapshot`` options
-start the history on every worker, joiners included, when numba_pool initializes there (its
-first allocation).  :func:`snapshots` gives each
-worker's snapshot (:func:`worker_snapshot`): its segments without the history, its frames and
-traces with it.
-"""
+Register it before Numba's first CUDA use on the workers, and do not also hand Numba to RMM
+(``rmm.allocators.numba``): both set Numba's memory manager.  Nothing here raises into a worker
+or the scheduler: a failure becomes ``{"status": "error", "message": ...}``."""
 
 from __future__ import annotations
 
@@ -99,26 +42,15 @@ METRIC = "numba_pool"
 
 
 class NumbaPoolPlugin(WorkerPlugin):
-    """Calls :func:`numba_pool.install` with ``options`` on each worker when it is registered
-    (or when a worker starts, for workers that join later), and publishes the worker's
-    statistics as ``worker.metrics["numba_pool"]``.
+    """Calls :func:`numba_pool.install` with ``options`` on each worker (joiners too) and publishes
+    its statistics as ``worker.metrics["numba_pool"]``.
 
-    :param frontend: the Numba CUDA frontend to install numba_pool into on the workers,
-        ``"numba-cuda"`` or ``"mlir"`` (kept as :attr:`frontend` and sent to the workers); None:
-        each worker's own choice (:func:`numba_pool.cuda.frontend.for_tools`).
-    :param options: :func:`numba_pool.install`'s options (sizes in bytes or with units, e.g.
-        ``max_size="80%"``, ``arena=True``, ``managed_max_size="8 GiB"``); on the workers they
-        override the workers' ``NUMBA_POOL_*`` environment variables.  ``log`` is one path for
-        every worker: workers on one host would share the file, so leave it to the workers' own
-        environment.
-    :raises ConfigError: at construction, on the client, for an unknown option or a bad value.
-    :raises FrontendError: at construction, on the client, for a ``frontend`` that names none.
-
-    Its ``setup`` raises :class:`RuntimeError` when the frontend already used CUDA on the worker
-    with another memory manager, or is not installed there (``client.register_plugin`` raises
-    it); a worker without a GPU only gets a warning in its log.  Removing the plugin removes the
-    metric; numba_pool stays the memory manager in worker processes where it was installed.
-    """
+    :param frontend: ``"numba-cuda"`` or ``"mlir"``; None: each worker's choice
+        (:func:`numba_pool.cuda.frontend.for_tools`).
+    :param options: :func:`numba_pool.install`'s, overriding the workers' ``NUMBA_POOL_*``; leave
+        ``log`` to the workers' environment (one path would be shared on a host).
+    :raises ConfigError: on the client, for an unknown option or a bad value.
+    :raises FrontendError: on the client, for a ``frontend`` that names none."""
 
     name = METRIC
     idempotent = False  # registering again with other options replaces the plugin (and tries them)
@@ -133,11 +65,10 @@ class NumbaPoolPlugin(WorkerPlugin):
         self.frontend_used: str | None = None  # on a worker: the frontend its setup chose
 
     def setup(self, worker) -> None:
-        """Install numba_pool on ``worker`` (see the class).
+        """Install numba_pool on ``worker``; without a GPU, only a warning in its log.
 
-        :raises RuntimeError: when the frontend already used CUDA on the worker under another
-            memory manager, or with other numba_pool options, or is not installed there.
-        """
+        :raises RuntimeError: when the frontend already used CUDA there under another manager or
+            other options, or is not installed there (``client.register_plugin`` raises it)."""
         worker.metrics[METRIC] = self.metric
         where = f"worker {getattr(worker, 'address', '?')}"
         status, message, self.frontend_used = _install(self.options, self.frontend)
@@ -157,9 +88,8 @@ class NumbaPoolPlugin(WorkerPlugin):
             del worker.metrics[METRIC]
 
     def metric(self, worker=None) -> dict:
-        """The worker's numba_pool statistics for the plugin's frontend (see
-        :func:`worker_statistics`), with the plugin's setup outcome when it installed nothing.
-        Never raises."""
+        """:func:`worker_statistics` for the plugin's frontend, with the setup's outcome when it installed
+        nothing.  Never raises."""
         result = worker_statistics(self.frontend_used or self.frontend)
         if self.status != "installed" and result["status"] != "error":
             result = {**result, "status": self.status, "message": self.message}
@@ -167,10 +97,8 @@ class NumbaPoolPlugin(WorkerPlugin):
 
 
 def _install(options: dict, frontend: str | None) -> tuple[str, str | None, str | None]:
-    """Install numba_pool in this process for ``frontend`` (None: the tools' choice):
-    ``(status, message, frontend's name)`` with status ``"installed"``, ``"no GPU"`` (nothing
-    to install) or ``"not installed"`` (CUDA already used, or the frontend is not installed:
-    the message says why)."""
+    """Install numba_pool here: ``(status, message, frontend's name)``, status ``"installed"``,
+    ``"no GPU"`` or ``"not installed"`` (the message says why)."""
     try:
         chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")
     except frontends.FrontendError as err:
@@ -192,8 +120,7 @@ def _install(options: dict, frontend: str | None) -> tuple[str, str | None, str 
 
 
 def _in_effect(options: dict, frontend) -> bool:
-    """Whether numba_pool with these options is already ``frontend``'s memory manager here (a
-    plugin registered again, or ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` on the worker)."""
+    """Whether numba_pool with these options is already ``frontend``'s memory manager here."""
     plugin = getattr(frontend.driver, "_memory_manager", None)
     return (settings.installed() == _config.load(**options)
             and isinstance(plugin, type) and issubclass(plugin, NumbaPoolManager)
@@ -208,21 +135,15 @@ def _contexts(frontend) -> dict:
 
 
 def worker_statistics(frontend: str | None = None) -> dict:
-    """numba_pool's statistics in this process (a worker) for ``frontend`` (``"numba-cuda"``,
-    ``"mlir"``; None: the tools' choice), without creating a CUDA context.
+    """numba_pool's statistics in this process for ``frontend`` (None: the tools' choice), creating
+    no CUDA context.  Never raises.
 
-    Keys: ``status``, one of ``"ok"``, ``"no CUDA context yet"``, ``"other manager"`` (the
-    frontend's context has another memory manager: ``manager`` names it), ``"not initialized"``
-    (numba_pool's manager has no pool yet), ``"no GPU"`` (the simulator), ``"error"``;
-    ``frontend``, the frontend's name (absent when it could not be found); ``message``, one
-    line, unless ``"ok"``.  (:class:`NumbaPoolPlugin`'s metric adds its setup outcome: ``"no
-    GPU"``, ``"not installed"``.)  With ``"ok"``: ``device`` (the lowest device ordinal where
-    the frontend has a context), ``manager`` (``"NumbaPoolManager"``) and the statistics of
-    :func:`numba_pool.stats` (:meth:`PoolStatistics.to_dict
-    <numba_pool.PoolStatistics.to_dict>`, every key: bytes and counts, the ``arena_*``,
-    ``host_*`` and ``managed_*`` figures and their ``*_on`` switches); ``other_devices``,
-    ``{ordinal as str: the same}``, when the frontend has contexts on more than one device.  Never raises.
-    """
+    Keys: ``status`` (``"ok"``, ``"no CUDA context yet"``, ``"other manager"``, ``"not
+    initialized"``, ``"no GPU"``, ``"error"``; the plugin's metric adds ``"not installed"``),
+    ``frontend``, ``message`` (one line, unless ``"ok"``).  With ``"ok"``: ``device`` (the lowest
+    ordinal with a context), ``manager`` and :meth:`PoolStatistics.to_dict
+    <numba_pool.PoolStatistics.to_dict>` (bytes and counts); ``other_devices``, ``{ordinal as str:
+    the same}``, for further devices."""
     try:
         chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")
         if chosen.simulator:
@@ -242,9 +163,7 @@ def worker_statistics(frontend: str | None = None) -> dict:
 
 
 def _context_statistics(dev_id: int, context, frontend) -> dict:
-    """The statistics of ``context``'s manager: that frontend's numba_pool manager, asked
-    directly (``numba_pool.stats()`` would make the context current on this thread, or create
-    one)."""
+    """``context``'s manager's statistics, asked directly (``numba_pool.stats()`` could create a context)."""
     mm = getattr(context, "memory_manager", None)
     name = type(mm).__name__
     about = {"device": dev_id, "frontend": frontend.name, "manager": name}
@@ -270,8 +189,7 @@ def _as_dict(statistics) -> dict:
 
 
 def _run_statistics(dask_worker=None) -> dict:
-    """:func:`stats`'s function on each worker: the plugin's metric when it is registered,
-    else :func:`worker_statistics` (numba_pool may be on through the workers' environment)."""
+    """:func:`stats`'s function on a worker: the plugin's metric, else :func:`worker_statistics`."""
     metric = dask_worker.metrics.get(METRIC) if dask_worker is not None else None
     if metric is None:
         return worker_statistics()
@@ -282,18 +200,13 @@ def _run_statistics(dask_worker=None) -> dict:
 
 
 def stats(client) -> dict[str, dict]:
-    """numba_pool's statistics of every worker of ``client``'s cluster, asked of the workers now
-    (``client.run``), ``{worker address: dict}``; the dict is described by
-    :func:`worker_statistics` (bytes and counts).  A worker that could not answer gets
-    ``{"status": "error", "message": ...}``.  With an asynchronous client, returns an
-    awaitable of the same.
-    """
+    """Every worker's :func:`worker_statistics` now, ``{worker address: dict}``; a worker that could
+    not answer gets ``{"status": "error", ...}``.  Asynchronous client: an awaitable."""
     return _then(client.run(_run_statistics, on_error="return"), _checked)
 
 
 def _then(results, finish):
-    """``finish(results)``, or, where ``results`` is awaitable (an asynchronous client), an
-    awaitable of it."""
+    """``finish(results)``, or an awaitable of it where ``results`` is awaitable."""
     if inspect.isawaitable(results):
         async def finished():
             return finish(await results)
@@ -312,17 +225,10 @@ def _checked(results: dict) -> dict[str, dict]:
 
 def record_history(client, enabled: bool = True, stacks: str = "python",
                    max_entries: int = _history.DEFAULT_MAX_ENTRIES) -> dict[str, dict]:
-    """:func:`numba_pool.record_history` with these arguments on every worker of ``client``'s
-    cluster now (``client.run``): from now on, each worker records its allocations (with the
-    Python stack at each, unless ``stacks="none"``) and their events, in a ring of
-    ``max_entries``; ``enabled=False`` stops and drops the recording.  Workers that join later
-    do not record until this is called again.  Returns each worker's recording after the call,
-    ``{worker address: {"recording": True, "stacks": ..., "max_entries": ...}}`` or ``{...:
-    {"recording": False}}``; with an asynchronous client, an awaitable of the same.
+    """:func:`numba_pool.record_history` on every worker now; joiners do not record until it is
+    called again.  Returns ``{worker address: recording()}``; asynchronous client: an awaitable.
 
-    :raises ValueError: (a worker's, raised again here) for another ``stacks`` or a
-        ``max_entries`` below 1.
-    """
+    :raises ValueError: (a worker's) for another ``stacks`` or ``max_entries`` < 1."""
     return _then(client.run(_record_history_here, enabled, stacks, max_entries), dict)
 
 
@@ -342,13 +248,8 @@ def recording() -> dict:
 
 
 def worker_snapshot() -> dict:
-    """:func:`numba_pool.snapshot` of this process (a worker): the memory of every device
-    numba_pool serves here, every frontend's, in the schema of PyTorch's
-    ``torch.cuda.memory._snapshot()``, with the frames and traces of the allocation history where
-    it records (:func:`record_history`).  Each manager's memory is read with its own CUDA context
-    pushed, as for the statistics: on the worker's event loop thread none is current, and the
-    pool's queries need one.  A process where numba_pool serves no device gives the empty
-    snapshot.  Never raises: a failure gives the empty snapshot with ``error``, one line."""
+    """:func:`numba_pool.snapshot` of this process, each manager's context pushed (none is current on
+    the worker's event loop thread).  Never raises: a failure gives :func:`failed_snapshot`."""
     try:
         return debugging.snapshot_of(managers(), _segments_in_context)
     except Exception as err:  # one worker's failure must not lose the others' snapshots
@@ -356,8 +257,7 @@ def worker_snapshot() -> dict:
 
 
 def _segments_in_context(manager) -> list[dict]:
-    """``manager``'s segments (:func:`numba_pool.plugin.debugging.segments_of`), its context
-    pushed around them; none, and nothing pushed, before it has a pool."""
+    """``manager``'s segments, its context pushed; none before it has a pool."""
     if manager.allocator is None:
         return []
     context = manager.context
@@ -374,14 +274,9 @@ def failed_snapshot(message: str) -> dict:
 
 
 def snapshots(client) -> dict[str, dict]:
-    """Each worker's snapshot (:func:`worker_snapshot`: :func:`numba_pool.snapshot` there),
-    asked of the workers of ``client``'s cluster now (``client.run``): ``{worker address:
-    snapshot}``.  Written with ``pickle.dump`` (as :func:`numba_pool.dump_snapshot` writes
-    one), PyTorch's viewer reads it.
-    Frames and traces need the history on the workers (:func:`record_history`).  A worker that
-    could not answer gets the empty snapshot with ``error`` (one line).  With an asynchronous
-    client, returns an awaitable of the same.
-    """
+    """Each worker's :func:`worker_snapshot` now, ``{worker address: snapshot}`` (pickle it for
+    PyTorch's viewer); a worker that could not answer gets :func:`failed_snapshot`.  Asynchronous
+    client: an awaitable."""
     return _then(client.run(worker_snapshot, on_error="return"), _snapshots_checked)
 
 

@@ -1,15 +1,11 @@
 """The allocation log: every allocate and free in RMM's logging format (CSV).
 
-Header ``Thread,Time,Action,Pointer,Size,Stream,Kind``: RMM's six columns, then the kind of
-memory (``device``; ``managed`` for ``cuda.managed_array``; ``graph`` for an allocation made
-while its stream was being captured, an allocation node of a CUDA graph); actions ``allocate``, ``free``
-and ``allocate failure``; pointer and stream in hex; time ``HH:MM:SS.ffffff`` (RMM's
-``logging_resource_adaptor`` pattern ``%t,%H:%M:%S.%f``).  Readers of RMM's format that take
-the first six columns read it unchanged.  Rows are buffered and written when
-the buffer fills, at :meth:`AllocationLog.flush` (called by ``reset``) and at exit.  With
-logging off nothing of this module runs: the logging adaptor (:class:`LoggedAllocations`) is in
-a device's allocation path (:mod:`numba_pool.plugin.path`) only when a log is configured.
-"""
+Header ``Thread,Time,Action,Pointer,Size,Stream,Kind``: RMM's six columns (which RMM's readers
+take unchanged), then the memory's kind (``device``, ``managed``, ``graph`` for an allocation
+node of a capture); actions ``allocate``, ``free``, ``allocate failure``; pointer and stream in
+hex; time as RMM's ``logging_resource_adaptor`` writes it (``%H:%M:%S.%f``).  Rows are buffered,
+written when the buffer fills, at :meth:`AllocationLog.flush` (``reset`` calls it) and at exit.
+The logging adaptor (:class:`LoggedAllocations`) is in the path only while a log is configured."""
 
 from __future__ import annotations
 
@@ -94,14 +90,11 @@ class AllocationLog:
 
 
 class LoggedAllocations:
-    """The logging adaptor: logs each allocation (or its failure), and its free when the memory
-    is released (``free()`` or collection), before the release, so that the free row precedes
-    the row of any later allocation at the same address.
+    """The logging adaptor: each allocation (or failure), and its free before the release, so that the
+    free row precedes any later allocation's at the same address.
 
     :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
-    :param log: where the rows go.
-    :param kind: the Kind column of its rows (:data:`KINDS`).
-    """
+    :param kind: the Kind column of its rows (:data:`KINDS`)."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer], log: AllocationLog, kind: str = "device"):
         self._upstream = upstream

@@ -1,36 +1,22 @@
-"""Allocation history: what :func:`numba_pool.record_history` records, in a bounded ring.
+"""Allocation history: what :func:`numba_pool.record_history` records, in a bounded ring, named
+after PyTorch's ``_record_memory_history`` and its trace entries (whose viewer reads
+:func:`numba_pool.dump_snapshot`'s files).
 
-Per allocation: its address, requested size, stream, device, kind (``device``, ``arena``,
-``scratch``, ``pinned``, ``managed``), thread, time and the Python stack at the allocation; per
-event: ``alloc``, ``free_requested`` (the array was dropped), ``free_completed`` (numba_pool
-made the memory reusable: at once, or when the ``defer_cleanup`` block that held it back
-exits), ``oom``, ``trim`` and ``reset``.  A release made reusable at once is one ``free`` entry,
-which a snapshot shows as both (one entry less per pair: Note [History entries], docs/perf-notes.md).  The events go to a ring of ``max_entries``
-(:class:`collections.deque` with a ``maxlen``); the allocations alive now are kept apart, so
-that a snapshot names the frames of every live block however old.
+Per allocation: address, requested size, stream, device, kind (``device``, ``arena``,
+``scratch``, ``pinned``, ``managed``), thread, time and Python stack; events ``alloc``,
+``free_requested``, ``free_completed`` (reusable: at once, or at the exit of the
+``defer_cleanup`` that held it back), ``oom``, ``trim``, ``reset``; a release reusable at once is
+one ``free`` entry (Note [History entries]).  The ring is a ``deque`` with ``maxlen``; live
+allocations are kept apart, so a snapshot names every live block's frames however old.
 
-The names follow PyTorch's ``torch.cuda.memory._record_memory_history`` and its trace entries
-(``torch.cuda.memory._snapshot``), whose viewer reads :func:`numba_pool.dump_snapshot`'s files.
+Cost: none while off; the recording adaptor (:class:`RecordedAllocations`) is in the path only
+while on (:mod:`numba_pool.plugin.path`).  Stacks are ``(code, offset)`` pairs, names read only
+at snapshot time (:func:`resolve`; Note [Stack walks]).
 
-Cost
-----
-Off (the default): nothing.  The recording adaptor (:class:`RecordedAllocations`) is in a
-device's allocation path only while history is on (:mod:`numba_pool.plugin.path`); switching
-it on or off (:func:`numba_pool.record_history`, which keeps the recording in the process state,
-:mod:`numba_pool.plugin.state`) composes every path again.  On: the stack is captured as
-``(code object, line number)`` pairs, walking ``f_back`` (no file names, no
-:mod:`traceback`); file and function names are read from the code objects when a snapshot is
-taken (:func:`resolve`).
-
-Threads
--------
-Releases run in finalizers, in any thread, even inside an allocation the garbage collector
-interrupted (:mod:`numba_pool.allocator`, "Threads"): recording takes no lock.  Each step is
-one atomic container operation: ``deque.append`` on the ring (which drops its oldest entry at
-``maxlen``), ``dict`` set and ``pop`` on the live table, keyed by (device, the allocation's
-``CUdeviceptr``: compared by identity, the object the pointer holds) or (device, host address)
-for pinned memory.
-"""
+Threads: releases run in finalizers, in any thread, even inside an interrupted allocation
+(:mod:`numba_pool.allocator`, "Threads"), so recording takes no lock: each step is one atomic
+container operation (``deque.append``; ``dict`` set and ``pop`` on the live table, keyed by
+(device, the ``CUdeviceptr`` object) or (device, host address))."""
 
 from __future__ import annotations
 
@@ -55,19 +41,12 @@ MAX_FRAMES = 64
 STACKS = ("python", "none")
 
 
-#: One recorded event: ``action`` (``alloc``, ``free``, ``free_requested``, ``free_completed``,
-#: ``oom``, ``trim``, ``reset``), the device ordinal, ``address`` (0 where none), ``size`` (bytes
-#: requested; for ``oom`` the request), ``stream`` (the handle's value), ``kind``, ``thread``
-#: (``threading.get_ident()``), ``time_ns`` (``time.time_ns()``), ``frames`` (the captured
-#: stack, :meth:`History.capture`: :func:`resolve` turns it into files and lines; empty with
-#: ``stacks="none"``) and, for ``oom``, the device's free bytes.  ``thread`` is the allocating
-#: (or failing) thread's; a free's is 0 (a finalizer's thread tells nothing, and costs time).
-#:
-#: What the ring and the live table hold, for the hot path's sake (Note [History entries],
-#: docs/perf-notes.md): an allocation (``alloc``, ``oom``, ``trim``, ``reset``) as a plain tuple
-#: of Entry's fields in order (not a named tuple), its ``address`` the pointer's ``CUdeviceptr``
-#: itself (``int()`` only when read); a release as ``(action, its alloc event, time_ns)``.  :attr:`History.entries` and
-#: :attr:`History.live` read them back as ``Entry``.
+#: One recorded event: ``action``, device, ``address`` (0 where none), ``size`` (bytes requested),
+#: ``stream`` (handle value), ``kind``, ``thread`` (the allocating thread's; a free's is 0),
+#: ``time_ns``, ``frames`` (:meth:`History.capture`; empty with ``stacks="none"``) and, for
+#: ``oom``, the device's free bytes.  The ring and live table hold plain tuples of these fields,
+#: ``address`` the ``CUdeviceptr`` itself, a release as ``(action, alloc event, time_ns)`` (Note
+#: [History entries]); :attr:`History.entries` and :attr:`History.live` read them as ``Entry``.
 Entry = namedtuple("Entry", "action device address size stream kind thread time_ns frames device_free")
 
 
@@ -84,8 +63,7 @@ _thread = threading.get_ident
 
 def _walk(frame) -> list:
     """``[code, offset, ...]`` of ``frame`` and its callers, innermost first, at most
-    :data:`MAX_FRAMES` (:meth:`History.capture`'s form).  A Python loop: the walks in C measured
-    slower (Note [Stack walks], docs/perf-notes.md)."""
+    :data:`MAX_FRAMES` (:meth:`History.capture`'s form); a Python loop (Note [Stack walks])."""
     frames: list = []
     append = frames.append
     for _ in range(MAX_FRAMES):
@@ -125,11 +103,8 @@ class History:
         return {(device, int(address)): _as_entry(event) for (device, address), event in self.open.copy().items()}
 
     def capture(self, skip: int = 2) -> list:
-        """The calling thread's stack, innermost first, starting ``skip`` frames above this
-        call, as a flat list ``[code, offset, code, offset, ...]`` (:func:`pairs` reads it);
-        ``()`` when stacks are off.  The bytecode offset, not ``f_lineno``, which Python
-        computes by scanning the line table; one flat list, not a tuple per frame (Note [Stack
-        walks], docs/perf-notes.md)."""
+        """The calling thread's stack from ``skip`` frames above, innermost first, as a flat list ``[code,
+        offset, ...]`` (:func:`pairs` reads it); ``()`` when stacks are off (Note [Stack walks])."""
         if self.stacks != "python":
             return ()
         return _walk(sys._getframe(skip))
@@ -146,12 +121,10 @@ class History:
         return event
 
     def release_recorded(self, deferral, alloc: tuple, release: Callable[[], None]) -> None:
-        """The release of the allocation of event ``alloc``, through the history: the release
-        itself, then one ``free`` event (free requested and completed at once: a snapshot shows
-        both), or, while ``deferral`` (``defer_cleanup``) holds releases back,
-        ``free_requested`` now and ``free_completed`` when it lets them go.  Never raises (a
-        finalizer).  ``deferral`` first (the adaptor binds it once), ``release`` last (the
-        pointer's release before the history's: ``PoolPointer.wrap_release``)."""
+        """Release the allocation of event ``alloc`` through the history: the release, then one
+        ``free`` event, or, while ``deferral`` holds releases back, ``free_requested`` now and
+        ``free_completed`` later.  Never raises (a finalizer).  Argument order: the adaptor binds
+        ``deferral``; ``release`` is the pointer's release before the history's."""
         self.open.pop((alloc[1], alloc[2]), None)
         release()
         if deferral is None or not deferral.depth:
@@ -170,11 +143,9 @@ class History:
 # -- a recording, as numba_pool.record_history starts one ---------------------------------------
 
 def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python") -> History:
-    """A new, empty recording, its arguments checked (the process state keeps the one in
-    effect: :func:`numba_pool.record_history`).
+    """A new, empty recording, its arguments checked.
 
-    :raises ValueError: for ``max_entries`` < 1 or ``stacks`` other than ``"python"``/``"none"``.
-    """
+    :raises ValueError: for ``max_entries`` < 1 or ``stacks`` other than ``"python"``/``"none"``."""
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
         raise ValueError(f"numba_pool.record_history: max_entries={max_entries!r} must be a positive number of events")
     if stacks not in STACKS:
@@ -185,23 +156,17 @@ def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python"
 # -- the recording adaptor ------------------------------------------------------------------
 
 class RecordedAllocations:
-    """The recording adaptor: each allocation (with its stack) and its release, and an
-    out-of-memory error, into ``history``; the error's message also names the sites holding
-    most memory on the device, and ``on_oom(device, size)`` runs (observers, the snapshot
-    file).
+    """The recording adaptor: each allocation (with its stack), its release and out-of-memory errors
+    into ``history``; an out-of-memory message also names the sites holding most memory, and
+    ``on_oom(device, size, error)`` runs.
 
     :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
-    :param device: the device ordinal.
-    :param kind: ``"device"`` (refined per allocation: ``scratch`` inside ``numba_pool.scratch``,
-        ``arena`` up to ``arena_limit`` bytes) or ``"managed"``.
-    :param arena_limit: the largest request the arena serves (bytes), -1 without an arena.
-    :param deferral: the manager's ``defer_cleanup`` state (``free_completed`` waits for it).
+    :param kind: ``"device"`` (refined per allocation: ``scratch``, ``arena`` up to
+        ``arena_limit`` bytes, -1 without an arena) or ``"managed"``.
+    :param deferral: the manager's ``defer_cleanup`` state.
     :param device_free: ``() -> free bytes`` of the device, for the ``oom`` entry.
-    :param on_oom: ``(device, size, error) -> None``, after the ``oom`` entry.
-    :param skip: frames of numba_pool between the caller and this adaptor (the stack starts
-        above them: 1 when Numba calls the path directly, 2 through the manager's
-        ``memallocmanaged``).
-    """
+    :param skip: numba_pool frames between the caller and this adaptor (1 from Numba, 2 through
+        ``memallocmanaged``)."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer], history: History, device: int, kind: str, *,
                  arena_limit: int = -1, deferral=None,
@@ -220,8 +185,7 @@ class RecordedAllocations:
     def allocate(self, size: int) -> PoolPointer:
         """``size`` bytes from upstream, recorded with the caller's stack.
 
-        :raises CudaAPIError: upstream's; out of memory with the sites holding most memory on
-            the device added to its message."""
+        :raises CudaAPIError: upstream's; out of memory with the largest holders named."""
         history = self._history
         # History.capture, inlined: a method call less on every recorded allocation (Note [Stack walks]).
         frames = _walk(sys._getframe(self._skip - 1)) if history.stacks == "python" else ()
@@ -289,9 +253,8 @@ _EXAMPLES = f"{os.sep}numba_pool{os.sep}kernels{os.sep}"
 
 
 def is_library_frame(filename: str) -> bool:
-    """Whether a frame's file is numba_pool's (but its example kernels) or Numba's: in this
-    process's folders of them (:func:`skipped_dirs`), or, for a dump from another machine,
-    under a folder named after one of their packages."""
+    """Whether a frame's file is numba_pool's (not its example kernels) or Numba's: in this process's
+    folders (:func:`skipped_dirs`) or, for a dump from elsewhere, under a package-named folder."""
     if _EXAMPLES in filename:
         return False
     return filename.startswith(skipped_dirs()) or any(part in filename for part in PACKAGE_FOLDERS)

@@ -1,42 +1,22 @@
-"""Scoped statistics: ``with numba_pool.statistics() as s:`` counts the device allocations that
-the calling thread makes inside the block, in bytes and counts, current, peak and total (the
+"""Scoped statistics: ``with numba_pool.statistics() as s:`` counts the calling thread's device
+allocations inside the block, in bytes (as requested) and counts, current, peak and total (the
 figures of ``rmm.statistics.statistics()``).
 
-Semantics
----------
-* **Thread-aware.**  A scope counts the allocations of the thread that entered it, and of no
-  other thread (threads started inside the block included).
-* **Nested.**  An allocation counts in every scope of its thread that is open at that moment:
-  an inner scope's allocations also count in the outer ones.  (RMM's ``push_statistics`` adds a
-  popped scope's figures to the one below; the result is the same for allocations, and frees
-  are exact here, see the next point.)
-* **Frees count where their allocation counted**, whichever thread releases the memory and
-  whenever: a scope's ``current_*`` never go negative, and an array allocated before the scope
-  and freed inside it does not count.
-* **Figures freeze when the scope exits**: ``current_*`` are then what the block allocated and
-  still held at its exit (``assert s.current_bytes == 0`` checks for leaks); later frees no
-  longer change them.
-* Bytes are the sizes requested (Numba's ``memalloc`` size), on every device that numba_pool
-  serves; scratch blocks count through the arrays carved from them (as in the allocation log).
+* **Thread-aware**: only the entering thread's allocations (not threads started inside).
+* **Nested**: an allocation counts in every open scope of its thread (as RMM's
+  ``push_statistics`` ends up counting; frees are exact here).
+* **Frees count where their allocation counted**, whichever thread releases and whenever:
+  ``current_*`` never go negative.
+* **Figures freeze at exit** (``assert s.current_bytes == 0`` checks for leaks).
+* Every device numba_pool serves; scratch blocks count through the arrays carved from them.
 
-Cost
-----
-None while no scope is open anywhere in the process: only while one is open is the counting
-adaptor (:class:`CountedAllocations`) in the allocation path, which the plugin composes
-(:mod:`numba_pool.plugin.path`).  The scopes :func:`numba_pool.statistics` makes are the
-plugin's subclass of :class:`ScopedStatistics`: it counts the scopes open in the process (the
-process state, :mod:`numba_pool.plugin.state`) and, at the first to open and the last to exit,
-composes every device's path again.  This module keeps only each thread's open scopes
-(:data:`_local`, which the adaptor reads per allocation).  The adaptor appends
-one event per open scope of the thread to that scope's
-:class:`~numba_pool.allocator.usage.UsageTracker` (lock-free, replayed exactly on reading), and
-puts its part in front of the pointer's release (``PoolPointer.wrap_release``): the release
-appends the matching events, then releases.
-
-With ``profile=True`` a scope also records, per call site (the first frame outside numba,
-numba-cuda, Numba-CUDA-MLIR and numba_pool), the allocations and their bytes: :meth:`ScopedStatistics.report`.
-That walks the stack at every allocation (a few microseconds): for diagnosis, not production.
-"""
+Cost: none while no scope is open in the process; the counting adaptor
+(:class:`CountedAllocations`) is in the path only while one is (the plugin's subclass of
+:class:`ScopedStatistics` recomposes at the first open and the last exit,
+:mod:`numba_pool.plugin.state`).  This module keeps each thread's open scopes (:data:`_local`);
+the adaptor appends one event per open scope to its lock-free
+:class:`~numba_pool.allocator.usage.UsageTracker` and wraps the pointer's release to append the
+matching free.  ``profile=True`` walks the stack at every allocation: for diagnosis."""
 
 from __future__ import annotations
 
@@ -77,19 +57,12 @@ _DISCARD = _Discard()
 
 
 class ScopedStatistics:
-    """The allocations made by one thread inside a ``with`` block.
+    """The allocations one thread makes inside a ``with`` block: ``current_bytes``/``current_count``
+    (frozen at exit), ``peak_*``, ``total_*``, ``total_frees``; bytes as requested.  Readable from
+    any thread.  Entered once.  Make it with :func:`numba_pool.statistics`, which puts the counting
+    adaptor in the paths.
 
-    Figures (bytes are requested sizes; counts are allocations): ``current_bytes`` and
-    ``current_count`` (allocated inside and not yet freed; at exit, frozen), ``peak_bytes`` and
-    ``peak_count`` (their largest values), ``total_bytes`` and ``total_count`` (everything
-    allocated inside), and ``total_frees``.  Live while the block runs, read from any thread.
-
-    A scope is entered once.  Use :func:`numba_pool.statistics` to make one: it puts the
-    counting adaptor in the allocation paths while the scope is open (this class alone counts
-    only while another scope keeps the adaptor there).
-
-    :param profile: also record allocations per call site (:attr:`sites`, :meth:`report`).
-    """
+    :param profile: also record allocations per call site (:attr:`sites`, :meth:`report`)."""
 
     def __init__(self, *, profile: bool = False):
         self._usage = UsageTracker()
@@ -114,9 +87,7 @@ class ScopedStatistics:
     def __exit__(self, *exc_info) -> None:
         """Stop counting and freeze the figures.
 
-        :raises RuntimeError: when the scope is not open, or is exited by another thread than
-            the one that entered it.
-        """
+        :raises RuntimeError: when not open, or exited by another thread than the entering one."""
         if self._state != "open":
             raise RuntimeError(f"numba_pool.statistics: exiting a scope that is {self._state}, not open")
         if threading.get_ident() != self._thread:
@@ -134,12 +105,12 @@ class ScopedStatistics:
 
     @property
     def current_bytes(self) -> int:
-        """Bytes allocated inside the block and not freed (at its exit, once it has exited)."""
+        """Bytes allocated inside and not freed (frozen at exit)."""
         return self._read().bytes_in_use
 
     @property
     def current_count(self) -> int:
-        """Allocations made inside the block and not freed (at its exit, once it has exited)."""
+        """Allocations made inside and not freed (frozen at exit)."""
         return self._read().blocks_in_use
 
     @property
@@ -182,11 +153,9 @@ class ScopedStatistics:
 
     @property
     def sites(self) -> dict[tuple[str, int, str], tuple[int, int]]:
-        """``(file, line, function) -> (allocations, bytes)`` for each call site that allocated
-        inside the block (a copy).
+        """``(file, line, function) -> (allocations, bytes)`` per call site (a copy).
 
-        :raises RuntimeError: when the scope was made without ``profile=True``.
-        """
+        :raises RuntimeError: without ``profile=True``."""
         if self._sites is None:
             raise RuntimeError("numba_pool.statistics: call sites are recorded only with profile=True")
         return dict(self._sites)
@@ -194,8 +163,7 @@ class ScopedStatistics:
     def report(self, limit: int | None = None) -> str:
         """A table of the call sites, most bytes first (``limit`` rows at most).
 
-        :raises RuntimeError: when the scope was made without ``profile=True``.
-        """
+        :raises RuntimeError: without ``profile=True``."""
         import humanfriendly
         from tabulate import tabulate
 
@@ -215,18 +183,14 @@ class ScopedStatistics:
 # -- the counting adaptor ----------------------------------------------------------------
 
 class CountedAllocations:
-    """The counting adaptor: counts each allocation in the calling thread's open scopes, and
-    its free in the same scopes whenever and wherever the memory is released.
-
-    :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
-    """
+    """The counting adaptor: each allocation counted in the calling thread's open scopes, its free in
+    the same scopes whenever and wherever it happens."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer]):
         self._upstream = upstream
 
     def allocate(self, size: int) -> PoolPointer:
-        """``size`` bytes from upstream, counted; outside every scope of this thread, upstream's
-        pointer as it is."""
+        """``size`` bytes from upstream, counted (outside every scope: upstream's pointer as it is)."""
         mem = self._upstream(size)
         scopes = _local.scopes
         if not scopes:

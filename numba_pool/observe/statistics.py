@@ -1,11 +1,7 @@
 """A device's statistics: :class:`PoolStatistics`, collected by :func:`collect` from the
-allocator's usage events (:mod:`numba_pool.allocator.usage`), the mempool's own attributes, the
-arena and the pinned host cache.
-
-Byte counts are the sizes Numba requested; the pool's *reserved* and *used* bytes come from
-``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT/HIGH`` and ``CU_MEMPOOL_ATTR_USED_MEM_CURRENT/HIGH`` and
-include the driver's rounding.
-"""
+allocator's usage events (:mod:`numba_pool.allocator.usage`), the mempool's attributes
+(``CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}``, the driver's rounding included), the
+arena and the host and managed caches."""
 
 from __future__ import annotations
 
@@ -19,37 +15,24 @@ from ..cuda.capture import graph_memory, relaxed
 
 @dataclass(frozen=True)
 class PoolStatistics:
-    """A snapshot of one device's numba_pool memory manager (bytes and counts).
+    """One device's numba_pool memory, in bytes and counts; bytes as Numba requested them but for
+    the ``pool_*``, ``arena_*``, ``host_*``, ``managed_*`` and ``graph_*`` figures.
 
-    ``bytes_in_use``/``blocks_in_use``: arrays allocated and not yet freed, with their peaks
-    since start or :func:`numba_pool.reset_peak`.  ``total_allocations``/``total_frees``: since
-    start; ``total_bytes``: bytes of all allocations since start.  Bytes are the sizes Numba
-    requested.  ``pool_*``: the mempool's attributes (bytes, with the driver's rounding);
-    ``pool_released_bytes``: of ``pool_used_bytes``, the blocks of arrays already dropped that
-    wait for their fence (rule 4 of :mod:`numba_pool.allocator`: reused or given back once the
-    host has seen an event after their release complete, as Numba's own manager holds its
-    frees until it flushes them).
-    ``oom_retries``: allocations that hit ``CUDA_ERROR_OUT_OF_MEMORY`` once and were retried
-    after synchronizing and trimming; ``oom_errors``: those that failed again and raised.
-    ``arena_*``: the sub-allocating arena (zero, and ``arena_on`` false, when it is off): slab
-    bytes reserved from the mempool, bytes in live blocks (rounded to 256 B), free blocks and
-    the largest of them, bytes cached, quarantined and free in the slabs, and the slabs.
-    ``host_*``: pinned host blocks (``NUMBA_POOL_HOST``; zero, ``host_on`` false, when off):
-    bytes from ``cuMemHostAlloc`` (rounded to powers of two), in pinned/mapped arrays, cached
-    for reuse, and the blocks reserved.  ``managed_*``: managed memory (``NUMBA_POOL_MANAGED``;
-    zero, ``managed_on`` false, when off or not supported): bytes of blocks from the managed
-    mempool (rounded to powers of two), in managed arrays, cached for reuse, and the blocks.
-    ``graph_*``: the device's graph memory (``cuDeviceGetGraphMemAttribute``: the memory of CUDA
-    graphs' allocation nodes, every graph's, kept apart from the mempools), used and reserved
-    with their high watermarks, and the arrays numba_pool allocated in stream captures that are
-    still alive (count, bytes requested); ``releases_held_for_capture``: releases waiting for a
-    stream capture to end (rule 13 of :mod:`numba_pool.allocator`).
+    ``bytes_in_use``/``blocks_in_use`` (with peaks since start or :func:`numba_pool.reset_peak`),
+    ``total_allocations``/``total_frees``/``total_bytes`` since start.  ``pool_*``: the mempool's
+    attributes; ``pool_released_bytes``: the part of ``pool_used_bytes`` in dropped arrays' blocks
+    awaiting their fence (rule 4 of :mod:`numba_pool.allocator`).  ``oom_retries``: allocations
+    retried after synchronizing and trimming; ``oom_errors``: those that failed again.
+    ``arena_*`` (zero, ``arena_on`` false, when off): slabs reserved, live blocks (rounded to
+    256 B), free blocks and the largest, bytes cached, quarantined and free, the slabs.  ``host_*``
+    and ``managed_*`` (zero, ``*_on`` false, when off): bytes reserved (powers of two), in arrays,
+    cached, and the blocks.  ``graph_*``: the device's graph memory (``cuDeviceGetGraphMemAttribute``,
+    apart from the mempools) with its high watermarks, and numba_pool's live captured arrays;
+    ``releases_held_for_capture``: releases waiting for a capture to end (rule 13).
 
-    The same figures under RMM's names (``rmm.statistics.Statistics``): :attr:`current_bytes`,
+    RMM's names (``rmm.statistics.Statistics``) for the same: :attr:`current_bytes`,
     :attr:`current_count`, :attr:`peak_bytes`, :attr:`peak_count`, :attr:`total_bytes`,
-    :attr:`total_count`; :meth:`to_dict` gives those with the pool, arena and out-of-memory
-    figures.
-    """
+    :attr:`total_count`."""
 
     bytes_in_use: int
     peak_bytes_in_use: int
@@ -121,9 +104,7 @@ class PoolStatistics:
 
     def to_dict(self) -> dict[str, int | bool]:
         """The figures as a flat dict: RMM's ``current/peak/total`` x ``bytes/count`` keys, then
-        ``total_frees``, the ``pool_*`` and ``oom_*`` keys, the ``arena_*`` keys (all zero,
-        ``arena_on`` false, when the arena is off), then the pinned cache's ``host_*`` and the
-        managed cache's ``managed_*`` keys (zero, with ``host_on``/``managed_on`` false, when off).  Bytes everywhere but the counts."""
+        ``total_frees``, ``pool_*``, ``oom_*``, ``arena_*``, ``host_*`` and ``managed_*``."""
         rmm_style = {name: getattr(self, name) for name in RMM_KEYS}
         rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RENAMED}
         return {**rmm_style, **rest}
@@ -141,10 +122,7 @@ def collect(usage, allocator, host=None, managed=None) -> PoolStatistics:
 
     :param usage: the manager's :class:`~numba_pool.allocator.usage.UsageTracker` (drained here).
     :param allocator: the device's :class:`~numba_pool.allocator.device.DeviceAllocator`.
-    :param host: its :class:`~numba_pool.allocator.host_blocks.HostBlocks`, when the pinned host
-        cache is on.
-    :param managed: its managed cache (a ``HostBlocks`` on a managed mempool), when on.
-    """
+    :param host: its pinned host cache, or None; ``managed``: its managed cache, or None."""
     allocator.issue_frees()  # the legacy-stream frees releases queued, before the pool is read
     pool = allocator.pool.usage()
     usage.drain()

@@ -1,11 +1,7 @@
-"""Memory debugging across the process's managers: snapshots of every device
-(:mod:`numba_pool.observe.snapshot`), out-of-memory observers and the snapshot file
-``NUMBA_POOL_OOM_SNAPSHOT``, and the leak report ``NUMBA_POOL_LEAK_REPORT``.
-
-What the history records, and its adaptor, are :mod:`numba_pool.observe.history`'s; this module
-holds what needs every manager at once, so the registry of managers comes in as an argument
-(``managers()``, from :mod:`numba_pool.plugin.manager`).  The recording, the observers and the
-files written are the process state's (:data:`numba_pool.plugin.state.process`)."""
+"""Memory debugging across the process's managers: snapshots of every device, out-of-memory
+observers and ``NUMBA_POOL_OOM_SNAPSHOT``'s file, and ``NUMBA_POOL_LEAK_REPORT``'s report.  The
+history itself is :mod:`numba_pool.observe.history`'s; the registry of managers comes in as an
+argument, the recording and observers are the process state's."""
 
 from __future__ import annotations
 

@@ -1,35 +1,24 @@
-"""numba_pool's EMM plugin: Numba's device allocations served by a stream-ordered mempool.
-
-A thin class.  :meth:`NumbaPoolManager.initialize` makes the device's mempool and allocator
-(:mod:`numba_pool.allocator`, which owns the stream rule) and composes the allocation path
-(:mod:`numba_pool.plugin.path`); everything else forwards to the allocator, the pinned host
-cache or the statistics.
+"""numba_pool's EMM plugin: a thin class.  :meth:`NumbaPoolManager.initialize` makes the device's
+mempool and allocator (:mod:`numba_pool.allocator`, which owns the stream rule) and composes the
+allocation path (:mod:`numba_pool.plugin.path`); the rest forwards.
 
 Note [The path is the manager's memalloc]
-    Numba calls ``context.memory_manager.memalloc(size)``.  A method that forwarded to the path
-    would put one more Python call on every allocation, so :meth:`NumbaPoolManager._bind` makes
-    the composed path itself the instance's ``memalloc``, and it is the only code that sets or
-    removes it.  The class's :meth:`~NumbaPoolManager.memalloc` runs only when no path is bound:
-    before the first initialization and after a reset (Numba keeps the manager across a reset and
-    does not call ``initialize`` again), and initializes first.
+    A forwarding ``memalloc`` would add a Python call per allocation, so :meth:`NumbaPoolManager._bind`
+    (the only code that sets or removes it) makes the composed path the instance's ``memalloc``.
+    The class's method runs only when none is bound (before initialization, after a reset, which
+    Numba follows with no ``initialize``) and initializes first.
 
 Note [One class for every frontend]
-    Each Numba CUDA frontend (numba-cuda, Numba-CUDA-MLIR) has its own EMM base classes, so the
-    manager Numba instantiates is :class:`NumbaPoolManager` on that frontend's
-    ``HostOnlyCUDAMemoryManager`` (:func:`manager_class`, one class per frontend).
-    :class:`NumbaPoolManager` itself, what ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` and
-    ``cuda.set_memory_manager(numba_pool.NumbaPoolManager)`` hand to either frontend, is the
-    frontend-neutral base: instantiating it (``__new__``) builds the class of the frontend whose
-    context it is given, or, for the context-less instance ``set_memory_manager`` makes to read
-    the interface version, of the frontend module calling.  ``isinstance(m, NumbaPoolManager)``
-    holds for either frontend's managers.
+    Each frontend (numba-cuda, Numba-CUDA-MLIR) has its own EMM base classes, so Numba
+    instantiates :class:`NumbaPoolManager` on that frontend's ``HostOnlyCUDAMemoryManager``
+    (:func:`manager_class`).  The neutral base's ``__new__`` builds the class of the frontend of
+    the context given, or, context-less (``set_memory_manager`` reading the interface version), of
+    the calling module; ``isinstance(m, NumbaPoolManager)`` holds for both.
 
 Note [Lifetimes across a reset]
-    An array may outlive :meth:`NumbaPoolManager.reset` (or its context).  Its release must then
-    neither raise nor free memory that a later allocation owns at the same address: the reset
-    drops the allocator whole (its ledger emptied, its arena marked dropped), and a late release
-    finds nothing to free.
-"""
+    An array may outlive :meth:`NumbaPoolManager.reset`; its release must neither raise nor free
+    memory a later allocation owns at that address: the reset drops the allocator whole, and a
+    late release finds nothing to free."""
 
 from __future__ import annotations
 
@@ -62,27 +51,16 @@ from .state import process
 
 
 class NumbaPoolManager:
-    """EMM plugin serving Numba's device allocations from a stream-ordered mempool.
+    """EMM plugin: one instance per CUDA context (device and frontend; Note [One class for every
+    frontend]).  Device memory from the mempool; pinned/mapped host memory from the host cache with
+    ``NUMBA_POOL_HOST``; managed memory from the managed cache with ``NUMBA_POOL_MANAGED`` (default)
+    where the device has concurrent managed access; otherwise, and for ``mempin``, Numba's own.
 
-    Numba creates one instance per CUDA context, hence per device and frontend; each frontend's
-    instances are of :func:`manager_class`'s subclass for it (Note [One class for every
-    frontend]).  Pinned and mapped host
-    memory come from the host cache (:mod:`numba_pool.allocator.host_blocks`) when
-    ``NUMBA_POOL_HOST`` is on, managed memory from the managed cache when ``NUMBA_POOL_MANAGED``
-    is on (the default) and the device has concurrent managed access; otherwise, and for
-    ``mempin`` and host-attached managed memory, Numba's own handling
-    (``HostOnlyCUDAMemoryManager``).
+    :param config: this manager's options (tests, benchmark); None: the process's.
 
-    :param config: the options of this manager (tests and the benchmark); None: the process's
-        (:mod:`numba_pool.plugin.settings`), as Numba's ``context=`` alone gives.
-
-    Documented seams, for tests and tools: :attr:`allocator` (the device's
-    :class:`~numba_pool.allocator.device.DeviceAllocator`, None before initialization and after a
-    reset), :attr:`path` (the composed :class:`~numba_pool.plugin.path.Path`), :attr:`host` (the
-    pinned host cache, or None), :attr:`managed` (the managed cache, or None;
-    :attr:`managed_off_because` says why when it is None), :attr:`log` (the allocation log, or
-    None), :attr:`config` (the options in effect once initialized).
-    """
+    Seams for tests and tools: :attr:`allocator` (None before initialization and after a reset),
+    :attr:`path`, :attr:`host`, :attr:`managed` (:attr:`managed_off_because` when None), :attr:`log`,
+    :attr:`config`."""
 
     #: The frontend whose base classes this class derives from (None on this neutral base).
     frontend: Frontend | None = None
@@ -114,8 +92,7 @@ class NumbaPoolManager:
 
     @property
     def device_id(self) -> int:
-        """The context's device ordinal.  A context that Numba attached to a primary context
-        made by another library holds a raw ``CUdevice`` instead of a Numba ``Device``."""
+        """The context's device ordinal (a primary context made by another library holds a raw ``CUdevice``)."""
         device = self.context.device
         return device.id if hasattr(device, "id") else int(device)
 
@@ -125,15 +102,12 @@ class NumbaPoolManager:
         return 1
 
     def initialize(self) -> None:
-        """Create (or look up) the device's mempool with the process's configuration, set its
-        release threshold, pre-reserve ``initial_size`` bytes and compose the allocation path.
-        Idempotent: Numba calls it each time the context is pushed.
+        """Create the device's mempool and allocator with the configuration, pre-reserve
+        ``initial_size`` bytes and compose the path; idempotent (Numba calls it at each context push).
 
-        :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad (first context only).
-        :raises RuntimeError: when the interpreter runs without its GIL
-            (:func:`numba_pool.allocator.threads.require_gil`).
-        :raises CudaAPIError: when the driver refuses to create or configure the pool.
-        """
+        :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad.
+        :raises RuntimeError: without the GIL (:func:`numba_pool.allocator.threads.require_gil`).
+        :raises CudaAPIError: when the driver refuses to create or configure the pool."""
         if self.allocator is not None:
             return
         with self._init_lock:
@@ -186,29 +160,22 @@ class NumbaPoolManager:
                 self._bind(self.allocator)
 
     def memalloc(self, size: int) -> PoolPointer:
-        """Allocate ``size`` bytes of device memory, stream-ordered on the thread's allocation
-        stream; the returned pointer releases it, by the stream rule
-        (:mod:`numba_pool.allocator`), when Numba drops it or on ``free()``.  Once initialized,
-        the composed path serves this call (Note [The path is the manager's memalloc]).
+        """Allocate ``size`` bytes, stream-ordered on the thread's allocation stream, released by the
+        stream rule when the pointer is dropped (Note [The path is the manager's memalloc]).
 
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
-            after synchronizing and trimming the pool (the message gives the requested size, the
-            pool's reserved and used bytes and the device's free and total); any other driver
-            error as returned.
-        """
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after synchronizing and trimming (with the
+            pool's and device's sizes); any other driver error as returned."""
         self.initialize()
         return self.memalloc(size)
 
     def allocate_unadapted(self, size: int) -> PoolPointer:
-        """:meth:`memalloc` from the block source, without the adaptors (scratch blocks are
-        neither logged nor counted: the arrays carved from them are)."""
+        """:meth:`memalloc` without the adaptors (scratch blocks: the arrays carved from them are counted)."""
         self.initialize()
         return self.allocator.source.allocate(size)
 
     def allocate_block(self, size: int, stream) -> "Block":
-        """The core's ``allocate(size, stream)`` on this device's current generation
-        (:meth:`DeviceAllocator.allocate <numba_pool.allocator.device.DeviceAllocator.allocate>`):
-        what an allocation that a reset overtook gets instead."""
+        """The core's ``allocate(size, stream)`` on the current generation: what an allocation a reset
+        overtook gets instead."""
         self.initialize()
         return self.allocator.allocate(size, stream)
 
@@ -218,32 +185,23 @@ class NumbaPoolManager:
         return scratch_scope(self.allocator, nbytes, self.allocate_unadapted)
 
     def memhostalloc(self, size: int, mapped: bool = False, portable: bool = False, wc: bool = False):
-        """``size`` bytes of page-locked host memory, as Numba's: a ``PinnedMemory``, or with
-        ``mapped`` the owned view of a ``MappedMemory`` whose device pointer kernels can use
-        (``cuMemHostGetDevicePointer``).  With ``NUMBA_POOL_HOST`` on, from the cache of
-        ``cuMemHostAlloc`` blocks (the block goes back to the cache, not to ``cuMemFreeHost``,
-        when Numba drops the memory); else, and for 0 bytes, Numba's.
+        """``size`` bytes of page-locked host memory, as Numba's (``PinnedMemory``, or with ``mapped`` a
+        ``MappedMemory`` view, ``cuMemHostGetDevicePointer``); with ``NUMBA_POOL_HOST`` from the cache of
+        ``cuMemHostAlloc`` blocks, else (and for 0 bytes) Numba's.
 
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes.
-        """
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes."""
         self.initialize()
         if self.host is None or size <= 0:
             return super().memhostalloc(size, mapped, portable, wc)
         return host_memory(self, self.host, size, mapped, portable, wc)
 
     def memallocmanaged(self, size: int, attach_global: bool = True):
-        """``size`` bytes of managed (unified) memory, which the host and every device may
-        access, as Numba's: a ``ManagedMemory`` that is also a buffer (``cuda.managed_array``
-        wraps it in a NumPy array).  With ``NUMBA_POOL_MANAGED`` on, globally attached memory
-        comes from the device's managed mempool through a cache under the host rule (a block is
-        handed out again only once the host has observed every earlier use complete:
-        :mod:`numba_pool.allocator`, rule 9); host-attached memory (``attach_global=False``),
-        0 bytes, and a device without concurrent managed access get Numba's own
+        """``size`` bytes of managed memory, as Numba's ``ManagedMemory``.  With ``NUMBA_POOL_MANAGED``,
+        globally attached memory comes from the managed mempool's cache under the host rule (rule 9 of
+        :mod:`numba_pool.allocator`); host-attached, 0 bytes, or no concurrent managed access: Numba's
         (``cuMemAllocManaged``).
 
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the managed cache's sizes and
-            its cap (``NUMBA_POOL_MANAGED_MAX_SIZE``).
-        """
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes and its cap."""
         self.initialize()
         path = self.path
         allocate = None if path is None else path.allocate_managed
@@ -252,27 +210,17 @@ class NumbaPoolManager:
         return allocate(size)
 
     def get_memory_info(self):
-        """``(free, total)`` bytes that allocations through this manager can still get.
-
-        For a pool, *free* is the device's free memory (``cuMemGetInfo``) plus the memory the
-        pool has reserved but not handed out (reserved - used), since the pool serves requests
-        from it first; with ``max_size`` it is at most ``max_size - used`` and *total* is
-        ``max_size``.  Other processes and libraries can take device memory at any moment, so
-        this is an estimate, as it is for Numba's default manager.
-        """
+        """``(free, total)`` bytes, an estimate: the device's free memory (``cuMemGetInfo``) plus the
+        pool's reserved-but-unused; with ``max_size``, at most ``max_size - used`` of ``max_size``."""
         self.initialize()
         free, total = self.allocator.memory_info()
         return self.frontend.MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory):
-        """An IPC handle for ``memory`` (a pointer from this manager, or a view of one) that
-        another process opens with Numba's ``IpcHandle`` methods; see :mod:`numba_pool.ipc`
-        (``cuMemPoolExportPointer`` on an exportable pool) for the lifetimes.
+        """An IPC handle for ``memory`` (``cuMemPoolExportPointer``; lifetimes: :mod:`numba_pool.ipc`).
 
         :raises ValueError: when ``memory`` is not in a live numba_pool allocation.
-        :raises RuntimeError: when the pool cannot be exported, with the reason
-            (``NUMBA_POOL_IPC=0``, ``NUMBA_POOL_USE_DEFAULT_POOL``, or no support: WSL2).
-        """
+        :raises RuntimeError: when the pool cannot be exported, with the reason."""
         from ..ipc import export  # multiprocessing's reduction and the lease files: imported at the first export
 
         self.initialize()
@@ -280,13 +228,10 @@ class NumbaPoolManager:
                       process.leases)
 
     def reset(self) -> None:
-        """Free every allocation of this context and destroy the private pool (trim the shared
-        default pool).  Safe before :meth:`initialize` and safe to repeat; device arrays still
-        alive afterwards point to freed memory, as with Numba's default manager, and their
-        releases do nothing (Note [Lifetimes across a reset]).  The next allocation creates a
-        new pool.  Pinned and managed arrays still alive keep valid memory (the host may touch
-        it: freeing it would crash the process) until they are dropped; the caches free what
-        they hold.  Also clears Numba's host allocations (``super().reset()``)."""
+        """Free every allocation of this context and destroy the private pool (trim a shared one); safe
+        to repeat.  Device arrays still alive point to freed memory, their releases do nothing (Note
+        [Lifetimes across a reset]); pinned and managed ones stay valid until dropped.  Also
+        ``super().reset()``."""
         _note("reset", self.device_id)
         super().reset()
         if self.host is not None:
@@ -306,15 +251,10 @@ class NumbaPoolManager:
 
     @contextlib.contextmanager
     def defer_cleanup(self):
-        """While active, the memory of arrays dropped inside it is not handed out again; it is
-        released (still without host synchronization) when the outermost block exits, ordered
-        after the work queued by the drop on the array's allocation stream and its
-        ``record_stream`` streams, and after the work of every blocking stream by the exit
-        (Note [A release made free later orders now] in :mod:`numba_pool.allocator.waits`).
-        Work on another non-blocking stream that relies on the block must have completed, as
-        the host sees it, by the exit (synchronize that stream inside the block).  The block
-        stays open across a :meth:`reset`, as Numba's own.  Also defers Numba's cleanup of
-        host allocations (``super()``)."""
+        """Hold back the memory of arrays dropped inside; release it at the outermost exit, ordered
+        after their streams' work and every blocking stream's (Note [A release made free later orders
+        now] in :mod:`numba_pool.allocator.waits`).  Other non-blocking streams must be synchronized
+        inside.  Stays open across a :meth:`reset`; also ``super()``'s."""
         self.initialize()
         with super().defer_cleanup(), self.deferral.holding_back():
             yield
@@ -322,13 +262,10 @@ class NumbaPoolManager:
     # -- numba_pool extensions ------------------------------------------------------------
 
     def record_stream(self, array, stream) -> None:
-        """Keep ``array``'s block from reuse until the work queued on ``stream`` by the time
-        the array is freed has finished (an event recorded on ``stream`` at free time, waited
-        for by the allocation stream).
+        """:func:`numba_pool.record_stream` on this manager.
 
         :raises ValueError: when the array's memory is not a live allocation of this manager.
-        :raises TypeError: when ``stream`` is not a stream, or ``array`` not an array.
-        """
+        :raises TypeError: when ``stream`` is not a stream, or ``array`` not an array."""
         ref = as_stream_ref(stream)
         address = data_address(array)
         self.initialize()
@@ -351,12 +288,8 @@ class NumbaPoolManager:
         self.allocator.pool.reset_high_watermarks()
 
     def trim(self, keep_bytes: int = 0) -> None:
-        """Give the arena's empty slabs back, synchronize the context so every stream-ordered
-        free has completed, then release reserved but unused pool memory down to
-        ``keep_bytes`` (``cuMemPoolTrimTo``); with ``NUMBA_POOL_HOST``, free the cached pinned
-        blocks whose events completed (``cuMemFreeHost``); with ``NUMBA_POOL_MANAGED``, give
-        the cached managed blocks whose events completed back to the managed mempool and trim
-        it to 0 (after another synchronize)."""
+        """:func:`numba_pool.trim`: empty slabs back, synchronize, ``cuMemPoolTrimTo(keep_bytes)``; the
+        host and managed caches free their completed blocks."""
         self.initialize()
         _note("trim", self.device_id)
         self.allocator.trim(keep_bytes)
@@ -366,9 +299,7 @@ class NumbaPoolManager:
 
 
 def _proxy(context):
-    """What pinned and managed memory hold of their context: a weak proxy, as Numba's own pass
-    (no reference cycle through the context), or the object itself where it cannot be weakly
-    referenced (a stand-in context of a test or a tool)."""
+    """A weak proxy of the context, as Numba's (no cycle), or the object itself where it cannot be."""
     try:
         return weakref.proxy(context)
     except TypeError:
@@ -378,8 +309,7 @@ def _proxy(context):
 # -- the managers of the process, kept by the process state (numba_pool.plugin.state) ------------
 
 def manager_class(frontend: Frontend) -> type:
-    """:class:`NumbaPoolManager` on ``frontend``'s ``HostOnlyCUDAMemoryManager``: the class
-    that frontend's contexts instantiate (Note [One class for every frontend])."""
+    """:class:`NumbaPoolManager` on ``frontend``'s ``HostOnlyCUDAMemoryManager``."""
     return process.manager_class(
         frontend, lambda: frontend.derive(NumbaPoolManager, frontend.HostOnlyCUDAMemoryManager))
 
@@ -390,8 +320,7 @@ def managers() -> list[NumbaPoolManager]:
 
 
 def _compose(manager: NumbaPoolManager, allocator: DeviceAllocator) -> Path:
-    """``manager``'s allocation paths with the adaptors switched on now
-    (:func:`numba_pool.plugin.path.compose`)."""
+    """``manager``'s paths with the adaptors on now (:func:`numba_pool.plugin.path.compose`)."""
     managed = None
     if manager.managed is not None:
         prefetch_to = manager.device_id if manager.config.managed_prefetch else None

@@ -12,23 +12,17 @@ block source (:class:`~numba_pool.plugin.managed_memory.ManagedSource`, the mana
 ``NUMBA_POOL_MANAGED`` is on and the device has concurrent managed access; its log rows say
 ``managed`` in the Kind column.
 
-The block source allocates and gives each pointer its release.  An adaptor calls the layer below
-and puts its part in front of that pointer's release (``PoolPointer.wrap_release``: one pointer,
-one owner, one release): the release does the adaptor's part (a log row, the scopes' counts,
-the history's entry), then the release below.  A second pointer per adaptor, taking the release
-over, cost 0.4 µs per allocation more.  No module patches another's objects; the manager
-binds the composed path as its own ``memalloc`` (Note [The path is the manager's memalloc] in
-:mod:`numba_pool.plugin.manager`).
+The block source allocates and gives each pointer its release; an adaptor calls the layer
+below and puts its part in front of that pointer's release (Note [One pointer per allocation]).
+No module patches another's objects; the manager binds the composed path as its ``memalloc``
+(Note [The path is the manager's memalloc] in :mod:`numba_pool.plugin.manager`).  IPC leases are
+not in the path: an export registers a *hold* with the device allocator, consulted on the
+release's slow path only (rule 2).
 
-IPC leases are not in the path: an export registers a *hold* on its block with the device
-allocator (:meth:`~numba_pool.allocator.device.DeviceAllocator.hold`), which the release
-consults on its slow path only (rule 2), so allocations pay nothing for them.
-
-The path is composed when a manager initializes, and composed again when an adaptor is switched
-on or off: the first statistics scope opening or the last closing, the history starting or
-stopping (:meth:`numba_pool.plugin.state.ProcessState.recompose`).  With no adaptor on, the path is the
-block source's own ``allocate``: every layer is a Python call, and one between Numba and the
-source cost 0.25 µs per allocation (``numba-pool bench --part allocator``).
+The path is composed again when an adaptor is switched on or off (the first statistics scope
+opening or the last closing, the history starting or stopping:
+:meth:`numba_pool.plugin.state.ProcessState.recompose`).  With no adaptor on, it is the block
+source's own ``allocate`` (Note [No frame between Numba and the source]).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The configuration in effect for every numba_pool manager of the process: the one
-:func:`numba_pool.install` set, else the ``NUMBA_POOL_*`` environment, read once, when the
-first context initializes the plugin.  Kept by the process state
-(:data:`numba_pool.plugin.state.process`)."""
+"""The configuration in effect for the process's managers (``install()``'s, else the environment's,
+read at the first initialization): forwards to :data:`numba_pool.plugin.state.process`, whose
+methods of the same names say what each does."""
 
 from __future__ import annotations
 
@@ -10,20 +9,17 @@ from .state import process
 
 
 def config_in_effect() -> _config.PoolConfig:
-    """The installed configuration; the environment's, read now, when none was.
+    """:meth:`ProcessState.config_in_effect <numba_pool.plugin.state.ProcessState.config_in_effect>`.
 
-    :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad.
-    """
+    :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad."""
     return process.config_in_effect()
 
 
 def installed() -> _config.PoolConfig | None:
-    """The configuration in effect, or None before ``install()`` and before the first manager
-    read the environment."""
+    """:meth:`ProcessState.installed <numba_pool.plugin.state.ProcessState.installed>`."""
     return process.installed()
 
 
 def set_config(config: _config.PoolConfig | None) -> None:
-    """Make ``config`` the configuration of managers initialized from now on (None: read the
-    environment at the next initialization)."""
+    """:meth:`ProcessState.set_config <numba_pool.plugin.state.ProcessState.set_config>`."""
     process.set_config(config)

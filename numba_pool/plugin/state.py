@@ -1,26 +1,16 @@
-"""numba_pool's state in this process, in one object: :data:`process`.
+"""numba_pool's state in this process, in one object, :data:`process`: the managers initialized
+(every device and frontend) and their classes, the configuration in effect, the history
+recording, the count of open statistics scopes, the out-of-memory observers and switches, and
+the IPC lease queue.
 
-It holds what every manager of the process shares and the public functions switch: the
-managers initialized so far (every device and frontend) and their classes, the configuration in
-effect (``install()``'s, else the environment's), the history recording, the count of
-statistics scopes open in every thread, the out-of-memory observers and report switches, and
-the IPC lease queue (releases of exported blocks waiting for their importers).
+The layers below never import this module: the plugin hands them what they need.  A public
+function that switches an adaptor changes the state here, then recomposes every manager's path
+(:meth:`ProcessState.recompose`), directly: no listeners.  Other module-level variables:
+docs/architecture.md, "Module-level state" (``tests/package/test_module_state.py`` keeps it whole).
 
-The layers below keep no such state and never import this one: where they need a part of it,
-the plugin hands it to them (the recording to the recording adaptor, the counting switch to
-:func:`numba_pool.plugin.path.compose`).  When a public function switches an adaptor on or off
-(:func:`numba_pool.record_history`, a :func:`numba_pool.statistics` scope opening first or
-closing last), it changes the state here and then composes every manager's path again
-(:meth:`ProcessState.recompose`), directly: no listeners.
-
-The few module-level variables left in the package are latches the hot path reads without a
-lookup, or per-process memos of the layers below; ``docs/architecture.md``, "Module-level
-state", lists each, and ``tests/package/test_module_state.py`` keeps the list whole.
-
-Locks: :attr:`ProcessState._lock` is the innermost lock: no other lock of numba_pool is taken
-while it is held (a manager's ``_init_lock`` included: :meth:`ProcessState.recompose` copies the
-managers, then lets go), so it may be taken inside a manager's initialization.
-"""
+Locks: :attr:`ProcessState._lock` is innermost: no other numba_pool lock is taken while it is
+held (:meth:`ProcessState.recompose` copies the managers, then lets go), so a manager's
+initialization may take it."""
 
 from __future__ import annotations
 
@@ -55,8 +45,7 @@ class ProcessState:
     # -- the managers -----------------------------------------------------------------------
 
     def register(self, manager) -> None:
-        """Count ``manager`` among the process's (from its first initialization on, while it
-        lives): :meth:`recompose` composes its path again."""
+        """Count ``manager`` among the process's (from its first initialization, while it lives)."""
         with self._lock:
             self._managers.add(manager)
 
@@ -66,8 +55,7 @@ class ProcessState:
             return list(self._managers)
 
     def manager_class(self, frontend, make: Callable[[], type]) -> type:
-        """``frontend``'s manager class: ``make()``'s, made at the first call for that
-        frontend and kept."""
+        """``frontend``'s manager class: ``make()``'s, made once per frontend."""
         with self._lock:
             cls = self._classes.get(frontend.name)
             if cls is None:
@@ -75,8 +63,7 @@ class ProcessState:
             return cls
 
     def recompose(self) -> None:
-        """Compose every manager's allocation path again, for the adaptors switched on now
-        (``NumbaPoolManager.recompose``), in the calling thread, after an adaptor's switch."""
+        """Compose every manager's path again (``NumbaPoolManager.recompose``) after an adaptor's switch."""
         for manager in self.managers():
             manager.recompose()
 
@@ -93,14 +80,12 @@ class ProcessState:
             return self._config
 
     def installed(self) -> _config.PoolConfig | None:
-        """The configuration in effect, or None before ``install()`` and before the first
-        manager read the environment."""
+        """The configuration in effect, or None before ``install()`` or a manager read the environment."""
         with self._lock:
             return self._config
 
     def set_config(self, config: _config.PoolConfig | None) -> None:
-        """Make ``config`` the configuration of managers initialized from now on (None: read
-        the environment at the next initialization)."""
+        """Make ``config`` that of managers initialized from now on (None: the environment's, read then)."""
         with self._lock:
             self._config = config
 
@@ -113,8 +98,7 @@ class ProcessState:
         self.recompose()
 
     def counting(self) -> bool:
-        """Whether a statistics scope is open anywhere in the process (the counting adaptor
-        must be in every device's allocation path)."""
+        """Whether a statistics scope is open anywhere (the counting adaptor must be in every path)."""
         with self._lock:
             return self._scopes_open > 0
 
