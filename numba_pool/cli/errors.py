@@ -1,12 +1,7 @@
-"""The command line's errors, one line each (``Error: ...``, no traceback), and the checks that
-raise them before a command does anything: the configuration of the environment and a CUDA GPU
-for the commands that need one.  The tools' command line (``numba-pool-tools``, in ``tools/``)
-uses them too, so that both commands fail alike.
-
-Exit statuses: 2 for bad configuration, options or input files (:class:`Failure`); 3 when the
-configuration is fine but there is no CUDA GPU here, or only the CUDA simulator (:class:`NoGpu`),
-so that a script can tell the two apart (``numba-pool info`` as a configuration check).
-"""
+"""The command line's one-line errors (``Error: ...``, no traceback) and the checks that raise
+them before a command does anything; ``numba-pool-tools`` uses them too.  Exit status 2: bad
+configuration, options or input files (:class:`Failure`); 3: no CUDA GPU here, or only the
+simulator (:class:`NoGpu`), so a script can tell the two apart."""
 
 from __future__ import annotations
 
@@ -33,9 +28,8 @@ class NoGpu(Failure):
 
 
 class OneLineErrors(click.Group):
-    """Usage errors (a bad option value, a missing file, an unknown command) as one line,
-    ``Error: ...``, without Click's usage lines: the culprit is in the line.  The class of
-    every group of commands: ``numba-pool``, and ``numba-pool-tools`` and its ``snapshot``."""
+    """Usage errors as one line, ``Error: ...``, without Click's usage lines; the class of every group
+    of commands (``numba-pool``, ``numba-pool-tools`` and its ``snapshot``)."""
 
     def make_context(self, info_name, args, parent=None, **extra):
         if not args:  # the command, or a group such as `numba-pool-tools snapshot`, alone: its help, exit status 0
@@ -66,11 +60,9 @@ def load_config() -> _config.PoolConfig:
 
 
 def tools_frontend():
-    """The frontend the commands use (:func:`~numba_pool.cuda.frontend.for_tools`:
-    ``NUMBA_POOL_FRONTEND``'s, else the one installed, numba-cuda first), imported now.
+    """The frontend the commands use (:func:`~numba_pool.cuda.frontend.for_tools`), imported now.
 
-    :raises Failure: when none is installed, or ``NUMBA_POOL_FRONTEND`` names none.
-    """
+    :raises Failure: when none is installed, or ``NUMBA_POOL_FRONTEND`` names none."""
     try:
         return frontends.for_tools()
     except frontends.FrontendError as err:
@@ -78,11 +70,10 @@ def tools_frontend():
 
 
 def gpu_available() -> bool:
-    """Whether a real CUDA GPU is here for the tools' frontend (not numba-cuda's CUDA simulator,
-    where ``cuda.is_available()`` is true too).
+    """Whether a real CUDA GPU is here for the tools' frontend (the simulator's ``is_available()`` is
+    true too).
 
-    :raises Failure: as :func:`tools_frontend`.
-    """
+    :raises Failure: as :func:`tools_frontend`."""
     frontend = tools_frontend()
     return not frontend.simulator and frontend.cuda.is_available()
 

@@ -70,8 +70,7 @@ def _tools_choice(environ=os.environ) -> tuple[str | None, str]:
 
 
 def _frontend_rows(chosen: str | None, why: str) -> list[tuple[str, str]]:
-    """One row per frontend (installed or not, its versions and its module) and one for the
-    frontend the tools use, and why."""
+    """One row per frontend (installed or not, versions, module) and one for the tools' choice and why."""
     installed = frontends.installed()
     rows = []
     for name in frontends.NAMES:

@@ -55,14 +55,11 @@ def _in_pseudo_fs(path: str) -> bool:
 
 
 def parse_path(value: Any, source: str) -> str:
-    """The allocation log's file path (``~`` expanded).  Checked now, so that a bad path fails
-    at configuration rather than at the first allocation: the path must not be a folder; an
-    existing file must be a writable regular file outside ``/proc`` and ``/sys``; a new file's
-    folder must exist and be writable.  The file itself is neither created nor changed here.
+    """The allocation log's absolute path (``~`` expanded), checked now rather than at the first
+    allocation: not a folder; an existing file writable, regular, outside ``/proc`` and ``/sys``; a
+    new file's folder existing and writable.  Creates nothing.
 
-    :returns: the absolute path.
-    :raises ConfigError: for an empty value, a non-path, or a path that fails a check above.
-    """
+    :raises ConfigError: for an empty value, a non-path, or a failed check."""
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ConfigError(f"{source}={value!r} is not a file path: expected the path of a CSV file to write")
     text = os.fspath(value).strip() if isinstance(value, str) else os.fspath(value)  # " a.csv": a.csv

@@ -40,15 +40,9 @@ def _squeezed(name: str) -> str:
 
 
 def probable_typo(name: str, options: Iterable[str]) -> str | None:
-    """The warning for an environment variable ``name`` that looks meant for numba_pool but is
-    not one of its variables; None when it is one, or does not look meant for it.
-
-    A name looks meant for numba_pool when it starts with ``NUMBA_POOL_`` in any case, or with
-    ``NUMBAPOOL`` once squeezed (``NUMBAPOOL_ARENA``, ``NUMBA_POOLS_ARENA``,
-    ``NUMBA__POOL_ARENA``).  The suggestion is the closest configuration variable (else the
-    closest of the tools' :data:`OTHER_VARIABLES`); with none close, the message lists the
-    configuration variables, never the tools' ones.
-    """
+    """The warning for ``name`` if it looks meant for numba_pool (``NUMBA_POOL_`` in any case, or
+    ``NUMBAPOOL`` once squeezed) but is none of its variables, else None.  It suggests the closest
+    configuration variable (else of :data:`OTHER_VARIABLES`), or lists the configuration ones."""
     if not _squeezed(name).startswith("NUMBAPOOL") or name in OTHER_VARIABLES:
         return None
     options = sorted(options)

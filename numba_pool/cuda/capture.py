@@ -1,25 +1,19 @@
 """CUDA-graph stream capture, through cuda-python: whether a stream is being captured, the
-thread's capture mode, and the device's graph memory.
+thread's capture mode, and the device's graph memory.  What the driver allows during a capture
+(docs/perf-notes.md, "Stream capture"; H100, driver 580), whence the rules of
+:mod:`numba_pool.allocator.captures`:
 
-What the driver allows while a capture is under way was measured on an H100 (driver 580,
-cuda-bindings 13, 2026-11-26; docs/perf-notes.md, "Stream capture"), and numba_pool's capture
-rules (:mod:`numba_pool.allocator.captures`) follow from it:
-
-* on the capturing stream, ``cuMemAllocFromPoolAsync`` records an allocation node from a pool
-  that is *not* exportable (an exportable one: ``CUDA_ERROR_NOT_SUPPORTED``, the capture
-  survives), and ``cuMemFreeAsync`` a free node; ``cuStreamGetId`` of the capturing stream
-  invalidates the capture;
-* the legacy stream is unusable while a blocking stream captures (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``,
-  the capture invalidated), in every capture mode and from every thread;
+* on the capturing stream, pool allocation and free become graph nodes (from a non-exportable
+  pool only: ``CUDA_ERROR_NOT_SUPPORTED`` otherwise); ``cuStreamGetId`` invalidates the capture;
+* the legacy stream is unusable while a blocking stream captures
+  (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``), in every mode and thread;
 * ``cuCtxSynchronize``, ``cuStreamSynchronize`` and ``cuMemPoolTrimTo`` invalidate any capture;
-* under a *global-mode* capture, ``cuMemAllocFromPoolAsync`` and ``cuMemFreeAsync`` on other
-  streams, ``cuEventQuery`` and ``cuStreamSynchronize`` invalidate it, from any thread, unless
-  the calling thread's mode is relaxed (``cuThreadExchangeStreamCaptureMode``: "potentially
-  unsafe API calls" are then allowed, as PyTorch's allocator does around ``cudaMalloc``);
-* event records and ``cuStreamWaitEvent`` on other streams, and ``cuMemGetInfo``, are allowed.
+* under a *global-mode* capture, pool allocation and free on other streams, ``cuEventQuery``
+  and ``cuStreamSynchronize`` invalidate it from any thread, unless the calling thread's mode is
+  relaxed (``cuThreadExchangeStreamCaptureMode``, as PyTorch's allocator does);
+* event records, ``cuStreamWaitEvent`` on other streams, and ``cuMemGetInfo`` are allowed.
 
-What these queries cost: Note [Capture queries] in docs/perf-notes.md.
-"""
+What these queries cost: Note [Capture queries]."""
 
 from __future__ import annotations
 
@@ -67,10 +61,8 @@ def legacy_unusable(cu, legacy_handle) -> bool:
 @contextlib.contextmanager
 def relaxed(cu) -> Iterator[None]:
     """The calling thread in relaxed capture mode for the block (``cuThreadExchangeStreamCaptureMode``,
-    restored after): its "potentially unsafe" calls (stream-ordered allocation and free on
-    streams that are not captured, event queries) are then allowed while another thread
-    captures in global mode.  Calls that conflict with a capture (a synchronize, the legacy
-    stream while a blocking stream captures) stay forbidden."""
+    restored after): its stream-ordered allocations and frees on uncaptured streams and event
+    queries are allowed during another thread's global capture; conflicting calls stay forbidden."""
     err, previous = cu.cuThreadExchangeStreamCaptureMode(_RELAXED)
     try:
         yield

@@ -29,13 +29,11 @@ class OwnerContext:
 
     @classmethod
     def of(cls, cu, context) -> "OwnerContext":
-        """The owner context of a Numba ``Context`` (its ``handle``; none for a stand-in
-        without one)."""
+        """The owner context of a Numba ``Context`` (its ``handle``; none for a stand-in)."""
         return cls(cu, getattr(context, "handle", None))
 
     def needed(self) -> bool:
-        """Whether the calling thread must push the owner's context before a release: no
-        context is current, or another one is (``cuCtxGetCurrent``)."""
+        """Whether no context or another one is current (``cuCtxGetCurrent``): the owner's must be pushed."""
         if self._handle_value is None:
             return False
         err, current = self._get_current()
@@ -60,8 +58,8 @@ class OwnerContext:
         return True
 
     def run(self, fn, *args) -> None:
-        """``fn(*args)`` (which must not raise) with the owner's context pushed, popped after.
-        Where it cannot be pushed the context is gone, and the memory with it."""
+        """``fn(*args)`` (must not raise) with the owner's context pushed; where it cannot be, the context
+        is gone, and the memory with it."""
         err, = self._cu.cuCtxPushCurrent(self.handle)
         if err != SUCCESS:
             if err not in GONE:

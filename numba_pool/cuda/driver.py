@@ -1,16 +1,10 @@
-"""The seam between numba_pool and the CUDA driver.
-
-Every driver call numba_pool makes goes through a *driver object*: on a GPU, cuda-python's
-``cuda.bindings.driver`` module (:data:`cu`).  Each memory manager takes the object in effect when
-it initializes and hands it to the pool and the allocator (:mod:`numba_pool.allocator`), which
-bind the functions they call on their hot paths once.  The tests put a model of CUDA's stream
-ordering in its place (the test package ``cuda_model``, through :func:`use`), so that the real
-allocator code runs unchanged, and is checked, on a machine without a GPU; ``numba-pool-tools replay``
-passes its own address-space stand-in (``numba_pool_tools.replay``) to the arena the same way.
-
-Types, enums and constants (``CUstream``, ``CUresult`` ...) always come from cuda-python: a
-stand-in provides only functions.
-"""
+"""The seam between numba_pool and the CUDA driver: every driver call goes through a *driver
+object*, cuda-python's ``cuda.bindings.driver`` on a GPU (:data:`cu`).  A manager takes the
+object in effect when it initializes and hands it to the pool and the allocator, which bind
+their hot-path functions once.  The tests put a model of CUDA's stream ordering in its place
+(``cuda_model``, :func:`use`) so the real allocator runs on a machine without a GPU;
+``numba-pool-tools replay`` passes its own stand-in to the arena.  Types, enums and constants
+always come from cuda-python: a stand-in provides only functions."""
 
 from __future__ import annotations
 

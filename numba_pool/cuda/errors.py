@@ -2,20 +2,13 @@
 process at once.
 
 Note [One error class for every frontend]
-    A program that runs under Numba's default manager catches its frontend's ``CudaAPIError``
-    (``numba.cuda.cudadrv.driver.CudaAPIError``, or Numba-CUDA-MLIR's in
-    ``numba_cuda_mlir.numba_cuda.cudadrv.driver``), typically to handle
-    ``CUDA_ERROR_OUT_OF_MEMORY``; under numba_pool it must catch the same.  Python's ``except``
-    matches by real subclassing only (no ``__subclasscheck__``), so the error has to derive from
-    that frontend's class.  But the allocator core raises errors without knowing any frontend,
-    and a process may use both frontends at once.  So numba_pool raises one class built from the
-    ``CudaAPIError`` of every frontend loaded in the process and :class:`CudaAPIError` below
-    (:func:`bind`, called when a frontend loads), rebuilt when a second frontend loads: each
-    frontend's ``except`` catches it, and numba_pool's own code catches :class:`CudaAPIError`.
-    With no frontend loaded (the CUDA model of the tests, ``numba-pool-tools replay``) it is
-    :class:`CudaAPIError` alone.  Every frontend's class takes ``(code, msg)`` and sets ``code``
-    and ``msg``, as this one does.
-"""
+    A program catches its frontend's ``CudaAPIError`` (out of memory, typically) and must catch
+    it under numba_pool too; ``except`` matches by real subclassing only (no
+    ``__subclasscheck__``).  But the allocator core knows no frontend, and a process may use
+    both.  So numba_pool raises one class derived from every loaded frontend's ``CudaAPIError``
+    and :class:`CudaAPIError` below (:func:`bind`, rebuilt as each frontend loads); with none
+    loaded (the tests' CUDA model, the replay tool), :class:`CudaAPIError` alone.  Every such
+    class takes ``(code, msg)`` and sets ``code`` and ``msg``."""
 
 from __future__ import annotations
 
@@ -23,9 +16,8 @@ import threading
 
 
 class CudaAPIError(Exception):
-    """A CUDA driver call failed: ``code`` is the ``CUresult``, ``msg`` says which call and why.
-    The base of every error numba_pool raises for a driver result; what it raises also derives
-    from each loaded frontend's ``CudaAPIError`` (Note [One error class for every frontend])."""
+    """A CUDA driver call failed: ``code`` is the ``CUresult``, ``msg`` says which call and why (Note
+    [One error class for every frontend])."""
 
     def __init__(self, code, msg):
         self.code = code

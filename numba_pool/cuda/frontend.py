@@ -51,8 +51,7 @@ _SPELLINGS = {"numba-cuda": NUMBA_CUDA, "numba_cuda": NUMBA_CUDA, "numba.cuda": 
 
 
 class FrontendError(RuntimeError):
-    """No frontend can be used, or which one is meant is ambiguous: one line saying why and what
-    to do."""
+    """No frontend can be used, or which one is meant is ambiguous: one line saying why and what to do."""
 
 
 class Frontend:
@@ -88,23 +87,21 @@ class Frontend:
         self.PooledManagedMemory = self.derive(pointers.PooledManagedMemory, *managed_bases)
 
     def derive(self, ours: type, *bases: type, **namespace: Any) -> type:
-        """numba_pool's class ``ours`` (a mixin) on this frontend's ``bases``: ``ours`` first, so
-        its methods win; the class attribute ``frontend`` names this frontend."""
+        """numba_pool's mixin ``ours`` first on this frontend's ``bases`` (its methods win), with the class
+        attribute ``frontend``."""
         namespace.update(__module__=ours.__module__, __qualname__=ours.__qualname__, __doc__=ours.__doc__,
                          frontend=self)
         return type(ours.__name__, (ours, *bases), namespace)
 
     def current_context(self, device: int | None = None):
-        """This frontend's context of ``device`` (an ordinal), or of the current device;
-        created if there is none (``cuda.current_context``).
+        """This frontend's context of ``device`` (or the current device), created if none
+        (``cuda.current_context``).
 
-        :raises CudaSupportError: (the frontend's) where there is no CUDA GPU.
-        """
+        :raises CudaSupportError: (the frontend's) where there is no CUDA GPU."""
         return self.cuda.current_context() if device is None else self.cuda.current_context(device)
 
     def devices_with_context(self) -> list[int]:
-        """The ordinals of the devices on which this frontend has created a context (none under
-        the simulator); initializes nothing."""
+        """Ordinals of the devices where this frontend has a context (none under the simulator)."""
         if self.simulator:
             return []
         return [dev.id for dev in self.driver.driver.devices.values()
@@ -159,8 +156,7 @@ def name_of_module(module: str | None) -> str | None:
 
 
 def name_of(obj: Any) -> str | None:
-    """The frontend whose class (or a base of it) ``obj`` is an instance of, or None (an int,
-    a ``CUstream``, CuPy's objects ...)."""
+    """The frontend whose class ``obj`` is an instance of, or None (an int, a ``CUstream``, CuPy's...)."""
     for cls in type(obj).__mro__:
         ours = cls.__dict__.get("frontend")
         if isinstance(ours, Frontend):
@@ -204,8 +200,7 @@ def from_environment(environ=os.environ) -> str | None:
 
 
 def version(distribution: str) -> str | None:
-    """The installed version of ``distribution`` (a frontend's, :data:`DISTRIBUTIONS`, or any
-    other), read from its metadata without importing it; None when it is not installed."""
+    """``distribution``'s installed version from its metadata, not imported; None when not installed."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -231,11 +226,10 @@ def tools_choice(environ=os.environ) -> tuple[str | None, str]:
 
 
 def for_tools(environ=os.environ) -> Frontend:
-    """The frontend of the command line, the kernel scripts, the benchmark and a Dask worker, as
-    :func:`tools_choice` chooses it; imported now.
+    """The frontend of the command line, kernel scripts, benchmark and Dask workers
+    (:func:`tools_choice`), imported now.
 
-    :raises FrontendError: when none is installed, or the variable is bad.
-    """
+    :raises FrontendError: when none is installed, or the variable is bad."""
     name, why = tools_choice(environ)
     if name is None:
         raise FrontendError(f"numba_pool: {why}")
@@ -295,7 +289,7 @@ def resolve(call: str, *objects: Any, name: str | None = None) -> Frontend:
 
 
 def of_caller(depth: int) -> str | None:
-    """The frontend of the module ``depth`` frames above the caller, or None (how a class that
-    Numba instantiates without a context learns which frontend did)."""
+    """The frontend of the module ``depth`` frames above the caller, or None: how a class Numba
+    instantiates without a context learns which frontend did."""
     frame = sys._getframe(depth + 1)
     return name_of_module(frame.f_globals.get("__name__"))

@@ -1,15 +1,10 @@
-"""A CUDA stream-ordered memory pool (mempool) of one device, through cuda-python.
-
-The pool is either a private one made with ``cuMemPoolCreate`` (optionally capped with
-``CUmemPoolProps.maxSize``) or the device's default pool (``cuDeviceGetDefaultMemPool``), which
-CuPy's and PyTorch's ``cudaMallocAsync`` back ends share.  A device's *managed* pool
-(``NUMBA_POOL_MANAGED``: ``CU_MEM_ALLOCATION_TYPE_MANAGED``, :meth:`MemPool.managed`) is always
-private, never capped by the driver (which refuses ``maxSize`` there) and never exportable.  Allocation and free themselves
-(``cuMemAllocFromPoolAsync`` / ``cuMemFreeAsync``) are issued by :mod:`numba_pool.allocator`
-directly on :attr:`MemPool.handle`, to keep wrappers off the hot path; this module holds the
-rest: creation, attributes (CUDA Driver API, "Stream Ordered Memory Allocator"), trimming and
-destruction.  Every call goes through the driver object given (:mod:`numba_pool.cuda.driver`).
-"""
+"""One device's CUDA stream-ordered memory pool, through cuda-python: a private one
+(``cuMemPoolCreate``, optionally capped by ``CUmemPoolProps.maxSize``) or the device's default
+pool (``cuDeviceGetDefaultMemPool``, shared with CuPy's and PyTorch's ``cudaMallocAsync``).  A
+*managed* pool (:meth:`MemPool.managed`) is always private, uncapped and not exportable.  The
+allocator issues ``cuMemAllocFromPoolAsync``/``cuMemFreeAsync`` on :attr:`MemPool.handle`
+itself (no wrapper on the hot path); here: creation, attributes (CUDA Driver API, "Stream
+Ordered Memory Allocator"), trimming, destruction, through the driver object given."""
 
 from __future__ import annotations
 
@@ -29,12 +24,9 @@ _ATTR = cuda_driver.CUmemPool_attribute
 
 @dataclass(frozen=True)
 class PoolUsage:
-    """The pool's own accounting (``CU_MEMPOOL_ATTR_*``), in bytes.
-
-    *reserved* is device memory the pool holds (mapped); *used* is the part of it handed out to
-    allocations not yet freed (stream-ordered frees count once issued).  The high watermarks
-    are the peaks since creation or the last :meth:`MemPool.reset_high_watermarks`.
-    """
+    """The pool's accounting (``CU_MEMPOOL_ATTR_*``), in bytes: *reserved* (mapped by the pool),
+    *used* (handed out, not yet freed; stream-ordered frees count once issued), and their high
+    watermarks since creation or :meth:`MemPool.reset_high_watermarks`."""
 
     reserved: int
     reserved_high: int
@@ -85,19 +77,14 @@ class MemPool:
 
     @classmethod
     def managed(cls, cu, device_id: int, config: PoolConfig) -> "MemPool":
-        """Device ``device_id``'s managed (unified) memory pool: ``cuMemPoolCreate`` with
-        ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and no location (``CU_MEM_LOCATION_TYPE_NONE``: no
-        preferred location, pages migrate on demand, as ``cuMemAllocManaged``'s); its allocations report
-        ``CU_POINTER_ATTRIBUTE_IS_MANAGED`` and the host reads and writes them.  No
-        ``maxSize`` (the driver refuses it on managed pools, ``CUDA_ERROR_INVALID_VALUE``: the
-        cache caps it, :mod:`numba_pool.allocator.backings`), no IPC handle types (refused too),
-        no peer grants (managed memory is reachable from every device with concurrent managed
-        access).
+        """Device ``device_id``'s managed memory pool: ``cuMemPoolCreate`` with
+        ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and ``CU_MEM_LOCATION_TYPE_NONE`` (pages migrate on demand,
+        as ``cuMemAllocManaged``'s).  No ``maxSize``, IPC handle types or peer grants: the driver
+        refuses the first two (``CUDA_ERROR_INVALID_VALUE``; the cache caps it,
+        :mod:`numba_pool.allocator.backings`) and managed memory needs no grant.
 
-        :param config: the options in effect (``managed_release_threshold``: bytes the pool keeps
-            reserved at a synchronization).
-        :raises CudaAPIError: when the driver refuses to create or configure the pool.
-        """
+        :param config: the options in effect (``managed_release_threshold``).
+        :raises CudaAPIError: when the driver refuses to create or configure the pool."""
         return cls(cu, device_id, config, 0, managed=True)
 
     def _create_managed(self):
@@ -134,10 +121,9 @@ class MemPool:
         return fd
 
     def grant_peer_access(self) -> list[int]:
-        """Let every device that can reach this one (``cuDeviceCanAccessPeer``) read and write
-        the pool's memory (``cuMemPoolSetAccess``, ``CU_MEM_ACCESS_FLAGS_PROT_READWRITE``), as
-        it may ``cuMemAlloc`` memory: needed for cross-device copies, and for kernels once the
-        program enables peer access.  Returns those devices' ordinals."""
+        """Let every device that can reach this one (``cuDeviceCanAccessPeer``) read and write the pool's
+        memory (``cuMemPoolSetAccess``, ``PROT_READWRITE``), as for ``cuMemAlloc`` memory; returns
+        their ordinals."""
         cu = self._cu
         count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
         peers = [d for d in range(int(count)) if d != self.device_id
@@ -176,12 +162,10 @@ class MemPool:
               "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")
 
     def forbid_internal_dependencies(self) -> None:
-        """Reuse across streams only of memory whose free the driver knows complete, or that the
-        allocating stream follows by an event (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``
-        off; "Stream Ordered Memory Allocator", reuse policies): the pool never makes an
-        allocation wait for another stream's work, so what numba_pool's private allocation
-        stream gets is idle (rule 4 of :mod:`numba_pool.allocator`).  On the device's default
-        pool this applies to every library allocating from it."""
+        """Turn ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off ("Stream Ordered Memory
+        Allocator", reuse policies): the pool never makes an allocation wait for another stream's
+        work, so what the private allocation stream gets is idle (rule 4 of
+        :mod:`numba_pool.allocator`).  On the default pool this applies to every library using it."""
         check(self._cu.cuMemPoolSetAttribute(self.handle, _ATTR.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0),
               "cuMemPoolSetAttribute(REUSE_ALLOW_INTERNAL_DEPENDENCIES)")
 
@@ -206,9 +190,8 @@ class MemPool:
             check(self._cu.cuMemPoolSetAttribute(self.handle, attr, self._cu.cuuint64_t(0)), f"cuMemPoolSetAttribute({attr.name})")
 
     def trim(self, keep_bytes: int = 0) -> None:
-        """Release reserved but unused memory until at most ``keep_bytes`` remain reserved
-        (``cuMemPoolTrimTo``).  Memory whose stream-ordered free has not completed yet is not
-        released: synchronize first to release it too."""
+        """Release reserved, unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``); memory whose
+        stream-ordered free has not completed stays (synchronize first)."""
         check(self._cu.cuMemPoolTrimTo(self.handle, keep_bytes), "cuMemPoolTrimTo")
 
     def reserve(self, nbytes: int) -> None:
@@ -235,10 +218,9 @@ class MemPool:
 
 
 def concurrent_managed_access(cu, device_id: int) -> bool:
-    """Whether the device and the host may access managed memory at once
-    (``CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS``; 1 on Pascal and later under Linux, 0
-    on Windows/WSL and older devices).  Without it the host must not touch managed memory
-    while any kernel runs, so numba_pool leaves managed memory to Numba's own path."""
+    """``CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS``: 1 on Pascal and later under Linux, 0 on
+    Windows/WSL and older devices, where the host must not touch managed memory while a kernel
+    runs (numba_pool then leaves managed memory to Numba)."""
     attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
     return bool(check(cu.cuDeviceGetAttribute(attr, cu.CUdevice(device_id)),
                       "cuDeviceGetAttribute(CONCURRENT_MANAGED_ACCESS)"))
@@ -254,13 +236,11 @@ def is_managed(pointer: int, cu=None) -> bool:
 
 
 def prefetch(cu, address: int, nbytes: int, device: int | None, stream) -> None:
-    """Migrate managed memory ``[address, address + nbytes)`` to ``device`` (an ordinal), or to
-    the host (None), in stream order on ``stream`` (a ``CUstream``): ``cuMemPrefetchAsync`` in
-    CUDA 13's form, with a ``CUmemLocation`` (``CU_MEM_LOCATION_TYPE_DEVICE`` or ``_HOST``).
-    The range is rounded to the CPU's pages by the driver.
+    """Migrate managed memory ``[address, address + nbytes)`` to ``device`` (an ordinal) or the host
+    (None), in order on ``stream``: ``cuMemPrefetchAsync``, CUDA 13's ``CUmemLocation`` form.
 
-    :raises CudaAPIError: when the driver refuses (not managed memory: ``CUDA_ERROR_INVALID_VALUE``;
-        a device without concurrent managed access: ``CUDA_ERROR_INVALID_DEVICE``)."""
+    :raises CudaAPIError: when the driver refuses (not managed: ``CUDA_ERROR_INVALID_VALUE``; no
+        concurrent managed access: ``CUDA_ERROR_INVALID_DEVICE``)."""
     location = cu.CUmemLocation()
     if device is None:
         location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST

@@ -28,8 +28,7 @@ class SimulatorWarning(UserWarning):
 
 
 def active() -> bool:
-    """Whether a program has imported ``numba.cuda`` and it is the CUDA simulator; imports
-    nothing (Numba-CUDA-MLIR, which has no simulator, may be the frontend in use)."""
+    """Whether the program imported ``numba.cuda`` as the CUDA simulator; imports nothing."""
     cuda = sys.modules.get("numba.cuda")
     config = getattr(cuda, "config", None)
     return bool(getattr(config, "ENABLE_CUDASIM", False))
@@ -47,14 +46,12 @@ def warn_install() -> None:
 
 
 def warn_scope() -> None:
-    """Warn (:class:`SimulatorWarning`), as :func:`warn_install`, that a
-    ``numba_pool.statistics()`` scope counts nothing under the simulator."""
+    """Warn (:class:`SimulatorWarning`), as :func:`warn_install`, that a statistics scope counts nothing."""
     _note(f"numba_pool.statistics() counts nothing: {NO_MEMORY_MANAGER}")
 
 
 def _note(message: str) -> None:
-    """Warn (:class:`SimulatorWarning`) at the user's line; never raise, even when a filter
-    turns warnings into errors: an import or a set-up must not fail for a note."""
+    """Warn at the user's line; never raise, even under an "error" filter."""
     try:
         warnings.warn(message, SimulatorWarning, stacklevel=user_stacklevel())
     except Warning:
@@ -65,8 +62,7 @@ _environment_noted = False
 
 
 def requested(environ=os.environ) -> bool:
-    """Whether the simulator is on, or will be when ``numba.cuda`` is imported
-    (``NUMBA_ENABLE_CUDASIM`` set and not 0); imports nothing."""
+    """Whether ``NUMBA_ENABLE_CUDASIM`` is set and not 0; imports nothing."""
     return active() or environ.get("NUMBA_ENABLE_CUDASIM", "").strip() not in ("", "0")
 
 

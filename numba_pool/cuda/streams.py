@@ -37,8 +37,7 @@ class StreamRef:
         self.scratch = scratch  # the numba_pool.scratch block this thread bump-allocates from
 
     def belongs_to_another_thread(self) -> bool:
-        """Whether this is another host thread's per-thread default stream, which the calling
-        thread cannot name (``CU_STREAM_PER_THREAD`` is its own stream here)."""
+        """Whether this is another thread's per-thread default stream, which this thread cannot name."""
         return self.thread is not None and self.thread != threading.get_ident()
 
     def with_scratch(self, block: Any) -> "StreamRef":
@@ -108,8 +107,7 @@ def enter_scope(ref: StreamRef) -> StreamRef:
 
 
 def leave_scope(previous: StreamRef) -> None:
-    """Make ``previous`` (what :func:`enter_scope` returned) the calling thread's allocation
-    stream again."""
+    """Make ``previous`` (:func:`enter_scope`'s return) the thread's allocation stream again."""
     per_thread.stream = previous
 
 

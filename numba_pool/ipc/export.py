@@ -13,20 +13,15 @@ _export_ids = itertools.count(1)
 
 
 def export(allocator, memory, source_info, frontend, leases: LeaseQueue) -> PoolIpcHandle:
-    """An IPC handle for ``memory`` (a numba_pool ``MemoryPointer`` or a view of one): the
-    EMM plugin's ``get_ipc_handle``.  The block is held from reuse while importers claim it
-    (:class:`~numba_pool.ipc.leases.LeaseHold`).
+    """An IPC handle for ``memory`` (a numba_pool ``MemoryPointer`` or a view): the plugin's
+    ``get_ipc_handle``; the block is held from reuse while importers claim it.
 
-    :param allocator: the device's :class:`~numba_pool.allocator.device.DeviceAllocator`.
     :param source_info: the device's identity (Numba's ``Device.get_device_identity()``).
-    :param frontend: the exporting manager's :class:`~numba_pool.cuda.frontend.Frontend`, whose
-        ``IpcHandle`` the handle derives from.
-    :param leases: the process's lease queue, where the block's release waits for importers.
+    :param frontend: the exporting manager's frontend, whose ``IpcHandle`` the handle derives from.
+    :param leases: the process's lease queue.
     :raises ValueError: when ``memory`` is not in a live numba_pool allocation of this device.
-    :raises RuntimeError: when the pool cannot be exported (IPC off, the device's default
-        mempool, or no POSIX file descriptor support), with the reason.
-    :raises CudaAPIError: when ``cuMemPoolExportPointer`` fails.
-    """
+    :raises RuntimeError: when the pool cannot be exported, with the reason.
+    :raises CudaAPIError: when ``cuMemPoolExportPointer`` fails."""
     cu, pool = allocator.cu, allocator.pool
     address = int(memory.device_pointer_value)
     found = allocator.allocation_of(address)

@@ -103,13 +103,11 @@ def _pidfd_getfd(pid: int, fd: int) -> int:
 
 
 class PoolIpcHandle:
-    """Mixin for a frontend's ``IpcHandle`` (:func:`handle_class`), for numba_pool memory:
-    ``handle`` is :class:`ExportData`; the pickled form carries it, the size and offset in
-    bytes, the source device's identity, the exporting pool's key and descriptor, the lease and
-    the exporter's frontend (the importer's own is used: :func:`_rebuild`).  Opened by ``open``/``open_array``
-    (direct where the device can reach the source device, else staged through a copy),
-    ``open_direct``, ``open_staged``, and ``IpcArrayHandle``; ``close`` frees the import.
-    """
+    """Mixin for a frontend's ``IpcHandle`` (:func:`handle_class`): ``handle`` is :class:`ExportData`;
+    the pickle carries it, size and offset (bytes), the source device, the pool's key and
+    descriptor, the lease and the exporter's frontend (the importer's own is used: :func:`_rebuild`).
+    Opened by ``open``/``open_array`` (direct where the device reaches the source, else staged),
+    ``open_direct``, ``open_staged``, ``IpcArrayHandle``; ``close`` frees the import."""
 
     frontend: Frontend  # set by handle_class
 

@@ -69,18 +69,15 @@ def remove_lease(path: str) -> None:
 
 class LeaseHold:
     """A hold (:mod:`numba_pool.allocator.waits`) on an exported block: its release waits while a
-    living importer claims the export's lease.
-
-    :param lease: the export's lease.
-    :param queue: the process's :class:`LeaseQueue` (the plugin's process state holds it).
-    """
+    living importer claims the export's lease (``lease``; ``queue``: the process's
+    :class:`LeaseQueue`)."""
 
     def __init__(self, lease: Lease, queue: "LeaseQueue"):
         self.lease, self.queue = lease, queue
 
     def defer(self, release: Callable[[], None]) -> bool:
-        """From a finalizer, never raises: True (and ``release`` runs later, in the lease
-        thread) while the lease is held; False when it is not."""
+        """From a finalizer, never raising: True (``release`` runs later, in the lease thread) while the
+        lease is held, else False."""
         if not self.lease.held():
             return False
         self.queue.add(_Pending(release, self.lease))
@@ -95,14 +92,10 @@ class _Pending:
 
 
 class LeaseQueue:
-    """Exported arrays released while importers hold them; a daemon thread, started at the first
-    one and kept for the life of the process, runs each release once its lease goes.
-
-    ``add`` runs in a release, from a finalizer, so nothing here blocks on a lock: the list
-    takes atomic operations only (``append``, ``remove``, a copy), and the thread is started
-    under a lock taken only without waiting.  A finalizer that runs inside ``add``, or inside
-    the thread's loop, adds to the list and goes on.
-    """
+    """Exported arrays released while importers hold them; a daemon thread (started at the first,
+    kept for the process's life) runs each release once its lease goes.  ``add`` runs in a
+    finalizer, so nothing blocks on a lock: atomic list operations only, and the thread is started
+    under a lock taken without waiting."""
 
     def __init__(self):
         self._pending: list[_Pending] = []  # atomic operations only

@@ -26,11 +26,9 @@ block ``frames``           the stack at the allocation (from the history; empty 
                            (0 on the two free entries)
 =========================  =====================================================================
 
-Totals: the segments' ``total_size`` add up to the mempool's reserved bytes plus the pinned and
-managed caches' (:class:`~numba_pool.observe.statistics.PoolStatistics`), and with the history
-on, the active blocks' requested sizes to the bytes in use plus the live managed and pinned
-arrays' requested bytes; inside a ``numba_pool.scratch`` scope, ``stats()`` counts the scratch
-block where the snapshot counts the arrays carved from it.
+Totals: the segments add up to the mempool's reserved bytes plus the caches' (as in
+:class:`~numba_pool.observe.statistics.PoolStatistics`); with the history, the active blocks'
+requested sizes to the bytes in use (but a scratch block, counted by its carved arrays).
 """
 
 from __future__ import annotations
@@ -134,10 +132,9 @@ def _trace(entry) -> list[dict]:
 
 
 def summarize(snapshot: dict, limit: int = 10) -> dict:
-    """What ``numba-pool-tools snapshot summarize`` builds its tables from: ``sites``, the top
-    allocation sites by bytes held (``(site, bytes, blocks)``, at most ``limit``; None: all),
-    ``kinds``, the segments per kind (``(kind, segments, reserved, allocated)``), and the totals
-    ``reserved`` and ``allocated`` (requested bytes of active blocks), in bytes."""
+    """What ``numba-pool-tools snapshot summarize`` tabulates, in bytes: ``sites`` (``(site, bytes,
+    blocks)``, at most ``limit``), ``kinds`` (``(kind, segments, reserved, allocated)``) and the
+    totals ``reserved`` and ``allocated``."""
     sites: dict[str, list[int]] = {}
     kinds: dict[str, list[int]] = {}
     reserved = allocated = 0
@@ -161,10 +158,8 @@ def summarize(snapshot: dict, limit: int = 10) -> dict:
 
 
 def site_of_frames(frames: Iterable[dict]) -> str:
-    """``file:line`` of the innermost resolved frame outside numba_pool and Numba (the user's
-    allocating line; :func:`~numba_pool.observe.history.is_library_frame`, which also knows
-    them in a dump from another machine), else of the innermost frame; ``"<no stack>"``
-    without frames."""
+    """``file:line`` of the innermost resolved frame outside numba_pool and Numba
+    (:func:`~numba_pool.observe.history.is_library_frame`), else the innermost; ``"<no stack>"``."""
     frames = list(frames)
     for frame in frames:
         if not is_library_frame(frame["filename"]):

@@ -19,15 +19,10 @@ def _size(nbytes: int) -> str:
 
 
 def format_summary(stats: PoolStatistics, *, device: int | None = None, scratch=None) -> str:
-    """The summary table of ``stats``: allocations (bytes requested and counts: current, peak,
-    total), frees, the pool's reserved and used bytes with their high watermarks, the arena's
-    figures when it is on, the pinned host cache's (``NUMBA_POOL_HOST``) and the managed cache's
-    (``NUMBA_POOL_MANAGED``) when on, the calling thread's scratch block when ``scratch`` (a
-    :class:`~numba_pool.allocator.scratch.ScratchBlock`) is given, and the out-of-memory counts.  Sizes
-    in binary units with the exact bytes.
+    """The summary table of ``stats`` (the sections of :func:`numba_pool.memory_summary`; the scratch
+    block when ``scratch`` is given); sizes in binary units with the exact bytes.
 
-    :param device: the device ordinal for the title.
-    """
+    :param device: the device ordinal for the title."""
     s = stats
     blank = ""
     rows = [

@@ -32,10 +32,11 @@ def install(frontend: str | None = None, **options: Any) -> PoolConfig:
     ``options`` overriding the ``NUMBA_POOL_*`` variables; call it before the first CUDA use.
 
     The frontend: ``frontend`` (``"numba-cuda"`` or ``"mlir"``); else every one imported; else
-    ``NUMBA_POOL_FRONTEND``'s, or the one installed (numba-cuda when both are).  Options, their units
-    and size syntax: :mod:`numba_pool.config` (``release_threshold``, ``max_size``, ``initial_size``,
-    ``use_default_pool``, ``arena``, ``ipc``, ``arena_max_block``, ``arena_slab_size``, ``log``,
-    ``host``, ``host_max_size``, ``host_release_threshold``); ``None`` means the default.
+    ``NUMBA_POOL_FRONTEND``'s, or the one installed (numba-cuda when both are).  Options
+    (``release_threshold``, ``max_size``, ``initial_size``, ``use_default_pool``, ``arena``,
+    ``ipc``, ``arena_max_block``, ``arena_slab_size``, ``log``, ``host``, ``host_max_size``,
+    ``host_release_threshold`` ...): units and meaning in README's ``NUMBA_POOL_*`` table, size
+    syntax in :mod:`numba_pool.config.sizes`; ``None`` means the default.
 
     :returns: the configuration in effect.
     :raises ConfigError: for an unknown option, a bad value or contradicting options (one line).

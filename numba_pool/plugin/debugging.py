@@ -27,8 +27,8 @@ def segments_of(manager) -> list[dict]:
 
 
 def snapshot_of(managers: Iterable, segments: Callable = segments_of) -> dict:
-    """The snapshot of ``managers`` (every device they serve) with the history in effect;
-    ``segments(manager)`` reads each one's (the Dask plugin's pushes its context first)."""
+    """The snapshot of ``managers`` with the history in effect; ``segments(manager)`` reads each
+    one's (the Dask plugin's pushes its context first)."""
     by_device: dict[int, list[dict]] = {}
     for manager in managers:
         by_device.setdefault(manager.device_id, []).extend(segments(manager))
@@ -36,8 +36,7 @@ def snapshot_of(managers: Iterable, segments: Callable = segments_of) -> dict:
 
 
 def ensure_recording() -> None:
-    """Start the history (with Python stacks) unless it is on: observers, the snapshot file and
-    the leak report name allocation sites."""
+    """Start the history with Python stacks unless on (the reports name allocation sites)."""
     if process.recording is None:
         process.set_recording(_history.History())
 
@@ -52,9 +51,8 @@ def add_observer(callback: Callable) -> None:
 
 
 def out_of_memory(managers: Callable[[], Iterable], oom_snapshot: str | None, device: int, size: int, error) -> None:
-    """An allocation of ``size`` bytes on ``device`` failed after the retry: one snapshot, to
-    the file ``oom_snapshot`` the first time, then to every observer.  Never raises: an
-    observer's exception becomes a warning, and the out-of-memory error goes on."""
+    """``size`` bytes on ``device`` failed after the retry: one snapshot, to the ``oom_snapshot`` file
+    the first time, then to every observer.  Never raises: an observer's exception is a warning."""
     observers, write = process.out_of_memory_targets(oom_snapshot)
     if not observers and not write:
         return

@@ -38,10 +38,8 @@ def _release_host(manager, host: HostBlocks, block: HostBlock, mapped: bool) -> 
 
 
 def _pooled_mapped_memory(numba_driver, context, block: HostBlock, size: int, finalizer):
-    """The frontend's ``MappedMemory`` (``numba_driver``: its ``cudadrv.driver`` module) for a
-    cached block, built as its constructor builds it but with the device pointer the cache got
-    (``cuMemHostGetDevicePointer`` through numba_pool's driver object) instead of a second
-    driver call."""
+    """The frontend's ``MappedMemory`` for a cached block, built as its constructor does but with the
+    cache's device pointer (``cuMemHostGetDevicePointer``), saving a driver call."""
     from cuda.bindings import driver as binding
 
     mem = numba_driver.MappedMemory.__new__(numba_driver.MappedMemory)

@@ -19,17 +19,13 @@ from ..cuda.streams import LEGACY, per_thread, scopes_entered
 
 
 class ManagedSource:
-    """Managed memory for one manager: ``allocate(size)`` takes a block from ``cache`` (the host
-    rule: a block is handed out again only once the host observed its last uses complete), on
-    the thread's allocation stream, and wraps it in the frontend's ``PooledManagedMemory``,
-    whose release gives the block back (held back inside ``defer_cleanup``).
+    """Managed memory for one manager: ``allocate(size)`` takes a block from ``cache`` (under the host
+    rule) on the thread's allocation stream and wraps it in the frontend's ``PooledManagedMemory``,
+    whose release gives it back (held back inside ``defer_cleanup``).
 
-    :param manager: the :class:`~numba_pool.plugin.manager.NumbaPoolManager` (its frontend,
-        context proxy, deferral and driver object).
-    :param cache: the managed cache.
-    :param prefetch_to: the device ordinal each new array is prefetched to
-        (``NUMBA_POOL_MANAGED_PREFETCH``), or None.
-    """
+    :param manager: the :class:`~numba_pool.plugin.manager.NumbaPoolManager`.
+    :param prefetch_to: the device each new array is prefetched to
+        (``NUMBA_POOL_MANAGED_PREFETCH``), or None."""
 
     def __init__(self, manager, cache: HostBlocks, prefetch_to: int | None):
         self._cache = cache
@@ -40,14 +36,11 @@ class ManagedSource:
         self._prefetch_to = prefetch_to
 
     def allocate(self, size: int) -> PooledManagedMemory:
-        """``size`` bytes of managed memory (``size`` > 0), which the host may write at once.
-        With prefetch on, ``cuMemPrefetchAsync`` to the device follows on the allocation stream
-        (a driver call, and the pages migrate back when the host touches them first).
+        """``size`` (> 0) bytes of managed memory, writable by the host at once; with prefetch, a
+        ``cuMemPrefetchAsync`` to the device follows on the allocation stream.
 
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes (the cap
-            ``NUMBA_POOL_MANAGED_MAX_SIZE``, or the device); a failed prefetch's error, after
-            the block went back to the cache.
-        """
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes; a failed prefetch's
+            error, after the block went back."""
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream.value == LEGACY.value:
             stream = LEGACY  # also inside numba_pool.scratch, whose stream object is its own
@@ -73,16 +66,11 @@ class ManagedSource:
 
 
 def managed_cache(cu, device_id: int, context, config: _config.PoolConfig) -> tuple[HostBlocks | None, str]:
-    """The managed cache of a device on its managed mempool (reserving ``managed_initial_size``
-    bytes), and ``""``; or None and why not: switched off, or a device without concurrent
-    managed access, where the host must not touch managed memory while a kernel runs (Numba's
-    own ``cuMemAllocManaged`` serves it then).
+    """The managed cache of a device on its managed mempool (``managed_initial_size`` reserved) and
+    ``""``; or None and why not (switched off, no concurrent managed access, or a driver refusing a
+    managed mempool: a warning), Numba's ``cuMemAllocManaged`` serving then.
 
-    A driver that refuses a managed mempool leaves managed arrays to Numba (a warning says
-    so); device arrays do not depend on it.
-
-    :raises CudaAPIError: when the pool cannot reserve ``managed_initial_size`` bytes (a
-        configuration the user asked for; the pool is destroyed first)."""
+    :raises CudaAPIError: when the pool cannot reserve ``managed_initial_size`` bytes."""
     why = why_not_served(cu, device_id, config)
     if why:
         return None, why
@@ -105,9 +93,8 @@ def managed_cache(cu, device_id: int, context, config: _config.PoolConfig) -> tu
 
 
 def why_not_served(cu, device_id: int, config: _config.PoolConfig, concurrent: bool | None = None) -> str:
-    """Why numba_pool does not serve the managed arrays of device ``device_id`` (Numba's own
-    ``cuMemAllocManaged`` does), or ``""`` when it does: the one decision that the manager
-    (:func:`managed_cache`) and ``numba-pool info`` make.
+    """Why numba_pool does not serve device ``device_id``'s managed arrays, or ``""`` when it does:
+    the one decision of the manager (:func:`managed_cache`) and ``numba-pool info``.
 
     :param concurrent: the device's concurrent managed access, when the caller has read it.
     :raises CudaAPIError: when the device attribute cannot be read."""
