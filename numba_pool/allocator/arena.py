@@ -1,24 +1,16 @@
 """The arena: small blocks carved out of slabs, one domain per stream (rules 1 and 3-6 of
 :mod:`numba_pool.allocator`).
 
-Policy:
+* Up to ``max_block`` bytes, rounded to 256 B, from the stream's domain (:mod:`.domains`);
+  larger and ``numba_pool.scratch`` requests go to :attr:`ArenaBlocks.delegate`.
+* Legacy hot path: one lock-free ``list.pop`` from the ready cache; a miss takes the lock,
+  collects completed fence batches (rule 4, :mod:`.quarantine`, :mod:`.fences`), fences if
+  due, and carves by best fit, adding a slab only when nothing fits.
+* A legacy release is one ``list.append``; another stream's records the domain's event and
+  queues the block for the next allocation (rules 3 and 5).
+* A wholly free slab goes back over the release threshold, or when its domain has another.
 
-* Requests up to ``max_block`` bytes are rounded to 256 B and served from the allocation
-  stream's domain (:mod:`.domains`); larger ones, and requests inside ``numba_pool.scratch``,
-  go to the mempool blocks (:attr:`ArenaBlocks.delegate`).
-* The legacy stream's path is the hot one: a block is first looked for in the ready cache (one
-  ``list.pop``, no lock, no driver call); a miss takes the lock, moves the batches whose fence
-  the host has seen complete into the cache (rule 4, :mod:`.quarantine`, :mod:`.fences`),
-  fences the quarantined blocks once enough of them wait, and carves the block by best fit,
-  taking a new slab (on the private allocation stream) only when nothing fits.
-* A release on the legacy stream quarantines the block with one ``list.append`` and no driver
-  call; a release on another stream records the domain's event and publishes the block to a
-  queue that the next allocation moves into the heap (rules 3 and 5).
-* A wholly free slab goes back to the mempool when the arena is over its release threshold,
-  or when its stream's domain has another (:class:`~numba_pool.allocator.domains.Domains`).
-
-Threads: releases take no lock (the allocator's "Threads" note); everything else runs under
-``_lock``.
+Threads: releases take no lock; everything else runs under ``_lock``.
 """
 
 from __future__ import annotations
@@ -55,11 +47,8 @@ CACHE_BLOCKS = 64
 
 @dataclass(frozen=True)
 class ArenaStatistics:
-    """Bytes and counts of an arena (every domain together): ``reserved`` (slabs), ``in_use``
-    (blocks held by their owners, rounded to 256 B), ``cached`` (ready blocks in the legacy
-    stream's cache), ``quarantined`` (freed, waiting for a fence or its completion), ``free``/``free_blocks``/
-    ``largest_free_block`` (in the heaps); in_use + cached + quarantined + free == reserved.
-    ``slabs``, ``domains``, and the ``fences`` issued so far."""
+    """An arena's bytes and counts (all domains): in_use + cached (ready) + quarantined + free
+    (heaps) == reserved (slabs); ``fences`` issued so far."""
 
     reserved: int
     in_use: int
@@ -74,20 +63,11 @@ class ArenaStatistics:
 
 
 class ArenaBlocks(ArenaDoor, BlockSource):
-    """Blocks of up to ``max_block`` bytes carved out of slabs taken from the mempool, one
-    domain per stream.
+    """Blocks of up to ``max_block`` bytes carved out of mempool slabs (at most ``slab_size``
+    bytes), one domain per stream.  ``release_threshold``: slab bytes kept (None: all);
+    ``delegate``/``delegate_block`` serve the rest; ``return_stream`` returns non-legacy slabs.
 
-    :param slab_size: the largest slab (bytes); slabs start small and grow with the arena
-        (:meth:`Domains.next_slab_size <numba_pool.allocator.domains.Domains.next_slab_size>`).
-    :param max_block: the largest request served (bytes).
-    :param release_threshold: bytes of slabs kept when one becomes empty; beyond it an empty slab
-        goes back to the mempool at once.  None keeps them all (until trim).
-    :param delegate: serves the requests the arena does not (larger, scratch): the mempool
-        blocks' EMM door (bytes -> pointer).
-    :param delegate_block: the same for the core's contract, ``(bytes, stream) -> Block``.
-    :param return_stream: the private stream on which slabs of streams other than the legacy one
-        go back to the mempool, after their domain's event (one of its own when None).
-    :raises ArenaError: for sizes that are not multiples of 256, or ``max_block`` > ``slab_size``.
+    :raises ArenaError: for sizes not multiples of 256, or ``max_block`` > ``slab_size``.
     """
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
@@ -107,8 +87,8 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.delegate_block = delegate_block if delegate_block is not None else partial(_not_served_block, max_block)
         self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
         self._lock = threading.Lock()
-        # Blocks out of the heaps (held, quarantined, ready, released unpublished): start -> rounded
-        # size, changed only by the heaps, not on the hot path (0.15 µs, bench).  Under _lock.
+        # Blocks out of the heaps: start -> rounded size; under _lock, changed only by the heaps
+        # (Note [The arena's table off the hot path]).
         self.taken: dict[int, int] = {}
         self._domains = Domains(cu, pool_handle, slab_size=slab_size, release_threshold=release_threshold,
                                 alloc_stream=self.alloc_stream,
@@ -118,7 +98,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.ready = self.quarantine.ready  # popped by the hot path without the lock
         self._waiting = self.quarantine.waiting  # appended to by the release's hot path directly
         self._released: deque = deque()  # (start, size, domain) released on other streams, to publish
-        # Bound once: a bound method made per allocation cost 0.1 µs (bench).
+        # Note [Bound once].
         self._release_legacy_bound = self._release_legacy
         self._release_scoped_bound = self._release_scoped
 
@@ -223,8 +203,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
     # -- release ------------------------------------------------------------------------------
 
     def _release_legacy(self, block: Block) -> None:
-        # Any thread, from a finalizer, no lock, never raises: the common case is two atomic
-        # operations and no driver call.  Once per block: PoolPointer releases once.
+        # Finalizer, any thread, no lock, never raises; usually no driver call.
         if self.dropped:  # a reset dropped it
             return
         self._note(~block.size)
@@ -290,16 +269,13 @@ class ArenaBlocks(ArenaDoor, BlockSource):
                 self._flush_ready()
 
     def take_released(self, releases: list) -> list[dict[int, list[int]]]:
-        """Before a synchronize (trim, out of memory): every quarantined and fenced block, as
-        snapshots for :meth:`release_cached` once the synchronize is done (rule 4's snapshot
-        before the barrier)."""
+        """Rule 4's snapshot before a synchronize, for :meth:`release_cached`."""
         with self._lock:
             return self.quarantine.take_released(releases)
 
     def release_cached(self, idle: list[dict[int, list[int]]] = ()) -> int:
-        """After a synchronize: the blocks of ``idle`` (:meth:`take_released`'s) into the heap,
-        then every wholly free slab of every domain back to the mempool (stream-ordered).
-        Returns the bytes released."""
+        """After a synchronize: ``idle`` into the heap, then every wholly free slab back to the
+        mempool; returns the bytes released."""
         with self._lock:
             if self.dropped:  # a reset freed the slabs
                 return 0
@@ -312,9 +288,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             return before - self._domains.reserved
 
     def drop_all(self) -> list[tuple[int, int]]:
-        """Forget everything (for a reset): returns the slabs as (start, size) for the caller to
-        free; late releases do nothing; an allocation under way goes to the next generation
-        (``dropped``, under the lock; the ready lists emptied for the lock-free pop)."""
+        """Forget everything (reset); returns the slabs (start, size) for the caller to free."""
         with self._lock:
             self.dropped = True
             self.taken.clear()
@@ -334,9 +308,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             return None if size is None or self._is_released(address, size) else size
 
     def containing_block(self, address: int) -> int | None:
-        """The start of the live block that contains ``address``, else None (a scan:
-        record_stream is rare).  A block whose release ``defer_cleanup`` holds back still
-        counts as live."""
+        """The start of the live (or deferred) block containing ``address``, else None (a scan)."""
         with self._lock:
             for start, size in self.taken.items():
                 if start <= address < start + size:
@@ -349,8 +321,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             return self._domains.slab_of(address)
 
     def _is_released(self, start: int, size: int) -> bool:
-        # Under _lock.  list() copies: releases append to _released without the lock.  A
-        # released block that a hold keeps (an IPC export) is released too.
+        # Under _lock; list(): releases append without it.
         return (self.quarantine.holds(start, size) or start in self._waits.held
                 or any(start == s for s, _, _ in list(self._released)))
 
@@ -365,9 +336,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
                                    **self._domains.free_figures())
 
     def check_invariants(self) -> None:
-        """Raise AssertionError unless every domain's slabs are tiled exactly by its free blocks
-        and the blocks out of the heaps (:attr:`taken`), every quarantined and ready block is
-        one of those, at its size and once, and the byte counts add up (tests)."""
+        """:raises AssertionError: unless free and taken blocks tile the slabs and counts add up."""
         with self._lock:
             self._publish_released()
             taken = dict(self.taken)
@@ -375,10 +344,8 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             self._domains.check_invariants(taken)
 
     def layout(self) -> list[tuple[int, int, object, list[tuple[int, int, str]]]]:
-        """Every slab now, as ``(start, size, domain key, blocks)``, each block
-        ``(start, size, state)`` in address order: ``"allocated"`` (its owner holds it),
-        ``"awaiting_free"`` (released, waiting for a fence or a hold), ``"free"`` (ready in the cache,
-        or in the heap).  For snapshots; takes the arena's lock."""
+        """Every slab as ``(start, size, domain key, blocks)``, blocks ``(start, size, state)``
+        in address order, state ``"allocated"``, ``"awaiting_free"`` or ``"free"``; takes the lock."""
         with self._lock:
             self._publish_released()
             ready = {start for starts in list(self.quarantine.ready.values()) for start in list(starts)}

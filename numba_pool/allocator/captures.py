@@ -3,31 +3,21 @@
 What the driver allows during a capture is listed in :mod:`numba_pool.cuda.capture`.  The
 policy:
 
-* **Captured allocations** (:class:`GraphBlocks`): an allocation whose stream is being captured
-  (``using_stream(s)`` with ``s`` capturing, or, in the thread that captures, one outside any
-  ``using_stream``) becomes an allocation node of the graph: ``cuMemAllocFromPoolAsync`` on the
-  capturing stream, from a pool that graphs accept (not exportable).  Never an arena block or a
-  scratch carve: those have no node, and the graph's kernels would write them at every replay
+* **Captured allocations** (:class:`GraphBlocks`): on a capturing stream (``using_stream(s)``,
+  or outside any scope in the capturing thread), an allocation node (``cuMemAllocFromPoolAsync``
+  from a non-exportable pool); never an arena block or scratch carve, which replays would write
   after their next owner got them.
-* **Their release** during the capture is a free node (``cuMemFreeAsync`` on the capturing
-  stream); after it, the graph owns the memory: the release frees the graph's allocation with
-  ``cuMemFreeAsync`` on the capture stream (after the launches ordered there), and where the
-  graph has not allocated it (not launched yet, or freed it itself at a relaunch with
-  ``CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH``) there is nothing to free.
-* **While a capture is under way** (:data:`underway`: the captures numba_pool knows of), nothing
-  numba_pool does may touch the legacy stream (unusable while a blocking stream captures) or
-  synchronize (which invalidates every capture), and its other driver calls run in relaxed
-  capture mode (under a global-mode capture they would invalidate it): allocations on other
-  streams come straight from the mempool (no arena, whose fences use the legacy stream); those of
-  the legacy stream from a side stream, synchronized; releases are held back (:func:`defer`)
-  and run, in order, once no known capture is under way (:func:`refresh`).
+* **Their release** during the capture is a free node; after it, ``cuMemFreeAsync`` on the
+  capture stream, and nothing to free where the graph has not allocated it (not launched, or
+  ``CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH``).
+* **While a capture is under way** (:data:`underway`), no legacy-stream use, no synchronize,
+  other calls in relaxed mode: other streams' allocations come from the mempool (no arena),
+  the legacy stream's from a synchronized side stream; releases are held back (:func:`defer`)
+  and run in order once none is (:func:`refresh`).
 
-numba_pool knows of a capture from the first allocation on the capturing stream, or from
-``using_stream`` entered with it; an allocation in another thread before that follows CUDA's own
-rules (a global-mode capture refuses it, as it refuses ``cuMemAlloc``).
-
-Threads: :data:`underway` and the deferred releases take atomic container operations only (the
-release path); :data:`_lock` guards adding and dropping captures.
+A capture is known from the first allocation on its stream, or ``using_stream`` entered with it;
+before that, CUDA's own rules apply.  Threads: :data:`underway` and the deferred releases are
+atomic only; :data:`_lock` guards adding and dropping captures.
 """
 
 from __future__ import annotations
@@ -53,17 +43,14 @@ _NONE = _driver.cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 @dataclass(frozen=True)
 class Capture:
-    """A capture sequence numba_pool knows of: its stream, its id (``cuStreamGetCaptureInfo``)
-    and the host thread that allocated on it first (where allocations outside ``using_stream``
-    join it)."""
+    """A known capture: stream, id (``cuStreamGetCaptureInfo``), and the thread that allocated first."""
 
     stream: StreamRef
     id: int
     thread: int
 
 
-#: The captures under way that numba_pool knows of.  Empty almost always: the allocation paths
-#: test its truth (one load) and take :class:`CaptureRouter`'s path while it is not.
+#: The known captures under way; almost always empty (hot paths test its truth).
 underway: list[Capture] = []
 #: Releases held back while a capture is under way, run by :func:`refresh` (atomic operations).
 _deferred: deque = deque()
@@ -82,9 +69,8 @@ def note(stream: StreamRef, cid: int) -> Capture:
 
 
 def note_if_capturing(stream: StreamRef) -> None:
-    """``using_stream``'s hook: register ``stream``'s capture if it is being captured now
-    (``cuStreamIsCapturing``, 0.3 µs per scope entered).  A driver that cannot answer (none
-    loaded) registers nothing."""
+    """``using_stream``'s hook: register ``stream``'s capture, if any (``cuStreamIsCapturing``:
+    Note [Capture queries])."""
     if stream is LEGACY:
         return
     cu = _driver.cu
@@ -97,9 +83,7 @@ def note_if_capturing(stream: StreamRef) -> None:
 
 
 def _goes_on(cu, capture: Capture) -> bool:
-    """Whether ``capture`` is still under way, as far as the calling thread can tell: a thread
-    with no current context cannot ask (``CUDA_ERROR_INVALID_CONTEXT``), and then it is taken
-    to go on; a destroyed stream's capture has ended."""
+    """Whether ``capture`` goes on (assumed with no current context); a destroyed stream's has ended."""
     result = cu.cuStreamGetCaptureInfo(capture.stream.handle)
     if result[0] == _NO_CONTEXT:
         return True
@@ -107,10 +91,8 @@ def _goes_on(cu, capture: Capture) -> bool:
 
 
 def still_capturing(cu) -> bool:
-    """Whether a known capture is still under way, asked of the driver (``cuStreamGetCaptureInfo``,
-    1 µs per known capture) without the lock: for a release, which may not take it, when
-    :data:`underway` is not empty (a capture that has ended stays listed until :func:`refresh`).
-    A thread that cannot ask (no current context) takes it to go on."""
+    """Whether a known capture goes on (``cuStreamGetCaptureInfo``: Note [Capture queries]),
+    without the lock: for releases."""
     return any(_goes_on(cu, c) for c in list(underway))
 
 
@@ -120,8 +102,8 @@ def defer(release: Callable[[], None]) -> None:
 
 
 def refresh(cu) -> bool:
-    """Drop the captures that have ended; once none is left, run the releases held back (in
-    the calling thread, oldest first).  Returns whether a capture is still under way."""
+    """Drop ended captures; once none is left, run the held-back releases oldest first.
+    Returns whether a capture is still under way."""
     if underway:
         with _lock:
             underway[:] = [c for c in underway if _goes_on(cu, c)]
@@ -154,13 +136,7 @@ def capture_of_thread() -> Capture | None:
 
 
 class GraphBlocks:
-    """Rule 13's captured allocations: allocation nodes of the graph being captured, from a
-    pool that graph nodes accept (``pool()``: the device's mempool when it is not exportable,
-    else one made for captures), freed by a free node or, after the capture, outside the graph.
-
-    :param cu: the driver object.
-    :param pool: returns the ``CUmemoryPool`` to allocate from (made at the first capture).
-    """
+    """Rule 13's captured allocations, from ``pool()`` (a ``CUmemoryPool`` graphs accept)."""
 
     def __init__(self, cu, pool: Callable[[], object]):
         self._cu = cu
@@ -171,8 +147,7 @@ class GraphBlocks:
     def allocate(self, size: int, capture: Capture) -> Block:
         """``size`` bytes as an allocation node of ``capture``'s graph.
 
-        :raises CudaAPIError: the driver's error (out of memory included: no synchronize or
-            trim may run during a capture)."""
+        :raises CudaAPIError: the driver's error (out of memory too: no trim in a capture)."""
         cu, stream = self._cu, capture.stream
         err, ptr = cu.cuMemAllocFromPoolAsync(size, self._pool(), stream.handle)
         if err:
@@ -207,16 +182,8 @@ class GraphBlocks:
 
 
 class CaptureRouter:
-    """Where an allocation goes while a capture is under way, or when its stream is being
-    captured: the allocation paths' slow branch (:meth:`allocate`).
-
-    :param cu: the driver object.
-    :param graph_blocks: the captured allocations.
-    :param normal: the allocation path without capture (the block source's ``allocate``).
-    :param on_stream: ``(size, stream)``: a mempool block on a stream that is not captured.
-    :param beside: ``(size)``: a mempool block for the legacy stream's users, allocated on a
-        side stream and synchronized, released as the legacy stream's.
-    """
+    """Where an allocation goes during a capture: a graph node, ``normal``, ``on_stream``
+    (an uncaptured stream's mempool block) or ``beside`` (the legacy stream's)."""
 
     def __init__(self, cu, graph_blocks: GraphBlocks, normal: Callable, on_stream: Callable, beside: Callable):
         self._cu = cu
@@ -226,9 +193,7 @@ class CaptureRouter:
         self._beside = beside
 
     def allocate(self, size: int, stream: StreamRef) -> Block:
-        """``size`` bytes for work on ``stream``: a node of the capture it belongs to, else the
-        normal path once no capture is left, else beside the captures (relaxed mode, no legacy
-        stream)."""
+        """``size`` bytes for ``stream``: a capture's node, else the normal path, else beside."""
         capture = self._capture_for(stream)
         if capture is not None:
             return self.graph_blocks.allocate(size, capture)
@@ -249,9 +214,7 @@ class CaptureRouter:
 
 
 def SideStream(cu, what: str) -> PrivateStream:
-    """Rule 13: a non-blocking stream of numba_pool's own, made at its first use, on which
-    blocks for the legacy stream's users are allocated (and synchronized) while a capture is
-    under way: the legacy stream would join or break the capture."""
+    """Rule 13: our own stream for the legacy stream's allocations during a capture."""
     return PrivateStream(cu, f"{what} beside a capture")
 
 

@@ -1,10 +1,8 @@
 """One device's allocator: its block sources, what their releases wait for, and the barriers
 that synchronize (trim, out of memory, reset).
 
-A :class:`DeviceAllocator` lives for one *generation* of a device's memory: from the manager's
-initialization to its reset, which frees everything and drops the allocator whole; a release
-that outlives it finds nothing to free.  The plugin (:mod:`numba_pool.plugin`) makes a new one
-at the next allocation.
+A :class:`DeviceAllocator` lives for one *generation*: from initialization to reset, which drops
+it whole (a later release finds nothing to free); the plugin makes a new one at the next allocation.
 """
 
 from __future__ import annotations
@@ -39,19 +37,8 @@ def _fmt(nbytes: int) -> str:
 class DeviceAllocator:
     """One generation of one device's memory: the mempool blocks (rule 7), the arena when it
     is on (rules 1, 3-6), live scratch blocks, ``record_stream`` and IPC holds (rule 2), and the
-    barriers that synchronize.
-
-    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
-    :param pool: the device's mempool.
-    :param context: the Numba context the pointers belong to.
-    :param pointer: the class of the pointers handed out (the frontend's ``PoolPointer``).
-    :param usage: the usage tracker allocations and frees append their events to.
-    :param config: the options in effect (``arena``, its sizes, ``release_threshold``).
-    :param before_retry: called before an allocation that ran out of memory is retried (Numba's
-        pending deallocations).
-    :param deferral: ``defer_cleanup``'s state, which outlives a reset (the manager's).
-    :param after_reset: ``(size, stream) -> Block``: serves an allocation that a reset of this
-        generation overtook, from the next one (the manager's :meth:`allocate`).
+    barriers that synchronize.  ``before_retry`` runs before an out-of-memory retry (Numba's
+    pending deallocations); ``after_reset`` serves an allocation a reset overtook.
     """
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
@@ -64,15 +51,13 @@ class DeviceAllocator:
         self.waits = StreamWaits(cu, OwnerContext.of(cu, context), deferral)
         # Live numba_pool.scratch blocks by start address (atomic dict operations only).
         self.scratch_blocks: dict[int, object] = {}
-        # Rule 4: the legacy stream's owners' new memory comes from a private stream, and
-        # other streams' arena slabs go back on another (destroyed once this generation is garbage).
+        # Rule 4: new memory from a private stream; other streams' slabs go back on another.
         self.private_streams = (PrivateStream(cu, "allocations"), PrivateStream(cu, "arena slab returns"))
         shared = {"alloc_stream": self.private_streams[0],
                   "fence_bytes": int(device_memory_info(cu)[1] * FENCE_FRACTION)}
         self.mempool_blocks = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
                                            after_reset, pointer=pointer, **shared)
-        #: The arenas: one when it is on, else none (a list, not an optional: the barriers and
-        #: figures loop over it).
+        #: The arenas: one when it is on, else none (a list: the barriers loop over it).
         self.arenas: list[ArenaBlocks] = []
         if config.arena:
             self.arenas.append(ArenaBlocks(
@@ -84,8 +69,7 @@ class DeviceAllocator:
         self.arena: ArenaBlocks | None = self.arenas[0] if self.arenas else None
         #: Every block source, the one requests start at first.
         self.sources = [*self.arenas, self.mempool_blocks]
-        #: Where every request starts: the arena when it is on, else the mempool blocks.  Its
-        #: ``allocate(size)`` is the allocation path with no adaptor (:mod:`numba_pool.plugin.path`).
+        #: Where every request starts; its ``allocate(size)`` is the path with no adaptor.
         self.source = self.sources[0]
         # Rule 13: captured allocations, and where allocations go while a capture is under way.
         self._config = config
@@ -97,9 +81,8 @@ class DeviceAllocator:
             source.capture_router = router.allocate
 
     def _pool_for_captures(self):
-        """The pool that captured allocations name: the device's mempool when graphs accept it
-        (not exportable), else a pool made for captures at the first one (relaxed mode: the
-        capture under way must not see the creation)."""
+        """The pool captured allocations name: the device's if not exportable, else one made at
+        the first capture (in relaxed mode)."""
         if not self.pool.exportable:
             return self.pool.handle
         if self._capture_pool is None:
@@ -110,12 +93,9 @@ class DeviceAllocator:
     # -- the core's contract (:mod:`.block`) ---------------------------------------------------
 
     def allocate(self, nbytes: int, stream: StreamRef = LEGACY) -> Block:
-        """``nbytes`` bytes for work on ``stream`` (RMM's and cuda.core's stream-ordered
-        ``allocate``): a :class:`~numba_pool.allocator.block.Block` from the block source (the
-        arena when it is on, else the mempool blocks), to be given back with
-        :meth:`deallocate`.  ``stream`` is a :class:`~numba_pool.cuda.streams.StreamRef` the
-        caller (a door) owns and keeps alive until then; :data:`LEGACY` for the legacy
-        stream.  Knows no frontend, and no ``using_stream`` or ``numba_pool.scratch`` scope.
+        """A :class:`~.block.Block` of ``nbytes`` bytes for work on ``stream`` (as RMM's and
+        cuda.core's ``allocate``), given back with :meth:`deallocate`; the caller keeps
+        ``stream`` alive until then.  Knows no frontend or scope.
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
             after synchronizing and trimming (:meth:`out_of_memory`); any other driver error
@@ -123,10 +103,8 @@ class DeviceAllocator:
         return self.source.allocate_block(nbytes, stream)
 
     def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
-        """Give ``block`` back (RMM's and cuda.core's stream-ordered ``deallocate``), by the
-        stream rule: its release is ordered on its allocation stream (``block.stream``); a
-        ``stream`` other than that one has used it last, so the release waits for it first
-        (:meth:`record_stream`, rule 2).  Once per block; never raises (rule 8)."""
+        """Give ``block`` back (RMM's and cuda.core's ``deallocate``); a ``stream`` other than
+        ``block.stream`` is waited for first (rule 2).  Once per block; never raises (rule 8)."""
         if stream is not None and stream.value != block.stream.value:
             self.record_stream(block.address, stream)
         block.release(block)
@@ -141,25 +119,19 @@ class DeviceAllocator:
         return None
 
     def record_stream(self, address: int, stream: StreamRef) -> bool:
-        """Rule 2 for the block holding ``address``; False when no live block holds it.  In a
-        scratch block the record belongs to the array carved from it, which applies it when it
-        is dropped (:meth:`StreamWaits.order_now`): the block is released later, when the
-        stream may be gone."""
+        """Rule 2 for the block holding ``address``; False when none does.  In a scratch block
+        the carved array applies it when dropped (:meth:`StreamWaits.order_now`)."""
         return self._add_wait(address, stream)
 
     def hold(self, address: int, hold: Hold) -> bool:
-        """Keep the block holding ``address`` (the carved array, in a scratch block) from reuse
-        after its release until ``hold`` lets go (an IPC export's leases); False when no live
-        block holds it."""
+        """Keep the block holding ``address`` from reuse until ``hold`` lets go (IPC leases);
+        False when none does."""
         return self._add_wait(address, hold)
 
     def export_hold(self, address: int, hold: Hold) -> bool:
-        """An IPC export of the block holding ``address``: :meth:`hold`, then synchronize the
-        context (``cuCtxSynchronize``), so that the block's allocation and every use of its
-        previous owners have completed before another process, which orders its work against
-        nothing of this one, may touch it (the driver requires the allocation complete, "Stream
-        Ordered Memory Allocator", IPC).  Exports are rare: the synchronize is their cost.
-        False when no live block holds ``address``.
+        """:meth:`hold`, then ``cuCtxSynchronize``: another process orders against nothing of
+        ours, and the driver requires the allocation complete ("Stream Ordered Memory
+        Allocator", IPC).  False when no live block holds ``address``.
 
         :raises CudaAPIError: when the synchronize fails.
         :raises RuntimeError: during a stream capture numba_pool knows of (rule 13)."""
@@ -180,9 +152,8 @@ class DeviceAllocator:
         return True
 
     def allocation_of(self, address: int) -> tuple[int, int] | None:
-        """``(base, size)`` in bytes of the mempool allocation that holds the live block at
-        ``address``: the block itself on the mempool path, its slab in the arena (what
-        ``cuMemPoolExportPointer`` accepts); None when no live block holds it."""
+        """``(base, size)`` in bytes of the mempool allocation (block, or arena slab) holding the
+        live block at ``address``, as ``cuMemPoolExportPointer`` accepts; else None."""
         start = self.mempool_blocks.containing_block(address)
         if start is not None:
             return start, self.mempool_blocks.block_size(start)
@@ -198,10 +169,8 @@ class DeviceAllocator:
         return segments(self)
 
     def issue_frees(self) -> None:
-        """Before figures are read and before a barrier: releases held back by a capture that
-        has ended run (rule 13), and released mempool blocks whose fence the host has seen
-        complete go back to the pool (rule 4, Note [Legacy-stream frees wait for a fence] in
-        :mod:`.mempool_blocks`), in the owner's context."""
+        """Before figures and barriers: run releases an ended capture held (rule 13), and free
+        fenced mempool blocks (Note [Legacy-stream frees wait for a fence])."""
         if captures.underway or captures.held_back():
             captures.refresh(self.cu)
         self.mempool_blocks.free_completed()
@@ -209,17 +178,15 @@ class DeviceAllocator:
     def refuse_during_capture(self, what: str) -> None:
         """Rule 13: a synchronize invalidates every capture under way.
 
-        :raises RuntimeError: naming ``what`` and the capturing stream, while numba_pool knows
-            of a capture under way."""
+        :raises RuntimeError: naming ``what`` and the stream, during a known capture."""
         if captures.underway and captures.refresh(self.cu):
             streams = ", ".join(f"{c.stream.value:#x}" for c in list(captures.underway))
             raise RuntimeError(f"numba_pool: {what} cannot run while stream {streams} is being captured: "
                                "it would invalidate the capture; call it after cuStreamEndCapture")
 
     def memory_info(self) -> tuple[int, int]:
-        """``(free, total)`` bytes that allocations can still get: the device's free memory
-        (``cuMemGetInfo``) plus what the pool and the arena hold unused; with a cap, at most
-        the cap minus what the pool has handed out, and *total* is the cap."""
+        """``(free, total)`` bytes: ``cuMemGetInfo``'s free plus what the pool and arena hold
+        unused; with a cap, total is the cap and free at most cap minus used."""
         self.issue_frees()
         free, total = device_memory_info(self.cu)
         usage = self.pool.usage()
@@ -234,8 +201,7 @@ class DeviceAllocator:
         return free, total
 
     def describe_out_of_memory(self, size: int) -> str:
-        """The one line of an allocation of ``size`` bytes that failed after the retry: the
-        pool's reserved and used bytes, its cap, the arena's slabs, the device's free memory."""
+        """The one-line error of a failed allocation of ``size`` bytes, with the pool's figures."""
         pool = self.pool
         usage = pool.usage()
         free, total = device_memory_info(self.cu)
@@ -272,12 +238,8 @@ class DeviceAllocator:
             raise api_error(err.code, self.describe_out_of_memory(size)) from None
 
     def trim(self, keep_bytes: int) -> None:
-        """Take every released block waiting for a fence or its completion (rule 4's snapshot
-        before the barrier), synchronize (``cuCtxSynchronize``: they are idle now), give them
-        and the arena's empty slabs back to the mempool, synchronize again so that those
-        stream-ordered frees have completed, and release the pool's unused memory down to
-        ``keep_bytes`` (``cuMemPoolTrimTo``), and the graph memory that no graph uses
-        (``cuDeviceGraphMemTrim``).
+        """Snapshot released blocks (rule 4), ``cuCtxSynchronize``, free them and empty slabs,
+        synchronize again, then ``cuMemPoolTrimTo(keep_bytes)`` and ``cuDeviceGraphMemTrim``.
 
         :raises RuntimeError: during a stream capture (rule 13)."""
         self.refuse_during_capture("trim()")
@@ -297,11 +259,9 @@ class DeviceAllocator:
         trim_graph_memory(self.cu, self.pool.device_id)  # what no graph uses
 
     def reset(self) -> None:
-        """Free everything and give the pool's memory back.  The snapshot (every live pointer,
-        every slab) is taken before the synchronize; finalizers that run later find nothing to
-        free, and allocations under way go to the next generation (the sources' ``dropped``).
-        The pool is trimmed to 0 now and destroyed once this generation is collected: an
-        allocation under way may still name it."""
+        """Free everything, snapshot before the synchronize; later finalizers find nothing and
+        allocations under way go to the next generation.  The pool is trimmed to 0 now and
+        destroyed once this generation is collected (an allocation may still name it)."""
         releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
         pointers = self.mempool_blocks.take_all() + [ptr for ptr, _ in self.mempool_blocks.take_released(releases)]
         for arena in self.arenas:
@@ -335,14 +295,9 @@ class DeviceAllocator:
 
 
 def segments(allocator: DeviceAllocator) -> list[dict]:
-    """What ``allocator``'s generation holds, for a snapshot: one segment per arena slab (its blocks
-    allocated, awaiting their free, or free), per scratch block (its carved arrays are not
-    tracked here: the snapshot fills them from the history) and per live mempool
-    allocation, then the mempool's reserve that nothing holds (reserved minus everything
-    above, with the driver's rounding).  Each segment: ``kind`` (``"arena slab"``,
-    ``"scratch"``, ``"mempool"``, ``"mempool reserve"``), ``address``, ``size``,
-    ``stream`` (0 for the legacy stream), ``blocks`` as ``(address, size, state)``.
-    Bytes throughout."""
+    """A snapshot's segments: ``kind`` (``"arena slab"``, ``"scratch"``, ``"mempool"``, then
+    ``"mempool reserve"``: reserved minus the rest), ``address``, ``size`` (bytes), ``stream``
+    (0: legacy), ``blocks`` as ``(address, size, state)``."""
     allocator.issue_frees()
     out = []
     slab_starts = set()
@@ -367,9 +322,7 @@ def segments(allocator: DeviceAllocator) -> list[dict]:
 
 
 def destroy_when_collected(holder, pool: MemPool, owner: OwnerContext) -> None:
-    """Destroy ``pool`` (:meth:`MemPool.destroy`) once ``holder`` is garbage: nothing can
-    allocate from it or release into it any more.  In the owner's context, whatever thread the
-    collector runs in; not at exit (the context goes with the process)."""
+    """Destroy ``pool`` once ``holder`` is garbage, in the owner's context; not at exit."""
     weakref.finalize(holder, _destroy_pool, pool, owner).atexit = False
 
 
@@ -389,8 +342,7 @@ def _destroy_private(streams, fences, owner: OwnerContext) -> None:
 
 
 def _destroy_pool(pool: MemPool, owner: OwnerContext) -> None:
-    # A reset generation's pool, once nothing can allocate from it (its allocator is collected):
-    # in the owner's context, whatever thread the collector runs in.
+    # A reset generation's pool, once its allocator is collected, in the owner's context.
     def destroy(*_):
         with contextlib.suppress(CudaAPIError):
             pool.destroy()

@@ -3,17 +3,10 @@
 
 The core's contract is ``allocate_block(nbytes, stream) -> Block`` (:mod:`.block`); this door
 adds what only the EMM plugin has: the thread's allocation stream (``using_stream``), the
-``numba_pool.scratch`` scope, and the frontend's pointer class, given to the source as its
-``pointer`` factory.  Its hot paths (the arena's ready cache, the mempool's idle blocks) repeat
-the core's few lines inline rather than call it: each Python call layer costs 0.1-0.25 µs per
-allocation (``numba-pool bench --part allocator``), and the path with no adaptor is this
-method itself, no call in between.  Everything else goes through the core and
-:meth:`~numba_pool.allocator.sources.BlockSource.wrap`.
-
-Each class here is a facet of one block source (:class:`ArenaDoor` of
-:class:`~numba_pool.allocator.arena.ArenaBlocks`, :class:`PooledDoor` of
-:class:`~numba_pool.allocator.mempool_blocks.PooledBlocks`), kept in its own module for
-length: it reads the source's own fields, and is mixed into no other class.
+``numba_pool.scratch`` scope, and the frontend's ``pointer`` class.  Its hot paths repeat the
+core's few lines inline (Note [No frame between Numba and the source]); everything else goes
+through the core and :meth:`~.sources.BlockSource.wrap`.  Each class is a facet of one source
+(:class:`ArenaDoor`, :class:`PooledDoor`), reading its fields.
 """
 
 from __future__ import annotations
@@ -76,10 +69,8 @@ class PooledDoor:
     def allocate(self, size: int) -> PoolPointer:
         """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`):
         ``size`` bytes on the thread's allocation stream, freed on it when the pointer is
-        released.  Inside ``numba_pool.scratch`` the thread's scratch block serves it.  The
-        allocation path (:mod:`numba_pool.plugin.path`) is this method itself when no adaptor is
-        on: a dispatching call in between cost 0.25 µs per allocation (``numba-pool bench
-        --part allocator``).
+        released.  Inside ``numba_pool.scratch`` the thread's scratch block serves it.  With no
+        adaptor this is the allocation path itself (Note [No frame between Numba and the source]).
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
             after the out-of-memory handler made room; any other driver error as returned."""

@@ -1,33 +1,21 @@
 """Rule 4 of :mod:`numba_pool.allocator`: a block released by its legacy-stream owner is reused
 only once the host has seen a fence after its release complete.
 
-A block allocated outside ``using_stream`` may be used by its owner on any blocking stream, so
-its release cannot be ordered on one stream.  The legacy stream would order it (an operation
-there waits for all earlier work of every blocking stream), but every operation there is also
-a barrier: all later work of every blocking stream waits for it, and a kernel that waits for a
-later copy on another stream then waits forever.  So a release makes no driver call: the block
-waits in a list, and an allocation later records **one fence**, an event on the legacy stream,
-for the whole batch, at most once per :data:`FENCE_BLOCKS` blocks or :attr:`Fences.fence_bytes`
-bytes (Numba's default manager synchronizes the device once per 11 frees or 20 % of the
-device's memory: ``CUDA_DEALLOCS_COUNT``, ``CUDA_DEALLOCS_RATIO``), and never while a
-``defer_cleanup`` is open.  The batch is reused once the host has seen the fence complete
-(``cuEventQuery``), never before: its blocks are then *idle*, no earlier work can touch them, and
-they may go to any stream, as ``cuMemAlloc``'s memory may.  Until then allocations take other
-memory.  A synchronize (trim, out of memory, reset) makes every batch taken before it idle.
+Such a block may be used on any blocking stream, and every legacy-stream operation is a
+barrier (a kernel waiting for a later copy on another stream would hang).  So a release makes
+no driver call; an allocation records **one fence** (a legacy-stream event) per batch of
+:data:`FENCE_BLOCKS` blocks or :attr:`Fences.fence_bytes` bytes (as Numba's
+``CUDA_DEALLOCS_COUNT``/``CUDA_DEALLOCS_RATIO``), never inside ``defer_cleanup``.  Once the
+host sees it complete (``cuEventQuery``) the batch is *idle*, fit for any stream.  A
+synchronize (trim, out of memory, reset) makes every earlier batch idle.
 
-The private streams (:class:`PrivateStream`): new memory for the legacy stream's owners comes
-from the mempool on numba_pool's own non-blocking stream, which never waits for anything and
-frees only idle blocks; with the pool's internal dependencies off
-(``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES``, :mod:`numba_pool.cuda.mempool`) the pool
-hands it only memory that is idle, so its allocations need no legacy-stream operation.  The
-host sees each such allocation complete before the memory is handed out
-(:meth:`PrivateStream.complete`; a fresh managed block used at once by a memset on the legacy
-stream lost the memset otherwise: Numba's ``test_managed_alloc_driver_undersubscribe``, H100,
-2026-11-26).
+:class:`PrivateStream`: legacy owners' new memory comes from a non-blocking stream of our own
+that waits for nothing; with ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off it gets
+only idle memory.  Each allocation is seen complete before hand-out
+(:meth:`PrivateStream.complete`; else a legacy-stream memset on a fresh managed block was lost).
 
-Threads: releases append to the batch lists with one atomic operation; :class:`Fences` is used
-by allocations, trim and reset only, under :attr:`Fences.lock` (allocations try it and go on
-when it is taken).
+Threads: releases append atomically; :class:`Fences` is used under :attr:`Fences.lock`
+(allocations try it and go on when it is taken).
 """
 
 from __future__ import annotations
@@ -45,16 +33,9 @@ FENCE_FRACTION = 0.2
 
 
 class Fences:
-    """The fences recorded and not yet seen complete, each with the batch of blocks it covers.
-
-    :param cu: the driver object.
-    :param fence_bytes: bytes of released blocks that make a fence due whatever their number.
-    :param waits_for: events the next fence waits for first (recorded, at their release, on
-        the streams registered for blocks with ``record_stream``); shared by a device's sources.
-    :param lock: the lock of every fence of the device (one, so that a fence waits for every
-        event of a block in its batch).
-    :param after_fence: releases to run once the next fence completes, shared by a device's
-        sources (Note [The legacy stream recorded] in :mod:`.waits`).
+    """The fences recorded and not yet seen complete, each with its batch.  ``waits_for``
+    (events the next fence waits for), ``lock`` and ``after_fence`` (Note [The legacy stream
+    recorded]) are shared by a device's sources.
     """
 
     def __init__(self, cu, fence_bytes: int, waits_for: list | None = None, lock=None,
@@ -70,14 +51,11 @@ class Fences:
         self.recorded = 0  # fences recorded so far (statistics)
 
     def due(self, blocks: int, nbytes: int, deferral) -> bool:
-        """Whether ``blocks`` released blocks holding ``nbytes`` bytes call for a fence now:
-        enough of them, and no ``defer_cleanup`` open (rule 4: nothing on the legacy stream
-        while one is; Numba's own frees wait for its exit too)."""
+        """Whether ``blocks`` blocks of ``nbytes`` bytes call for a fence, outside ``defer_cleanup``."""
         return (blocks >= self.fence_blocks or (blocks and nbytes >= self.fence_bytes)) and not deferral.depth
 
     def record(self, batch) -> None:
-        """One event on the legacy stream, after ``batch`` was released; ``batch`` is handed
-        back by :meth:`completed` once the host has seen it complete.
+        """One legacy-stream event after ``batch``, which :meth:`completed` returns later.
 
         :raises CudaAPIError: when the event cannot be made or recorded (nothing kept)."""
         cu = self._cu
@@ -99,8 +77,7 @@ class Fences:
         self.recorded += 1
 
     def completed(self) -> list:
-        """The batches whose fence the host has seen complete (``cuEventQuery`` returns
-        ``CUDA_SUCCESS``), oldest first; a fence not yet complete keeps the later ones too."""
+        """The batches whose fence completed (``cuEventQuery``), oldest first, stopping at one not."""
         done = []
         batches, query = self.batches, self._query
         while batches:
@@ -114,9 +91,8 @@ class Fences:
         return done
 
     def take_all(self, releases: list) -> list:
-        """Every batch, complete or not (before a synchronize, which makes them idle); the
-        releases waiting for them, or for the next fence, are added to ``releases``, for the
-        caller to run (:func:`run_releases`) once its own synchronize is done."""
+        """Every batch (before a synchronize); their waiting releases go to ``releases``, to
+        run after it (:func:`run_releases`)."""
         done = []
         while self.batches:
             event, batch, waiting = self.batches.popleft()
@@ -138,8 +114,7 @@ class Fences:
 
 
 def take_list(items: list) -> list:
-    """Everything in ``items`` now, taken one ``list.pop`` at a time (each atomic): an item
-    that another thread appends or pops meanwhile is taken by exactly one of them."""
+    """Everything in ``items``, one atomic ``list.pop`` at a time (safe against other threads)."""
     taken = []
     while True:
         try:
@@ -158,13 +133,8 @@ def run_releases(releases: list) -> None:
 
 
 class PrivateStream:
-    """A non-blocking stream of numba_pool's own, made at its first use in the owner's context
-    (an allocation, a trim): the legacy stream's owners' new memory comes from the mempool on
-    one, which waits for nothing; the arena's slabs of other streams go back on another, after
-    their domain's event; rule 13's side stream beside a capture is a third.
-
-    :param cu: the driver object.
-    :param what: what the stream is for, for the error of its creation.
+    """A non-blocking stream of our own, made at first use in the owner's context: for legacy
+    owners' new memory, other streams' slab returns, or rule 13's side stream (``what``).
     """
 
     def __init__(self, cu, what: str):
@@ -183,10 +153,8 @@ class PrivateStream:
         return self._handle
 
     def complete(self) -> None:
-        """Return once the host has seen every operation on the stream complete (an allocation
-        is complete before its memory is used on another stream: "Stream Ordered Memory
-        Allocator"): ``cuStreamQuery``, else ``cuStreamSynchronize``, which never waits for the
-        program's work (the stream waits for nothing).
+        """Return once the stream's work is complete (``cuStreamQuery``, else
+        ``cuStreamSynchronize``): "Stream Ordered Memory Allocator" requires it before reuse.
 
         :raises CudaAPIError: when the synchronize fails."""
         cu, handle = self._cu, self.handle
@@ -216,13 +184,8 @@ class SharedFence:
 
 
 class HostFences:
-    """The blocks of a host-rule cache (:mod:`.host_blocks`) released and binned whose
-    legacy-stream event is not yet recorded, and the fences that record them: one point of the
-    legacy stream for the whole batch.  Used under the cache's lock, in the owner's context.
-
-    :param cu: the driver object.
-    :param record: ``record(stream) -> event``: an event recorded on ``stream`` (the cache's).
-    :param kind: the cache's kind (``"pinned"``, ``"managed"``), for the fallback's warning.
+    """A host-rule cache's binned blocks awaiting a legacy-stream fence, and the fences (one
+    event per batch).  Under the cache's lock; ``record(stream) -> event``.
     """
 
     def __init__(self, cu, record, kind: str):
@@ -254,9 +217,8 @@ class HostFences:
             self.fence()
 
     def fence(self) -> None:
-        """One event on the legacy stream for every unfenced block: the batch shares it
-        (:class:`SharedFence`), one driver call whatever its size.  Where the record fails, the
-        context is synchronized instead (rule 8) and the blocks need none."""
+        """One legacy-stream event shared by every unfenced block (:class:`SharedFence`); on
+        failure, synchronize instead (rule 8)."""
         unfenced = self.unfenced
         if not unfenced:
             return
@@ -284,8 +246,7 @@ class HostFences:
                 free_events.append(shared.event)
 
     def synchronized(self) -> None:
-        """The context was synchronized after every unfenced block was binned (a trim, rule 8's
-        fallback): nothing earlier remains, so they are fenced and need no legacy-stream event."""
+        """After a synchronize: every unfenced block counts as fenced."""
         for block in self.unfenced:
             block.fenced = True
         self.unfenced.clear()

@@ -1,17 +1,12 @@
 """The arena's free list: blocks carved out of slabs, found by best fit, split and coalesced.
 
-Plain Python with no CUDA, no streams and no threads.  A :class:`Heap` holds the slabs of one
-stream *domain* and knows only which byte ranges are free; which domain a block belongs to, and
-when a freed block may be handed out again, is decided by the arena (:mod:`.arena`, under the
-stream rule of :mod:`numba_pool.allocator`), which also serializes every call.
+Plain Python: no CUDA, streams or threads.  A :class:`Heap` knows only which byte ranges of one
+domain's slabs are free; the arena (:mod:`.arena`) decides reuse and serializes every call.
 
-Blocks are 256-byte aligned (what ``cuMemAlloc`` guarantees), their sizes rounded by
-:func:`round_up`.  Free blocks sit in size bins; :meth:`Heap.allocate` takes the best fit, splits
-it, and :meth:`Heap.free` coalesces a block with its free neighbours in the same slab, so no two
-adjacent free blocks remain.  One free block, the *top* (dlmalloc's "top chunk", usually a slab's
-untouched remainder and the designated victim of splits), is kept out of the bins so that the
-common request is cut off its front with a few integer operations; it is a free block like the
-others for best fit and coalescing.
+Blocks are 256-byte aligned (as ``cuMemAlloc``'s), sizes rounded by :func:`round_up`.
+:meth:`Heap.allocate` takes the best fit from size bins and splits it; :meth:`Heap.free`
+coalesces with free neighbours in the slab.  The *top* (dlmalloc's "top chunk") is kept out of
+the bins so common requests are cut off its front with a few integer operations.
 """
 
 from __future__ import annotations

@@ -2,58 +2,42 @@
 and managed memory (``NUMBA_POOL_MANAGED``), from a cache under **the host rule** (rule 9 of
 the stream rule, stated at the top of :mod:`numba_pool.allocator`).
 
-Numba's ``cuda.pinned_array``, ``mapped_array`` and ``cuda.pinned()`` call the plugin's
-``memhostalloc``, and ``cuda.managed_array`` its ``memallocmanaged``; Numba's own do
-``cuMemHostAlloc`` + ``cuMemFreeHost`` per buffer (about 1.3 ms at 4 KiB, 46 ms at 64 MiB on
-driver 580), or ``cuMemAllocManaged`` + ``cuMemFree`` (about 25 us at any size, H100, driver
-580; the free synchronizes the device).  :class:`HostBlocks` keeps freed blocks and hands them
-out again, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool`` do; where new
-blocks come from is its *backing* (:mod:`.backings`: ``cuMemHostAlloc``, or a managed mempool):
+Numba's ``pinned_array``/``mapped_array``/``pinned()`` call ``memhostalloc``, and
+``managed_array`` ``memallocmanaged``; Numba's own allocate and free per buffer
+(``cuMemHostAlloc``/``cuMemFreeHost``, or ``cuMemAllocManaged``/``cuMemFree``, whose free
+synchronizes the device: Note [Managed memory's cost]).  :class:`HostBlocks` caches freed blocks, as PyTorch's
+``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool`` do; new blocks come from its *backing*
+(:mod:`.backings`: ``cuMemHostAlloc``, or a managed mempool):
 
-* a request of n bytes takes a block of the next power of two (at least :data:`MIN_BLOCK`
-  bytes), from a bin keyed by ``(flags, rounded size)``: mapped (``CU_MEMHOSTALLOC_DEVICEMAP``),
-  portable and write-combined blocks differ, so they never serve each other.  Pinned blocks are
-  not from a host-located mempool: ``cuMemHostGetDevicePointer`` fails on its memory, so it
-  cannot serve ``mapped``;
-* **the host rule**: the next owner of such a block is often the *host*, which writes it with
-  the CPU at once (``a = cuda.managed_array(n); a[:] = 1``), so stream order is not enough.  At
-  release, an event is recorded on the block's allocation stream when it is not the legacy one
-  (:func:`numba_pool.using_stream`), and on each stream registered with
-  :func:`numba_pool.record_stream`; the legacy stream, whose every operation is a barrier
-  between all blocking streams, is named by a *fence* that an allocation records later for a
-  whole batch of released blocks (Note [A release records nothing on the legacy stream]); a
-  cached block is handed out again only once it is fenced and every one of its events has
-  *completed as observed by the host* (``cuEventQuery`` returns ``CUDA_SUCCESS``), else a new
-  block is allocated.  A block goes back to its backing only in
-  that state too (or after ``cuCtxSynchronize``), so a managed mempool never hands out memory
-  whose last use the host has not observed;
+* n bytes take a block of the next power of two (at least :data:`MIN_BLOCK` bytes) from a bin
+  keyed by ``(flags, rounded size)``: mapped (``CU_MEMHOSTALLOC_DEVICEMAP``), portable and
+  write-combined blocks never serve each other.  Pinned blocks are not from a host-located
+  mempool: ``cuMemHostGetDevicePointer`` fails on its memory;
+* **the host rule**: the next owner is often the CPU (``a = cuda.managed_array(n); a[:] = 1``),
+  so stream order is not enough.  A release records events on the allocation stream (unless
+  legacy) and on :func:`numba_pool.record_stream` streams; the legacy stream is covered by a
+  *fence* recorded later for a batch (Note [A release records nothing on the legacy stream]).
+  A cached block is reused, or given back to its backing, only once fenced and its events
+  *completed as the host sees* (``cuEventQuery``), or after ``cuCtxSynchronize``;
 * over the cap (``NUMBA_POOL_HOST_MAX_SIZE``, ``NUMBA_POOL_MANAGED_MAX_SIZE``) an allocation
-  first waits (``cuEventSynchronize``) for the oldest cached blocks and frees them until the
-  new block fits, else raises ``CUDA_ERROR_OUT_OF_MEMORY`` with the sizes; the cache stays
-  usable;
-* beyond the release threshold (``NUMBA_POOL_HOST_RELEASE_THRESHOLD``,
-  ``NUMBA_POOL_MANAGED_RELEASE_THRESHOLD``) of cached bytes, freed blocks whose events completed
-  are given back to the backing.
+  waits for (``cuEventSynchronize``) and frees the oldest cached blocks, else raises
+  ``CUDA_ERROR_OUT_OF_MEMORY`` with the sizes;
+* beyond the release threshold (``NUMBA_POOL_{HOST,MANAGED}_RELEASE_THRESHOLD``) of cached
+  bytes, completed blocks go back to the backing.
 
 Note [A release records nothing on the legacy stream]
-    The owner of a block allocated outside ``using_stream`` may use it on any blocking stream,
-    so only an operation on the legacy stream (or a synchronize) orders its release.  Such an
-    operation at every release was a barrier between all of a program's streams, and deadlocked
-    a program whose kernel waits for a later copy on another stream (issue 33).  So the common
-    release makes no driver call: the block goes to :attr:`HostBlocks.released` unfenced, and an
-    allocation, under the lock and in the owner's context, records the legacy stream's events of
-    every unfenced block at one point of the program (one barrier for the batch), once
-    :data:`~.fences.FENCE_BLOCKS` blocks or :data:`~.fences.HOST_FENCE_BYTES` bytes wait and no
-    ``defer_cleanup`` is open (:class:`~.fences.HostFences`), as rule 4 does for device blocks.
-    A block is reused only once fenced and its events complete; over the cap, the oldest
-    unfenced blocks are fenced and waited for (``cuEventSynchronize``); a synchronize (trim,
-    reset) makes every block released before it idle.
+    A block allocated outside ``using_stream`` may be used on any blocking stream, so only a
+    legacy-stream operation (or a synchronize) orders its release; one per release was a barrier
+    between all streams and deadlocked cross-stream waits (issue 33).  So a release makes no
+    driver call: the block goes to :attr:`HostBlocks.released` unfenced, and an allocation
+    records one legacy-stream fence for the batch once :data:`~.fences.FENCE_BLOCKS` blocks or
+    :data:`~.fences.HOST_FENCE_BYTES` bytes wait outside ``defer_cleanup``
+    (:class:`~.fences.HostFences`), as rule 4 does for device blocks.  A synchronize (trim,
+    reset) makes every earlier-released block idle.
 
-Threads: releases run in finalizers, in any thread, even inside an allocation that the garbage
-collector interrupted, so they take no lock: they record the events of their other streams, if
-any (driver calls), and append the block to :attr:`HostBlocks.released` (one atomic ``deque``
-operation); allocation, trim and reset move released blocks into the bins and fence them under
-the lock.
+Threads: releases run in finalizers (any thread, even inside an interrupted allocation), so take
+no lock: they record their events and append to :attr:`HostBlocks.released` (atomic); allocation,
+trim and reset bin and fence them under the lock.
 """
 
 from __future__ import annotations
@@ -100,10 +84,8 @@ def block_size(size: int) -> int:
 
 @dataclass(eq=False)
 class HostBlock:
-    """One block of a host-rule cache: host address, device address (mapped and managed blocks;
-    the host address under unified addressing), size in bytes (rounded), the ``cuMemHostAlloc``
-    flags (0 for managed blocks), the events of its last release, its release order, and its
-    allocation stream (the legacy one outside :func:`numba_pool.using_stream`)."""
+    """One block of a host-rule cache: host and device address (mapped and managed blocks),
+    size in bytes (rounded), ``cuMemHostAlloc`` flags (0 if managed), release events and order."""
 
     host: int
     device: int | None
@@ -121,13 +103,7 @@ class HostBlock:
 
 class HostBlocks:
     """The cache of one manager's blocks of one kind (pinned, or managed), under the host rule.
-
-    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
-    :param max_size: cap on reserved bytes (None: no cap).
-    :param release_threshold: cached bytes kept; beyond it completed blocks are freed (None:
-        keep all).
-    :param backing: where blocks come from (:mod:`.backings`); pinned host memory by default.
-    """
+    ``max_size`` caps reserved bytes, ``release_threshold`` the cached bytes kept (None: no limit)."""
 
     def __init__(self, cu, *, max_size: int | None = None, release_threshold: int | None = None,
                  owner: OwnerContext | None = None, backing=None):
@@ -164,7 +140,7 @@ class HostBlocks:
             # Rule 13: beside a capture, in relaxed mode; nothing goes back to the backing until it ends.
             with relaxed(self._cu), self._lock:
                 return self._allocate(size, rounded, flags, stream)
-        with self._lock:  # not nullcontext() beside it: 0.2 µs
+        with self._lock:  # Note [A lock without nullcontext]
             return self._allocate(size, rounded, flags, stream)
 
     def _allocate(self, size: int, rounded: int, flags: int, stream: StreamRef) -> HostBlock:
@@ -245,9 +221,8 @@ class HostBlocks:
         bytes <= ``down_to``; unfenced ones are fenced first."""
         deferral = self.fences.deferral
         if self.fences.unfenced and (deferral is None or not deferral.depth):
-            # Over the cap, a barrier as out of memory is (never inside defer_cleanup): the
-            # snapshot of the unfenced blocks was taken (binned) before it, so after it their
-            # owners' work is done; no fence of a few blocks on the legacy stream.
+            # Over the cap, a barrier (never inside defer_cleanup): the unfenced blocks were
+            # binned before it, so their owners' work is done after it.
             check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (host cache over its cap)")
             self.fences.synchronized()
         for block in self._cached_oldest_first():
@@ -286,11 +261,9 @@ class HostBlocks:
         block.fenced = False
 
     def trim(self) -> int:
-        """Free every cached block whose events completed, then let the backing release what
-        it holds unused (a managed mempool: after ``cuCtxSynchronize``); return the bytes
-        freed.  Blocks not yet fenced are binned first and the context synchronized
-        (``cuCtxSynchronize``, as the device allocator's trim does): they are idle then, and
-        freed with the others, instead of staying cached until an allocation fences them.
+        """Free every completed cached block, then trim the backing; return the bytes freed.
+        Unfenced blocks are binned first and the context synchronized (``cuCtxSynchronize``),
+        so they are freed too.
 
         :raises CudaAPIError: when a synchronize or the backing's trim fails."""
         with self._lock:
@@ -303,13 +276,9 @@ class HostBlocks:
             return freed
 
     def reset(self) -> None:
-        """Free every cached block after ``cuCtxSynchronize``, in the owner's context (rule 10:
-        ``cuda.close()`` resets with no context current).  The blocks to free are taken before
-        the synchronize, as rule 4's snapshot is: a block released meanwhile waits for its
-        events.  Blocks still in use: with a backing that frees orphans (pinned), they become
-        orphans, freed when their arrays go; otherwise (managed) they stay in use and come back
-        to the cache at their release.  Either way their memory stays valid until then: freeing
-        it under a live NumPy array would crash the process."""
+        """Free every cached block after ``cuCtxSynchronize``, in the owner's context (rule 10),
+        snapshot first (rule 4).  Live blocks become orphans freed at release (pinned), or come
+        back at release (managed): freeing under a live NumPy array would crash the process."""
         self.owner.enter(self._reset)
 
     def _reset(self, retry: bool) -> None:  # OwnerContext.enter's signature
@@ -345,15 +314,11 @@ class HostBlocks:
         return False
 
     def release(self, block: HostBlock, deferral: Deferral | None = None) -> None:
-        """Give ``block`` back: events on its allocation stream (when not the legacy one) and
-        every recorded stream, now (the legacy stream's later, by a fence: Note [A release
-        records nothing on the legacy stream]), then into :attr:`released`, now or, while ``deferral`` holds
-        releases back (``defer_cleanup``), when it lets them go: the events are recorded while
-        the streams are alive (Note [A release made free later orders now],
-        :mod:`numba_pool.allocator.waits`).  Never raises; where it cannot record, it
-        synchronizes the context (``cuCtxSynchronize``) and the block needs no event.  A block
-        whose release straddles a reset is counted by the next generation.  While a stream
-        capture is under way, the release waits for it to end (rule 13)."""
+        """Give ``block`` back: record events on its non-legacy streams now (the legacy one by a
+        fence: Note [A release records nothing on the legacy stream]), then into :attr:`released`,
+        now or when ``deferral`` lets go (Note [A release made free later orders now],
+        :mod:`.waits`).  Never raises: if it cannot record, ``cuCtxSynchronize``.  During a
+        capture it waits for the end (rule 13)."""
         if captures.underway and captures.still_capturing(self._cu):
             captures.defer(partial(self.release, block, deferral))
             return
@@ -422,11 +387,9 @@ class HostBlocks:
         return event
 
     def segments(self) -> list[dict]:
-        """Every block this cache reserves, one segment each, for a snapshot: ``kind`` (the
-        backing's: ``"pinned"``, ``"managed"``), ``address``, ``size`` (bytes, rounded), ``stream``
-        0, ``blocks`` as ``[(address, size, state)]``: ``"allocated"`` (live, or held back by
-        ``defer_cleanup``), ``"awaiting_free"`` (cached, its events not yet seen complete), ``"free"``
-        (cached, reusable).  Takes the cache's lock."""
+        """One snapshot segment per reserved block: ``kind``, ``address``, ``size`` (bytes),
+        ``stream`` 0, ``blocks`` ``[(address, size, state)]``, state ``"allocated"`` (live or
+        deferred), ``"awaiting_free"`` or ``"free"``.  Takes the lock."""
         with self._lock:
             self._take_released()
             live = [(b, "allocated") for b in [*list(self.live.values()), *held_now(self)]]
@@ -436,10 +399,8 @@ class HostBlocks:
                      "blocks": [(b.host, b.size, state)]} for b, state in live + cached]
 
     def check_invariants(self) -> None:
-        """Every byte accounted for: in use + cached + released (not yet binned) == reserved; no
-        block both live and cached, or twice in the bins.  A release may land while this runs
-        (a finalizer at one of its driver calls): it waits in ``released``, counted there.
-        :raises AssertionError: otherwise."""
+        """in use + cached + released == reserved (bytes); no block both live and cached, or
+        cached twice.  :raises AssertionError: otherwise."""
         with self._lock:
             self._take_released()
             cached = [b for bin_ in self.bins.values() for b in bin_]
@@ -454,10 +415,8 @@ class HostBlocks:
 
 def orphan_live_blocks(cache: HostBlocks) -> None:
     """A reset's live blocks become orphans, freed at their release (under the cache's lock).
-    Marked first, then each taken out of the table: a release landing between sees the mark
-    (its pop finds nothing), or took the block first (the reset's pop finds nothing: the release
-    keeps it, unmarked).  Swapping the table first lost a release landing before the mark: it
-    popped nothing and saw no mark, and nothing freed the block (issue 34)."""
+    Marked first, then popped: a racing release sees the mark, or popped the block first (then
+    it keeps it, unmarked); swapping the table first lost blocks."""
     live = cache.live.copy()
     for block in live.values():
         block.orphan = True
@@ -488,10 +447,8 @@ def held_now(cache: HostBlocks) -> list[HostBlock]:
 
 
 def statistics(cache: HostBlocks) -> dict:
-    """``<prefix>_reserved_bytes``, ``<prefix>_in_use_bytes`` (live blocks, and released
-    ones that ``defer_cleanup`` holds back), ``<prefix>_cached_bytes`` (released blocks not
-    yet binned count as cached) and ``<prefix>_blocks`` (reserved blocks), in bytes of
-    rounded blocks; the prefix is the backing's (``host``, ``managed``)."""
+    """``<prefix>_reserved_bytes``, ``_in_use_bytes`` (incl. deferred), ``_cached_bytes`` (incl.
+    unbinned) and ``_blocks``; prefix ``host`` or ``managed``."""
     live = list(cache.live.values()) + held_now(cache)
     pending = sum(b.size for b in list(cache.released))
     cached_blocks = sum(len(b) for b in list(cache.bins.values())) + len(cache.released)

@@ -1,30 +1,20 @@
 """Rule 7 of :mod:`numba_pool.allocator`: blocks straight from the mempool.
 
-Each block is one ``cuMemAllocFromPoolAsync`` on the allocation stream and goes back with one
-``cuMemFreeAsync`` on it, after rule 2's waits; the driver's pool orders its reuse from there
-("Stream Ordered Memory Allocator", reuse policies).  The arena's large requests and scratch
-requests come here too.
+One ``cuMemAllocFromPoolAsync`` and, after rule 2's waits, one ``cuMemFreeAsync`` on the
+allocation stream per block; the pool orders reuse ("Stream Ordered Memory Allocator").
 
 Note [Legacy-stream frees wait for a fence]
-    A block allocated outside ``using_stream`` comes from the mempool on the private allocation
-    stream (:class:`~numba_pool.allocator.fences.PrivateStream`), which waits for nothing, so the
-    allocation is no operation on the legacy stream.  Its release makes no driver call: it
-    appends ``(pointer, bytes)`` to :attr:`PooledBlocks.legacy_frees` (one atomic ``list.append``); an
-    allocation later records one fence for the batch (rule 4, :mod:`.fences`), and once the host
-    has seen that fence complete, the batch goes back to the mempool with ``cuMemFreeAsync`` on
-    the private stream: idle memory, which the pool may hand to any stream.  A release thus
-    needs no context (rule 10).  Blocks of other streams are freed at once on their own
-    stream's handle, which names that stream in any context.
+    A block allocated outside ``using_stream`` comes from the private allocation stream
+    (:class:`~.fences.PrivateStream`), no legacy-stream operation.  Its release appends
+    ``(pointer, bytes)`` to :attr:`PooledBlocks.legacy_frees` (no driver call, no context);
+    an allocation records one fence per batch (rule 4), and once it completes the batch is
+    freed on the private stream.  Other streams' blocks are freed at once on their handle.
 
 Note [Idle blocks are kept by size]
-    A batch whose fence the host has seen complete is idle memory.  Up to :data:`IDLE_BLOCKS`
-    blocks of each size stay in :attr:`PooledBlocks.idle` and serve the next legacy-stream
-    allocations of that size with one ``list.pop``, no lock and no driver call (the arena's
-    ready cache, CuPy's and PyTorch's free lists); the rest go back to the mempool.  A block
-    from the mempool itself is allocated on the private stream, which the host then sees
-    complete (``cuStreamQuery``, else ``cuStreamSynchronize``) before it is handed out: an
-    allocation on another stream must be complete before its memory is used elsewhere.  Trim,
-    out of memory and reset give the idle blocks back.
+    A completed batch is idle.  Up to :data:`IDLE_BLOCKS` blocks per size stay in
+    :attr:`PooledBlocks.idle` for legacy allocations (one lock-free ``list.pop``); the rest go
+    back.  A new block is complete on the private stream (``cuStreamQuery``, else
+    ``cuStreamSynchronize``) before it is handed out.  Trim, out of memory and reset free them.
 """
 
 from __future__ import annotations
@@ -46,13 +36,8 @@ IDLE_BLOCKS = 64
 
 
 class PooledBlocks(PooledDoor, BlockSource):
-    """Rule 7: blocks straight from the mempool (``cuMemAllocFromPoolAsync`` and
-    ``cuMemFreeAsync`` on the allocation stream).
-
-    ``ledger`` maps each live allocation's ``CUdeviceptr`` (by identity: no ``int()`` on the hot
-    path) to its size; :meth:`take_all` swaps in a new one, so a finalizer that outlives a reset
-    finds nothing to free.
-    """
+    """Rule 7: blocks straight from the mempool.  ``ledger``: live ``CUdeviceptr`` (by
+    identity: no ``int()`` on the hot path) -> bytes; a reset swaps in a new one."""
 
     def __init__(self, cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset=None, *,
                  pointer: type, **shared):
@@ -60,25 +45,21 @@ class PooledBlocks(PooledDoor, BlockSource):
                          **shared)
         self._free_async = cu.cuMemFreeAsync
         self.ledger: dict = {}  # CUdeviceptr -> bytes requested; atomic operations only
-        # (CUdeviceptr, bytes) released by the legacy stream's owners, waiting for a fence (Note
-        # above); atomic operations only.
+        # (CUdeviceptr, bytes) awaiting a fence, atomic only; their bytes, added without a lock
+        # (a lost update only delays a fence).
         self.legacy_frees: list = []
-        # About their bytes: releases add without a lock (a lost update only delays a fence).
         self.legacy_bytes = 0
         self._private = None  # the allocation stream's handle, once made
-        # bytes -> CUdeviceptrs of idle blocks (Note [Idle blocks are kept by size]): popped by
-        # allocations without a lock, filled under the fences' lock.
+        # bytes -> idle CUdeviceptrs: popped without a lock, filled under the fences' lock.
         self.idle: dict[int, list] = {}
         self._query = cu.cuStreamQuery
-        # Bound once: a bound method made per allocation cost 0.1 µs (bench).
+        # Note [Bound once].
         self._release_bound = self._release
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
     def allocate_block(self, size: int, stream: StreamRef) -> Block:
-        """The core's contract (:mod:`.block`): ``size`` bytes for work on ``stream``, a
-        :class:`~numba_pool.allocator.block.Block` whose ``release(block)`` frees it on
-        ``stream`` by the stream rule.  No scratch (a ``numba_pool.scratch`` scope belongs to
-        the EMM door's thread); rule 13 as :meth:`allocate`.
+        """The core's contract (:mod:`.block`): a Block of ``size`` bytes for work on
+        ``stream``; no scratch; rule 13 as :meth:`allocate`.
 
         :raises CudaAPIError: as :meth:`allocate`."""
         if underway or (stream is not LEGACY and is_capturing(self._cu, stream.handle)):
@@ -106,8 +87,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         return handle
 
     def allocate_on(self, size: int, stream: StreamRef) -> Block:
-        """``size`` bytes on ``stream`` straight from the mempool, freed on it when released
-        (no scratch, no capture check: :meth:`allocate` and rule 13's router decide that).
+        """``size`` bytes on ``stream`` from the mempool (no scratch or capture check).
 
         :raises CudaAPIError: as :meth:`allocate`."""
         handle = self._handle_of(stream)
@@ -132,10 +112,8 @@ class PooledBlocks(PooledDoor, BlockSource):
         return block
 
     def allocate_beside(self, size: int) -> Block:
-        """Rule 13: ``size`` bytes for the legacy stream's users while a capture is under way
-        (which the legacy stream would join or break): allocated on a side stream and
-        synchronized with it (the caller is in relaxed capture mode), so the block is idle when
-        handed out; released as the legacy stream's blocks are, once no capture is under way.
+        """Rule 13: ``size`` bytes for legacy-stream users during a capture, allocated and
+        synchronized on a side stream (caller in relaxed mode); released as legacy blocks.
 
         :raises CudaAPIError: the driver's error."""
         side = self._side.handle
@@ -154,8 +132,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         return self._on_out_of_memory(size, partial(self._retry, size, stream))
 
     def _lost_to_reset(self, ledger: dict, ptr, size: int, stream: StreamRef) -> Block:
-        # The block was never used: back on its stream, unless the reset's snapshot took it
-        # (then the reset frees it); the next generation serves the request.
+        # Never used: freed on its stream unless the reset's snapshot took it.
         if ledger.pop(ptr, None) is not None:
             report_failure(self._free_async(ptr, self._handle_of(stream)), f"cuMemFreeAsync({int(ptr):#x})")
         return self.after_reset(size, stream)
@@ -193,10 +170,8 @@ class PooledBlocks(PooledDoor, BlockSource):
             report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
 
     def settle(self) -> None:
-        """Rule 4 at an allocation, in the owner's context: the batches whose fence the host has
-        seen complete go back to the mempool on the private stream, and the released blocks get
-        a fence when one is due (:meth:`Fences.due <numba_pool.allocator.fences.Fences.due>`).
-        Nothing while a capture is under way (rule 13), nor while another thread settles."""
+        """Rule 4 at an allocation: fence released blocks when due (:meth:`~.fences.Fences.due`)
+        and free completed batches; not during a capture (rule 13) or another thread's settle."""
         fences = self.fences
         if underway or not fences.lock.acquire(blocking=False):
             return
@@ -216,10 +191,8 @@ class PooledBlocks(PooledDoor, BlockSource):
             fences.lock.release()
 
     def take_released(self, releases: list) -> list:
-        """Before a synchronize (trim, out of memory, reset): every released legacy-stream block,
-        fenced or not, for :meth:`free_idle` once the synchronize is done; the releases waiting
-        for a fence are added to ``releases`` (:meth:`Fences.take_all
-        <numba_pool.allocator.fences.Fences.take_all>`)."""
+        """Before a synchronize: every released legacy-stream block, for :meth:`free_idle`;
+        releases waiting for a fence go to ``releases``."""
         with self.fences.lock:
             taken, self.legacy_bytes = take_list(self.legacy_frees), 0
             for batch in self.fences.take_all(releases):
@@ -229,9 +202,7 @@ class PooledBlocks(PooledDoor, BlockSource):
             return taken
 
     def released_bytes(self) -> int:
-        """Bytes of blocks released by the legacy stream's owners and not yet back in the
-        mempool (waiting for a fence, or for the host to see it complete): the pool counts
-        them as used."""
+        """Bytes released on the legacy stream not yet back in the mempool (counted as used)."""
         batches = [batch for _, batch, _ in list(self.fences.batches)]
         waiting = sum(size for batch in [list(self.legacy_frees), *batches] for _, size in batch)
         return waiting + sum(size * len(idle) for size, idle in list(self.idle.items()))
@@ -252,16 +223,13 @@ class PooledBlocks(PooledDoor, BlockSource):
             self.free_idle(rest)
 
     def free_idle(self, blocks: list) -> None:
-        """Give idle blocks, ``(CUdeviceptr, bytes)``, back to the mempool on the private stream
-        (the host has seen their fence complete, or synchronized since their release), in the
-        owner's context."""
+        """Free idle ``(CUdeviceptr, bytes)`` blocks on the private stream, in the owner's context."""
         free_async, handle = self._free_async, self._handle_of(LEGACY)
         for ptr, _ in blocks:
             report_failure(free_async(ptr, handle), f"cuMemFreeAsync({int(ptr):#x})")
 
     def free_completed(self) -> None:
-        """The batches whose fence the host has seen complete back to the mempool, from any
-        thread, in the owner's context (before figures are read); no fence is recorded."""
+        """Free completed batches, in the owner's context; records no fence."""
         if self.fences.batches and not underway:  # rule 13: no query or free during a capture
             self._waits.owner.enter(self._free_completed)
 
@@ -271,9 +239,7 @@ class PooledBlocks(PooledDoor, BlockSource):
                 self.keep_idle(batch)
 
     def free_after_reset(self) -> None:
-        """Free the released legacy-stream blocks of a generation that a reset dropped, on the
-        legacy stream (rule 4's way before fences: ordered after every blocking stream's work),
-        in the owner's context, from any thread."""
+        """Free a dropped generation's released legacy blocks on the legacy stream."""
         self._waits.owner.enter(self._free_on_legacy)
 
     def _free_on_legacy(self, retry: bool) -> None:  # OwnerContext.enter's signature
@@ -281,8 +247,7 @@ class PooledBlocks(PooledDoor, BlockSource):
             report_failure(self._free_async(ptr, LEGACY.handle), f"cuMemFreeAsync({int(ptr):#x})")
 
     def _free(self, ptr, size: int, on: StreamRef | None) -> None:
-        # A release made free later (defer_cleanup's exit, a hold let go) on the legacy stream
-        # waits for the next fence; after a synchronize (on is None) the block is idle.
+        # Made free later: on the legacy stream, waits for a fence; on None, idle.
         if on is LEGACY:
             self.legacy_frees.append((ptr, size))
             self.legacy_bytes += size
@@ -293,8 +258,7 @@ class PooledBlocks(PooledDoor, BlockSource):
               f"cuMemFreeAsync({int(ptr):#x})")
 
     def take_all(self) -> list:
-        """Forget every live allocation (for a reset): returns their pointers; finalizers that
-        run later find nothing, and allocations under way go to the next generation."""
+        """Forget every live allocation (reset); returns their pointers."""
         self.dropped = True
         ledger, self.ledger = self.ledger, {}
         pointers = []

@@ -1,38 +1,24 @@
 """Rules 2 and 8 of :mod:`numba_pool.allocator`, shared by every block source: what a release
 waits for, the releases ``defer_cleanup`` holds back, and the synchronize fallback.
 
-What a release waits for is registered per block (by its start address) in
-:attr:`StreamWaits.waiting`: the streams given to :func:`numba_pool.record_stream` (the
-release orders its allocation stream after their work, on the device) and *holds*, objects
-that keep the block from reuse for a reason outside CUDA's streams (an IPC export's leases,
-:mod:`numba_pool.ipc`).  A hold has one method, ``defer(release) -> bool``: True when it keeps
-the block now and will call ``release`` once it lets go (from any thread), False when it does
-not keep it.
-
-A block source's release takes the slow path (:meth:`StreamWaits.release`) only when its own
-block has something registered, a ``defer_cleanup`` is open, or its stream needs care; every
-other release stays on the source's fast path.
+:attr:`StreamWaits.waiting` registers, per block start, the :func:`numba_pool.record_stream`
+streams and *holds* (objects keeping the block from reuse outside CUDA's streams: IPC leases,
+:mod:`numba_pool.ipc`; ``defer(release) -> bool``).  A source's release takes the slow path
+(:meth:`StreamWaits.release`) only when its block has waits, ``defer_cleanup`` is open, or its
+stream needs care.
 
 Note [A release made free later orders now]
-    A release that is not made free at once (``defer_cleanup`` holds it back until the
-    outermost block exits; a hold keeps it until the last importer lets go) does its ordering
-    *at the drop*, while the streams it names are alive: the allocation stream waits for the
-    recorded streams, the block source's ``settle`` step runs (the arena records its domain's
-    event), and an event is recorded on the allocation stream.  When the block is made free,
-    only that event is named, by the fence that frees the block (an operation on the legacy
-    stream now would be a barrier between all blocking streams, rule 4), and the block is
-    published on the legacy stream.  A stream handle is never used after the drop: the program may destroy the
-    stream once its arrays are gone, and the driver may give the handle to a new stream, which
-    orders nothing of the old one's work.
+    A release made free later (``defer_cleanup``, or a hold) orders *at the drop*, while its
+    streams are alive: the allocation stream waits for the recorded streams, ``settle`` runs,
+    and an event is recorded on the allocation stream.  When made free, only that event is
+    named, by the fence (a legacy-stream operation now would be a barrier, rule 4).  A stream
+    handle is never used after the drop: the driver may reuse it for a new stream.
 
 Note [The legacy stream recorded]
-    A block of another stream S whose release must wait for the legacy stream (registered with
-    ``record_stream``, or used there by the program) would need an operation on the legacy
-    stream at the drop.  Instead, its other recorded streams are waited for on S and S's
-    settle step runs as usual, an event recorded on S joins :attr:`StreamWaits.fence_waits`,
-    and the release goes to :attr:`StreamWaits.after_fence`: the next fence waits for that
-    event, and once the host has seen the fence complete, the block is made free as after a
-    synchronize (idle: its owner's work on S and on every blocking stream has completed).
+    A block of stream S whose release must wait for the legacy stream would need a
+    legacy-stream operation at the drop.  Instead, the other streams are waited for on S,
+    settle runs, an event on S joins :attr:`StreamWaits.fence_waits` and the release goes to
+    :attr:`StreamWaits.after_fence`: once the next fence completes, the block is idle.
 """
 
 from __future__ import annotations
@@ -78,13 +64,8 @@ def run_when_released(holds: list[Hold], release: Callable[[], None]) -> None:
 
 
 class Deferral:
-    """``defer_cleanup``'s state: the open blocks and the releases they hold back.  Owned by
-    the manager, for all the generations of its device's memory: a reset inside an open block
-    leaves it open (as Numba's own counter does), and releases of the next generation are held
-    back too.
-
-    ``depth`` changes under ``_lock``; ``held_back`` takes atomic operations only (releases run
-    in finalizers)."""
+    """``defer_cleanup``'s state, the manager's across generations (a reset leaves it open, as
+    Numba's counter does).  ``depth`` changes under ``_lock``; ``held_back`` is atomic only."""
 
     def __init__(self):
         self.depth = 0  # open defer_cleanup blocks; guarded by _lock
@@ -92,8 +73,7 @@ class Deferral:
         self._lock = threading.Lock()
 
     def defer(self, release: Callable[[], None]) -> bool:
-        """Inside ``defer_cleanup``: keep ``release`` for the outermost exit and return True;
-        else False (the caller releases now).  Device and host blocks alike."""
+        """Inside ``defer_cleanup``: keep ``release`` for the outermost exit, True; else False."""
         if not self.depth:
             return False
         self.held_back.append(release)
@@ -126,43 +106,31 @@ class Deferral:
 
 
 class StreamWaits:
-    """One device allocator's release ordering (rules 2 and 8), for releases made free at once
-    and for those made free later (Note [A release made free later orders now]).
-
-    ``waiting`` (block start -> streams and holds) and ``held`` take atomic operations only
-    (releases run in finalizers).
-    """
+    """One device allocator's release ordering (rules 2 and 8).  ``waiting`` and ``held``
+    take atomic operations only (finalizers)."""
 
     def __init__(self, cu, owner: OwnerContext | None = None, deferral: Deferral | None = None):
         self._cu = cu
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.deferral = deferral if deferral is not None else Deferral()
         self.waiting: dict[int, list] = {}  # block start -> StreamRefs and holds; atomic operations only
-        # Events recorded on the streams registered for legacy-stream blocks, at their release:
-        # the next fence waits for them (rule 4, .fences); atomic operations only.
+        # Events the next fence waits for (rule 4), and releases made free after it (Note [The
+        # legacy stream recorded]); atomic operations only.
         self.fence_waits: list = []
-        # Releases made free, idle, once the next fence completes: blocks of other streams whose
-        # recorded streams include the legacy stream (Note [The legacy stream recorded]).
-        # Atomic operations only.
         self.after_fence: list = []
         self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
         # Block start -> (event or None, publish) of a release a hold keeps; atomic operations only.
         self.held: dict[int, tuple] = {}
 
     def add_wait(self, start: int, what: StreamRef | Hold) -> None:
-        """Make the release of the block starting at ``start`` wait for ``what``: the work
-        queued on a stream by then (``record_stream``), or a hold until it lets go."""
+        """Make the release of the block at ``start`` wait for ``what`` (a stream, or a hold)."""
         self.waiting.setdefault(start, []).append(what)
 
     def release(self, start: int, stream: StreamRef, publish: Callable[[StreamRef | None], None],
                 settle: Callable[[StreamRef], None] | None = None) -> None:
-        """Release a block allocated on ``stream``: made free now or, inside ``defer_cleanup``
-        or while a hold keeps it, later.  ``settle(stream)`` (may raise) runs once the
-        recorded streams are waited for; ``publish(on)`` makes the block free, ordered on
-        ``on``, a stream valid now, or after a synchronize when ``on`` is None (it may raise;
-        then the fallback synchronizes and calls ``publish(None)``).  Never raises.  While a
-        stream capture is under way, the whole release waits for it to end (rule 13: its
-        event records, waits and synchronize fallback could break the capture)."""
+        """Release a block of ``stream``, now or later (``defer_cleanup``, a hold).  ``settle``
+        runs after the recorded streams are waited for; ``publish(on)`` frees it ordered on
+        ``on`` (None: after a synchronize).  Never raises; during a capture, waits (rule 13)."""
         if captures.underway and captures.still_capturing(self._cu):
             captures.defer(partial(self.release, start, stream, publish, settle))
             return
@@ -263,8 +231,7 @@ class StreamWaits:
             cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
 
     def release_held(self) -> None:
-        """After a synchronize (a reset, before the pool goes): make every block a hold still
-        keeps free at once.  Nothing earlier remains, so no stream is named."""
+        """After a synchronize (reset): free every block a hold keeps, naming no stream."""
         while self.held:
             try:
                 start, (event, publish) = self.held.popitem()
@@ -277,11 +244,8 @@ class StreamWaits:
     # -- ordering helpers ---------------------------------------------------------------------
 
     def order_now(self, recorded: list[StreamRef], stream: StreamRef) -> None:
-        """Make ``stream``'s later work wait for the work queued on each ``recorded`` stream by
-        now (an event recorded on each, waited for by ``stream``).  For a scratch array, whose
-        block is released later: its recorded streams may be destroyed by then.  Never raises
-        (rule 8: the fallback synchronizes).  While a stream capture is under way, it waits for
-        the capture to end (rule 13), before the block's own release, which is held back too."""
+        """Make ``stream`` wait for each ``recorded`` stream's work so far (a scratch array, whose
+        block is released later).  Never raises (rule 8); during a capture, waits (rule 13)."""
         if captures.underway and captures.still_capturing(self._cu):
             captures.defer(partial(self.order_now, recorded, stream))
             return
@@ -300,8 +264,7 @@ class StreamWaits:
                      f"({err}); synchronized the device instead")
 
     def _wait_on_streams(self, recorded: list[StreamRef], stream: StreamRef) -> None:
-        # A legacy-stream block's streams are waited for by its fence, not now: an operation on
-        # the legacy stream is a barrier (rule 4, .fences).
+        # A legacy-stream block's streams are waited for by its fence (rule 4).
         cu = self._cu
         for ref in recorded:
             if ref.belongs_to_another_thread():
@@ -321,8 +284,7 @@ class StreamWaits:
                     cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
 
     def _synchronize_instead(self, start: int, stream: StreamRef, err: Exception) -> bool:
-        """Rule 8's fallback: True once the device is synchronized (False: the context is gone,
-        and the memory with it)."""
+        """Rule 8's fallback: True once synchronized (False: the context is gone)."""
         if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
             return False
         warn(f"could not order the release of block {start:#x} on stream {stream.value:#x} ({err}); "
@@ -347,6 +309,5 @@ def _no_settle(stream: StreamRef) -> None:
 
 
 def _after_synchronize(start: int, publish, on: StreamRef | None) -> None:
-    # A release whose ordering fell back to a synchronize at the drop, made free later: nothing
-    # of its owner's work remained then, so no stream is named now either.
+    # Ordering fell back to a synchronize at the drop: no stream to name now.
     StreamWaits._publish_synchronized(start, publish)
