@@ -45,8 +45,8 @@ that runs this code against random legal programs (the test package ``cuda_model
    :mod:`.arena`, :mod:`.mempool_blocks`).  Its new memory comes from the mempool on a private
    non-blocking stream that waits for nothing, from a pool that never makes an allocation wait
    for another stream (internal dependencies off): idle memory.  A released block may still be
-   used by work on any blocking stream, so it waits (the arena's *quarantine*, the mempool
-   blocks' ``legacy_frees``) until an allocation records a *fence* for the batch, one event on
+   used by work on any blocking stream, so it waits (pending, :class:`.release.Pending`, in the
+   arena's *quarantine* and the mempool blocks) until an allocation records a *fence* for the batch, one event on
    the legacy stream, which completes after all earlier work of every blocking stream; the
    batch is reused (or freed to the mempool on the private stream) only once the host has seen
    that event complete (``cuEventQuery``).  Until then allocations take other memory.

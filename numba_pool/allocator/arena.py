@@ -6,8 +6,9 @@
 * Legacy hot path: one lock-free ``list.pop`` from the ready cache; a miss takes the lock,
   collects completed fence batches (rule 4, :mod:`.quarantine`, :mod:`.fences`), fences if
   due, and carves by best fit, adding a slab only when nothing fits.
-* A legacy release is one ``list.append``; another stream's records the domain's event and
-  queues the block for the next allocation (rules 3 and 5).
+* A legacy release is one ``list.append`` (the release gate's pending, :mod:`.release`);
+  another stream's records the domain's event and queues the block for the next allocation
+  (rules 3 and 5).
 * A wholly free slab goes back over the release threshold, or when its domain has another.
 
 Threads: releases take no lock; everything else runs under ``_lock``.
@@ -33,6 +34,7 @@ from .domains import Domain, Domains
 from .fences import PrivateStream
 from .free_list import ALIGNMENT, ArenaError, round_up
 from .quarantine import Quarantine
+from .release import gate
 from .sources import BlockSource
 from .waits import StreamWaits
 
@@ -96,11 +98,10 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self._legacy = self._domains.legacy
         self.quarantine = Quarantine(CACHE_BLOCKS, self.fences)  # its cache_limit: ready blocks kept per size
         self.ready = self.quarantine.ready  # popped by the hot path without the lock
-        self._waiting = self.quarantine.waiting  # appended to by the release's hot path directly
+        self.pending = self.quarantine.waiting  # appended to by the release gate
         self._released: deque = deque()  # (start, size, domain) released on other streams, to publish
-        # Note [Bound once].
-        self._release_legacy_bound = self._release_legacy
-        self._release_scoped_bound = self._release_scoped
+        # The release gate (:mod:`.release`), made once: no bound method per block.
+        self._release_bound = gate(self, cu, waits, note=self._note, ordered=self._ordered, pending=self.pending)
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -133,7 +134,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         block = LegacyBlock()
         block.ptr = self._device_pointer(start)
         block.size, block.start, block.rounded = size, start, rounded
-        block.release = self._release_legacy_bound
+        block.release = self._release_bound
         return block
 
     def allocate_scoped(self, size: int, stream: StreamRef) -> Block:
@@ -147,7 +148,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         block = Block()
         block.ptr = self._device_pointer(start)
         block.size, block.stream, block.start, block.rounded = size, stream, start, rounded
-        block.domain, block.release = domain, self._release_scoped_bound
+        block.domain, block.release = domain, self._release_bound
         return block
 
     def _allocate(self, rounded: int, stream: StreamRef, take):
@@ -202,31 +203,18 @@ class ArenaBlocks(ArenaDoor, BlockSource):
 
     # -- release ------------------------------------------------------------------------------
 
-    def _release_legacy(self, block: Block) -> None:
-        # Finalizer, any thread, no lock, never raises; usually no driver call.
-        if self.dropped:  # a reset dropped it
-            return
-        self._note(~block.size)
-        start, rounded = block.start, block.rounded
-        waits = self._waits
-        if (waits.waiting and start in waits.waiting) or self._deferral.depth:  # rule 2 for this block, or held back
-            waits.release(start, LEGACY, partial(self._quarantine_block, start, rounded))
-            return
-        waiting = self._waiting.get(rounded)  # Quarantine.add, inlined: the hot path
-        if waiting is None:
-            waiting = self._waiting.setdefault(rounded, [])
-        waiting.append(start)
+    def _ordered(self, block: Block) -> tuple:
+        # The release gate's ordered release (StreamWaits.release's arguments).  A scoped
+        # block's is always this one: rule 5's event is recorded on its stream.
+        start, stream = block.start, block.stream
+        if stream is LEGACY:
+            return start, LEGACY, partial(self._quarantine_block, block), None
+        domain = block.domain
+        return start, stream, partial(self._publish_scoped, start, block.rounded, domain), partial(self._settle_scoped, domain)
 
-    def _quarantine_block(self, start: int, rounded: int, on: StreamRef | None) -> None:
-        self.quarantine.add(start, rounded)  # the next fence orders it, whatever `on`
-
-    def _release_scoped(self, block: Block) -> None:
-        if self.dropped:
-            return
-        self._note(~block.size)
-        start, rounded, domain = block.start, block.rounded, block.domain
-        self._waits.release(start, block.stream, partial(self._publish_scoped, start, rounded, domain),
-                            partial(self._settle_scoped, domain))
+    def _quarantine_block(self, block: Block, on: StreamRef | None) -> None:
+        self.pending.append(block)  # the next fence orders it, whatever `on`
+        self.pending.nbytes += block.size
 
     def _settle_scoped(self, domain: Domain, stream: StreamRef) -> None:
         # Rule 5, at the drop (Note [A release made free later orders now] in .waits).
@@ -294,9 +282,8 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             self.taken.clear()
             slabs = self._domains.drop_all()
             self._released.clear()
-            self.quarantine.empty()
-            self.quarantine = Quarantine(0, self.fences)
-            self.ready, self._waiting = self.quarantine.ready, self.quarantine.waiting
+            self.quarantine.empty()  # in place: the release gate holds its pending list
+            self.quarantine.cache_limit = 0
             return slabs
 
     # -- read-only views: record_stream, IPC, statistics, tests ---------------------------------

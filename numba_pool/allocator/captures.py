@@ -3,7 +3,7 @@
 What the driver allows during a capture is listed in :mod:`numba_pool.cuda.capture`.  The
 policy:
 
-* **Captured allocations** (:class:`GraphBlocks`): on a capturing stream (``using_stream(s)``,
+* **Captured allocations** (:class:`~.graph_blocks.GraphBlocks`): on a capturing stream (``using_stream(s)``,
   or outside any scope in the capturing thread), an allocation node (``cuMemAllocFromPoolAsync``
   from a non-exportable pool); never an arena block or scratch carve, which replays would write
   after their next owner got them.
@@ -25,18 +25,15 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Callable
 
 from ..cuda import driver as _driver
 from ..cuda.capture import capture_id, is_capturing, relaxed
-from ..cuda.driver import SUCCESS, check, report_failure, warn
-from ..cuda.errors import api_error
-from ..cuda.streams import LEGACY, StreamRef, per_thread, scopes_entered
-from .block import Block, make_block
+from ..cuda.driver import SUCCESS, warn
+from ..cuda.streams import LEGACY, StreamRef
+from .block import Block
 from .fences import PrivateStream
 
-_INVALID_VALUE = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE
 _NO_CONTEXT = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
 _NONE = _driver.cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
@@ -135,57 +132,11 @@ def capture_of_thread() -> Capture | None:
     return None
 
 
-class GraphBlocks:
-    """Rule 13's captured allocations, from ``pool()`` (a ``CUmemoryPool`` graphs accept)."""
-
-    def __init__(self, cu, pool: Callable[[], object]):
-        self._cu = cu
-        self._pool = pool
-        self.live: dict = {}  # CUdeviceptr -> bytes, arrays allocated in captures (atomic ops)
-        self.left_to_graphs = 0  # releases after a capture that found no allocation to free
-
-    def allocate(self, size: int, capture: Capture) -> Block:
-        """``size`` bytes as an allocation node of ``capture``'s graph.
-
-        :raises CudaAPIError: the driver's error (out of memory too: no trim in a capture)."""
-        cu, stream = self._cu, capture.stream
-        err, ptr = cu.cuMemAllocFromPoolAsync(size, self._pool(), stream.handle)
-        if err:
-            raise api_error(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) in the capture of stream "
-                                 f"{stream.value:#x} failed with {err.name}")
-        self.live[ptr] = size
-        block = make_block(ptr, size, stream, self._release)
-        block.capture = capture.id
-        return block
-
-    def _release(self, block: Block) -> None:
-        # Any thread, from a finalizer: never raises.
-        ptr, stream, cid = block.ptr, block.stream, block.capture
-        if self.live.pop(ptr, None) is None:
-            return
-        cu = self._cu
-        if capture_id(cu, stream.handle) == cid:  # still in its capture: a free node
-            report_failure(cu.cuMemFreeAsync(ptr, stream.handle), f"cuMemFreeAsync({int(ptr):#x}) in a capture")
-            return
-        if underway and still_capturing(cu):
-            defer(partial(self._free_outside, ptr, stream))
-            return
-        self._free_outside(ptr, stream)
-
-    def _free_outside(self, ptr, stream: StreamRef) -> None:
-        # After the capture: on the capture stream, after the graph's launches ordered there.
-        err, = self._cu.cuMemFreeAsync(ptr, stream.handle)
-        if err == _INVALID_VALUE:  # not allocated now: the graph never ran, or freed it at a relaunch
-            self.left_to_graphs += 1
-        elif err:
-            report_failure((err,), f"cuMemFreeAsync({int(ptr):#x}) of graph memory")
-
-
 class CaptureRouter:
     """Where an allocation goes during a capture: a graph node, ``normal``, ``on_stream``
     (an uncaptured stream's mempool block) or ``beside`` (the legacy stream's)."""
 
-    def __init__(self, cu, graph_blocks: GraphBlocks, normal: Callable, on_stream: Callable, beside: Callable):
+    def __init__(self, cu, graph_blocks, normal: Callable, on_stream: Callable, beside: Callable):
         self._cu = cu
         self.graph_blocks = graph_blocks
         self._normal = normal

@@ -23,7 +23,8 @@ from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .arena import ArenaBlocks
 from .block import Block
-from .captures import CaptureRouter, GraphBlocks, capture_pool_config
+from .captures import CaptureRouter, capture_pool_config
+from .graph_blocks import GraphBlocks
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
@@ -74,7 +75,7 @@ class DeviceAllocator:
         # Rule 13: captured allocations, and where allocations go while a capture is under way.
         self._config = config
         self._capture_pool: MemPool | None = None
-        self.graph_blocks = GraphBlocks(cu, self._pool_for_captures)
+        self.graph_blocks = GraphBlocks(cu, self._pool_for_captures, self.waits)
         router = CaptureRouter(cu, self.graph_blocks, self.source.allocate_block, self.mempool_blocks.allocate_on,
                                self.mempool_blocks.allocate_beside)
         for source in self.sources:

@@ -56,7 +56,7 @@ class ArenaDoor:
             block.size = size
             block.start = start
             block.rounded = rounded
-            block.release = self._release_legacy_bound
+            block.release = self._release_bound
             return self._pointer(self._context, ptr, size, block)
         if not underway and (size > self.max_block or stream.scratch is not None):
             return self.delegate(size)  # the mempool blocks' own door, which serves the scratch block
@@ -76,9 +76,9 @@ class PooledDoor:
             after the out-of-memory handler made room; any other driver error as returned."""
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream is LEGACY:
-            fences = self.fences
-            if not (underway or fences.batches or self.legacy_bytes >= fences.fence_bytes
-                    or len(self.legacy_frees) + len(fences.after_fence) >= fences.fence_blocks):
+            fences, pending = self.fences, self.pending
+            if not (underway or fences.batches or pending.nbytes >= fences.fence_bytes
+                    or len(pending) + len(fences.after_fence) >= fences.fence_blocks):
                 idle = self.idle.get(size)
                 if idle:  # the hot path: an idle block, no lock, no driver call
                     try:

@@ -5,8 +5,8 @@ allocation stream per block; the pool orders reuse ("Stream Ordered Memory Alloc
 
 Note [Legacy-stream frees wait for a fence]
     A block allocated outside ``using_stream`` comes from the private allocation stream
-    (:class:`~.fences.PrivateStream`), no legacy-stream operation.  Its release appends
-    ``(pointer, bytes)`` to :attr:`PooledBlocks.legacy_frees` (no driver call, no context);
+    (:class:`~.fences.PrivateStream`), no legacy-stream operation.  Its release appends the
+    block to :attr:`PooledBlocks.pending` (:mod:`.release`; no driver call, no context);
     an allocation records one fence per batch (rule 4), and once it completes the batch is
     freed on the private stream.  Other streams' blocks are freed at once on their handle.
 
@@ -26,9 +26,10 @@ from ..cuda.driver import OUT_OF_MEMORY, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
 from .block import Block
-from .captures import SideStream, defer, still_capturing, underway
+from .captures import SideStream, underway
 from .doors import PooledDoor
 from .fences import take_list
+from .release import Pending, gate
 from .sources import BlockSource
 
 #: Idle blocks kept per size in front of the mempool (Note [Idle blocks are kept by size]).
@@ -45,16 +46,14 @@ class PooledBlocks(PooledDoor, BlockSource):
                          **shared)
         self._free_async = cu.cuMemFreeAsync
         self.ledger: dict = {}  # CUdeviceptr -> bytes requested; atomic operations only
-        # (CUdeviceptr, bytes) awaiting a fence, atomic only; their bytes, added without a lock
-        # (a lost update only delays a fence).
-        self.legacy_frees: list = []
-        self.legacy_bytes = 0
+        self.pending = Pending()  # released legacy-stream blocks awaiting a fence (rule 4)
         self._private = None  # the allocation stream's handle, once made
         # bytes -> idle CUdeviceptrs: popped without a lock, filled under the fences' lock.
         self.idle: dict[int, list] = {}
         self._query = cu.cuStreamQuery
-        # Note [Bound once].
-        self._release_bound = self._release
+        # The release gate (:mod:`.release`), made once: no bound method per block.
+        self._release_bound = gate(self, cu, waits, note=self._note, ordered=self._ordered, pending=self.pending,
+                                   free_async=self._free_async, ledger=True, on_dropped=self.free_after_reset)
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
     def allocate_block(self, size: int, stream: StreamRef) -> Block:
@@ -65,8 +64,9 @@ class PooledBlocks(PooledDoor, BlockSource):
         if underway or (stream is not LEGACY and is_capturing(self._cu, stream.handle)):
             return self.capture_router(size, stream)  # rule 13
         fences = self.fences
-        if (fences.batches or len(self.legacy_frees) + len(fences.after_fence) >= fences.fence_blocks
-                or self.legacy_bytes >= fences.fence_bytes):
+        pending = self.pending
+        if (fences.batches or len(pending) + len(fences.after_fence) >= fences.fence_blocks
+                or pending.nbytes >= fences.fence_bytes):
             self.settle()
         if stream is LEGACY:
             idle = self.idle.get(size)
@@ -141,33 +141,9 @@ class PooledBlocks(PooledDoor, BlockSource):
         return check(self._alloc_async(size, self._pool, self._handle_of(stream)),
                      f"cuMemAllocFromPoolAsync({size} bytes)")
 
-    def _release(self, block: Block) -> None:
-        # Any thread, from a finalizer: never raises.  Once per block.
-        if underway and still_capturing(self._cu):  # rule 13: no driver call while a capture is under way
-            defer(partial(self._release, block))
-            return
-        ptr, stream = block.ptr, block.stream
-        size = block.ledger.pop(ptr, None)
-        if size is None:  # a reset freed it already
-            return
-        self._note(~size)
-        waits = self._waits
-        if (waits.waiting and int(ptr) in waits.waiting) or self._deferral.depth or stream.thread is not None:
-            waits.release(int(ptr), stream, partial(self._free, ptr, size))
-            return
-        if stream is LEGACY:  # Note [Legacy-stream frees wait for a fence]
-            self.legacy_frees.append((ptr, size))
-            self.legacy_bytes += size
-            if self.dropped:  # a reset went by: it may have freed the others already
-                self.free_after_reset()
-            return
-        err, = self._free_async(ptr, stream.handle)  # the stream's handle names it in any context
-        if err:
-            owner = waits.owner
-            if owner.needed():  # rule 10: no context is current in this thread
-                owner.run(waits.release, int(ptr), stream, partial(self._free, ptr, size))
-                return
-            report_failure((err,), f"cuMemFreeAsync({int(ptr):#x})")
+    def _ordered(self, block: Block) -> tuple:
+        # The release gate's ordered release (StreamWaits.release's arguments).
+        return int(block.ptr), block.stream, partial(self._free, block), None
 
     def settle(self) -> None:
         """Rule 4 at an allocation: fence released blocks when due (:meth:`~.fences.Fences.due`)
@@ -176,13 +152,14 @@ class PooledBlocks(PooledDoor, BlockSource):
         if underway or not fences.lock.acquire(blocking=False):
             return
         try:
-            frees = self.legacy_frees
-            if fences.due(len(frees) + len(fences.after_fence), self.legacy_bytes, self._deferral):
-                batch, self.legacy_bytes = take_list(frees), 0
+            pending = self.pending
+            if fences.due(len(pending) + len(fences.after_fence), pending.nbytes, self._deferral):
+                batch = pending.take()
                 try:
                     fences.record(batch)
                 except Exception as err:  # noqa: BLE001 - the allocation goes on with other memory
-                    frees.extend(batch)
+                    pending.extend(batch)
+                    pending.nbytes += sum(block.size for block in batch)
                     warn(f"could not record a fence for {len(batch)} released blocks ({err}); they wait for the next")
             if fences.batches:
                 for batch in fences.completed():
@@ -194,9 +171,9 @@ class PooledBlocks(PooledDoor, BlockSource):
         """Before a synchronize: every released legacy-stream block, for :meth:`free_idle`;
         releases waiting for a fence go to ``releases``."""
         with self.fences.lock:
-            taken, self.legacy_bytes = take_list(self.legacy_frees), 0
+            taken = [(block.ptr, block.size) for block in self.pending.take()]
             for batch in self.fences.take_all(releases):
-                taken += batch
+                taken += [(block.ptr, block.size) for block in batch]
             for size, idle in list(self.idle.items()):
                 taken += [(ptr, size) for ptr in take_list(idle)]
             return taken
@@ -204,14 +181,15 @@ class PooledBlocks(PooledDoor, BlockSource):
     def released_bytes(self) -> int:
         """Bytes released on the legacy stream not yet back in the mempool (counted as used)."""
         batches = [batch for _, batch, _ in list(self.fences.batches)]
-        waiting = sum(size for batch in [list(self.legacy_frees), *batches] for _, size in batch)
+        waiting = sum(block.size for batch in [list(self.pending), *batches] for block in batch)
         return waiting + sum(size * len(idle) for size, idle in list(self.idle.items()))
 
     def keep_idle(self, blocks: list) -> None:
-        """Idle blocks, ``(CUdeviceptr, bytes)``, into :attr:`idle` up to :data:`IDLE_BLOCKS`
-        per size, the rest back to the mempool (:meth:`free_idle`); under the fences' lock."""
+        """Idle :class:`Block` s into :attr:`idle` up to :data:`IDLE_BLOCKS` per size, the
+        rest back to the mempool (:meth:`free_idle`); under the fences' lock."""
         rest = []
-        for ptr, size in blocks:
+        for block in blocks:
+            ptr, size = block.ptr, block.size
             idle = self.idle.get(size)
             if idle is None:
                 idle = self.idle.setdefault(size, [])
@@ -243,14 +221,16 @@ class PooledBlocks(PooledDoor, BlockSource):
         self._waits.owner.enter(self._free_on_legacy)
 
     def _free_on_legacy(self, retry: bool) -> None:  # OwnerContext.enter's signature
-        for ptr, _ in take_list(self.legacy_frees):
+        for block in self.pending.take():
+            ptr = block.ptr
             report_failure(self._free_async(ptr, LEGACY.handle), f"cuMemFreeAsync({int(ptr):#x})")
 
-    def _free(self, ptr, size: int, on: StreamRef | None) -> None:
+    def _free(self, block: Block, on: StreamRef | None) -> None:
         # Made free later: on the legacy stream, waits for a fence; on None, idle.
+        ptr = block.ptr
         if on is LEGACY:
-            self.legacy_frees.append((ptr, size))
-            self.legacy_bytes += size
+            self.pending.append(block)
+            self.pending.nbytes += block.size
             if self.dropped:  # after a reset's flush: nothing else would free it
                 self.free_after_reset()
             return

@@ -20,7 +20,9 @@ from hypothesis.stateful import initialize, precondition, rule, run_state_machin
 from numba_pool.allocator import arena as arena_module
 from numba_pool.allocator import mempool_blocks as mempool_blocks_module
 from numba_pool.allocator import host_blocks as host_blocks_module
+from numba_pool.allocator import release as release_module
 from numba_pool.allocator import waits as waits_module
+from numba_pool.allocator.release import Pending
 from numba_pool.cuda import driver
 from numba_pool.cuda.streams import LEGACY, StreamRef
 from test_fuzz import CAPTURE_MODES, LegalPrograms
@@ -29,12 +31,22 @@ BUDGET = settings(max_examples=3000, stateful_step_count=30, deadline=None, dera
                   phases=[Phase.generate], suppress_health_check=list(HealthCheck), print_blob=False)
 
 
-def release_without_quarantine(self, block):
-    """Rule 4 broken: a legacy block is ready for reuse at once, with no fence."""
-    if self.dropped:
-        return
-    self._note(~block.size)
-    self.ready.setdefault(block.rounded, []).append(block.start)
+class ReadyAtOnce(Pending):
+    """Rule 4 broken: the release gate's legacy fast action makes the arena's block ready for
+    reuse at once, with no fence (planted as the arena's pending list)."""
+
+    def __init__(self, arena):
+        super().__init__()
+        self.arena = arena
+
+    def append(self, block):
+        self.arena.ready.setdefault(block.rounded, []).append(block.start)
+
+
+def gate_without_quarantine(source, cu, waits, **parts):
+    """The arena's release gate, built over :class:`ReadyAtOnce` instead of its quarantine."""
+    parts["pending"] = ReadyAtOnce(source)
+    return release_module.gate(source, cu, waits, **parts)
 
 
 def take_another_streams_block(self, rounded, stream):
@@ -134,7 +146,7 @@ def test_the_fuzzer_finds_a_managed_block_reused_before_the_host_saw_its_kernels
 
 
 @pytest.mark.parametrize("owner, function, planted, arena, streams, holds", [
-    (arena_module.ArenaBlocks, "_release_legacy", release_without_quarantine, True, (True, True), False),
+    (arena_module, "gate", gate_without_quarantine, True, (True, True), False),
     (arena_module.ArenaBlocks, "_take_scoped", take_another_streams_block, True, (False, False), False),
     (waits_module.StreamWaits, "_wait_on_streams", wait_for_nothing, False, (True, False), False),
     (waits_module.StreamWaits, "_wait_on_streams", wait_for_nothing, True, (True, False), False),
@@ -169,9 +181,9 @@ def never_capturing(cu, handle):
 
 
 def capture_over(cu):
-    """Rule 13 broken where the mempool release asks (``still_capturing``, bound in
-    :mod:`numba_pool.allocator.mempool_blocks`): it never holds back, and issues its driver
-    calls while a capture is under way."""
+    """Rule 13 broken where the release gate asks (``still_capturing``, bound in
+    :mod:`numba_pool.allocator.release`): it never holds back, and the mempool's release issues
+    its driver calls while a capture is under way."""
     return False
 
 
@@ -187,7 +199,7 @@ class Captures(LegalPrograms):
 @pytest.mark.parametrize("module, name, planted, arena", [
     (arena_module, "is_capturing", never_capturing, True),
     (mempool_blocks_module, "is_capturing", never_capturing, False),
-    (mempool_blocks_module, "still_capturing", capture_over, False),
+    (release_module, "still_capturing", capture_over, False),
 ], ids=["arena: capture not seen", "mempool: capture not seen", "mempool: release not held back"])
 def test_the_fuzzer_finds_a_planted_capture_bug(monkeypatch, module, name, planted, arena):
     monkeypatch.setattr(module, name, planted)

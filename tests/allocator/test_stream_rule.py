@@ -23,6 +23,8 @@ import numba_pool
 from cuda.bindings import driver as real_cu
 from numba_pool.allocator import arena as arena_module
 from numba_pool.allocator import quarantine as quarantine_module
+from numba_pool.allocator import release as release_module
+from numba_pool.allocator.release import Pending
 from numba_pool.cuda.driver import EVENT_FLAGS, check
 from numba_pool.cuda.streams import LEGACY as LEGACY_REF
 
@@ -540,9 +542,17 @@ def test_the_log_of_reuse_scratch_and_threads_replays(tmp_path):
 # 4. Planted bugs that the model must catch; each with the same program unpatched as control.
 
 
-def _free_without_fence(self, block):
-    self._note(~block.size)
-    self.ready.setdefault(block.rounded, []).append(block.start)  # no quarantine, no fence
+class _ReadyAtOnce(Pending):  # the arena's pending list, planted: no quarantine, no fence
+    def __init__(self, arena):
+        super().__init__()
+        self.arena = arena
+
+    def append(self, block):
+        self.arena.ready.setdefault(block.rounded, []).append(block.start)
+
+
+def _gate_without_fence(source, cu, waits, **parts):
+    return release_module.gate(source, cu, waits, **{**parts, "pending": _ReadyAtOnce(source)})
 
 
 def _legacy_reuse_program(p: Program):
@@ -562,19 +572,19 @@ def test_planted_free_without_fence_is_caught(programs, monkeypatch):
     _legacy_reuse_program(control)
     assert_clean(control)
 
-    monkeypatch.setattr(arena_module.ArenaBlocks, "_release_legacy", _free_without_fence)
+    monkeypatch.setattr(arena_module, "gate", _gate_without_fence)
     p = programs(arena=True)
     x, y, s1, s2 = _legacy_reuse_program(p)
     assert_caught(p, [(x.id, stream_text(p, s1)), (y.id, stream_text(p, s2))])
 
 
 def _fence_before_snapshot(self, at, limit, deferral):
-    if not self.count():
+    if not self.waiting:
         return
     cu = self.fences._cu
     event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
     check(cu.cuEventRecord(event, LEGACY_REF.handle), "cuEventRecord (fence)")
-    taken = self.take()  # the bug: what was freed since the record is taken too
+    taken = self.waiting.take()  # the bug: what was freed since the record is taken too
     self.fences.batches.append((event, taken, []))
 
 

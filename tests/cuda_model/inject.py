@@ -106,8 +106,8 @@ class ResetInjection:
         arena = allocator.arena
         if arena is not None:
             listed = {start for starts in list(arena.ready.values()) for start in list(starts)}
-            listed |= {start for starts in list(arena.quarantine.waiting.values()) for start in list(starts)}
-            listed |= {start for _, taken, _ in list(arena.fences.batches) for starts in taken.values() for start in starts}
+            listed |= {block.start for block in list(arena.quarantine.waiting)}
+            listed |= {block.start for _, taken, _ in list(arena.fences.batches) for block in taken}
             handed |= set(dict(arena.taken)) - listed
         return handed
 
