@@ -3,9 +3,9 @@ waits for, the releases ``defer_cleanup`` holds back, and the synchronize fallba
 
 :attr:`StreamWaits.waiting` registers, per block start, the :func:`numba_pool.record_stream`
 streams and *holds* (objects keeping the block from reuse outside CUDA's streams: IPC leases,
-:mod:`numba_pool.ipc`; ``defer(release) -> bool``).  A source's release takes the slow path
-(:meth:`StreamWaits.release`) only when its block has waits, ``defer_cleanup`` is open, or its
-stream needs care.
+:mod:`numba_pool.ipc`; ``defer(release) -> bool``).  The release gate (:mod:`.release`)
+takes the ordered release (:meth:`StreamWaits.release`) only when its block has waits,
+``defer_cleanup`` is open, or its stream needs care.
 
 Note [A release made free later orders now]
     A release made free later (``defer_cleanup``, or a hold) orders *at the drop*, while its
@@ -130,10 +130,8 @@ class StreamWaits:
                 settle: Callable[[StreamRef], None] | None = None) -> None:
         """Release a block of ``stream``, now or later (``defer_cleanup``, a hold).  ``settle``
         runs after the recorded streams are waited for; ``publish(on)`` frees it ordered on
-        ``on`` (None: after a synchronize).  Never raises; during a capture, waits (rule 13)."""
-        if captures.underway and captures.still_capturing(self._cu):
-            captures.defer(partial(self.release, start, stream, publish, settle))
-            return
+        ``on`` (None: after a synchronize).  Never raises; called by the release gate only,
+        after its capture hold-back (rule 13)."""
         waiting = self.waiting.pop(start, None) if self.waiting else None
         streams, holds = split_waiting(waiting)
         if holds or self.deferral.depth:
