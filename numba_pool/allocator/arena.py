@@ -101,7 +101,8 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.pending = self.quarantine.waiting  # appended to by the release gate
         self._released: deque = deque()  # (start, size, domain) released on other streams, to publish
         # The release gate (:mod:`.release`), made once: no bound method per block.
-        self._release_bound = gate(self, cu, waits, note=self._note, ordered=self._ordered, pending=self.pending)
+        self._release_bound = gate(self, cu, registered=waits.waiting, deferral=waits.deferral, owner=waits.owner,
+                                   note=self._note, ordered=self._ordered, pending=self.pending)
 
     # -- allocation ---------------------------------------------------------------------------
 
@@ -203,14 +204,16 @@ class ArenaBlocks(ArenaDoor, BlockSource):
 
     # -- release ------------------------------------------------------------------------------
 
-    def _ordered(self, block: Block) -> tuple:
-        # The release gate's ordered release (StreamWaits.release's arguments).  A scoped
-        # block's is always this one: rule 5's event is recorded on its stream.
+    def _ordered(self, block: Block) -> None:
+        # The release gate's ordered release.  A scoped block's is always this one: rule 5's
+        # event is recorded on its stream.
         start, stream = block.start, block.stream
         if stream is LEGACY:
-            return start, LEGACY, partial(self._quarantine_block, block), None
+            self._waits.release(start, LEGACY, partial(self._quarantine_block, block))
+            return
         domain = block.domain
-        return start, stream, partial(self._publish_scoped, start, block.rounded, domain), partial(self._settle_scoped, domain)
+        self._waits.release(start, stream, partial(self._publish_scoped, start, block.rounded, domain),
+                            partial(self._settle_scoped, domain))
 
     def _quarantine_block(self, block: Block, on: StreamRef | None) -> None:
         self.pending.append(block)  # the next fence orders it, whatever `on`

@@ -30,7 +30,8 @@ class Block:
 
     Set by every source at the allocation (the fields a release reads):
 
-    * ``ptr``: the device address (``CUdeviceptr``; :attr:`address` is its int);
+    * ``ptr``: the device address (``CUdeviceptr``; :attr:`address` is its int); a host
+      cache's block (pinned, managed) its address as an int;
     * ``size``: bytes requested;
     * ``stream``: the allocation stream (:class:`~numba_pool.cuda.streams.StreamRef`), on
       which the release is ordered;

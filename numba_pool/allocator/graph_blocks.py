@@ -31,8 +31,9 @@ class GraphBlocks:
         self._pool = pool
         self.live: dict = {}  # atomic operations only
         self.left_to_graphs = 0  # releases after a capture that found no allocation to free
-        self._release = gate(self, cu, waits, ordered=self._ordered, free=self._free_outside, ledger=True,
-                             graph=True)
+        self._waits = waits
+        self._release = gate(self, cu, registered=waits.waiting, deferral=waits.deferral, owner=waits.owner,
+                             ordered=self._ordered, free=self._free_outside, ledger=True, graph=True)
 
     def allocate(self, size: int, capture: Capture) -> Block:
         """``size`` bytes as an allocation node of ``capture``'s graph.
@@ -49,9 +50,9 @@ class GraphBlocks:
         block.capture, block.ledger = capture.id, live
         return block
 
-    def _ordered(self, block: Block) -> tuple:
+    def _ordered(self, block: Block) -> None:
         # The gate's ordered release: made free on the capture stream, whatever stream is named.
-        return block.address, block.stream, partial(self._publish, block), None
+        self._waits.release(block.address, block.stream, partial(self._publish, block))
 
     def _publish(self, block: Block, on: StreamRef | None) -> None:
         self._free_outside(block)

@@ -35,6 +35,10 @@ Note [A release records nothing on the legacy stream]
     (:class:`~.fences.HostFences`), as rule 4 does for device blocks.  A synchronize (trim,
     reset) makes every earlier-released block idle.
 
+The contract is the device blocks' (:mod:`.block`): :meth:`HostBlocks.allocate_block` hands out a
+:class:`~.block.Block` whose ``ref`` is the cached :class:`HostBlock`, and its ``release(block)``
+is the release gate (:mod:`.release`), whose fast action appends it to :attr:`HostBlocks.released`.
+
 Threads: releases run in finalizers (any thread, even inside an interrupted allocation), so take
 no lock: they record their events and append to :attr:`HostBlocks.released` (atomic); allocation,
 trim and reset bin and fence them under the lock.
@@ -59,7 +63,9 @@ from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .backings import DEVICEMAP, PinnedBacking
+from .block import Block, make_block
 from .fences import HostFences
+from .release import Pending, gate
 from .waits import Deferral
 
 #: The smallest block (bytes): every request is rounded up to a power of two at least this.
@@ -95,7 +101,6 @@ class HostBlock:
     order: int = 0
     orphan: bool = False  # outlived reset() of a backing that frees orphans: freed at release, as Numba does
     generation: int = 0  # the cache's generation (resets so far) that counts it in reserved
-    stream: StreamRef = LEGACY  # its allocation stream: its release records an event there too
     handle: object = None  # its CUdeviceptr, made once (managed blocks: what the pointer holds)
     fenced: bool = False  # its owner's blocking-stream work is covered: by ``fence``, or a synchronize
     fence: object = None  # the SharedFence of its batch (one legacy-stream event for the batch), or None
@@ -103,33 +108,40 @@ class HostBlock:
 
 class HostBlocks:
     """The cache of one manager's blocks of one kind (pinned, or managed), under the host rule.
-    ``max_size`` caps reserved bytes, ``release_threshold`` the cached bytes kept (None: no limit)."""
+    ``max_size`` caps reserved bytes, ``release_threshold`` the cached bytes kept (None: no limit);
+    ``deferral``: the manager's ``defer_cleanup`` state, which holds releases back."""
 
     def __init__(self, cu, *, max_size: int | None = None, release_threshold: int | None = None,
-                 owner: OwnerContext | None = None, backing=None):
+                 owner: OwnerContext | None = None, backing=None, deferral: Deferral | None = None):
         self._cu = cu
         self.backing = backing if backing is not None else PinnedBacking(cu)
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.max_size = max_size
         self.release_threshold = release_threshold
         self._lock = threading.Lock()
-        self.live: dict[int, HostBlock] = {}  # host address -> block handed out
+        self.deferral = deferral if deferral is not None else Deferral()
+        self.live: dict[int, HostBlock] = {}  # host address -> block handed out (the Blocks' ledger)
         self.recorded: dict[int, list[StreamRef]] = {}  # host address -> record_stream streams
-        self.released: deque[HostBlock] = deque()  # freed, not yet in a bin
-        self.held: dict[int, HostBlock] = {}  # host address -> released, held back by defer_cleanup
+        self.released = Pending()  # Blocks released, their HostBlocks not yet in a bin
+        self.held: dict[int, Block] = {}  # host address -> released, held back by defer_cleanup
         self.bins: dict[tuple[int, int], deque[HostBlock]] = {}  # (flags, size) -> oldest first
         self.fences = HostFences(cu, self._record, self.backing.kind)  # the unfenced blocks; under the lock
+        self.fences.deferral = self.deferral
         self._free_events: list = []
         self._order = itertools.count(1)
         self.reserved = 0  # bytes from the backing not yet given back (this generation)
         self.cached = 0  # bytes of blocks in the bins
         self.generation = 0  # resets so far
+        self._release = gate(self, cu, registered=self.recorded, deferral=self.deferral, owner=self.owner,
+                             ordered=self._ordered, pending=self.released, ledger=True, orphaned=self._orphaned)
 
     # -- allocation (under the lock) ---------------------------------------------------------
 
-    def allocate(self, size: int, flags: int = 0, stream: StreamRef = LEGACY) -> HostBlock:
-        """A block of at least ``size`` bytes with ``cuMemHostAlloc`` ``flags`` (0 for managed
-        blocks), whose release will also wait for ``stream`` (the allocation stream).
+    def allocate_block(self, size: int, stream: StreamRef = LEGACY, flags: int = 0) -> Block:
+        """The core's contract (:mod:`.block`): a :class:`~.block.Block` of ``size`` bytes
+        (``ptr``: the host address, an int; ``ref``: its :class:`HostBlock`, of at least ``size``
+        bytes) with ``cuMemHostAlloc`` ``flags`` (0 for managed blocks), whose release waits
+        for ``stream`` (the allocation stream) and, under the host rule, for the host.
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (one line with the sizes) when the
             cap or the backing cannot give the block even after freeing every cached block; any
@@ -139,21 +151,32 @@ class HostBlocks:
         if captures.underway and captures.refresh(self._cu):
             # Rule 13: beside a capture, in relaxed mode; nothing goes back to the backing until it ends.
             with relaxed(self._cu), self._lock:
-                return self._allocate(size, rounded, flags, stream)
-        with self._lock:  # Note [A lock without nullcontext]
-            return self._allocate(size, rounded, flags, stream)
+                cached = self._allocate(size, rounded, flags)
+        else:
+            with self._lock:  # Note [A lock without nullcontext]
+                cached = self._allocate(size, rounded, flags)
+        block = make_block(cached.host, size, stream, self._release)
+        block.ledger, block.ref = self.live, cached
+        return block
 
-    def _allocate(self, size: int, rounded: int, flags: int, stream: StreamRef) -> HostBlock:
+    def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
+        """Give ``block`` back; a ``stream`` other than ``block.stream`` is waited for first
+        (rule 2).  Once per block; never raises (rule 8)."""
+        if stream is not None and stream.value != block.stream.value:
+            self.record_stream(block.ptr, stream)
+        block.release(block)
+
+    def _allocate(self, size: int, rounded: int, flags: int) -> HostBlock:
         self._take_released()
         self.fences.fence_if_due(captures.underway)
         block = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
-        block.stream = stream
         self.live[block.host] = block
         return block
 
     def _take_released(self) -> None:
-        while self.released:
-            block = self.released.popleft()
+        for released in self.released.take():
+            block = released.ref
+            block.order = next(self._order)
             if block.generation != self.generation:  # its release straddled a reset: count it here
                 block.generation = self.generation
                 self.reserved += block.size
@@ -313,32 +336,29 @@ class HostBlocks:
                     return True
         return False
 
-    def release(self, block: HostBlock, deferral: Deferral | None = None) -> None:
-        """Give ``block`` back: record events on its non-legacy streams now (the legacy one by a
-        fence: Note [A release records nothing on the legacy stream]), then into :attr:`released`,
-        now or when ``deferral`` lets go (Note [A release made free later orders now],
-        :mod:`.waits`).  Never raises: if it cannot record, ``cuCtxSynchronize``.  During a
-        capture it waits for the end (rule 13)."""
-        if captures.underway and captures.still_capturing(self._cu):
-            captures.defer(partial(self.release, block, deferral))
+    # The checks every release makes are the release gate's (:mod:`.release`): a legacy-stream
+    # block with nothing recorded goes to ``released`` (Note [A release records nothing on the
+    # legacy stream]); the others come here.
+
+    def _ordered(self, block: Block) -> None:
+        # Events on its non-legacy streams now (the legacy one by a fence), then into
+        # ``released``, now or when defer_cleanup lets go (Note [A release made free later
+        # orders now], .waits).  If it cannot record, cuCtxSynchronize.
+        recorded = self.recorded.pop(block.ptr, None) if self.recorded else None
+        streams = [] if block.stream is LEGACY else [block.stream]
+        streams += [ref for ref in recorded or () if ref is not LEGACY]
+        block.stream = LEGACY  # a released block keeps no stream (nor the object that owns it) alive
+        if not streams and not self.deferral.depth:
+            self.released.append(block)
             return
-        popped = self.live.pop(block.host, None)
-        if block.orphan:  # a reset marked it (before or after our pop): freed as Numba does
-            self._free_orphan(block, True)
-            return
-        if popped is None:
-            return
-        recorded = self.recorded.pop(block.host, None) if self.recorded else None
-        # The legacy stream, recorded or not, is the fence's (Note [A release records nothing...]).
-        streams = ([] if block.stream is LEGACY else [block.stream]) + [r for r in recorded or () if r is not LEGACY]
-        block.stream = LEGACY  # a cached block keeps no stream (nor the object that owns it) alive
-        block.order = next(self._order)
-        if deferral is not None:
-            self.fences.deferral = deferral
-        if not streams and (deferral is None or not deferral.depth):
-            self.released.append(block)  # Note [A release records nothing on the legacy stream]
-            return
-        self.owner.enter(self._record_release, block, streams, deferral)  # rule 10
+        self.owner.enter(self._record_release, block, streams)  # rule 10
+
+    def _orphaned(self, block: Block) -> bool:
+        # Rule 12: a reset marked it (before or after the gate's pop): freed as Numba does.
+        if not block.ref.orphan:
+            return False
+        self._free_orphan(block.ref, True)
+        return True
 
     def _free_orphan(self, block: HostBlock, retry: bool) -> None:
         result = self.backing.free(block.host)
@@ -346,31 +366,31 @@ class HostBlocks:
             return
         report_failure(result, f"freeing a {self.backing.kind} block (after reset)")
 
-    def _record_release(self, block: HostBlock, streams, deferral: Deferral | None, retry: bool) -> None:
-        events: list = []
+    def _record_release(self, block: Block, streams, retry: bool) -> None:
+        cached, events = block.ref, []
         try:
             for stream in streams:
                 events.append(self._record(stream))
-            block.events = events
+            cached.events = events
         except Exception as err:  # noqa: BLE001 - a release never raises
             self._free_events.extend(events)  # those recorded before the failure: reused, not leaked
-            block.events = []
-            if retry and self.owner.retry(self._record_release, block, streams, deferral):  # rule 10
+            cached.events = []
+            if retry and self.owner.retry(self._record_release, block, streams):  # rule 10
                 return
             if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 return
-            block.fenced = True  # nothing earlier remains after the synchronize
-            warn(f"could not order the release of {self.backing.kind} block {block.host:#x} ({err}); "
+            cached.fenced = True  # nothing earlier remains after the synchronize
+            warn(f"could not order the release of {self.backing.kind} block {cached.host:#x} ({err}); "
                  "synchronized the device instead")
-        if deferral is None or not deferral.depth:
+        if not self.deferral.depth:
             self.released.append(block)
             return
-        self.held[block.host] = block  # before defer: the block is never neither held, released nor live
-        if not deferral.defer(partial(self._put_back, block)):
+        self.held[block.ptr] = block  # before defer: the block is never neither held, released nor live
+        if not self.deferral.defer(partial(self._put_back, block)):
             self._put_back(block)
 
-    def _put_back(self, block: HostBlock) -> None:
-        self.held.pop(block.host, None)
+    def _put_back(self, block: Block) -> None:
+        self.held.pop(block.ptr, None)
         self.released.append(block)
 
     def _record(self, stream: StreamRef):
@@ -408,7 +428,7 @@ class HostBlocks:
             assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
             assert self.cached == sum(b.size for b in cached), (self.cached, cached)
             in_use = sum(b.size for b in [*self.live.values(), *held_now(self)])
-            released = sum(b.size for b in list(self.released) if b.generation == self.generation)
+            released = sum(b.ref.size for b in list(self.released) if b.ref.generation == self.generation)
             assert in_use + self.cached + released == self.reserved, (in_use, self.cached, released, self.reserved)
 
 
@@ -443,14 +463,14 @@ def out_of_memory_error(cache: HostBlocks, size: int, rounded: int, flags: int, 
 
 def held_now(cache: HostBlocks) -> list[HostBlock]:
     """Released blocks that ``defer_cleanup`` holds back, of this generation."""
-    return [b for b in list(cache.held.values()) if b.generation == cache.generation]
+    return [b.ref for b in list(cache.held.values()) if b.ref.generation == cache.generation]
 
 
 def statistics(cache: HostBlocks) -> dict:
     """``<prefix>_reserved_bytes``, ``_in_use_bytes`` (incl. deferred), ``_cached_bytes`` (incl.
     unbinned) and ``_blocks``; prefix ``host`` or ``managed``."""
     live = list(cache.live.values()) + held_now(cache)
-    pending = sum(b.size for b in list(cache.released))
+    pending = sum(b.ref.size for b in list(cache.released))
     cached_blocks = sum(len(b) for b in list(cache.bins.values())) + len(cache.released)
     prefix = cache.backing.prefix
     return {f"{prefix}_reserved_bytes": cache.reserved, f"{prefix}_in_use_bytes": sum(b.size for b in live),

@@ -52,7 +52,8 @@ class PooledBlocks(PooledDoor, BlockSource):
         self.idle: dict[int, list] = {}
         self._query = cu.cuStreamQuery
         # The release gate (:mod:`.release`), made once: no bound method per block.
-        self._release_bound = gate(self, cu, waits, note=self._note, ordered=self._ordered, pending=self.pending,
+        self._release_bound = gate(self, cu, registered=waits.waiting, deferral=waits.deferral, owner=waits.owner,
+                                   note=self._note, ordered=self._ordered, pending=self.pending,
                                    free_async=self._free_async, ledger=True, on_dropped=self.free_after_reset)
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
@@ -141,9 +142,9 @@ class PooledBlocks(PooledDoor, BlockSource):
         return check(self._alloc_async(size, self._pool, self._handle_of(stream)),
                      f"cuMemAllocFromPoolAsync({size} bytes)")
 
-    def _ordered(self, block: Block) -> tuple:
-        # The release gate's ordered release (StreamWaits.release's arguments).
-        return int(block.ptr), block.stream, partial(self._free, block), None
+    def _ordered(self, block: Block) -> None:
+        # The release gate's ordered release.
+        self._waits.release(int(block.ptr), block.stream, partial(self._free, block))
 
     def settle(self) -> None:
         """Rule 4 at an allocation: fence released blocks when due (:meth:`~.fences.Fences.due`)

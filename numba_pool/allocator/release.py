@@ -1,17 +1,19 @@
-"""The release gate: every device block's release makes the same checks, in one order, here
-(the stream rule, :mod:`numba_pool.allocator`).  A block source supplies only its fast action's
+"""The release gate: every block's release (mempool, arena, graph, pinned and managed blocks)
+makes the same checks, in one order, here (the stream rule, :mod:`numba_pool.allocator`).  A block source supplies only its fast action's
 parts and its ordered release; :func:`gate` makes the ``release(block)`` its blocks carry.
 
 1. **Capture hold-back** (rule 13, "no driver call beside a capture"): while a capture numba_pool
    knows of is under way, the release waits for its end (:func:`.captures.defer`).  A graph
    block still in its own capture is freed there, as a free node.
 2. **Reset generation** (rule 12, "a reset generation releases nothing"): by the block's
-   ``ledger`` (popped: a reset swaps it) or by the source's ``dropped``.
+   ``ledger`` (popped: a reset swaps it) or by the source's ``dropped``; a host cache's orphan
+   (a block a reset left to its release) is freed here.
 3. **Usage event**: the free's ``~bytes`` (:mod:`.usage`).
 4. **Holds, recorded streams and defer_cleanup** (rules 2 and 8a, "a release waits for what
    was recorded"): a block with waits registered, an open ``defer_cleanup``, another thread's
-   per-thread default stream, or a source with no fast action takes the ordered release
-   (:meth:`StreamWaits.release <numba_pool.allocator.waits.StreamWaits.release>`).
+   per-thread default stream, or a source with no fast action takes the source's ordered
+   release (:meth:`StreamWaits.release <numba_pool.allocator.waits.StreamWaits.release>`; a
+   host cache's records events for the host rule, rule 9).
 5. **The fast action**: a legacy-stream block goes to the source's :class:`Pending` list (no
    driver call: the next allocation fences it, rule 4); another stream's is freed on that
    stream (``cuMemFreeAsync``, rule 7), or ``free(block)`` for the graph blocks.
@@ -22,11 +24,12 @@ Note [The gate is a closure]
     The release is the pointer finalizer's one call, on the hot path of every drop.  So the
     gate is a closure made once per source: what it reads is in its cells, and its fast
     actions are C calls (``list.append``, the driver's ``cuMemFreeAsync``) made inline, not
-    a second Python frame (that frame cost 0.05 µs a release on the allocator bench).
+    a second Python frame (its cost: docs/perf-notes.md).
 
 The later-queues are of two kinds: :class:`Pending` (until the next allocation fences it) and
 held (until a condition ends: :attr:`StreamWaits.held <numba_pool.allocator.waits.StreamWaits.held>`
-for holds, ``Deferral.held_back`` for ``defer_cleanup``, :func:`.captures.defer` for captures).
+and ``HostBlocks.held`` for holds, ``Deferral.held_back`` for ``defer_cleanup``,
+:func:`.captures.defer` for captures).
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
+from ..cuda.capture import capture_id
 from ..cuda.driver import report_failure
 from ..cuda.streams import LEGACY
 from .block import Block
-from ..cuda.capture import capture_id
 from .captures import defer, still_capturing, underway
 
 
@@ -61,28 +64,34 @@ class Pending(list):
         return taken
 
 
-def gate(source, cu, waits, *, ordered: Callable[[Block], tuple], pending: Pending | None = None,
-         free_async: Callable | None = None, free: Callable[[Block], object] | None = None,
-         ledger: bool = False, on_dropped: Callable[[], None] | None = None,
+def gate(source, cu, *, registered: dict, deferral, owner, ordered: Callable[[Block], None],
+         pending: Pending | None = None, free_async: Callable | None = None,
+         free: Callable[[Block], object] | None = None, ledger: bool = False,
+         orphaned: Callable[[Block], bool] | None = None, on_dropped: Callable[[], None] | None = None,
          note: Callable[[int], None] | None = None, graph: bool = False) -> Callable[[Block], None]:
     """``release(block)`` for the blocks of ``source`` (its ``dropped`` is rule 12's mark).
 
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
-    :param waits: the device's :class:`~numba_pool.allocator.waits.StreamWaits` (rules 2, 8, 10).
-    :param ordered: ``ordered(block) -> (key, stream, publish, settle)``, the arguments of
-        :meth:`StreamWaits.release <numba_pool.allocator.waits.StreamWaits.release>`.
+    :param registered: block address (int) -> the streams and holds its release waits for
+        (:attr:`StreamWaits.waiting <numba_pool.allocator.waits.StreamWaits.waiting>`, a host
+        cache's ``recorded``); atomic operations only.
+    :param deferral: ``defer_cleanup``'s :class:`~numba_pool.allocator.waits.Deferral`.
+    :param owner: the :class:`~numba_pool.cuda.context.OwnerContext` (rule 10).
+    :param ordered: ``ordered(block)``, the ordered release (:meth:`StreamWaits.release
+        <numba_pool.allocator.waits.StreamWaits.release>` for device blocks); never raises.
     :param pending: where the legacy stream's blocks go (None: ordered).
     :param free_async: ``cuMemFreeAsync`` for the other streams' blocks (None: ordered).
     :param free: ``free(block)`` instead of ``free_async`` (off the hot paths; returns an error
         or None).
     :param ledger: rule 12 by the block's ``ledger`` (popped), else by ``source.dropped``.
+    :param orphaned: after the ledger pop: True when a reset left the block to its release,
+        which it has then done (a host cache's orphans).
     :param on_dropped: run after a pending append that finds the source dropped (the reset
         may have taken the others already).
     :param note: the usage tracker's event sink (``~bytes`` per release); None: not counted.
     :param graph: the blocks are graph allocations (:class:`~.graph_blocks.GraphBlocks`): one still
         in its capture is freed there.
     """
-    registered, deferral, owner, ordered_release = waits.waiting, waits.deferral, waits.owner, waits.release
     append = pending.append if pending is not None else None
 
     def release(block: Block) -> None:
@@ -95,19 +104,20 @@ def gate(source, cu, waits, *, ordered: Callable[[Block], tuple], pending: Pendi
                 defer(partial(release, block))
                 return
         if ledger:  # 2. rule 12
-            size = block.ledger.pop(block.ptr, None)
-            if size is None:
+            popped = block.ledger.pop(block.ptr, None)
+            if orphaned is not None and orphaned(block):
+                return
+            if popped is None:
                 return
         elif source.dropped:
             return
-        else:
-            size = block.size
+        size = block.size
         if note is not None:  # 3.
             note(~size)
         stream = block.stream
         if (deferral.depth or (registered and int(block.ptr) in registered)  # 4. rules 2 and 8a
                 or stream.thread is not None):
-            ordered_release(*ordered(block))
+            ordered(block)
             return
         if stream is LEGACY and append is not None:  # 5.
             append(block)
@@ -120,10 +130,10 @@ def gate(source, cu, waits, *, ordered: Callable[[Block], tuple], pending: Pendi
         elif free is not None:
             err = free(block)
         else:
-            ordered_release(*ordered(block))
+            ordered(block)
             return
         if err:  # 6. rule 10
-            in_owner_context(owner, ordered_release, ordered(block), err, block)
+            in_owner_context(owner, ordered, err, block)
 
     def free_in_capture(block: Block) -> None:
         if block.ledger.pop(block.ptr, None) is not None:
@@ -133,10 +143,10 @@ def gate(source, cu, waits, *, ordered: Callable[[Block], tuple], pending: Pendi
     return release
 
 
-def in_owner_context(owner, ordered_release, args: tuple, err, block: Block) -> None:
+def in_owner_context(owner, ordered: Callable[[Block], None], err, block: Block) -> None:
     """Rule 10: a free on the stream's own handle fails where no context is current; the
     owner's context then runs the ordered release (nothing was freed yet)."""
     if owner.needed():
-        owner.run(ordered_release, *args)
+        owner.run(ordered, block)
         return
     report_failure((err,), f"cuMemFreeAsync({block.address:#x})")

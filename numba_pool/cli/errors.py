@@ -1,7 +1,6 @@
-"""The command line's one-line errors (``Error: ...``, no traceback) and the checks that raise
-them before a command does anything; ``numba-pool-tools`` uses them too.  Exit status 2: bad
-configuration, options or input files (:class:`Failure`); 3: no CUDA GPU here, or only the
-simulator (:class:`NoGpu`), so a script can tell the two apart."""
+"""The command line's one-line errors (``Error: ...``, no traceback) and the checks that raise them before a
+command does anything; ``numba-pool-tools`` uses them too.  Exit status 2: bad configuration, options or input
+files (:class:`Failure`); 3: no CUDA GPU here, or only the simulator (:class:`NoGpu`)."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ class OneLineErrors(click.Group):
 def load_config() -> _config.PoolConfig:
     """The configuration of the ``NUMBA_POOL_*`` environment.
 
-    :raises Failure: naming the variable and its value, for a bad one.
-    """
+    :raises Failure: naming the variable and its value, for a bad one."""
     try:
         return _config.load()
     except _config.ConfigError as err:
@@ -70,8 +68,7 @@ def tools_frontend():
 
 
 def gpu_available() -> bool:
-    """Whether a real CUDA GPU is here for the tools' frontend (the simulator's ``is_available()`` is
-    true too).
+    """Whether the tools' frontend has a real CUDA GPU here (the simulator's ``is_available()`` is true too).
 
     :raises Failure: as :func:`tools_frontend`."""
     frontend = tools_frontend()
@@ -79,10 +76,8 @@ def gpu_available() -> bool:
 
 
 def require_gpu() -> None:
-    """:raises NoGpu: when there is no CUDA GPU here for the tools' frontend, or only the CUDA
-        simulator, saying which.
-    :raises Failure: as :func:`tools_frontend`.
-    """
+    """:raises NoGpu: when the tools' frontend has no CUDA GPU here, or only the CUDA simulator, saying which.
+    :raises Failure: as :func:`tools_frontend`."""
     frontend = tools_frontend()
     if frontend.simulator:  # where cuda.is_available() is True
         raise NoGpu(simulator.NO_GPU)

@@ -61,8 +61,7 @@ ALSO_SHOWN = {frontends.NUMBA_CUDA: ("numba",), frontends.MLIR: ()}
 def _tools_choice(environ=os.environ) -> tuple[str | None, str]:
     """:func:`~numba_pool.cuda.frontend.tools_choice`, its bad variable as the command's error.
 
-    :raises Failure: when ``NUMBA_POOL_FRONTEND`` names no frontend.
-    """
+    :raises Failure: when ``NUMBA_POOL_FRONTEND`` names no frontend."""
     try:
         return frontends.tools_choice(environ)
     except frontends.FrontendError as err:

@@ -1,12 +1,11 @@
 """Configuration of the numba_pool EMM plugin: :class:`PoolConfig`, :data:`OPTIONS`, :func:`load`,
 composed from :mod:`.sizes` and :mod:`.values` (the parsers) and :mod:`.variables` (the names).
 
-Each option comes from its ``NUMBA_POOL_*`` variable (read when the first context initializes
-the plugin) or an :func:`numba_pool.install` keyword, which wins; unset, empty or ``None`` means
-the default.  Parsing never touches CUDA (``numba-pool info`` reports bad values without a GPU).
-A bad value raises :class:`ConfigError`, one line naming the variable or ``install(<keyword>)``,
-the value and what is accepted; nothing falls back silently.  An unknown ``NUMBA_POOL_*``
-variable gives a :class:`ConfigWarning` naming the closest known one."""
+Each option comes from its ``NUMBA_POOL_*`` variable (read at first initialization) or an
+:func:`numba_pool.install` keyword, which wins; unset, empty or ``None`` means the default.  Parsing never
+touches CUDA (``numba-pool info`` reports bad values without a GPU).  A bad value raises :class:`ConfigError`,
+one line naming the variable or ``install(<keyword>)``, the value and what is accepted; nothing falls back
+silently.  An unknown ``NUMBA_POOL_*`` variable gives a :class:`ConfigWarning` naming the closest one."""
 
 from __future__ import annotations
 
@@ -33,13 +32,12 @@ __all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_S
 
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
-    """The configuration in effect for every numba_pool manager of a process; what each option means:
-    README's table of ``NUMBA_POOL_*`` variables.  Sizes in bytes; ``max_size`` is
-    bytes or a fraction of device memory (:meth:`max_size_bytes` resolves it); ``log`` an absolute
-    path or None.  ``host`` is off by default because a pinned block comes back only once the host
-    observed its last use; ``managed`` is on (README, "Managed memory").  ``oom_snapshot`` and
-    ``leak_report`` start the allocation history.  Build it with :func:`load`, which checks every
-    value; the constructor checks nothing."""
+    """The configuration in effect for every numba_pool manager of a process; what each option means: README's
+    table of ``NUMBA_POOL_*`` variables.  Sizes in bytes; ``max_size`` is bytes or a fraction of device memory
+    (:meth:`max_size_bytes` resolves it); ``log`` an absolute path or None.  ``host`` is off by default
+    because a pinned block comes back only once the host observed its last use; ``managed`` is on (README,
+    "Managed memory").  ``oom_snapshot`` and ``leak_report`` start the allocation history.  Build it with
+    :func:`load`, which checks every value; the constructor checks nothing."""
 
     release_threshold: int = KEEP_ALL
     max_size: int | float | None = None
@@ -137,8 +135,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
     """Build the configuration from the environment and keyword overrides.
 
     :param environ: the environment to read (``os.environ`` when None).
-    :param overrides: :func:`numba_pool.install`'s options, winning over the environment;
-        ``None``: the option's default.
+    :param overrides: :func:`numba_pool.install`'s options, over the environment; ``None``: the default.
     :raises ConfigError: for an unknown option, a bad value, or contradicting options, naming the
         variable or ``install(<option>)``."""
     environ = os.environ if environ is None else environ
@@ -171,8 +168,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
 
 
 def _named(config: PoolConfig, given: dict[str, tuple[str, Any]], name: str, nbytes: bool = True) -> str:
-    """How a consistency error names an option: as the user gave it, or as the default; with
-    its value in bytes when ``nbytes``."""
+    """How a consistency error names an option: as given, or the default; in bytes too when ``nbytes``."""
     value = getattr(config, name)
     nbytes = nbytes and isinstance(value, int) and not isinstance(value, bool)
     if name in given:

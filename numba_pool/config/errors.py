@@ -9,5 +9,4 @@ class ConfigError(ValueError):
 
 
 class ConfigWarning(UserWarning):
-    """A configuration that works but is probably not what was meant (an unknown
-    ``NUMBA_POOL_*`` variable)."""
+    """A configuration that works but probably not as meant (an unknown ``NUMBA_POOL_*`` variable)."""

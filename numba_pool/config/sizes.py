@@ -1,8 +1,6 @@
-"""Sizes in bytes, as every entry point takes them (docs/architecture.md, "Sizes: one syntax, and
-small caps refused"):
+"""Sizes in bytes at every entry point (docs/architecture.md, "Sizes: one syntax, and small caps refused"):
 
-* an ``int`` (numpy integers too): bytes.  Floats never (except :func:`parse_max_size`'s
-  fraction);
+* an ``int`` (numpy integers too): bytes.  Floats never (except :func:`parse_max_size`'s fraction);
 * a string: a decimal number of bytes (``"1048576"``), or a decimal number with a unit
   (``"64 MiB"``, ``"1.5 GiB"``), spaces allowed.  KiB...EiB are powers of 1024, KB...EB (and
   ``kB``) of 1000, as in the IEC standard and humanfriendly; case-insensitive, except a
@@ -36,8 +34,7 @@ DEFAULT_ARENA_MAX_BLOCK = 64 << 10
 #: Default slab the arena takes from the mempool (bytes); see docs/guide.md, the arena.
 DEFAULT_ARENA_SLAB_SIZE = 4 << 20
 
-#: A pool cap given as a bare number (no unit) below this many bytes is refused; see
-#: :func:`parse_max_size`.
+#: A pool cap given as a bare number (no unit) below this many bytes is refused; see :func:`parse_max_size`.
 MIN_BARE_CAP = 1 << 20
 #: The smallest block of the pinned and managed caches (bytes; ``MIN_BLOCK`` of
 #: :mod:`numba_pool.allocator.host_blocks`, which a test keeps equal): a smaller cap serves nothing.
@@ -56,9 +53,7 @@ def release_limit(threshold: int) -> int | None:
 
 # -- parsing of single values -------------------------------------------------------------
 
-#: unit (lower case) -> bytes.  Decimal units are powers of 1000, binary ones of 1024, as in
-#: humanfriendly and the IEC; the spelling is case-insensitive ("64 mib" is 64 MiB), except the
-#: bits-like spellings :func:`_reads_as_bits` refuses.
+#: unit (lower case) -> bytes, as the module docstring says (bits-like spellings: :func:`_reads_as_bits`).
 _UNITS = {"": 1, "b": 1, "byte": 1, "bytes": 1}
 for _i, _prefix in enumerate("kmgtpe", start=1):
     _UNITS[f"{_prefix}b"] = 1000**_i
@@ -121,11 +116,9 @@ def parse_size(value: Any, source: str) -> int:
 
 
 def parse_release_threshold(value: Any, source: str) -> int:
-    """A size in bytes (see :func:`parse_size`), or ``all``/``max`` (also ``None`` from Python)
-    for :data:`KEEP_ALL`.
+    """A size in bytes (:func:`parse_size`), or ``all``/``max``/``None`` for :data:`KEEP_ALL`.
 
-    :raises ConfigError: for anything else.
-    """
+    :raises ConfigError: for anything else."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("all", "max")):
         return KEEP_ALL
     try:
@@ -136,9 +129,8 @@ def parse_release_threshold(value: Any, source: str) -> int:
 
 def parse_max_size(value: Any, source: str) -> int | float | None:
     """The private pool's cap: bytes (:func:`parse_size`), or a fraction of device memory (a float in
-    [0.01, 1], ``"0.5"``, ``"50%"``); ``None``: no cap.  A bare number below 1 MiB
-    (:data:`MIN_BARE_CAP`) or a fraction below 1 % is refused with a suggestion (docs/architecture.md,
-    "Sizes"); a unit allows it (``"512 KiB"``).
+    [0.01, 1], ``"0.5"``, ``"50%"``); ``None``: no cap.  A bare number below 1 MiB (:data:`MIN_BARE_CAP`) or a
+    fraction below 1 % is refused with a suggestion (docs/architecture.md, "Sizes"); a unit allows it.
 
     :raises ConfigError: for a fraction outside [0.01, 1], 0 bytes, a bare number below 1 MiB, or
         what :func:`parse_size` refuses."""
@@ -180,11 +172,9 @@ def _checked_fraction(fraction: float, value: Any, source: str) -> float:
 
 
 def parse_arena_size(value: Any, source: str) -> int:
-    """An arena block or slab size in bytes (see :func:`parse_size`): a positive multiple of
-    256 bytes, the arena's block alignment.
+    """An arena block or slab size (:func:`parse_size`): a positive multiple of 256 bytes, the alignment.
 
-    :raises ConfigError: for a size that is not, or anything :func:`parse_size` refuses.
-    """
+    :raises ConfigError: for a size that is not, or anything :func:`parse_size` refuses."""
     nbytes = parse_size(value, source)
     if nbytes < ALIGNMENT or nbytes % ALIGNMENT:
         down, up = nbytes // ALIGNMENT * ALIGNMENT, (nbytes // ALIGNMENT + 1) * ALIGNMENT

@@ -15,11 +15,9 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 def parse_bool(value: Any, source: str) -> bool:
-    """``True``/``False``, ``0``/``1``, or one of the words in :data:`BOOL_HELP`
-    (case-insensitive).
+    """``True``/``False``, ``0``/``1``, or one of the words in :data:`BOOL_HELP` (case-insensitive).
 
-    :raises ConfigError: for anything else (``"maybe"``, ``2``).
-    """
+    :raises ConfigError: for anything else (``"maybe"``, ``2``)."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
@@ -37,8 +35,7 @@ def parse_peer_access(value: Any, source: str) -> str:
     """``all`` (every device that can reach the pool's device may use its memory,
     ``cuMemPoolSetAccess``) or ``none`` (case-insensitive).
 
-    :raises ConfigError: for anything else.
-    """
+    :raises ConfigError: for anything else."""
     word = value.strip().lower() if isinstance(value, str) else value
     if word in ("all", "none"):
         return word

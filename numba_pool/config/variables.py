@@ -17,9 +17,8 @@ PREFIX = "NUMBA_POOL_"
 #: (read by :mod:`numba_pool.cuda.frontend`, not a pool option).
 FRONTEND_VARIABLE = "NUMBA_POOL_FRONTEND"
 
-#: ``NUMBA_POOL_*`` variables of numba_pool's own benchmark and test tools, read elsewhere than
-#: :func:`numba_pool.config.load`.  They are not warned about, and not offered to users either:
-#: the typo warning's suggestions are the configuration variables only.
+#: ``NUMBA_POOL_*`` variables of numba_pool's benchmark and test tools, not read by
+#: :func:`numba_pool.config.load`: never warned about.
 OTHER_VARIABLES = {
     "NUMBA_POOL_NOOP_FINALIZER": "numba_pool_tools.bench.noop: the no-op manager keeps (1) or drops (0) its finalizer",
     "NUMBA_POOL_BENCH_RMM": "set by numba-pool-tools bench in the child process that measures rmm",
@@ -89,11 +88,10 @@ def _between_frames() -> Callable[[str], bool]:
 
 
 def user_stacklevel() -> int:
-    """The ``stacklevel`` for a ``warnings.warn`` called by this function's caller that makes the
-    warning point at the first frame outside numba_pool, Numba and the standard library (a
-    ``contextlib`` frame lies between Numba's context creation and the user): the user's
-    ``install()``, ``import numba_pool`` or first CUDA call.  Frames are counted as
-    ``warnings.warn`` counts them: importlib's bootstrap frames are skipped."""
+    """The ``stacklevel`` that makes a ``warnings.warn`` by this function's caller point at the first frame
+    outside numba_pool, Numba and the standard library (``contextlib`` lies between Numba's context creation
+    and the user): the user's ``install()``, ``import numba_pool`` or first CUDA call.  importlib's bootstrap
+    frames are skipped, as ``warnings.warn`` skips them."""
     between = _between_frames()
     frame, level = sys._getframe(1), 1
     while frame is not None:

@@ -1,7 +1,6 @@
-"""CUDA-graph stream capture, through cuda-python: whether a stream is being captured, the
-thread's capture mode, and the device's graph memory.  What the driver allows during a capture
-(docs/perf-notes.md, "Stream capture"; H100, driver 580), whence the rules of
-:mod:`numba_pool.allocator.captures`:
+"""CUDA-graph stream capture, through cuda-python: whether a stream is being captured, the thread's capture
+mode, and the device's graph memory.  What the driver allows during a capture (docs/perf-notes.md, "Stream
+capture"; H100, driver 580), whence the rules of :mod:`numba_pool.allocator.captures`:
 
 * on the capturing stream, pool allocation and free become graph nodes (from a non-exportable
   pool only: ``CUDA_ERROR_NOT_SUPPORTED`` otherwise); ``cuStreamGetId`` invalidates the capture;
@@ -28,7 +27,6 @@ from .driver import SUCCESS, check
 _ACTIVE = cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 _NONE = cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 _RELAXED = cuda_driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-_IMPLICIT = cuda_driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
 
 
 def is_capturing(cu, handle) -> bool:
@@ -40,22 +38,12 @@ def is_capturing(cu, handle) -> bool:
 
 
 def capture_id(cu, handle) -> int:
-    """The id of the capture sequence under way on ``handle`` (unique for the life of the
-    process, ``cuStreamGetCaptureInfo``), 0 when none is; an invalidated capture keeps its id
-    until it is ended."""
+    """The id of the capture sequence under way on ``handle`` (unique for the life of the process,
+    ``cuStreamGetCaptureInfo``), 0 when none is; an invalidated capture keeps its id until it is ended."""
     result = cu.cuStreamGetCaptureInfo(handle)
     if result[0] != SUCCESS or result[1] == _NONE:
         return 0
     return int(result[2])
-
-
-def legacy_unusable(cu, legacy_handle) -> bool:
-    """Whether a blocking stream of the current context is being captured, which makes every
-    use of the legacy stream an error that invalidates that capture: ``cuStreamIsCapturing`` on
-    the legacy stream answers ``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`` then, and this call itself
-    leaves the capture alone."""
-    err, _ = cu.cuStreamIsCapturing(legacy_handle)
-    return err == _IMPLICIT
 
 
 @contextlib.contextmanager

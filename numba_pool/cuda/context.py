@@ -40,10 +40,9 @@ class OwnerContext:
         return err == SUCCESS and int(current) != self._handle_value
 
     def enter(self, fn, *args) -> None:
-        """Start a release, ``fn(*args, retry)`` (which must not raise): in the owner's context
-        (``retry`` False) where another context or none is current, else in this thread's
-        (``retry`` True: ``fn`` may call :meth:`retry` after a failure, for a context that went
-        away meanwhile)."""
+        """Start a release, ``fn(*args, retry)`` (which must not raise): in the owner's context (``retry``
+        False) where another context or none is current, else in this thread's (``retry`` True: ``fn`` may
+        call :meth:`retry` after a failure, for a context that went away meanwhile)."""
         if self.needed():
             self.run(fn, *args, False)
         else:

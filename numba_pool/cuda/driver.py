@@ -1,10 +1,9 @@
-"""The seam between numba_pool and the CUDA driver: every driver call goes through a *driver
-object*, cuda-python's ``cuda.bindings.driver`` on a GPU (:data:`cu`).  A manager takes the
-object in effect when it initializes and hands it to the pool and the allocator, which bind
-their hot-path functions once.  The tests put a model of CUDA's stream ordering in its place
-(``cuda_model``, :func:`use`) so the real allocator runs on a machine without a GPU;
-``numba-pool-tools replay`` passes its own stand-in to the arena.  Types, enums and constants
-always come from cuda-python: a stand-in provides only functions."""
+"""The seam between numba_pool and the CUDA driver: every driver call goes through a *driver object*,
+cuda-python's ``cuda.bindings.driver`` on a GPU (:data:`cu`).  A manager takes the object in effect when it
+initializes and hands it to the pool and the allocator, which bind their hot-path functions once.  The tests
+put a model of CUDA's stream ordering in its place (``cuda_model``, :func:`use`) so the real allocator runs on
+a machine without a GPU; ``numba-pool-tools replay`` passes its own stand-in to the arena.  Types, enums and
+constants always come from cuda-python: a stand-in provides only functions."""
 
 from __future__ import annotations
 
@@ -31,9 +30,7 @@ EVENT_FLAGS = cuda_driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
 def use(driver: Any) -> Iterator[Any]:
     """Make ``driver`` the driver object of managers initialized inside the block (tests).
 
-    :param driver: an object with the ``cu*`` functions numba_pool calls, returning cuda-python's
-        result tuples.
-    """
+    :param driver: an object with the ``cu*`` functions numba_pool calls, returning cuda-python's tuples."""
     global cu
     previous, cu = cu, driver
     try:
@@ -46,9 +43,7 @@ def check(result: tuple, call: str):
     """Unpack a cuda-python result tuple, raising ``CudaAPIError`` on failure.
 
     :returns: the single value the call returned (or a tuple of several, or None).
-    :raises CudaAPIError: (every loaded frontend's, :mod:`numba_pool.cuda.errors`) with the
-        ``CUresult`` and ``call`` named.
-    """
+    :raises CudaAPIError: (:mod:`numba_pool.cuda.errors`) naming the ``CUresult`` and ``call``."""
     err, *values = result
     if err != SUCCESS:
         raise api_error(err, f"numba_pool: {call} failed with {err.name}")

@@ -1,14 +1,12 @@
-"""The driver error numba_pool raises: the ``CudaAPIError`` of every Numba CUDA frontend in the
-process at once.
+"""The driver error numba_pool raises: the ``CudaAPIError`` of every Numba CUDA frontend in the process.
 
 Note [One error class for every frontend]
-    A program catches its frontend's ``CudaAPIError`` (out of memory, typically) and must catch
-    it under numba_pool too; ``except`` matches by real subclassing only (no
-    ``__subclasscheck__``).  But the allocator core knows no frontend, and a process may use
-    both.  So numba_pool raises one class derived from every loaded frontend's ``CudaAPIError``
-    and :class:`CudaAPIError` below (:func:`bind`, rebuilt as each frontend loads); with none
-    loaded (the tests' CUDA model, the replay tool), :class:`CudaAPIError` alone.  Every such
-    class takes ``(code, msg)`` and sets ``code`` and ``msg``."""
+    A program catches its frontend's ``CudaAPIError`` (out of memory, typically) and must catch it under
+    numba_pool too; ``except`` matches by real subclassing only (no ``__subclasscheck__``).  But the allocator
+    core knows no frontend, and a process may use both.  So numba_pool raises one class derived from every
+    loaded frontend's ``CudaAPIError`` and :class:`CudaAPIError` below (:func:`bind`, rebuilt as each frontend
+    loads); with none loaded (the tests' CUDA model, the replay tool), :class:`CudaAPIError` alone.  Every
+    such class takes ``(code, msg)`` and sets ``code`` and ``msg``."""
 
 from __future__ import annotations
 

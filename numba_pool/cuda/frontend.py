@@ -3,19 +3,17 @@ one (docs/architecture.md, "Two frontends").  Both keep Numba's EMM plugin inter
 ``numba-cuda`` (``numba.cuda``) and ``mlir``, Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``), its
 successor, which depends on neither numba nor numba-cuda.
 
-A :class:`Frontend` holds what numba_pool takes from one and numba_pool's classes built on it.
-A frontend is imported only when in use (:func:`load`): the one loading numba_pool, the one
-owning an object a public function is given, or the one a tool is told to use.  The allocator
-core knows no frontend.  Under numba-cuda's simulator, :mod:`numba_pool.cuda.simulator`
-provides the EMM stand-ins; Numba-CUDA-MLIR has none.
+A :class:`Frontend` holds what numba_pool takes from one and numba_pool's classes built on it.  A frontend is
+imported only when in use (:func:`load`): the one loading numba_pool, the one owning an object a public
+function is given, or the one a tool is told to use.  The allocator core knows no frontend.  Under
+numba-cuda's simulator, :mod:`numba_pool.cuda.simulator` provides the EMM stand-ins; Numba-CUDA-MLIR has none.
 
 Note [Which frontend a call acts on]
-    Each frontend has its own contexts, hence managers.  A public function (:func:`resolve`)
-    acts on the frontend named by ``frontend=``; else the one whose object it is given; else
-    the one imported, if only one is; else, both imported, the one whose contexts have a
-    numba_pool manager, if only one has; else ``NUMBA_POOL_FRONTEND``'s.  Otherwise the call
-    says it is ambiguous, in one line (never the other frontend's figures).  Neither imported:
-    :func:`for_tools`'s choice is imported."""
+    Each frontend has its own contexts, hence managers.  A public function (:func:`resolve`) acts on the
+    frontend named by ``frontend=``; else the one whose object it is given; else the one imported, if only one
+    is; else, both imported, the one whose contexts have a numba_pool manager, if only one has; else
+    ``NUMBA_POOL_FRONTEND``'s.  Otherwise the call says it is ambiguous, in one line (never the other
+    frontend's figures).  Neither imported: :func:`for_tools`'s choice is imported."""
 
 from __future__ import annotations
 
@@ -94,8 +92,7 @@ class Frontend:
         return type(ours.__name__, (ours, *bases), namespace)
 
     def current_context(self, device: int | None = None):
-        """This frontend's context of ``device`` (or the current device), created if none
-        (``cuda.current_context``).
+        """This frontend's context of ``device`` (None: current), made if needed (``cuda.current_context``).
 
         :raises CudaSupportError: (the frontend's) where there is no CUDA GPU."""
         return self.cuda.current_context() if device is None else self.cuda.current_context(device)
@@ -119,8 +116,7 @@ _serving: set[str] = set()  # frontends that made a numba_pool manager for a con
 def load(name: str) -> Frontend:
     """The frontend ``name`` (``"numba-cuda"`` or ``"mlir"``), imported at the first call.
 
-    :raises FrontendError: when it is not installed, naming the command that installs it.
-    """
+    :raises FrontendError: when it is not installed, naming the command that installs it."""
     with _lock:
         found = _loaded.get(name)
         if found is not None:
@@ -178,11 +174,9 @@ def installed() -> list[str]:
 
 
 def parse_name(value: str, culprit: str) -> str:
-    """A frontend's name from how a user writes it (``numba-cuda``, ``mlir``,
-    ``numba-cuda-mlir`` ...; case-insensitive).
+    """A frontend's name from a user's spelling (``numba-cuda``, ``mlir``, ``numba-cuda-mlir`` ...; any case).
 
-    :raises FrontendError: naming ``culprit`` and the value, for anything else.
-    """
+    :raises FrontendError: naming ``culprit`` and the value, for anything else."""
     name = _SPELLINGS.get(str(value).strip().lower())
     if name is None:
         raise FrontendError(f"numba_pool: {culprit}={value!r} is not a frontend: expected 'numba-cuda' (numba.cuda) "
@@ -193,8 +187,7 @@ def parse_name(value: str, culprit: str) -> str:
 def from_environment(environ=os.environ) -> str | None:
     """``NUMBA_POOL_FRONTEND``'s frontend, or None when it is unset or empty.
 
-    :raises FrontendError: for a value that names no frontend.
-    """
+    :raises FrontendError: for a value that names no frontend."""
     value = environ.get(VARIABLE, "").strip()
     return parse_name(value, VARIABLE) if value else None
 
@@ -226,8 +219,7 @@ def tools_choice(environ=os.environ) -> tuple[str | None, str]:
 
 
 def for_tools(environ=os.environ) -> Frontend:
-    """The frontend of the command line, kernel scripts, benchmark and Dask workers
-    (:func:`tools_choice`), imported now.
+    """The frontend of the command line, kernels, benchmark and Dask workers (:func:`tools_choice`), imported.
 
     :raises FrontendError: when none is installed, or the variable is bad."""
     name, why = tools_choice(environ)
@@ -241,8 +233,7 @@ def named(frontend: "str | Frontend | None" = None, culprit: str = "frontend") -
     :func:`parse_name` reads, or None for :func:`for_tools`'s choice; imported now.
 
     :raises FrontendError: for a name that is no frontend (naming ``culprit``), one not
-        installed, or a bad ``NUMBA_POOL_FRONTEND``.
-    """
+        installed, or a bad ``NUMBA_POOL_FRONTEND``."""
     if frontend is None:
         return for_tools()
     if isinstance(frontend, Frontend):
@@ -262,8 +253,7 @@ def resolve(call: str, *objects: Any, name: str | None = None) -> Frontend:
     :param call: the function, as the user wrote it (``"numba_pool.stats()"``), for messages.
     :param objects: what the call was given (arrays, streams, contexts, pointers; None skipped).
     :param name: the frontend the caller named (``frontend=``), if any.
-    :raises FrontendError: when it is ambiguous, or the named frontend is not installed.
-    """
+    :raises FrontendError: when it is ambiguous, or the named frontend is not installed."""
     if name is not None:
         return load(parse_name(name, f"{call}: frontend"))
     for obj in objects:

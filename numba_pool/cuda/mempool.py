@@ -1,10 +1,9 @@
-"""One device's CUDA stream-ordered memory pool, through cuda-python: a private one
-(``cuMemPoolCreate``, optionally capped by ``CUmemPoolProps.maxSize``) or the device's default
-pool (``cuDeviceGetDefaultMemPool``, shared with CuPy's and PyTorch's ``cudaMallocAsync``).  A
-*managed* pool (:meth:`MemPool.managed`) is always private, uncapped and not exportable.  The
-allocator issues ``cuMemAllocFromPoolAsync``/``cuMemFreeAsync`` on :attr:`MemPool.handle`
-itself (no wrapper on the hot path); here: creation, attributes (CUDA Driver API, "Stream
-Ordered Memory Allocator"), trimming, destruction, through the driver object given."""
+"""One device's CUDA stream-ordered memory pool, through cuda-python: a private one (``cuMemPoolCreate``,
+optionally capped by ``CUmemPoolProps.maxSize``) or the device's default pool (``cuDeviceGetDefaultMemPool``,
+shared with CuPy's and PyTorch's ``cudaMallocAsync``).  A *managed* pool (:meth:`MemPool.managed`) is always
+private, uncapped and not exportable.  The allocator issues ``cuMemAllocFromPoolAsync``/``cuMemFreeAsync`` on
+:attr:`MemPool.handle` itself (no wrapper on the hot path); here: creation, attributes (CUDA Driver API,
+"Stream Ordered Memory Allocator"), trimming, destruction, through the driver object given."""
 
 from __future__ import annotations
 
@@ -39,11 +38,9 @@ class MemPool:
 
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
     :param device_id: CUDA device ordinal.
-    :param config: the options in effect; ``use_default_pool``, ``max_size`` and
-        ``release_threshold`` are applied here.
+    :param config: the options; ``use_default_pool``, ``max_size`` and ``release_threshold`` apply here.
     :param device_total: the device's total memory in bytes (for a fractional ``max_size``).
-    :raises CudaAPIError: when the driver refuses to create or configure the pool.
-    """
+    :raises CudaAPIError: when the driver refuses to create or configure the pool."""
 
     def __init__(self, cu, device_id: int, config: PoolConfig, device_total: int, *, managed: bool = False):
         self._cu = cu
@@ -78,10 +75,10 @@ class MemPool:
     @classmethod
     def managed(cls, cu, device_id: int, config: PoolConfig) -> "MemPool":
         """Device ``device_id``'s managed memory pool: ``cuMemPoolCreate`` with
-        ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and ``CU_MEM_LOCATION_TYPE_NONE`` (pages migrate on demand,
-        as ``cuMemAllocManaged``'s).  No ``maxSize``, IPC handle types or peer grants: the driver
-        refuses the first two (``CUDA_ERROR_INVALID_VALUE``; the cache caps it,
-        :mod:`numba_pool.allocator.backings`) and managed memory needs no grant.
+        ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and ``CU_MEM_LOCATION_TYPE_NONE`` (pages migrate on demand, as
+        ``cuMemAllocManaged``'s).  No ``maxSize`` or IPC handle types (the driver refuses them:
+        ``CUDA_ERROR_INVALID_VALUE``; the cache caps it, :mod:`numba_pool.allocator.backings`), no peer grants
+        (none needed).
 
         :param config: the options in effect (``managed_release_threshold``).
         :raises CudaAPIError: when the driver refuses to create or configure the pool."""
@@ -92,11 +89,8 @@ class MemPool:
         props = cu.CUmemPoolProps()
         props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
         props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
-        # No location: a pool located on the device gives its memory that device as preferred
-        # location, and the host's first touch of a 4 KiB array then cost 1.2 ms instead of
-        # 0.07 ms; located on the host, kernels read it remotely (2x slower on a 64 MiB array).
-        # With none, pages migrate on demand as cuMemAllocManaged's do (H100, driver 580,
-        # 2026-11-25, docs/perf-notes.md).
+        # No location: pages migrate on demand, as cuMemAllocManaged's do; a device location slowed the host's
+        # first touch, a host one the kernels' reads (docs/perf-notes.md, "Managed memory").
         props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_NONE
         return check(cu.cuMemPoolCreate(props), "cuMemPoolCreate (managed)")
 
@@ -122,8 +116,7 @@ class MemPool:
 
     def grant_peer_access(self) -> list[int]:
         """Let every device that can reach this one (``cuDeviceCanAccessPeer``) read and write the pool's
-        memory (``cuMemPoolSetAccess``, ``PROT_READWRITE``), as for ``cuMemAlloc`` memory; returns
-        their ordinals."""
+        memory (``cuMemPoolSetAccess``, ``PROT_READWRITE``), as for ``cuMemAlloc`` memory; returns them."""
         cu = self._cu
         count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
         peers = [d for d in range(int(count)) if d != self.device_id
@@ -137,8 +130,7 @@ class MemPool:
         """The pool's POSIX file descriptor for other processes
         (``cuMemPoolExportToShareableHandle``), made once and kept open with the pool.
 
-        :raises RuntimeError: when the pool is not exportable (the reason is in the message).
-        """
+        :raises RuntimeError: when the pool is not exportable (the reason is in the message)."""
         if not self.exportable:
             raise RuntimeError(f"numba_pool: device {self.device_id}'s mempool cannot be shared with other "
                                f"processes: {self.not_exportable_because}")
@@ -148,9 +140,8 @@ class MemPool:
                     kind = self._cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
                     fd = int(check(self._cu.cuMemPoolExportToShareableHandle(self.handle, kind, 0),
                                    "cuMemPoolExportToShareableHandle"))
-                    # Names this pool in importers' caches: a handle value or descriptor number
-                    # can be reused after a reset, this cannot.  Set before the descriptor is
-                    # published: a thread that sees the descriptor reads the key next.
+                    # Names this pool in importers' caches (handles and descriptors get reused after a reset);
+                    # set before the descriptor is published: a thread seeing it reads the key next.
                     self.export_key = f"{os.getpid()}-{uuid.uuid4().hex}"
                     self._export_fd = fd
         return self._export_fd
@@ -227,8 +218,7 @@ def concurrent_managed_access(cu, device_id: int) -> bool:
 
 
 def is_managed(pointer: int, cu=None) -> bool:
-    """Whether an address is in managed memory (``CU_POINTER_ATTRIBUTE_IS_MANAGED``); False for
-    memory the driver does not know."""
+    """Whether an address is managed (``CU_POINTER_ATTRIBUTE_IS_MANAGED``), False for unknown memory."""
     cu = _driver.cu if cu is None else cu
     attr = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED
     err, value = cu.cuPointerGetAttribute(attr, pointer)
@@ -264,15 +254,13 @@ def read_write_access(cu, device: int):
 def device_memory_info(cu=None) -> tuple[int, int]:
     """(free, total) bytes of the current context's device (``cuMemGetInfo``).
 
-    :param cu: the driver object; the one in effect (:data:`numba_pool.cuda.driver.cu`) by default.
-    """
+    :param cu: the driver object; the one in effect (:data:`numba_pool.cuda.driver.cu`) by default."""
     cu = _driver.cu if cu is None else cu
     return check(cu.cuMemGetInfo(), "cuMemGetInfo")
 
 
 def pointer_mempool(pointer: int, cu=None) -> int:
-    """The handle (as int) of the mempool an address was allocated from, 0 if none
-    (``CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE``)."""
+    """The mempool handle (int) of an address, 0 if none (``CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE``)."""
     cu = _driver.cu if cu is None else cu
     attr = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE
     return int(check(cu.cuPointerGetAttribute(attr, pointer), "cuPointerGetAttribute(MEMPOOL_HANDLE)"))

@@ -1,8 +1,7 @@
-"""The pointers numba_pool hands to Numba, released from ``__del__``: :class:`PoolPointer`
-(device, a ``MemoryPointer``), :class:`PooledPinnedMemory` (host cache, a ``PinnedMemory``),
-:class:`PooledManagedMemory` (a ``ManagedMemory`` that is also a buffer).  Mixins: each frontend
-gets its subclasses (:meth:`numba_pool.cuda.frontend.Frontend.derive`); ``isinstance(p,
-PoolPointer)`` holds for either frontend's.
+"""The pointers numba_pool hands to Numba, released from ``__del__``: :class:`PoolPointer` (device, a
+``MemoryPointer``), :class:`PooledPinnedMemory` (host cache, a ``PinnedMemory``), :class:`PooledManagedMemory`
+(a ``ManagedMemory`` that is also a buffer).  Mixins, subclassed per frontend
+(:meth:`numba_pool.cuda.frontend.Frontend.derive`; ``isinstance(p, PoolPointer)`` holds for both).
 
 Note [No weakref.finalize]
     Numba wraps a pointer's ``finalizer=`` in ``weakref.finalize`` (a process-wide registry, a
@@ -26,9 +25,8 @@ from typing import Callable
 
 
 class PoolPointer:
-    """Mixin for a frontend's ``MemoryPointer``: the EMM door of the allocator's core
-    (:mod:`numba_pool.allocator.block`).  Releases its block exactly once, ``block.release(block)``
-    (must not raise), on :meth:`free` or collection.
+    """Mixin for a frontend's ``MemoryPointer``: the EMM door of the core (:mod:`numba_pool.allocator.block`).
+    Releases its block once, ``block.release(block)`` (must not raise), on :meth:`free` or collection.
 
     :param context: the Numba context (kept for Numba's interface).
     :param pointer: the device address (``CUdeviceptr``).
@@ -36,13 +34,11 @@ class PoolPointer:
     :param block: the block, or an adaptor's wrapper of it (:meth:`wrap_release`)."""
 
     _block = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
-    #: The id of the stream capture whose graph allocated this memory (an allocation node,
-    #: rule 13 of numba_pool.allocator), 0 for memory allocated outside any capture.
+    #: The id of the capture whose graph allocated this memory (rule 13 of numba_pool.allocator), else 0.
     captured = 0
 
     def __init__(self, context, pointer, size: int, block):
-        # MemoryPointer.__init__'s attributes, set here (Note [MemoryPointer's fields set
-        # directly]).  A CI test checks that this list stays the one each frontend's sets.
+        # MemoryPointer.__init__'s fields (Note [MemoryPointer's fields set directly]; a CI test checks them).
         self.context = context
         self.device_pointer = self.handle = pointer
         self.size = self._cuda_memsize_ = size
@@ -108,10 +104,9 @@ class _Adapted:
 
 
 class PooledManagedMemory(PoolPointer):
-    """Mixin for a frontend's ``ManagedMemory`` (with ``mviewbuf.MemAlloc``, the buffer NumPy reads)
-    for a block of the managed cache; a :class:`PoolPointer` otherwise.  Numba's own is a
-    ``ManagedOwnedPointer`` over a ``ManagedMemory``, two ``weakref.finalize``; this one object is
-    both (Note [No weakref.finalize])."""
+    """Mixin for a frontend's ``ManagedMemory`` (with ``mviewbuf.MemAlloc``, the buffer NumPy reads) for a
+    managed cache block; a :class:`PoolPointer` otherwise.  Numba's is a ``ManagedOwnedPointer`` over a
+    ``ManagedMemory``, two ``weakref.finalize``; this is one object (Note [No weakref.finalize])."""
 
     def __init__(self, context, pointer, size: int, block):
         # ManagedMemory.__init__'s attributes beyond MemoryPointer's (a CI test checks the list).
@@ -134,8 +129,7 @@ class PooledPinnedMemory:
     _release = None  # until __init__ ran
 
     def __init__(self, context, pointer: int, size: int, release: Callable[[], None]):
-        # PinnedMemory.__init__'s attributes, set here (a CI test checks the list stays the one
-        # each frontend's PinnedMemory sets).  _buflen_/_bufptr_ serve the buffer protocol.
+        # PinnedMemory.__init__'s attributes (a CI test checks the list); _buflen_/_bufptr_: buffer protocol.
         self.context = context
         self.owned = None
         self.size = self._buflen_ = size

@@ -1,13 +1,12 @@
 """numba_pool under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``); behaviour for users:
 docs/guide.md, "Without a GPU".
 
-The simulator keeps "device" arrays in host memory and has no driver and no memory managers; its
-``numba.cuda`` lacks the EMM classes, which :mod:`numba_pool.cuda.frontend` takes from here
-(stand-ins that refuse to be instantiated).  numba-cuda ignores ``NUMBA_CUDA_MEMORY_MANAGER``
-under it (only the real driver's ``_ensure_memory_manager`` imports the module named), so such a
-program keeps running on the simulator's arrays.  ``install()`` and ``statistics()`` check, warn
-(:class:`SimulatorWarning`, never raised even under ``-W error``) and go on; the functions that
-need a manager raise :class:`RuntimeError`, as on a GPU without ``install()``."""
+The simulator keeps "device" arrays in host memory, with no driver or memory manager; its ``numba.cuda`` lacks
+the EMM classes, whose stand-ins (refusing instantiation) :mod:`numba_pool.cuda.frontend` takes from here.
+numba-cuda ignores ``NUMBA_CUDA_MEMORY_MANAGER`` under it (only the real driver's ``_ensure_memory_manager``
+imports the module named).  ``install()`` and ``statistics()`` check, warn (:class:`SimulatorWarning`, never
+raised even under ``-W error``) and go on; the functions that need a manager raise :class:`RuntimeError`, as
+on a GPU without ``install()``."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ def install_message() -> str:
 
 
 def warn_install() -> None:
-    """Warn (:class:`SimulatorWarning`) at the user's call that ``install()`` changes nothing here.
-    Never raises, so that a program under ``-W error`` keeps its production set-up."""
+    """Warn (:class:`SimulatorWarning`) at the user's call that ``install()`` changes nothing here; never
+    raises (a program under ``-W error`` keeps its set-up)."""
     _note(install_message())
 
 

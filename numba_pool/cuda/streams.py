@@ -1,9 +1,8 @@
 """The allocation stream: the CUDA stream an allocation (and its free) is ordered on.
 
-Numba's EMM interface passes no stream to ``memalloc``, so numba_pool keeps a thread-local one:
-outside :func:`using_stream`, the legacy default stream (``CU_STREAM_LEGACY``), which is ordered
-around the work of every blocking stream (Numba's ``cuda.stream()`` ones).  What is done with
-it: :mod:`numba_pool.allocator`."""
+Numba's EMM interface passes no stream to ``memalloc``, so numba_pool keeps a thread-local one: outside
+:func:`using_stream`, the legacy default stream (``CU_STREAM_LEGACY``), which is ordered around the work of
+every blocking stream (Numba's ``cuda.stream()`` ones).  What is done with it: :mod:`numba_pool.allocator`."""
 
 from __future__ import annotations
 
@@ -21,10 +20,9 @@ class StreamRef:
     """A CUDA stream handle plus its owner (a Numba, CuPy or PyTorch stream...), kept alive while an
     allocation ordered on the stream lives, so the stream-ordered free can be enqueued.
 
-    ``key``: the arena's stream identity, the driver's stream id (``cuStreamGetId``, unique for the
-    process's life; never the handle, which the driver reuses), filled in by
-    :mod:`numba_pool.allocator.arena` at first use.  ``thread``: the host thread of a per-thread
-    default stream (``CU_STREAM_PER_THREAD``), else None."""
+    ``key``: the arena's stream identity, the driver's stream id (``cuStreamGetId``, unique for the process's
+    life; never the handle, which the driver reuses), filled in by :mod:`numba_pool.allocator.arena` at first
+    use.  ``thread``: the host thread of a per-thread default stream (``CU_STREAM_PER_THREAD``), else None."""
 
     __slots__ = ("handle", "owner", "value", "key", "thread", "scratch")
 
@@ -120,8 +118,7 @@ def current_stream() -> StreamRef:
 def using_stream(stream: Any, on_entry: Callable[[StreamRef], None] | None = None) -> Iterator[StreamRef]:
     """:func:`numba_pool.using_stream`'s semantics (stated there), without the capture check.
 
-    :param on_entry: called with the scope's stream before the thread enters it (this layer knows
-        nothing of captures: the public function passes rule 13's check).
+    :param on_entry: called with the scope's stream before the thread enters it (rule 13's check).
     :raises TypeError: when ``stream`` is not a stream."""
     ref = as_stream_ref(stream)
     if on_entry is not None:

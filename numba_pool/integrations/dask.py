@@ -138,12 +138,11 @@ def worker_statistics(frontend: str | None = None) -> dict:
     """numba_pool's statistics in this process for ``frontend`` (None: the tools' choice), creating
     no CUDA context.  Never raises.
 
-    Keys: ``status`` (``"ok"``, ``"no CUDA context yet"``, ``"other manager"``, ``"not
-    initialized"``, ``"no GPU"``, ``"error"``; the plugin's metric adds ``"not installed"``),
-    ``frontend``, ``message`` (one line, unless ``"ok"``).  With ``"ok"``: ``device`` (the lowest
-    ordinal with a context), ``manager`` and :meth:`PoolStatistics.to_dict
-    <numba_pool.PoolStatistics.to_dict>` (bytes and counts); ``other_devices``, ``{ordinal as str:
-    the same}``, for further devices."""
+    Keys: ``status`` (``"ok"``, ``"no CUDA context yet"``, ``"other manager"``, ``"not initialized"``,
+    ``"no GPU"``, ``"error"``; the plugin's metric adds ``"not installed"``), ``frontend``, ``message`` (one
+    line, unless ``"ok"``).  With ``"ok"``: ``device`` (the lowest ordinal with a context), ``manager`` and
+    :meth:`PoolStatistics.to_dict <numba_pool.PoolStatistics.to_dict>` (bytes and counts); ``other_devices``,
+    ``{ordinal as str: the same}``, for further devices."""
     try:
         chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")
         if chosen.simulator:
@@ -274,9 +273,8 @@ def failed_snapshot(message: str) -> dict:
 
 
 def snapshots(client) -> dict[str, dict]:
-    """Each worker's :func:`worker_snapshot` now, ``{worker address: snapshot}`` (pickle it for
-    PyTorch's viewer); a worker that could not answer gets :func:`failed_snapshot`.  Asynchronous
-    client: an awaitable."""
+    """Each worker's :func:`worker_snapshot` now, ``{worker address: snapshot}`` (pickle it for PyTorch's
+    viewer); a worker failing gets :func:`failed_snapshot`.  Asynchronous client: an awaitable."""
     return _then(client.run(worker_snapshot, on_error="return"), _snapshots_checked)
 
 

@@ -19,8 +19,7 @@ EXPORT_DATA_BYTES = 64  # sizeof(CUmemPoolPtrExportData)
 
 
 class ExportData:
-    """The 64 bytes of ``CUmemPoolPtrExportData`` (``.reserved``, as Numba's handles expose
-    ``CUipcMemHandle.reserved``)."""
+    """The 64 bytes of ``CUmemPoolPtrExportData`` (``.reserved``, as Numba's ``CUipcMemHandle.reserved``)."""
 
     __slots__ = ("reserved",)
 
@@ -139,18 +138,15 @@ class PoolIpcHandle:
         return ptr, lease
 
     def open_direct(self, context):
-        """Import the memory into ``context`` (whose device must reach the source device);
-        returns a ``MemoryPointer`` of ``size`` bytes.
+        """Import into ``context`` (its device must reach the source): a ``MemoryPointer`` of ``size`` bytes.
 
-        :raises ValueError: in the exporting process, or when already open (Numba's messages).
-        """
+        :raises ValueError: in the exporting process, or when already open (Numba's messages)."""
         if self.base is not None:
             raise ValueError("opening IpcHandle from original process")
         if self._impl is not None:
             raise ValueError("IpcHandle is already opened")
         ptr, lease = self._import(context.device.id)
-        # The opened pointer is kept here: own() holds only a weak proxy of it (as Numba's
-        # _CudaIpcImpl keeps _opened_mem).
+        # Kept here: own() holds only a weak proxy of it (as Numba's _CudaIpcImpl keeps _opened_mem).
         opened = _Opened(ptr, lease, self.frontend.MemoryPointer(context, ptr, size=self.offset + self.size))
         self._impl = opened
         return opened.memory.own().view(self.offset)
@@ -159,8 +155,7 @@ class PoolIpcHandle:
         """Import on the source device, copy ``size`` bytes into new memory of ``context``,
         free the import: for devices that cannot reach each other.
 
-        :raises ValueError: when already open.
-        """
+        :raises ValueError: when already open."""
         cuda, numba_driver = self.frontend.cuda, self.frontend.driver
         self._sentry_source_info()
         if self._impl is not None:
@@ -179,11 +174,9 @@ class PoolIpcHandle:
         return copy
 
     def close(self) -> None:
-        """Free the imported memory (after work on the legacy stream that uses it) and give the
-        lease back.
+        """Free the imported memory (after work on the legacy stream that uses it) and give the lease back.
 
-        :raises ValueError: when not open (Numba's message).
-        """
+        :raises ValueError: when not open (Numba's message)."""
         if self._impl is None:
             raise ValueError("IpcHandle not opened")
         impl, self._impl = self._impl, None

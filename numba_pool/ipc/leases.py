@@ -16,14 +16,12 @@ LEASE_CHECK_S = 0.05
 
 
 def lease_folder() -> str:
-    """Where leases live: ``/dev/shm`` (memory, gone at reboot) when writable, else the
-    temporary folder."""
+    """Where leases live: ``/dev/shm`` (memory, gone at reboot) when writable, else the temporary folder."""
     return "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
 class Lease:
-    """The importers' claims on one export: files ``numba_pool-ipc-<export>-<pid>-<n>`` in
-    ``folder``."""
+    """The importers' claims on one export: files ``numba_pool-ipc-<export>-<pid>-<n>`` in ``folder``."""
 
     _opened = itertools.count(1)
 
@@ -68,9 +66,8 @@ def remove_lease(path: str) -> None:
 
 
 class LeaseHold:
-    """A hold (:mod:`numba_pool.allocator.waits`) on an exported block: its release waits while a
-    living importer claims the export's lease (``lease``; ``queue``: the process's
-    :class:`LeaseQueue`)."""
+    """A hold (:mod:`numba_pool.allocator.waits`) on an exported block: its release waits while a living
+    importer claims the export's lease (``lease``; ``queue``: the process's :class:`LeaseQueue`)."""
 
     def __init__(self, lease: Lease, queue: "LeaseQueue"):
         self.lease, self.queue = lease, queue
@@ -92,10 +89,9 @@ class _Pending:
 
 
 class LeaseQueue:
-    """Exported arrays released while importers hold them; a daemon thread (started at the first,
-    kept for the process's life) runs each release once its lease goes.  ``add`` runs in a
-    finalizer, so nothing blocks on a lock: atomic list operations only, and the thread is started
-    under a lock taken without waiting."""
+    """Exported arrays released while importers hold them; a daemon thread (started at the first, kept for the
+    process's life) runs each release once its lease goes.  ``add`` runs in a finalizer, so nothing blocks on
+    a lock: atomic list operations only, and the thread is started under a lock taken without waiting."""
 
     def __init__(self):
         self._pending: list[_Pending] = []  # atomic operations only

@@ -34,8 +34,7 @@ class AllocationLog:
     """Appends rows to a CSV file in RMM's logging format.
 
     :param path: the file; truncated and given the header at once.
-    :raises OSError: when the file cannot be written.
-    """
+    :raises OSError: when the file cannot be written."""
 
     def __init__(self, path: str):
         self.path = path
@@ -54,8 +53,7 @@ class AllocationLog:
             self.flush(wait=False)
 
     def allocate(self, pointer: int, size: int, stream: int, kind: str = "device") -> None:
-        """Log an allocation of ``size`` bytes at ``pointer`` on stream handle ``stream``, of
-        memory of ``kind`` (:data:`KINDS`)."""
+        """Log ``size`` bytes of ``kind`` (:data:`KINDS`) allocated at ``pointer`` on stream ``stream``."""
         self._add("allocate", pointer, size, stream, kind)
 
     def free(self, pointer: int, size: int, stream: int, kind: str = "device") -> None:
@@ -119,7 +117,6 @@ class LoggedAllocations:
         return mem
 
     def _log_then_release(self, address: int, size: int, stream: int, kind: str, release: Callable[[], None]) -> None:
-        # Any thread, from a finalizer: never raises (the row goes to a deque; a full buffer is
-        # written only if no other thread is writing: AllocationLog.flush(wait=False)).
+        # Any thread, from a finalizer: never raises (rows go to a deque; AllocationLog.flush(wait=False)).
         self._log.free(address, size, stream, kind)
         release()

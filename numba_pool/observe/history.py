@@ -2,12 +2,11 @@
 after PyTorch's ``_record_memory_history`` and its trace entries (whose viewer reads
 :func:`numba_pool.dump_snapshot`'s files).
 
-Per allocation: address, requested size, stream, device, kind (``device``, ``arena``,
-``scratch``, ``pinned``, ``managed``), thread, time and Python stack; events ``alloc``,
-``free_requested``, ``free_completed`` (reusable: at once, or at the exit of the
-``defer_cleanup`` that held it back), ``oom``, ``trim``, ``reset``; a release reusable at once is
-one ``free`` entry (Note [History entries]).  The ring is a ``deque`` with ``maxlen``; live
-allocations are kept apart, so a snapshot names every live block's frames however old.
+Per allocation: address, requested size, stream, device, kind (``device``, ``arena``, ``scratch``, ``pinned``,
+``managed``), thread, time and Python stack; events ``alloc``, ``free_requested``, ``free_completed``
+(reusable: at once, or at the exit of the ``defer_cleanup`` that held it back), ``oom``, ``trim``, ``reset``;
+a release reusable at once is one ``free`` entry (Note [History entries]).  The ring is a ``deque`` with
+``maxlen``; live allocations are kept apart, so a snapshot names every live block's frames however old.
 
 Cost: none while off; the recording adaptor (:class:`RecordedAllocations`) is in the path only
 while on (:mod:`numba_pool.plugin.path`).  Stacks are ``(code, offset)`` pairs, names read only
@@ -79,8 +78,7 @@ class History:
     """The process's recording: the ring of events and the live allocations.
 
     :param max_entries: events kept (the oldest dropped first).
-    :param stacks: ``"python"`` (capture each allocation's stack) or ``"none"``.
-    """
+    :param stacks: ``"python"`` (capture each allocation's stack) or ``"none"``."""
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python"):
         self.ring: deque[tuple] = deque(maxlen=max_entries)  # the events, Entry's fields as plain tuples
@@ -121,10 +119,9 @@ class History:
         return event
 
     def release_recorded(self, deferral, alloc: tuple, release: Callable[[], None]) -> None:
-        """Release the allocation of event ``alloc`` through the history: the release, then one
-        ``free`` event, or, while ``deferral`` holds releases back, ``free_requested`` now and
-        ``free_completed`` later.  Never raises (a finalizer).  Argument order: the adaptor binds
-        ``deferral``; ``release`` is the pointer's release before the history's."""
+        """Run ``release`` (the pointer's release before the history's), then record one ``free`` event for
+        ``alloc``, or, while ``deferral`` (first: the adaptor binds it) holds releases back,
+        ``free_requested`` now and ``free_completed`` later.  Never raises (a finalizer)."""
         self.open.pop((alloc[1], alloc[2]), None)
         release()
         if deferral is None or not deferral.depth:
@@ -156,17 +153,15 @@ def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python"
 # -- the recording adaptor ------------------------------------------------------------------
 
 class RecordedAllocations:
-    """The recording adaptor: each allocation (with its stack), its release and out-of-memory errors
-    into ``history``; an out-of-memory message also names the sites holding most memory, and
-    ``on_oom(device, size, error)`` runs.
+    """The recording adaptor: allocations (with stacks), releases and out-of-memory errors into ``history``;
+    an out-of-memory message names the largest holders, then ``on_oom(device, size, error)`` runs.
 
     :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
     :param kind: ``"device"`` (refined per allocation: ``scratch``, ``arena`` up to
         ``arena_limit`` bytes, -1 without an arena) or ``"managed"``.
     :param deferral: the manager's ``defer_cleanup`` state.
     :param device_free: ``() -> free bytes`` of the device, for the ``oom`` entry.
-    :param skip: numba_pool frames between the caller and this adaptor (1 from Numba, 2 through
-        ``memallocmanaged``)."""
+    :param skip: numba_pool frames above this adaptor (1 from Numba, 2 through ``memallocmanaged``)."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer], history: History, device: int, kind: str, *,
                  arena_limit: int = -1, deferral=None,
@@ -231,8 +226,7 @@ _SKIP: tuple[str, ...] = ()
 
 
 def skipped_dirs() -> tuple[str, ...]:
-    """The folders of numba_pool, numba, numba-cuda and Numba-CUDA-MLIR (frames there are not
-    the user's)."""
+    """The folders of numba_pool, numba, numba-cuda and Numba-CUDA-MLIR (frames there are not the user's)."""
     global _SKIP
     if not _SKIP:
         dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
@@ -244,8 +238,7 @@ def skipped_dirs() -> tuple[str, ...]:
     return _SKIP
 
 
-#: Path parts that mark a frame as Numba's or numba_pool's in a dump from any machine, whose
-#: install folders differ from this one's.
+#: Path parts that mark a frame as Numba's or numba_pool's in a dump from any machine.
 PACKAGE_FOLDERS = tuple(f"{os.sep}{package}{os.sep}" for package in ("numba", "numba_cuda", "numba_cuda_mlir",
                                                                       "numba_pool"))
 #: numba_pool's example kernels and scripts: user code, for the purpose of naming a site.
@@ -269,8 +262,7 @@ def pairs(frames) -> list[tuple]:
 
 
 def line_of(code, offset: int) -> int:
-    """The source line of bytecode ``offset`` in ``code`` (``co_lines()``, cached per code
-    object), 0 when it has none."""
+    """The source line of bytecode ``offset`` in ``code`` (``co_lines()``, cached per code object), or 0."""
     table = _line_tables.get(code)
     if table is None:
         ranges = [(start, line) for start, _, line in code.co_lines()]

@@ -1,6 +1,5 @@
-"""Scoped statistics: ``with numba_pool.statistics() as s:`` counts the calling thread's device
-allocations inside the block, in bytes (as requested) and counts, current, peak and total (the
-figures of ``rmm.statistics.statistics()``).
+"""Scoped statistics: ``with numba_pool.statistics() as s:`` counts the thread's device allocations in the
+block, in bytes (as requested) and counts, current, peak and total (as ``rmm.statistics.statistics()``).
 
 * **Thread-aware**: only the entering thread's allocations (not threads started inside).
 * **Nested**: an allocation counts in every open scope of its thread (as RMM's
@@ -10,12 +9,10 @@ figures of ``rmm.statistics.statistics()``).
 * **Figures freeze at exit** (``assert s.current_bytes == 0`` checks for leaks).
 * Every device numba_pool serves; scratch blocks count through the arrays carved from them.
 
-Cost: none while no scope is open in the process; the counting adaptor
-(:class:`CountedAllocations`) is in the path only while one is (the plugin's subclass of
-:class:`ScopedStatistics` recomposes at the first open and the last exit,
-:mod:`numba_pool.plugin.state`).  This module keeps each thread's open scopes (:data:`_local`);
-the adaptor appends one event per open scope to its lock-free
-:class:`~numba_pool.allocator.usage.UsageTracker` and wraps the pointer's release to append the
+Cost: none while no scope is open in the process; the counting adaptor (:class:`CountedAllocations`) is in the
+path only while one is (the plugin's subclass of :class:`ScopedStatistics` recomposes at the first open and
+the last exit).  The adaptor appends one event per open scope of the thread (:data:`_local`) to the scope's
+lock-free :class:`~numba_pool.allocator.usage.UsageTracker`, and wraps the pointer's release to append the
 matching free.  ``profile=True`` walks the stack at every allocation: for diagnosis."""
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ class _ThreadScopes(threading.local):
     scopes: tuple = ()
 
 
-#: The calling thread's open scopes: a latch of the hot path (docs/architecture.md, "Module-level
-#: state"), read by the counting adaptor at each allocation.
+#: The calling thread's open scopes, a hot-path latch (docs/architecture.md, "Module-level state").
 _local = _ThreadScopes()
 
 
@@ -57,10 +53,9 @@ _DISCARD = _Discard()
 
 
 class ScopedStatistics:
-    """The allocations one thread makes inside a ``with`` block: ``current_bytes``/``current_count``
-    (frozen at exit), ``peak_*``, ``total_*``, ``total_frees``; bytes as requested.  Readable from
-    any thread.  Entered once.  Make it with :func:`numba_pool.statistics`, which puts the counting
-    adaptor in the paths.
+    """The allocations one thread makes inside a ``with`` block: ``current_bytes``/``current_count`` (frozen
+    at exit), ``peak_*``, ``total_*``, ``total_frees``; bytes as requested.  Readable from any thread.
+    Entered once.  Make it with :func:`numba_pool.statistics`, which puts the counting adaptor in the paths.
 
     :param profile: also record allocations per call site (:attr:`sites`, :meth:`report`)."""
 
@@ -75,8 +70,7 @@ class ScopedStatistics:
     def __enter__(self) -> "ScopedStatistics":
         """Start counting the calling thread's allocations.
 
-        :raises RuntimeError: when this scope was entered before.
-        """
+        :raises RuntimeError: when this scope was entered before."""
         if self._state != "new":
             raise RuntimeError("numba_pool.statistics: a scope can be entered only once; make a new one")
         self._thread = threading.get_ident()

@@ -3,33 +3,29 @@ viewer reads (pytorch.org/memory_viz, ``python -m torch.cuda._memory_viz``).
 
 The mapping (docs/guide.md, "Snapshots", says it for users):
 
-=========================  =====================================================================
+=========================  ==================================================================================
 PyTorch                    numba_pool
-=========================  =====================================================================
-segment                    an arena slab; a mempool allocation (one block: the driver's pool
-                           is opaque below it); a scratch block (its carved arrays as blocks,
-                           from the history); the mempool's reserve that no allocation holds
-                           (reserved minus the rest, the driver's rounding included: one free
-                           block at address 0); a pinned or managed block (one block)
+=========================  ==================================================================================
+segment                    an arena slab; a mempool allocation (one block: the driver's pool is opaque below
+                           it); a scratch block (its carved arrays as blocks, from the history); the mempool's
+                           reserve that no allocation holds (reserved minus the rest, the driver's rounding
+                           included: one free block at address 0); a pinned or managed block (one block)
 segment ``kind``           numba_pool's own key: ``arena slab``, ``mempool``, ``scratch``,
                            ``mempool reserve``, ``pinned``, ``managed``
 block ``active_allocated`` an array holds it (or ``defer_cleanup`` holds it back)
-``active_awaiting_free``   released, not yet reusable: an arena block waiting for its fence or
-                           an IPC hold, a cached pinned or managed block whose events the host
-                           has not seen complete
+``active_awaiting_free``   released, not yet reusable: an arena block waiting for its fence or an IPC hold, a
+                           cached pinned or managed block whose events the host has not seen complete
 ``inactive``               free: reusable now
 block ``requested_size``   the size Numba asked for (from the history; without it, the block)
 block ``frames``           the stack at the allocation (from the history; empty without it)
-``device_traces[d]``       the history's events on device ``d`` (``alloc``,
-                           ``free_requested``, ``free_completed``, ``oom``, ``trim``,
-                           ``reset``), oldest first, with numba_pool's ``kind`` and ``thread``
-                           (0 on the two free entries)
-=========================  =====================================================================
+``device_traces[d]``       the history's events on device ``d`` (``alloc``, ``free_requested``,
+                           ``free_completed``, ``oom``, ``trim``, ``reset``), oldest first, with
+                           numba_pool's ``kind`` and ``thread`` (0 on the two free entries)
+=========================  ==================================================================================
 
 Totals: the segments add up to the mempool's reserved bytes plus the caches' (as in
 :class:`~numba_pool.observe.statistics.PoolStatistics`); with the history, the active blocks'
-requested sizes to the bytes in use (but a scratch block, counted by its carved arrays).
-"""
+requested sizes to the bytes in use (but a scratch block, counted by its carved arrays)."""
 
 from __future__ import annotations
 
@@ -49,11 +45,9 @@ def build(segments_by_device: dict[int, list[dict]], history: History | None) ->
     """The snapshot dict: ``segments`` (every device's, tagged ``device``) and
     ``device_traces`` (one list per device ordinal up to the highest seen).
 
-    :param segments_by_device: device ordinal -> segments as the allocator and the caches give
-        them (``kind``, ``address``, ``size``, ``stream``, ``blocks`` of ``(address, size,
-        state)``).
-    :param history: the recording, or None (no frames, no traces, requested sizes = block sizes).
-    """
+    :param segments_by_device: device ordinal -> segments as the allocator and the caches give them (``kind``,
+        ``address``, ``size``, ``stream``, ``blocks`` of ``(address, size, state)``).
+    :param history: the recording, or None (no frames, no traces, requested sizes = block sizes)."""
     live = dict(history.live) if history is not None else {}
     segments = [_segment(device, segment, live) for device, segs in sorted(segments_by_device.items())
                 for segment in segs]
@@ -119,8 +113,7 @@ def _block(address: int, size: int, state: str, entry) -> dict:
 
 
 def _trace(entry) -> list[dict]:
-    """The trace entries of one history entry: a ``free`` is ``free_requested`` and
-    ``free_completed`` at once."""
+    """The trace entries of a history entry: a ``free`` is both ``free_requested`` and ``free_completed``."""
     out = {"action": entry.action, "addr": entry.address, "size": entry.size, "stream": entry.stream,
            "time_us": entry.time_ns // 1000, "frames": resolve(entry.frames), "kind": entry.kind,
            "thread": entry.thread}

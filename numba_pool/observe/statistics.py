@@ -19,20 +19,18 @@ class PoolStatistics:
     the ``pool_*``, ``arena_*``, ``host_*``, ``managed_*`` and ``graph_*`` figures.
 
     ``bytes_in_use``/``blocks_in_use`` (with peaks since start or :func:`numba_pool.reset_peak`),
-    ``total_allocations``/``total_frees``/``total_bytes`` since start.  ``pool_*``: the mempool's
-    attributes; ``pool_released_bytes``: the part of ``pool_used_bytes`` in dropped arrays' blocks
-    awaiting their fence (rule 4 of :mod:`numba_pool.allocator`).  ``oom_retries``: allocations
-    retried after synchronizing and trimming; ``oom_errors``: those that failed again.
-    ``arena_*`` (zero, ``arena_on`` false, when off): slabs reserved, live blocks (rounded to
-    256 B), free blocks and the largest, bytes cached, quarantined and free, the slabs.  ``host_*``
-    and ``managed_*`` (zero, ``*_on`` false, when off): bytes reserved (powers of two), in arrays,
-    cached, and the blocks.  ``graph_*``: the device's graph memory (``cuDeviceGetGraphMemAttribute``,
-    apart from the mempools) with its high watermarks, and numba_pool's live captured arrays;
-    ``releases_held_for_capture``: releases waiting for a capture to end (rule 13).
+    ``total_allocations``/``total_frees``/``total_bytes`` since start.  ``pool_*``: the mempool's attributes;
+    ``pool_released_bytes``: the part of ``pool_used_bytes`` in dropped arrays' blocks awaiting their fence
+    (rule 4 of :mod:`numba_pool.allocator`).  ``oom_retries``: allocations retried after synchronizing and
+    trimming; ``oom_errors``: those that failed again.  ``arena_*`` (zero, ``arena_on`` false, when off):
+    slabs reserved, live blocks (rounded to 256 B), free blocks and the largest, bytes cached, quarantined and
+    free, the slabs.  ``host_*`` and ``managed_*`` (zero, ``*_on`` false, when off): bytes reserved (powers of
+    two), in arrays, cached, and the blocks.  ``graph_*``: the device's graph memory
+    (``cuDeviceGetGraphMemAttribute``, apart from the mempools) with its high watermarks, and numba_pool's
+    live captured arrays; ``releases_held_for_capture``: releases waiting for a capture to end (rule 13).
 
-    RMM's names (``rmm.statistics.Statistics``) for the same: :attr:`current_bytes`,
-    :attr:`current_count`, :attr:`peak_bytes`, :attr:`peak_count`, :attr:`total_bytes`,
-    :attr:`total_count`."""
+    RMM's names (``rmm.statistics.Statistics``) for the same: :attr:`current_bytes`, :attr:`current_count`,
+    :attr:`peak_bytes`, :attr:`peak_count`, :attr:`total_bytes`, :attr:`total_count`."""
 
     bytes_in_use: int
     peak_bytes_in_use: int

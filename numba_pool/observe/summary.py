@@ -1,7 +1,5 @@
-"""What a device's pool holds now, in readable form: the table of
-:func:`numba_pool.memory_summary` (as ``torch.cuda.memory_summary()``), built from a
-:class:`~numba_pool.PoolStatistics` snapshot by :func:`format_summary`, which needs no GPU.
-"""
+"""The table of :func:`numba_pool.memory_summary` (as ``torch.cuda.memory_summary()``), built from a
+:class:`~numba_pool.PoolStatistics` snapshot by :func:`format_summary`, which needs no GPU."""
 
 from __future__ import annotations
 

@@ -32,19 +32,16 @@ def install(frontend: str | None = None, **options: Any) -> PoolConfig:
     ``options`` overriding the ``NUMBA_POOL_*`` variables; call it before the first CUDA use.
 
     The frontend: ``frontend`` (``"numba-cuda"`` or ``"mlir"``); else every one imported; else
-    ``NUMBA_POOL_FRONTEND``'s, or the one installed (numba-cuda when both are).  Options
-    (``release_threshold``, ``max_size``, ``initial_size``, ``use_default_pool``, ``arena``,
-    ``ipc``, ``arena_max_block``, ``arena_slab_size``, ``log``, ``host``, ``host_max_size``,
-    ``host_release_threshold`` ...): units and meaning in README's ``NUMBA_POOL_*`` table, size
-    syntax in :mod:`numba_pool.config.sizes`; ``None`` means the default.
+    ``NUMBA_POOL_FRONTEND``'s, or the one installed (numba-cuda when both are).  Options: the keys of
+    :data:`numba_pool.config.OPTIONS`, units and meaning in README's ``NUMBA_POOL_*`` table, size syntax in
+    :mod:`numba_pool.config.sizes`; ``None`` means the default.
 
     :returns: the configuration in effect.
     :raises ConfigError: for an unknown option, a bad value or contradicting options (one line).
     :raises RuntimeError: when a CUDA context of the frontend already exists, or the interpreter
         runs without its GIL (:func:`numba_pool.allocator.threads.require_gil`).
     :raises FrontendError: when ``frontend`` names none, or none is installed.
-    :warns SimulatorWarning: under the CUDA simulator (never raised): options checked, nothing
-        installed."""
+    :warns SimulatorWarning: under the CUDA simulator (never raised): options checked, nothing installed."""
     config = _config.load(**options)
     if frontend is not None:
         targets = [frontends.load(frontends.parse_name(frontend, "numba_pool.install(frontend)"))]
@@ -120,17 +117,15 @@ def reset_peak(device: Any = None, *, frontend: str | None = None) -> None:
 
 
 def trim(keep_bytes: int = 0, device: Any = None, *, frontend: str | None = None) -> None:
-    """Synchronize the device and release cached memory beyond ``keep_bytes`` bytes
-    (``cuMemPoolTrimTo``; the arena's empty slabs; completed pinned blocks, ``cuMemFreeHost``).
-    Arguments as for :func:`stats`."""
+    """Synchronize the device and release cached memory beyond ``keep_bytes`` bytes (``cuMemPoolTrimTo``; the
+    arena's empty slabs; completed pinned blocks, ``cuMemFreeHost``).  Arguments as for :func:`stats`."""
     manager_of(device, frontend=frontend, call="numba_pool.trim()").trim(keep_bytes)
 
 
 def record_stream(array: Any, stream: Any) -> None:
-    """Mark ``array`` (a device array of any shape and dtype, a ``MemoryPointer``, or a numba_pool
-    pinned array) as used on ``stream``: its memory is not reused until the work queued there by the
-    time it is freed has finished (an event; the host never waits).  PyTorch's
-    ``Tensor.record_stream``.
+    """Mark ``array`` (a device array of any shape and dtype, a ``MemoryPointer``, or a numba_pool pinned
+    array) as used on ``stream``: its memory is not reused until the work queued there by the time it is freed
+    has finished (an event; the host never waits).  PyTorch's ``Tensor.record_stream``.
 
     :raises ValueError: when the array's memory is not a live numba_pool allocation.
     :raises TypeError: when ``stream`` is not a stream."""
@@ -139,9 +134,8 @@ def record_stream(array: Any, stream: Any) -> None:
 
 
 def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:
-    """Migrate a managed array's memory to a device or the host in stream order
-    (``cuMemPrefetchAsync``, CUDA 13's ``CUmemLocation`` form, as RMM's
-    ``prefetch_resource_adaptor``); otherwise the first touch migrates pages on demand.
+    """Migrate a managed array's memory to a device or the host in stream order (``cuMemPrefetchAsync``, as
+    RMM's ``prefetch_resource_adaptor``); otherwise the first touch migrates pages on demand.
 
     :param array: a managed array (or a view, or its ``ManagedMemory``), any shape and dtype;
         ``nbytes`` from its first element.
@@ -167,9 +161,8 @@ def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:
 
 
 def memory_summary(device: Any = None, *, frontend: str | None = None) -> str:
-    """A printable table of the device's numba_pool memory (allocations, the pool, the arena, this
-    thread's scratch block, out-of-memory retries); sizes in binary units and bytes.  Arguments as
-    for :func:`stats`.
+    """A printable table of the device's numba_pool memory (allocations, the pool, the arena, this thread's
+    scratch block, out-of-memory retries); sizes in binary units and bytes.  Arguments as for :func:`stats`.
 
     :raises RuntimeError: as :func:`manager_of`."""
     manager = manager_of(device, frontend=frontend, call="numba_pool.memory_summary()")
@@ -216,8 +209,7 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
     first allocation (rule 13 of :mod:`numba_pool.allocator`; Note [Capture queries]).
 
     :raises TypeError: when ``stream`` is not a stream (:func:`numba_pool.cuda.streams.as_stream_ref`)."""
-    # cuda.streams.using_stream's body with the check called directly: a scope entered costs
-    # what it cost with the check registered as a hook (no call in between, no registry).
+    # cuda.streams.using_stream's body, the capture check called directly (no hook call in between).
     ref = as_stream_ref(stream)
     note_if_capturing(ref)
     previous = enter_scope(ref)
@@ -228,8 +220,7 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
 
 
 class _ProcessScope(ScopedStatistics):
-    """A :func:`statistics` scope counted process-wide: the first to open and the last to exit
-    recompose every allocation path."""
+    """A :func:`statistics` scope counted process-wide: the first open and last exit recompose every path."""
 
     def __enter__(self) -> "_ProcessScope":
         super().__enter__()
@@ -256,10 +247,9 @@ def statistics(*, profile: bool = False) -> ScopedStatistics:
 # -- memory debugging: history, snapshots, out of memory, leaks --------------------------------
 
 def record_history(enabled: bool = True, stacks: str = "python", max_entries: int = _history.DEFAULT_MAX_ENTRIES) -> None:
-    """Record every allocation's Python stack and the events (allocate, free, out of memory, trim,
-    reset) of every device and kind in a ring of ``max_entries`` (PyTorch's
-    ``_record_memory_history``).  Free while off; the cost on: Note [Stack walks].  Starting again
-    drops the recording.
+    """Record every allocation's Python stack and the events (allocate, free, out of memory, trim, reset) of
+    every device and kind in a ring of ``max_entries`` (PyTorch's ``_record_memory_history``).  Free while
+    off; the cost on: Note [Stack walks].  Starting again drops the recording.
 
     :param enabled: False stops and drops the recording.
     :param stacks: ``"python"`` or ``"none"`` (events only).

@@ -91,8 +91,7 @@ def enable_leak_report(managers: Callable[[], Iterable]) -> None:
 
 
 def leak_report(limit: int = 10) -> str:
-    """The report: the top ``limit`` sites still holding memory, one line each with bytes and
-    arrays; ``""`` when nothing is held."""
+    """The report: the top ``limit`` sites holding memory, a line each (bytes, arrays); ``""`` if none."""
     recording = process.recording
     rows = _history.top_sites(recording) if recording is not None else []
     if not rows:

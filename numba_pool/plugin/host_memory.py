@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from functools import partial
 
-from ..allocator.host_blocks import HostBlock, HostBlocks, host_flags
+from ..allocator.block import Block
+from ..allocator.host_blocks import HostBlocks, host_flags
+from ..cuda.streams import LEGACY
 from .state import process
 
 
@@ -14,30 +16,29 @@ def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bo
     ``PinnedMemory``, or with ``mapped`` the owned view of a ``MappedMemory``, whose release
     gives the block back to the cache (held back inside ``defer_cleanup``).
 
-    :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes.
-    """
-    block = host.allocate(size, host_flags(mapped, portable, wc))
-    finalizer = partial(_release_host, manager, host, block, mapped)
+    :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes."""
+    block = host.allocate_block(size, LEGACY, host_flags(mapped, portable, wc))
+    finalizer = partial(_release_host, manager, block, mapped)
     history = process.recording
     if history is not None:  # numba_pool.record_history: the block and its stack, and its release
-        event = history.allocated(manager.device_id, block.host, size, 0, "pinned", history.capture(3))  # above memhostalloc
+        event = history.allocated(manager.device_id, block.ptr, size, 0, "pinned", history.capture(3))  # above memhostalloc
         finalizer = partial(history.release_recorded, manager.deferral, event, finalizer)
     if not mapped:
-        return manager.frontend.PooledPinnedMemory(manager.context_proxy, block.host, size, finalizer)
-    mem = _pooled_mapped_memory(manager.frontend.driver, manager.context_proxy, block, size, finalizer)
-    manager.allocations[block.host] = mem
+        return manager.frontend.PooledPinnedMemory(manager.context_proxy, block.ptr, size, finalizer)
+    mem = _pooled_mapped_memory(manager.frontend.driver, manager.context_proxy, block.ref, size, finalizer)
+    manager.allocations[block.ptr] = mem
     return mem.own()
 
 
-def _release_host(manager, host: HostBlocks, block: HostBlock, mapped: bool) -> None:
+def _release_host(manager, block: Block, mapped: bool) -> None:
     """The finalizer of pinned/mapped memory from the host cache: drop Numba's record of a
-    mapped block, then give the block back (held back inside ``defer_cleanup``)."""
+    mapped block, then give the block back (its release gate: held back inside ``defer_cleanup``)."""
     if mapped:
-        manager.allocations.pop(block.host, None)
-    host.release(block, manager.deferral)
+        manager.allocations.pop(block.ptr, None)
+    block.release(block)
 
 
-def _pooled_mapped_memory(numba_driver, context, block: HostBlock, size: int, finalizer):
+def _pooled_mapped_memory(numba_driver, context, block, size: int, finalizer):
     """The frontend's ``MappedMemory`` for a cached block, built as its constructor does but with the
     cache's device pointer (``cuMemHostGetDevicePointer``), saving a driver call."""
     from cuda.bindings import driver as binding

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from .. import config as _config
 from ..allocator.backings import ManagedBacking
-from ..allocator.block import Block, make_block
 from ..allocator.host_blocks import HostBlocks
 from ..allocator.device import destroy_now, destroy_when_collected
 from ..cuda import driver
@@ -29,7 +28,6 @@ class ManagedSource:
 
     def __init__(self, manager, cache: HostBlocks, prefetch_to: int | None):
         self._cache = cache
-        self._deferral = manager.deferral
         self._context = manager.context_proxy
         self._pointer = manager.frontend.PooledManagedMemory
         self._cu = driver.cu  # the driver object the cache was made with (the model's, in tests)
@@ -44,12 +42,11 @@ class ManagedSource:
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream.value == LEGACY.value:
             stream = LEGACY  # also inside numba_pool.scratch, whose stream object is its own
-        block = self._cache.allocate(size, 0, stream)
+        record = self._cache.allocate_block(size, stream)
+        block = record.ref
         handle = block.handle
         if handle is None:
             handle = block.handle = self._cu.CUdeviceptr(block.host)
-        record = make_block(handle, size, stream, self._release)
-        record.ref = block
         mem = self._pointer(self._context, handle, size, record)
         if self._prefetch_to is not None:
             try:
@@ -59,16 +56,14 @@ class ManagedSource:
                 raise
         return mem
 
-    def _release(self, record: Block) -> None:
-        # The pointer's release (any thread, never raises): the host block back to the cache.
-        self._cache.release(record.ref, self._deferral)
 
 
-
-def managed_cache(cu, device_id: int, context, config: _config.PoolConfig) -> tuple[HostBlocks | None, str]:
+def managed_cache(cu, device_id: int, context, config: _config.PoolConfig,
+                  deferral=None) -> tuple[HostBlocks | None, str]:
     """The managed cache of a device on its managed mempool (``managed_initial_size`` reserved) and
     ``""``; or None and why not (switched off, no concurrent managed access, or a driver refusing a
-    managed mempool: a warning), Numba's ``cuMemAllocManaged`` serving then.
+    managed mempool: a warning), Numba's ``cuMemAllocManaged`` serving then.  ``deferral``: the
+    manager's ``defer_cleanup`` state, which holds the cache's releases back.
 
     :raises CudaAPIError: when the pool cannot reserve ``managed_initial_size`` bytes."""
     why = why_not_served(cu, device_id, config)
@@ -87,7 +82,7 @@ def managed_cache(cu, device_id: int, context, config: _config.PoolConfig) -> tu
         raise
     cache = HostBlocks(cu, max_size=config.managed_max_size,
                        release_threshold=_config.release_limit(config.managed_release_threshold),
-                       owner=owner, backing=ManagedBacking(cu, pool))
+                       owner=owner, backing=ManagedBacking(cu, pool), deferral=deferral)
     destroy_when_collected(cache, pool, owner)  # after the manager and its last managed array
     return cache, ""
 

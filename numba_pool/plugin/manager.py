@@ -3,22 +3,19 @@ mempool and allocator (:mod:`numba_pool.allocator`, which owns the stream rule) 
 allocation path (:mod:`numba_pool.plugin.path`); the rest forwards.
 
 Note [The path is the manager's memalloc]
-    A forwarding ``memalloc`` would add a Python call per allocation, so :meth:`NumbaPoolManager._bind`
-    (the only code that sets or removes it) makes the composed path the instance's ``memalloc``.
-    The class's method runs only when none is bound (before initialization, after a reset, which
-    Numba follows with no ``initialize``) and initializes first.
+    :meth:`NumbaPoolManager._bind` (the only code that sets or removes it) makes the composed path the
+    instance's ``memalloc`` (no forwarding call per allocation).  The class's method runs only when none is
+    bound (before initialization; after a reset, Numba calls no ``initialize``) and initializes first.
 
 Note [One class for every frontend]
-    Each frontend (numba-cuda, Numba-CUDA-MLIR) has its own EMM base classes, so Numba
-    instantiates :class:`NumbaPoolManager` on that frontend's ``HostOnlyCUDAMemoryManager``
-    (:func:`manager_class`).  The neutral base's ``__new__`` builds the class of the frontend of
-    the context given, or, context-less (``set_memory_manager`` reading the interface version), of
-    the calling module; ``isinstance(m, NumbaPoolManager)`` holds for both.
+    Each frontend (numba-cuda, Numba-CUDA-MLIR) has its own EMM base classes: :func:`manager_class` puts
+    :class:`NumbaPoolManager` on its ``HostOnlyCUDAMemoryManager``.  The neutral base's ``__new__`` builds the
+    class of the given context's frontend, or, context-less (``set_memory_manager`` reading the interface
+    version), the calling module's; ``isinstance(m, NumbaPoolManager)`` holds for both.
 
 Note [Lifetimes across a reset]
-    An array may outlive :meth:`NumbaPoolManager.reset`; its release must neither raise nor free
-    memory a later allocation owns at that address: the reset drops the allocator whole, and a
-    late release finds nothing to free."""
+    An array may outlive :meth:`NumbaPoolManager.reset`; its release must neither raise nor free memory a
+    later allocation owns there: the reset drops the allocator, so a late release finds nothing to free."""
 
 from __future__ import annotations
 
@@ -58,9 +55,8 @@ class NumbaPoolManager:
 
     :param config: this manager's options (tests, benchmark); None: the process's.
 
-    Seams for tests and tools: :attr:`allocator` (None before initialization and after a reset),
-    :attr:`path`, :attr:`host`, :attr:`managed` (:attr:`managed_off_because` when None), :attr:`log`,
-    :attr:`config`."""
+    Seams for tests and tools: :attr:`allocator` (None before initialization and after a reset), :attr:`path`,
+    :attr:`host`, :attr:`managed` (:attr:`managed_off_because` when None), :attr:`log`, :attr:`config`."""
 
     #: The frontend whose base classes this class derives from (None on this neutral base).
     frontend: Frontend | None = None
@@ -128,16 +124,15 @@ class NumbaPoolManager:
             if config.host and self.host is None:
                 self.host = HostBlocks(cu, max_size=config.host_max_size,
                                        release_threshold=_config.release_limit(config.host_release_threshold),
-                                       owner=OwnerContext.of(cu, self.context))
+                                       owner=OwnerContext.of(cu, self.context), deferral=self.deferral)
             if self.managed is None:
-                self.managed, self.managed_off_because = managed_cache(cu, self.device_id, self.context, config)
+                self.managed, self.managed_off_because = managed_cache(cu, self.device_id, self.context, config, self.deferral)
             if config.log and self.log is None:
                 self.log = AllocationLog(config.log)
             process.register(self)  # before composing: a scope opening from now on recomposes this path
             self._bind(allocator)
             self.allocator = allocator  # last: initialize()'s check without the lock reads it
-        # Outside the lock: starting the history composes every registered manager's path again,
-        # this one's included, which takes this lock (a reset leaves the manager registered).
+        # Outside the lock: starting the history recomposes every registered path, this one's too (its lock).
         if config.leak_report:
             debugging.enable_leak_report(managers)
         if config.oom_snapshot:
@@ -174,8 +169,7 @@ class NumbaPoolManager:
         return self.allocator.source.allocate(size)
 
     def allocate_block(self, size: int, stream) -> "Block":
-        """The core's ``allocate(size, stream)`` on the current generation: what an allocation a reset
-        overtook gets instead."""
+        """The current generation's ``allocate(size, stream)`` (for an allocation a reset overtook)."""
         self.initialize()
         return self.allocator.allocate(size, stream)
 
@@ -196,9 +190,9 @@ class NumbaPoolManager:
         return host_memory(self, self.host, size, mapped, portable, wc)
 
     def memallocmanaged(self, size: int, attach_global: bool = True):
-        """``size`` bytes of managed memory, as Numba's ``ManagedMemory``.  With ``NUMBA_POOL_MANAGED``,
-        globally attached memory comes from the managed mempool's cache under the host rule (rule 9 of
-        :mod:`numba_pool.allocator`); host-attached, 0 bytes, or no concurrent managed access: Numba's
+        """``size`` bytes of managed memory, as Numba's ``ManagedMemory``: with ``NUMBA_POOL_MANAGED``,
+        globally attached memory from the managed mempool's cache under the host rule (rule 9 of
+        :mod:`numba_pool.allocator`); host-attached, 0 bytes or no concurrent managed access: Numba's
         (``cuMemAllocManaged``).
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes and its cap."""
@@ -229,7 +223,7 @@ class NumbaPoolManager:
 
     def reset(self) -> None:
         """Free every allocation of this context and destroy the private pool (trim a shared one); safe
-        to repeat.  Device arrays still alive point to freed memory, their releases do nothing (Note
+        to repeat.  Live device arrays point to freed memory, their releases do nothing (Note
         [Lifetimes across a reset]); pinned and managed ones stay valid until dropped.  Also
         ``super().reset()``."""
         _note("reset", self.device_id)

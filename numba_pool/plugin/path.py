@@ -7,23 +7,19 @@ What Numba's ``memalloc(size)`` runs, inside out (RMM's resource adaptors, stack
       logging adaptor     while NUMBA_POOL_LOG names a file                       (observe.alloclog)
         block source      the arena when it is on, else the mempool blocks        (allocator)
 
-Numba's ``memallocmanaged(size, attach_global=True)`` runs the same adaptors on the managed
-block source (:class:`~numba_pool.plugin.managed_memory.ManagedSource`, the managed cache) when
-``NUMBA_POOL_MANAGED`` is on and the device has concurrent managed access; its log rows say
-``managed`` in the Kind column.
+Numba's ``memallocmanaged(size, attach_global=True)`` runs the same adaptors on the managed block source
+(:class:`~numba_pool.plugin.managed_memory.ManagedSource`, the managed cache) when ``NUMBA_POOL_MANAGED`` is
+on and the device has concurrent managed access; its log rows say ``managed`` in the Kind column.
 
-The block source allocates and gives each pointer its release; an adaptor calls the layer
-below and puts its part in front of that pointer's release (Note [One pointer per allocation]).
-No module patches another's objects; the manager binds the composed path as its ``memalloc``
-(Note [The path is the manager's memalloc] in :mod:`numba_pool.plugin.manager`).  IPC leases are
-not in the path: an export registers a *hold* with the device allocator, consulted on the
-release's slow path only (rule 2).
+The block source allocates and gives each pointer its release; an adaptor calls the layer below and puts its
+part in front of that pointer's release (Note [One pointer per allocation]).  No module patches another's
+objects; the manager binds the composed path as its ``memalloc`` (Note [The path is the manager's memalloc] in
+:mod:`numba_pool.plugin.manager`).  IPC leases are not in the path: an export registers a *hold* with the
+device allocator, consulted on the release's slow path only (rule 2).
 
-The path is composed again when an adaptor is switched on or off (the first statistics scope
-opening or the last closing, the history starting or stopping:
-:meth:`numba_pool.plugin.state.ProcessState.recompose`).  With no adaptor on, it is the block
-source's own ``allocate`` (Note [No frame between Numba and the source]).
-"""
+The path is composed again when an adaptor is switched on or off (the first statistics scope opening or the
+last closing, the history starting or stopping: :meth:`numba_pool.plugin.state.ProcessState.recompose`).  With
+no adaptor on, it is the block source's own ``allocate`` (Note [No frame between Numba and the source])."""
 
 from __future__ import annotations
 
@@ -63,10 +59,9 @@ class Recording:
 
 def compose(allocator: DeviceAllocator, *, managed: Callable[[int], PoolPointer] | None = None,
             log: AllocationLog | None = None, counting: bool = False, recording: Recording | None = None) -> Path:
-    """The allocation paths of ``allocator``'s device: its block source (and the managed
-    source ``managed``, when given), each wrapped by the logging adaptor when ``log`` is given,
-    then by the counting adaptor when ``counting``, then by the recording adaptor when
-    ``recording``."""
+    """The allocation paths of ``allocator``'s device: its block source (and the managed source ``managed``,
+    when given), each wrapped by the logging adaptor when ``log`` is given, then by the counting adaptor when
+    ``counting``, then by the recording adaptor when ``recording``."""
     layers = ["arena" if allocator.arenas else "mempool"]
     layers += ["log"] * (log is not None) + ["counting"] * counting + ["history"] * (recording is not None)
     arena_limit = max((arena.max_block for arena in allocator.arenas), default=-1)

@@ -1,6 +1,5 @@
-"""The configuration in effect for the process's managers (``install()``'s, else the environment's,
-read at the first initialization): forwards to :data:`numba_pool.plugin.state.process`, whose
-methods of the same names say what each does."""
+"""The configuration in effect for the process's managers (``install()``'s, else the environment's, read at
+the first initialization): forwards to the same-named methods of :data:`numba_pool.plugin.state.process`."""
 
 from __future__ import annotations
 

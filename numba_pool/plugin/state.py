@@ -1,16 +1,14 @@
-"""numba_pool's state in this process, in one object, :data:`process`: the managers initialized
-(every device and frontend) and their classes, the configuration in effect, the history
-recording, the count of open statistics scopes, the out-of-memory observers and switches, and
-the IPC lease queue.
+"""numba_pool's state in this process, in one object, :data:`process`: the managers initialized (every device
+and frontend) and their classes, the configuration in effect, the history recording, the count of open
+statistics scopes, the out-of-memory observers and switches, and the IPC lease queue.
 
 The layers below never import this module: the plugin hands them what they need.  A public
 function that switches an adaptor changes the state here, then recomposes every manager's path
 (:meth:`ProcessState.recompose`), directly: no listeners.  Other module-level variables:
 docs/architecture.md, "Module-level state" (``tests/package/test_module_state.py`` keeps it whole).
 
-Locks: :attr:`ProcessState._lock` is innermost: no other numba_pool lock is taken while it is
-held (:meth:`ProcessState.recompose` copies the managers, then lets go), so a manager's
-initialization may take it."""
+Locks: :attr:`ProcessState._lock` is innermost: no other numba_pool lock is taken under it
+(:meth:`ProcessState.recompose` copies the managers first), so a manager's initialization may take it."""
 
 from __future__ import annotations
 
@@ -31,8 +29,7 @@ class ProcessState:
         self._managers = weakref.WeakSet()  # managers initialized at least once, every frontend's
         self._classes: dict[str, type] = {}  # frontend name -> its manager class
         self._config: _config.PoolConfig | None = None  # install()'s, or the environment's once read
-        #: The history recording in effect, or None (off).  Read without the lock: one load, by
-        #: the paths' composition, pinned allocations and the debugging functions.
+        #: The history recording in effect, or None (off); read without the lock (one load).
         self.recording: History | None = None
         self._scopes_open = 0  # statistics scopes open now, every thread
         self._observers: list[Callable] = []  # numba_pool.on_out_of_memory's callbacks
@@ -72,8 +69,7 @@ class ProcessState:
     def config_in_effect(self) -> _config.PoolConfig:
         """The installed configuration; the environment's, read now, when none was.
 
-        :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad.
-        """
+        :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad."""
         with self._lock:
             if self._config is None:
                 self._config = _config.load()

@@ -43,10 +43,10 @@ class ReadyAtOnce(Pending):
         self.arena.ready.setdefault(block.rounded, []).append(block.start)
 
 
-def gate_without_quarantine(source, cu, waits, **parts):
+def gate_without_quarantine(source, cu, **parts):
     """The arena's release gate, built over :class:`ReadyAtOnce` instead of its quarantine."""
     parts["pending"] = ReadyAtOnce(source)
-    return release_module.gate(source, cu, waits, **parts)
+    return release_module.gate(source, cu, **parts)
 
 
 def take_another_streams_block(self, rounded, stream):

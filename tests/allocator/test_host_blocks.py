@@ -180,7 +180,7 @@ def test_a_legacy_release_in_another_thread_makes_no_driver_call(prog, thread):
     assert after["driver_calls"] == before["driver_calls"]
     assert after["legacy_ops_elsewhere"] == before["legacy_ops_elsewhere"]
     host = prog.mm.host
-    assert [b.host for b in host.released] == [address] and not host.released[0].fenced
+    assert [b.ptr for b in host.released] == [address] and not host.released[0].ref.fenced
     if thread == "foreign":
         prog.foreign.submit(prog.model.cuCtxSynchronize).result()
     fence_at_every_allocation(prog)
@@ -324,13 +324,13 @@ def test_planted_reuse_without_waiting_is_caught(prog, monkeypatch):
 
 
 def test_planted_legacy_event_only_is_caught(prog, monkeypatch):
-    release = HostBlocks.release
+    record_release = HostBlocks._record_release
 
-    def legacy_only(self, block, defer=None):
-        self.recorded.pop(block.host, None)  # the bug: record_stream's streams forgotten
-        release(self, block, defer)
+    def legacy_only(self, block, streams, retry):
+        streams = [s for s in streams if s is block.stream]  # the bug: record_stream's streams forgotten
+        record_release(self, block, streams, retry)
 
-    monkeypatch.setattr(HostBlocks, "release", legacy_only)
+    monkeypatch.setattr(HostBlocks, "_record_release", legacy_only)
     fence_at_every_allocation(prog)
     s = prog.create_stream(blocking=False)
     a = Pinned(prog, 4096)
@@ -384,18 +384,19 @@ def test_host_blocks_invariants(actions, cap, threshold):
         stream = streams[k % len(streams)]
         if action == "alloc":
             try:
-                block = blocks.allocate(size, DEVICEMAP if mapped else 0)
+                handed = blocks.allocate_block(size, flags=DEVICEMAP if mapped else 0)
             except CudaAPIError as err:
                 assert "out of pinned host memory" in str(err)
                 continue
+            block = handed.ref
             assert block.host not in live, "a block handed out twice"
             assert block.size >= size and (block.device is not None) == mapped
             owner = next(owners)
-            live[block.host] = (block, owner, {stream})
+            live[block.host] = (block, owner, {stream}, handed)
             model.host_use(block.host, size, owner)  # the host writes it at once,
             model.copy_async(stream.handle, block.host, size, owner)  # then stages it to the device
         elif live:
-            block, owner, used = list(live.values())[k % len(live)]
+            block, owner, used, handed = list(live.values())[k % len(live)]
             if action == "copy":
                 model.copy_async(stream.handle, block.host, block.size, owner)
                 used.add(stream)
@@ -406,7 +407,7 @@ def test_host_blocks_invariants(actions, cap, threshold):
                 del live[block.host]
                 if streams[2] in used:
                     blocks.record_stream(block.host, streams[2])
-                blocks.release(block)
+                handed.release(handed)
         if action == "sync_stream":
             model.cuStreamSynchronize(stream.handle)
         elif action == "sync_ctx":

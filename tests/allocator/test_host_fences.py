@@ -136,8 +136,8 @@ def test_inside_defer_cleanup_nothing_goes_on_the_legacy_stream(prog):
         assert [b.host for b in host.fences.unfenced] == [waiting.address]  # binned, not fenced
         assert [b.host for b in managed.fences.unfenced] == [waiting_m.address]
     assert _legacy_ops(prog) == before  # the exit puts the blocks back, unfenced
-    assert [b.host for b in host.released] == [pinned.address] and not host.released[0].fenced
-    assert [b.host for b in managed.released] == [used.address] and not managed.released[0].fenced
+    assert [b.ptr for b in host.released] == [pinned.address] and not host.released[0].ref.fenced
+    assert [b.ptr for b in managed.released] == [used.address] and not managed.released[0].ref.fenced
     a = Pinned(prog, 4096)  # one fence for both pinned blocks (after s's copy): not complete yet
     b = prog.allocate_managed(4096)  # and for both managed blocks (after s's kernel)
     assert not host.fences.unfenced and not managed.fences.unfenced

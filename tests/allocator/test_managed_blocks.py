@@ -162,7 +162,7 @@ def test_held_back_by_defer_cleanup_until_the_block_exits(prog, using):
         assert prog.allocate_managed(4096).address != address
         assert prog.mm.statistics().managed_in_use_bytes == 2 * 4096  # held back counts as in use
         assert address in cache.held and cache.fences.recorded == 0
-    assert [b.host for b in cache.released] == [address] and not cache.released[0].fenced
+    assert [b.ptr for b in cache.released] == [address] and not cache.released[0].ref.fenced
     assert prog.allocate_managed(4096).address != address  # records its fence: not complete yet
     assert cache.fences.recorded == 1
     sync(prog, LEGACY)
@@ -283,13 +283,14 @@ def test_planted_reuse_without_the_hosts_observation_is_caught(prog, monkeypatch
 
 def test_planted_release_that_forgets_the_allocation_stream_is_caught(prog, monkeypatch):
     s = prog.create_stream(blocking=False)
-    release = HostBlocks.release
+    allocate = HostBlocks.allocate_block
 
-    def legacy_only(self, block, defer=None):
-        block.stream = numba_pool.cuda.streams.LEGACY
-        release(self, block, defer)
+    def legacy_only(self, size, stream=numba_pool.cuda.streams.LEGACY, flags=0):
+        block = allocate(self, size, stream, flags)
+        block.stream = numba_pool.cuda.streams.LEGACY  # the bug: its release forgets the allocation stream
+        return block
 
-    monkeypatch.setattr(HostBlocks, "release", legacy_only)
+    monkeypatch.setattr(HostBlocks, "allocate_block", legacy_only)
     fence_at_every_allocation(prog)
     a = prog.allocate_managed(4096, stream=s)
     kernel(prog, a, s)

@@ -23,8 +23,6 @@ import numba_pool
 from cuda.bindings import driver as real_cu
 from numba_pool.allocator import arena as arena_module
 from numba_pool.allocator import quarantine as quarantine_module
-from numba_pool.allocator import release as release_module
-from numba_pool.allocator.release import Pending
 from numba_pool.cuda.driver import EVENT_FLAGS, check
 from numba_pool.cuda.streams import LEGACY as LEGACY_REF
 
@@ -32,6 +30,7 @@ from cuda_model import CudaModel
 from cuda_model.ordering import describe_stream
 from cuda_model.checks import FALLBACK, assert_clean, assert_no_fallback, eager
 from cuda_model.harness import LEGACY, Hold, Program
+from test_fuzz_can_fail import gate_without_quarantine  # rule 4 planted: no quarantine, no fence
 
 PER_THREAD = 2  # CU_STREAM_PER_THREAD
 
@@ -542,19 +541,6 @@ def test_the_log_of_reuse_scratch_and_threads_replays(tmp_path):
 # 4. Planted bugs that the model must catch; each with the same program unpatched as control.
 
 
-class _ReadyAtOnce(Pending):  # the arena's pending list, planted: no quarantine, no fence
-    def __init__(self, arena):
-        super().__init__()
-        self.arena = arena
-
-    def append(self, block):
-        self.arena.ready.setdefault(block.rounded, []).append(block.start)
-
-
-def _gate_without_fence(source, cu, waits, **parts):
-    return release_module.gate(source, cu, waits, **{**parts, "pending": _ReadyAtOnce(source)})
-
-
 def _legacy_reuse_program(p: Program):
     eager(p)
     s1, s2 = p.create_stream(True), p.create_stream(True)
@@ -572,7 +558,7 @@ def test_planted_free_without_fence_is_caught(programs, monkeypatch):
     _legacy_reuse_program(control)
     assert_clean(control)
 
-    monkeypatch.setattr(arena_module, "gate", _gate_without_fence)
+    monkeypatch.setattr(arena_module, "gate", gate_without_quarantine)
     p = programs(arena=True)
     x, y, s1, s2 = _legacy_reuse_program(p)
     assert_caught(p, [(x.id, stream_text(p, s1)), (y.id, stream_text(p, s2))])

@@ -286,7 +286,7 @@ def test_a_pinned_release_that_falls_back_part_way_leaks_no_event(programs):
         a.mem = None
         gc.collect()
     cached = sum(len(b.events) for bin_ in host.bins.values() for b in bin_)
-    cached += sum(len(b.events) for b in host.released)
+    cached += sum(len(b.ref.events) for b in host.released)
     assert p.model.live_events() == len(host._free_events) + cached
 
 
