@@ -157,16 +157,20 @@ The contract
 A device's allocator (:class:`.device.DeviceAllocator`) and each block source offer the core's
 stream-ordered contract, which knows no frontend: ``allocate(nbytes, stream) -> Block`` and
 ``deallocate(block, stream)`` (:mod:`.block`: one :class:`~.block.Block` record per handed-out
-block).  The Numba EMM plugin is one door over it: the pointer it gets holds the block and its
-finalizer is the block's release on its allocation stream.
+block).  The pinned and managed caches (:class:`.host_blocks.HostBlocks`) offer it too.  The
+Numba EMM plugin is one door over it: the pointer it gets holds the block and its finalizer is
+the block's release on its allocation stream.  Every release is the **release gate**
+(:mod:`.release`): the checks every release makes (rules 13, 12, 2 and 8a, then the source's
+fast action, rule 10) in one order, in one function; a source supplies only its fast action
+and its ordered release.
 
 Modules, bottom up: :mod:`.block` (the record and the contract), :mod:`.usage` (lock-free usage
-events), :mod:`.free_list` (one domain's heap),
+events), :mod:`.free_list` (one domain's heap), :mod:`.release` (the release gate),
 :mod:`.waits` (rules 2 and 8), :mod:`.sources` (what both block sources share),
 :mod:`.fences` (rule 4: fences and the private streams), :mod:`.mempool_blocks` (rule 7),
 :mod:`.quarantine` and :mod:`.domains` (rules 4-6),
 :mod:`.arena` (rules 1, 3-6), :mod:`.scratch` (a bump-allocated block), :mod:`.captures`
-(rule 13: stream capture), :mod:`.backings` and
+(rule 13: stream capture), :mod:`.graph_blocks` (rule 13's graph allocations), :mod:`.backings` and
 :mod:`.host_blocks` (rule 9: pinned and managed memory), :mod:`.device` (one device's allocator: the block sources, the barriers that
 synchronize, ``record_stream``, IPC holds; rules 11 and 12), :mod:`.threads` (the GIL check).
 """
