@@ -259,12 +259,12 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             if not self.dropped:
                 self._flush_ready()
 
-    def take_released(self, releases: list) -> list[dict[int, list[int]]]:
+    def take_released(self, releases: list) -> list[list[Block]]:
         """Rule 4's snapshot before a synchronize, for :meth:`release_cached`."""
         with self._lock:
             return self.quarantine.take_released(releases)
 
-    def release_cached(self, idle: list[dict[int, list[int]]] = ()) -> int:
+    def release_cached(self, idle: list[list[Block]] = ()) -> int:
         """After a synchronize: ``idle`` into the heap, then every wholly free slab back to the
         mempool; returns the bytes released."""
         with self._lock:

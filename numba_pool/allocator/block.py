@@ -13,9 +13,9 @@ Note [A Block replaces the release's partial]
     Before, each allocation made a ``functools.partial`` (the pointer's release) holding the
     source's release method and the block's fields.  A :class:`Block` takes its place: it is
     made with ``Block()`` and its fields set by the source that knows them (no Python
-    ``__init__`` frame), and its ``release`` is the source's bound release method, which the
-    pointer calls with the block.  So the record costs what the partial cost and the release
-    calls one bound method where it called a partial calling one.  ``Block()`` (no ``__init__``
+    ``__init__`` frame), and its ``release`` is the source's release gate (:mod:`.release`, a
+    closure made once per source), which the pointer calls with the block.  So the record costs
+    what the partial cost and the release calls one function where it called a partial calling one.  ``Block()`` (no ``__init__``
     defined: the type's own C ``tp_new``) is cheaper than ``object.__new__(Block)``, whose
     wrapper builds an argument tuple.
 """
@@ -39,8 +39,9 @@ class Block:
 
     Set by the sources that need them: ``start`` (the address as an int, the arena's key),
     ``rounded`` (bytes the arena carved), ``domain`` (the arena domain of a scoped block),
-    ``ledger`` (the mempool blocks' generation's ledger: a reset swaps it, so a late release
-    finds nothing), ``capture`` (the id of the stream capture whose graph allocated it, rule
+    ``ledger`` (the table of live blocks its release pops: the mempool blocks' generation's, a
+    host cache's, the graph blocks'; a reset swaps or empties it, so a late release finds
+    nothing), ``capture`` (the id of the stream capture whose graph allocated it, rule
     13), ``ref`` (the source's own record: a host cache's :class:`HostBlock
     <numba_pool.allocator.host_blocks.HostBlock>`, a scratch block).  A field not set raises
     ``AttributeError`` when read: each source reads only its own.

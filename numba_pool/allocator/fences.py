@@ -194,7 +194,7 @@ class HostFences:
         self._kind = kind
         self.unfenced: list = []  # HostBlocks, oldest first
         self.fence_blocks, self.fence_bytes = FENCE_BLOCKS, HOST_FENCE_BYTES  # tests lower them
-        self.deferral = None  # defer_cleanup's state, as the releases name it
+        self.deferral = None  # defer_cleanup's state: the host cache's (HostBlocks sets it)
         self.recorded = 0  # fences recorded so far (statistics)
 
     def add(self, block) -> None:

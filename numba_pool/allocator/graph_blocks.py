@@ -18,6 +18,7 @@ from ..cuda.streams import StreamRef
 from .block import Block, make_block
 from .captures import Capture
 from .release import gate
+from .waits import Deferral
 
 _INVALID_VALUE = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE
 
@@ -32,7 +33,10 @@ class GraphBlocks:
         self.live: dict = {}  # atomic operations only
         self.left_to_graphs = 0  # releases after a capture that found no allocation to free
         self._waits = waits
-        self._release = gate(self, cu, registered=waits.waiting, deferral=waits.deferral, owner=waits.owner,
+        # Graph memory is freed at its drop, never held by defer_cleanup (its capture stream may
+        # be destroyed before the exit): a deferral of its own, never entered; no waits are
+        # registered for it (record_stream finds only the sources' blocks).
+        self._release = gate(self, cu, registered={}, deferral=Deferral(), owner=waits.owner,
                              ordered=self._ordered, free=self._free_outside, ledger=True, graph=True)
 
     def allocate(self, size: int, capture: Capture) -> Block:
@@ -55,12 +59,15 @@ class GraphBlocks:
         self._waits.release(block.address, block.stream, partial(self._publish, block))
 
     def _publish(self, block: Block, on: StreamRef | None) -> None:
-        self._free_outside(block)
+        err = self._free_outside(block)
+        if err:
+            report_failure((err,), f"cuMemFreeAsync({block.address:#x}) of graph memory")
 
-    def _free_outside(self, block: Block) -> None:
+    def _free_outside(self, block: Block):
         # After the capture: on the capture stream, after the graph's launches ordered there.
+        # Returns the driver's error (the gate's rule 10 retries it in the owner's context).
         err, = self._cu.cuMemFreeAsync(block.ptr, block.stream.handle)
         if err == _INVALID_VALUE:  # not allocated now: the graph never ran, or freed it at a relaunch
             self.left_to_graphs += 1
-        elif err:
-            report_failure((err,), f"cuMemFreeAsync({block.address:#x}) of graph memory")
+            return None
+        return err or None

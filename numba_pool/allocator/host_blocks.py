@@ -50,7 +50,6 @@ import contextlib
 import itertools
 import threading
 from functools import partial
-from typing import Callable
 from collections import deque
 from dataclasses import dataclass, field
 

@@ -143,8 +143,10 @@ class PooledBlocks(PooledDoor, BlockSource):
                      f"cuMemAllocFromPoolAsync({size} bytes)")
 
     def _ordered(self, block: Block) -> None:
-        # The release gate's ordered release.
-        self._waits.release(int(block.ptr), block.stream, partial(self._free, block))
+        # The release gate's ordered release.  The stream is named now, once: a block held
+        # (defer_cleanup, a hold) or pending keeps no stream (nor the object owning it) alive.
+        stream, block.stream = block.stream, LEGACY
+        self._waits.release(int(block.ptr), stream, partial(self._free, block))
 
     def settle(self) -> None:
         """Rule 4 at an allocation: fence released blocks when due (:meth:`~.fences.Fences.due`)
@@ -230,7 +232,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         # Made free later: on the legacy stream, waits for a fence; on None, idle.
         ptr = block.ptr
         if on is LEGACY:
-            self.pending.append(block)
+            self.pending.append(block)  # its stream is LEGACY already (_ordered)
             self.pending.nbytes += block.size
             if self.dropped:  # after a reset's flush: nothing else would free it
                 self.free_after_reset()

@@ -6,7 +6,7 @@ parts and its ordered release; :func:`gate` makes the ``release(block)`` its blo
    knows of is under way, the release waits for its end (:func:`.captures.defer`).  A graph
    block still in its own capture is freed there, as a free node.
 2. **Reset generation** (rule 12, "a reset generation releases nothing"): by the block's
-   ``ledger`` (popped: a reset swaps it) or by the source's ``dropped``; a host cache's orphan
+   ``ledger`` (popped: a reset empties or swaps it) or by the source's ``dropped``; a host cache's orphan
    (a block a reset left to its release) is freed here.
 3. **Usage event**: the free's ``~bytes`` (:mod:`.usage`).
 4. **Holds, recorded streams and defer_cleanup** (rules 2 and 8a, "a release waits for what
@@ -16,7 +16,8 @@ parts and its ordered release; :func:`gate` makes the ``release(block)`` its blo
    host cache's records events for the host rule, rule 9).
 5. **The fast action**: a legacy-stream block goes to the source's :class:`Pending` list (no
    driver call: the next allocation fences it, rule 4); another stream's is freed on that
-   stream (``cuMemFreeAsync``, rule 7), or ``free(block)`` for the graph blocks.
+   stream (``cuMemFreeAsync``, rule 7), or ``free(block)`` for the graph blocks (never held by
+   ``defer_cleanup``: their gate's deferral is one of their own, never entered).
 6. **The owner's context** (rule 10, "a release runs in any thread"): a free that failed for
    want of a current context runs ordered, in the owner's.
 
@@ -42,6 +43,7 @@ from ..cuda.driver import report_failure
 from ..cuda.streams import LEGACY
 from .block import Block
 from .captures import defer, still_capturing, underway
+from .fences import take_list
 
 
 class Pending(list):
@@ -56,10 +58,10 @@ class Pending(list):
         self.nbytes = 0
 
     def take(self) -> list:
-        """Every block pending now (two C-level steps: one appended meanwhile stays)."""
-        count = len(self)
-        taken = self[:count]
-        del self[:count]
+        """Every block pending now, in release order: one atomic ``pop`` at a time, so that two
+        callers at once (a finalizer after a reset, and the reset) never take a block twice."""
+        taken = take_list(self)
+        taken.reverse()
         self.nbytes = 0
         return taken
 
