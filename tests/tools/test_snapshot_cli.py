@@ -305,14 +305,14 @@ BAD = {
     "text": (b"segments,device_traces\n", ": not a pickle (UnpicklingError"),
     "cut-short": (pickle.dumps({"segments": [1] * 100})[:50], ": not a pickle"),
     "a-list": (pickle.dumps([1, 2]), ": not a memory snapshot (numba_pool.dump_snapshot's or PyTorch's): "
-                                      "the pickle holds a list, not a dict"),
+                                      "the pickle holds a list ([1, 2]), not a dict"),
     "no-segments": (pickle.dumps({"device_traces": []}), ": not a memory snapshot (numba_pool.dump_snapshot's "
                                                          "or PyTorch's): no 'segments' key (its keys: 'device_traces')"),
     "segment-without-blocks": (pickle.dumps({"segments": [{"device": 0, "total_size": 4}]}), "segments[0] has no 'blocks' key"),
     "block-without-state": (pickle.dumps({"segments": [{"device": 0, "total_size": 4, "blocks": [
         {"size": 4, "requested_size": 4, "frames": []}]}]}), "segments[0]['blocks'][0] has no 'state' key"),
     "size-not-a-number": (pickle.dumps({"segments": [{"device": 0, "total_size": "4", "blocks": []}]}),
-                          "segments[0]['total_size'] is '4', not a whole number"),
+                          "segments[0]['total_size'] is a str ('4'), not a whole number"),
     "a-class": (pickle.dumps(OrderedDict(segments=[])), ": not a snapshot: it names collections.OrderedDict"),
 }
 

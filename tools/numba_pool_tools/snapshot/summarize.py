@@ -10,6 +10,8 @@ from numba_pool.observe import snapshot as _snapshot
 from ..replay.figure import size_text
 from . import load
 
+#: The block states of memory released, not yet reusable: numba_pool's and PyTorch's name for it.
+AWAITING = ("active_awaiting_free", "active_pending_free")
 #: Where the bytes of the segments go: the rows of the fragmentation table, in order.
 SPLIT = (("allocated", "allocated (requested)"),
          ("rounding", "free inside allocations (block size - requested)"),
@@ -75,7 +77,7 @@ def split(segments: list[dict]) -> dict[str, int]:
             if block["state"] == "active_allocated":
                 out["allocated"] += block["requested_size"]
                 out["rounding"] += max(block["size"] - block["requested_size"], 0)
-            elif block["state"] == "active_awaiting_free":
+            elif block["state"] in AWAITING:
                 out["awaiting"] += block["size"]
             else:
                 out["free"] += block["size"]
