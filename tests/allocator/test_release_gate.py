@@ -100,13 +100,20 @@ def test_a_released_block_keeps_no_stream_alive(how):
         p.close()
 
 
-def test_a_graph_array_dropped_in_defer_cleanup_is_freed_before_its_stream_goes(programs):
-    p = programs(arena=False)
+def _launched_graph_array(p):
+    # An array allocated in a capture of a blocking stream, its graph launched once, the capture
+    # known to have ended: (array, stream).
     stream = p.create_stream(True)
     pointer, exe = _capture_one_array(p, stream, False)
     assert p.model.cuGraphLaunch(exe, cu.CUstream(stream))[0] == R.CUDA_SUCCESS
     p.mm.statistics()  # numba_pool learns that the capture ended
     assert p.model.graph_memory_live() == 1024
+    return pointer, stream
+
+
+def test_a_graph_array_dropped_in_defer_cleanup_is_freed_before_its_stream_goes(programs):
+    p = programs(arena=False)
+    pointer, stream = _launched_graph_array(p)
     p.open_defer()
     del pointer
     gc.collect()
@@ -119,10 +126,7 @@ def test_a_graph_array_dropped_in_defer_cleanup_is_freed_before_its_stream_goes(
 
 def test_a_graph_array_dropped_in_a_thread_without_a_context_is_freed(programs):
     p = programs(arena=False)
-    stream = p.create_stream(True)
-    pointer, exe = _capture_one_array(p, stream, False)
-    assert p.model.cuGraphLaunch(exe, cu.CUstream(stream))[0] == R.CUDA_SUCCESS
-    p.mm.statistics()
+    pointer, _ = _launched_graph_array(p)
     holder = [pointer]
     del pointer
     p.bare.submit(holder.clear).result()
