@@ -216,8 +216,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
                             partial(self._settle_scoped, domain))
 
     def _quarantine_block(self, block: Block, on: StreamRef | None) -> None:
-        self.pending.append(block)  # the next fence orders it, whatever `on`
-        self.pending.nbytes += block.size
+        self.pending.add([block])  # the next fence orders it, whatever `on`
 
     def _settle_scoped(self, domain: Domain, stream: StreamRef) -> None:
         # Rule 5, at the drop (Note [A release made free later orders now] in .waits).

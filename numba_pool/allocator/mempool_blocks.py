@@ -161,8 +161,7 @@ class PooledBlocks(PooledDoor, BlockSource):
                 try:
                     fences.record(batch)
                 except Exception as err:  # noqa: BLE001 - the allocation goes on with other memory
-                    pending.extend(batch)
-                    pending.nbytes += sum(block.size for block in batch)
+                    pending.add(batch)
                     warn(f"could not record a fence for {len(batch)} released blocks ({err}); they wait for the next")
             if fences.batches:
                 for batch in fences.completed():
@@ -232,8 +231,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         # Made free later: on the legacy stream, waits for a fence; on None, idle.
         ptr = block.ptr
         if on is LEGACY:
-            self.pending.append(block)  # its stream is LEGACY already (_ordered)
-            self.pending.nbytes += block.size
+            self.pending.add([block])  # its stream is LEGACY already (_ordered)
             if self.dropped:  # after a reset's flush: nothing else would free it
                 self.free_after_reset()
             return

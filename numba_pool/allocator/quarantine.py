@@ -76,6 +76,11 @@ class Quarantine:
         """The batches whose fence is not yet seen complete (a copy)."""
         return [taken for _, taken, _ in list(self.fences.batches)]
 
+    def released(self) -> list:
+        """Every block waiting for a fence or for its fence to complete (a copy: releases append
+        without the lock)."""
+        return [block for batch in [list(self.waiting), *self.fenced()] for block in batch]
+
     def make_ready(self, taken: list) -> list[tuple[int, int]]:
         """Fenced blocks fill the cache first; returns those that did not fit, as (start, size)."""
         rest = []
@@ -98,7 +103,7 @@ class Quarantine:
 
     def bytes(self) -> tuple[int, int]:
         """(quarantined, cached) bytes; quarantined counts the fenced blocks too."""
-        quarantined = sum(block.rounded for batch in [list(self.waiting), *self.fenced()] for block in batch)
+        quarantined = sum(block.rounded for block in self.released())
         return quarantined, sum(size * len(starts) for size, starts in self.ready.copy().items())
 
     def empty(self) -> None:
@@ -111,13 +116,13 @@ class Quarantine:
         """Whether the block (start, size) waits for a fence or is ready (a released block)."""
         # list() copies: releases append to the lists without the arena's lock.
         return (start in list(self.ready.get(size, ()))
-                or any(block.start == start for batch in [list(self.waiting), *self.fenced()] for block in batch))
+                or any(block.start == start for block in self.released()))
 
     def check_invariants(self, taken: dict[int, int]) -> None:
         """Every quarantined, fenced and ready block is out of the heap (in ``taken``) at its
         size, and is there once (tests).  :raises AssertionError: otherwise."""
         seen = set()
-        released = [(block.rounded, [block.start]) for batch in [list(self.waiting), *self.fenced()] for block in batch]
+        released = [(block.rounded, [block.start]) for block in self.released()]
         for size, starts in released + list(self.ready.items()):
             for start in list(starts):
                 assert taken.get(start) == size, f"free block {start:#x} ({size} bytes) is not out of the heap"

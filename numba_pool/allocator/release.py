@@ -57,6 +57,11 @@ class Pending(list):
         super().__init__()
         self.nbytes = 0
 
+    def add(self, blocks: list) -> None:
+        """Put ``blocks`` in, counting their bytes (the slow paths: the gate appends inline)."""
+        self.extend(blocks)
+        self.nbytes += sum(block.size for block in blocks)
+
     def take(self) -> list:
         """Every block pending now, in release order: one atomic ``pop`` at a time, so that two
         callers at once (a finalizer after a reset, and the reset) never take a block twice."""
