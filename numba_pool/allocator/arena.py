@@ -3,7 +3,8 @@
 
 * Up to ``max_block`` bytes, rounded to 256 B, from the stream's domain (:mod:`.domains`);
   larger and ``numba_pool.scratch`` requests go to :attr:`ArenaBlocks.delegate`.
-* Legacy hot path: one lock-free ``list.pop`` from the ready cache; a miss takes the lock,
+* Legacy hot path: one lock-free ``list.pop`` from the ready cache, whose :class:`~.block.Block`
+  is handed out again (Note [A ready block is its Block]); a miss takes the lock,
   collects completed fence batches (rule 4, :mod:`.quarantine`, :mod:`.fences`), fences if
   due, and carves by best fit, adding a slab only when nothing fits.
 * A legacy release is one ``list.append`` (the release gate's pending, :mod:`.release`);
@@ -12,6 +13,14 @@
 * A wholly free slab goes back over the release threshold, or when its domain has another.
 
 Threads: releases take no lock; everything else runs under ``_lock``.
+
+Note [A ready block is its Block]
+    A block carved out of a heap gets one :class:`~.block.Block` record, kept in
+    :attr:`ArenaBlocks.taken` until the block goes back into a heap.  Released on the legacy
+    stream it waits in the quarantine, then in the ready cache (:data:`~.block.FREE`), and an
+    allocation pops the record itself and hands it out again (its ``size``, ``waits`` and
+    ``state`` set anew): no ``Block()`` and no ``CUdeviceptr`` per allocation, and the table
+    that maps an address to its record (``record_stream``, snapshots) costs the hot path nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from ..cuda.driver import OUT_OF_MEMORY, check
 from ..cuda.errors import CudaAPIError
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef
-from .block import Block, LegacyBlock
+from .block import ALLOCATED, Block, LegacyBlock
 from .doors import ArenaDoor
 from .captures import underway
 from .domains import Domain, Domains
@@ -89,9 +98,9 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.delegate_block = delegate_block if delegate_block is not None else partial(_not_served_block, max_block)
         self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
         self._lock = threading.Lock()
-        # Blocks out of the heaps: start -> rounded size; under _lock, changed only by the heaps
-        # (Note [The arena's table off the hot path]).
-        self.taken: dict[int, int] = {}
+        # Blocks out of the heaps: start -> their Block; under _lock, changed only by the heaps
+        # (Note [A ready block is its Block]).
+        self.taken: dict[int, Block] = {}
         self._domains = Domains(cu, pool_handle, slab_size=slab_size, release_threshold=release_threshold,
                                 alloc_stream=self.alloc_stream,
                                 return_stream=return_stream or PrivateStream(cu, "arena slab returns"))
@@ -99,9 +108,9 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.quarantine = Quarantine(CACHE_BLOCKS, self.fences)  # its cache_limit: ready blocks kept per size
         self.ready = self.quarantine.ready  # popped by the hot path without the lock
         self.pending = self.quarantine.waiting  # appended to by the release gate
-        self._released: deque = deque()  # (start, size, domain) released on other streams, to publish
+        self._released: deque = deque()  # blocks released on other streams, to publish
         # The release gate (:mod:`.release`), made once: no bound method per block.
-        self._release_bound = gate(self, cu, registered=waits.waiting, deferral=waits.deferral, owner=waits.owner,
+        self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
                                    note=self._note, ordered=self._ordered, pending=self.pending)
 
     # -- allocation ---------------------------------------------------------------------------
@@ -119,37 +128,29 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             return self.allocate_scoped(size, stream)
         rounded = round_up(size)
         ready = self.ready.get(rounded)
-        start = None
+        block = None
         if ready:
             try:
-                start = ready.pop()
+                block = ready.pop()
             except IndexError:  # another thread took the last one
                 pass
-        if start is None:
-            start = self._allocate(rounded, LEGACY, self._take_legacy)
-            if start is None:  # a reset overtook this allocation
+        if block is None:
+            block = self._allocate(rounded, LEGACY, self._take_legacy)
+            if block is None:  # a reset overtook this allocation
                 return self.after_reset(size, LEGACY)
         elif self.dropped:  # rule 12: a reset began before the pop; it frees the block's slab
             return self.after_reset(size, LEGACY)
         self._note(size)
-        block = LegacyBlock()
-        block.ptr = self._device_pointer(start)
-        block.size, block.start, block.rounded = size, start, rounded
-        block.release = self._release_bound
+        block.size, block.waits, block.state = size, None, ALLOCATED
         return block
 
     def allocate_scoped(self, size: int, stream: StreamRef) -> Block:
         """``size`` bytes for work on ``stream`` (a ``using_stream`` scope): its domain's heap."""
-        rounded = round_up(size)
-        taken = self._allocate(rounded, stream, self._take_scoped)
-        if taken is None:  # a reset overtook this allocation
+        block = self._allocate(round_up(size), stream, self._take_scoped)
+        if block is None:  # a reset overtook this allocation
             return self.after_reset(size, stream)
-        start, domain = taken
         self._note(size)
-        block = Block()
-        block.ptr = self._device_pointer(start)
-        block.size, block.stream, block.start, block.rounded = size, stream, start, rounded
-        block.domain, block.release = domain, self._release_bound
+        block.size, block.waits, block.state = size, None, ALLOCATED
         return block
 
     def _allocate(self, rounded: int, stream: StreamRef, take):
@@ -168,7 +169,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         with self._lock:
             return None if self.dropped else take(rounded, stream)
 
-    def _take_legacy(self, rounded: int, stream: StreamRef) -> int:
+    def _take_legacy(self, rounded: int, stream: StreamRef) -> Block:
         self._publish_released()
         quarantine = self.quarantine
         quarantine.fence_if_due(REFILL_AT, self.quarantine_limit, self._deferral)
@@ -178,42 +179,48 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             if ready:
                 return ready.pop()
         legacy = self._legacy
-        start = self._carve(legacy, rounded)
-        if start is None:
+        block = self._carve(legacy, rounded, LEGACY)
+        if block is None:
             self._domains.add_slab(legacy, None, rounded)  # None: on the private allocation stream
-            start = self._carve(legacy, rounded)
-        return start
+            block = self._carve(legacy, rounded, LEGACY)
+        return block
 
-    def _take_scoped(self, rounded: int, stream: StreamRef) -> tuple[int, Domain]:
+    def _take_scoped(self, rounded: int, stream: StreamRef) -> Block:
         self._publish_released()
         self.quarantine.fence_if_due(QUARANTINE_BLOCKS, self.quarantine_limit, self._deferral)
         if self.fences.batches:  # their blocks, and the releases waiting for them
             self._free_into_legacy(self.quarantine.collect())
         domain = self._domains.of_stream(stream)
-        start = self._carve(domain, rounded)
-        if start is None:
+        block = self._carve(domain, rounded, stream)
+        if block is None:
             self._domains.add_slab(domain, stream, rounded)
-            start = self._carve(domain, rounded)
-        return start, domain
+            block = self._carve(domain, rounded, stream)
+        return block
 
-    def _carve(self, domain: Domain, rounded: int) -> int | None:
+    def _carve(self, domain: Domain, rounded: int, stream: StreamRef) -> Block | None:
+        # The one place a Block is made (Note [A ready block is its Block]).
         start = domain.heap.allocate(rounded)
-        if start is not None:
-            self.taken[start] = rounded
-        return start
+        if start is None:
+            return None
+        if stream is LEGACY:
+            block = LegacyBlock()
+        else:
+            block = Block()
+            block.stream, block.domain = stream, domain
+        block.ptr, block.start, block.rounded, block.release = self._device_pointer(start), start, rounded, self._release_bound
+        self.taken[start] = block
+        return block
 
     # -- release ------------------------------------------------------------------------------
 
     def _ordered(self, block: Block) -> None:
         # The release gate's ordered release.  A scoped block's is always this one: rule 5's
         # event is recorded on its stream.
-        start, stream = block.start, block.stream
+        stream = block.stream
         if stream is LEGACY:
-            self._waits.release(start, LEGACY, partial(self._quarantine_block, block))
+            self._waits.release(block, LEGACY, partial(self._quarantine_block, block))
             return
-        domain = block.domain
-        self._waits.release(start, stream, partial(self._publish_scoped, start, block.rounded, domain),
-                            partial(self._settle_scoped, domain))
+        self._waits.release(block, stream, partial(self._publish_scoped, block), partial(self._settle_scoped, block.domain))
 
     def _quarantine_block(self, block: Block, on: StreamRef | None) -> None:
         self.pending.add([block])  # the next fence orders it, whatever `on`
@@ -222,28 +229,28 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         # Rule 5, at the drop (Note [A release made free later orders now] in .waits).
         check(self._cu.cuEventRecord(domain.event, stream.handle), "cuEventRecord (arena release)")
 
-    def _publish_scoped(self, start: int, rounded: int, domain: Domain, on: StreamRef | None) -> None:
+    def _publish_scoped(self, block: Block, on: StreamRef | None) -> None:
         if not self.dropped:
-            self._released.append((start, rounded, domain))
+            self._released.append(block)
 
     # -- moving freed blocks back into the heaps (under _lock) --------------------------------
 
     def _publish_released(self) -> None:
         released = self._released
         while released:
-            start, rounded, domain = released.popleft()
-            self._free_into(domain, start, rounded)
+            block = released.popleft()
+            self._free_into(block.domain, block)
 
-    def _free_into_legacy(self, blocks: list[tuple[int, int]]) -> None:
-        for start, size in sorted(blocks):
-            self._free_into(self._legacy, start, size)
+    def _free_into_legacy(self, blocks: list[Block]) -> None:
+        for block in sorted(blocks, key=_start):
+            self._free_into(self._legacy, block)
 
     def _flush_ready(self) -> None:
         self._free_into_legacy(self.quarantine.take_ready())
 
-    def _free_into(self, domain: Domain, start: int, size: int) -> None:
-        self.taken.pop(start, None)
-        self._domains.free(domain, start, size)
+    def _free_into(self, domain: Domain, block: Block) -> None:
+        self.taken.pop(block.start, None)
+        self._domains.free(domain, block.start, block.rounded)
 
     # -- barriers and reset -------------------------------------------------------------------
 
@@ -293,15 +300,16 @@ class ArenaBlocks(ArenaDoor, BlockSource):
     def block_size(self, address: int) -> int | None:
         """The rounded size of the live block starting at ``address``, else None."""
         with self._lock:
-            size = self.taken.get(address)
-            return None if size is None or self._is_released(address, size) else size
+            block = self.taken.get(address)
+            return None if block is None or block.state != ALLOCATED else block.rounded
 
-    def containing_block(self, address: int) -> int | None:
-        """The start of the live (or deferred) block containing ``address``, else None (a scan)."""
+    def containing_block(self, address: int) -> Block | None:
+        """The live block containing ``address`` (also one whose release a capture holds
+        back), else None (a scan)."""
         with self._lock:
-            for start, size in self.taken.items():
-                if start <= address < start + size:
-                    return None if self._is_released(start, size) else start
+            for start, block in self.taken.items():
+                if start <= address < start + block.rounded:
+                    return block if block.state == ALLOCATED else None
             return None
 
     def slab_of(self, address: int) -> tuple[int, int] | None:
@@ -309,17 +317,12 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         with self._lock:
             return self._domains.slab_of(address)
 
-    def _is_released(self, start: int, size: int) -> bool:
-        # Under _lock; list(): releases append without it.
-        return (self.quarantine.holds(start, size) or start in self._waits.held
-                or any(start == s for s, _, _ in list(self._released)))
-
     def statistics(self) -> ArenaStatistics:
         """The arena's bytes and counts now (:class:`ArenaStatistics`)."""
         with self._lock:
             self._publish_released()
             quarantined, cached = self.quarantine.bytes()
-            in_use = sum(self.taken.values()) - quarantined - cached
+            in_use = sum(block.rounded for block in self.taken.values()) - quarantined - cached
             return ArenaStatistics(reserved=self._domains.reserved, in_use=in_use, cached=cached,
                                    quarantined=quarantined, fences=self.fences.recorded,
                                    **self._domains.free_figures())
@@ -328,16 +331,16 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         """:raises AssertionError: unless free and taken blocks tile the slabs and counts add up."""
         with self._lock:
             self._publish_released()
-            taken = dict(self.taken)
+            taken = {start: block.rounded for start, block in self.taken.items()}
             self.quarantine.check_invariants(taken)
             self._domains.check_invariants(taken)
 
     def layout(self) -> list[tuple[int, int, object, list[tuple[int, int, str]]]]:
         """Every slab as ``(start, size, domain key, blocks)``, blocks ``(start, size, state)``
-        in address order, state ``"allocated"``, ``"awaiting_free"`` or ``"free"``; takes the lock."""
+        in address order, state ``"allocated"``, ``"awaiting_free"`` or ``"free"`` (the Block's
+        ``state``); takes the lock."""
         with self._lock:
             self._publish_released()
-            ready = {start for starts in list(self.quarantine.ready.values()) for start in list(starts)}
             slabs = []
             for domain in self._domains:
                 heap = domain.heap
@@ -345,13 +348,15 @@ class ArenaBlocks(ArenaDoor, BlockSource):
                 for slab_start, slab_size in sorted(heap.slabs.items()):
                     end = slab_start + slab_size
                     blocks = [(s, n, "free") for s, n in free if slab_start <= s < end]
-                    for start, size in self.taken.items():
+                    for start, block in self.taken.items():
                         if slab_start <= start < end:
-                            state = ("free" if start in ready else
-                                     "awaiting_free" if self._is_released(start, size) else "allocated")
-                            blocks.append((start, size, state))
+                            blocks.append((start, block.rounded, block.state))
                     slabs.append((slab_start, slab_size, domain.key, sorted(blocks)))
             return slabs
+
+
+def _start(block: Block) -> int:
+    return block.start
 
 
 def _not_served(max_block: int, size: int) -> PoolPointer:

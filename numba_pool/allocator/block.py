@@ -24,6 +24,9 @@ from __future__ import annotations
 
 from ..cuda.streams import LEGACY
 
+#: A block's states (:attr:`Block.state`), named as a snapshot names them.
+ALLOCATED, AWAITING_FREE, FREE = "allocated", "awaiting_free", "free"
+
 
 class Block:
     """One block handed out by a block source, until its release.
@@ -35,19 +38,26 @@ class Block:
     * ``size``: bytes requested;
     * ``stream``: the allocation stream (:class:`~numba_pool.cuda.streams.StreamRef`), on
       which the release is ordered;
-    * ``release``: ``release(block)``, the source's deallocation of it (never raises; runs once).
+    * ``release``: ``release(block)``, the source's deallocation of it (never raises; runs once);
+    * ``waits``: what its release waits for besides its stream (rule 2): the streams given to
+      ``record_stream`` (:class:`~numba_pool.cuda.streams.StreamRef`) and the *holds*
+      (:class:`~numba_pool.allocator.waits.Hold`, IPC exports), or None;
+    * ``state``: :data:`ALLOCATED` while its owner has it, :data:`AWAITING_FREE` from its
+      release (the gate, :mod:`.release`) until it can be reused, :data:`FREE` in a cache
+      (the arena's ready blocks): a snapshot's block states.
 
     Set by the sources that need them: ``start`` (the address as an int, the arena's key),
     ``rounded`` (bytes the arena carved), ``domain`` (the arena domain of a scoped block),
-    ``ledger`` (the table of live blocks its release pops: the mempool blocks' generation's, a
-    host cache's, the graph blocks'; a reset swaps or empties it, so a late release finds
-    nothing), ``capture`` (the id of the stream capture whose graph allocated it, rule
+    ``ledger`` (its reset generation: the table of live blocks its release pops, the mempool
+    blocks' generation's, a host cache's, the graph blocks'; a reset swaps or empties it, so a
+    late release finds nothing; the arena's generation is the source's ``dropped``), ``capture`` (the id of the stream capture whose graph allocated it, rule
     13), ``ref`` (the source's own record: a host cache's :class:`HostBlock
     <numba_pool.allocator.host_blocks.HostBlock>`, a scratch block).  A field not set raises
     ``AttributeError`` when read: each source reads only its own.
     """
 
-    __slots__ = ("ptr", "size", "stream", "release", "start", "rounded", "domain", "ledger", "capture", "ref")
+    __slots__ = ("ptr", "size", "stream", "release", "waits", "state",
+                 "start", "rounded", "domain", "ledger", "capture", "ref")
 
     @property
     def address(self) -> int:
@@ -74,7 +84,24 @@ class LegacyBlock(Block):
 
 
 def make_block(ptr, size: int, stream, release) -> Block:
-    """A :class:`Block` with the four fields every source sets (off the hot paths)."""
+    """A :class:`Block` with the fields every source sets (off the hot paths), allocated."""
     block = Block()
     block.ptr, block.size, block.stream, block.release = ptr, size, stream, release
+    block.waits, block.state = None, ALLOCATED
     return block
+
+
+def add_wait(block: Block, what) -> None:
+    """Make ``block``'s release wait for ``what`` (a stream, or a hold); the caller holds the
+    lock its source names for registrations (two at once must not lose one)."""
+    waits = block.waits
+    if waits is None:
+        block.waits = [what]
+    else:
+        waits.append(what)
+
+
+def take_waits(block: Block) -> list:
+    """``block``'s waits, taken (its release reads them once)."""
+    waits, block.waits = block.waits, None
+    return waits or []

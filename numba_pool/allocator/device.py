@@ -112,11 +112,11 @@ class DeviceAllocator:
 
     # -- what a release waits for (rule 2) --------------------------------------------------
 
-    def _block_at(self, address: int) -> int | None:
+    def _block_at(self, address: int) -> Block | None:
         for source in (self.mempool_blocks, *self.arenas):
-            start = source.containing_block(address)
-            if start is not None:
-                return start
+            block = source.containing_block(address)
+            if block is not None:
+                return block
         return None
 
     def record_stream(self, address: int, stream: StreamRef) -> bool:
@@ -143,21 +143,21 @@ class DeviceAllocator:
         return True
 
     def _add_wait(self, address: int, what) -> bool:
-        start = self._block_at(address)
-        if start is None:
+        block = self._block_at(address)
+        if block is None:
             return False
-        scratch = self.scratch_blocks.get(start)
+        scratch = self.scratch_blocks.get(block.address)
         if scratch is not None:
             return scratch.add_wait(address, what)
-        self.waits.add_wait(start, what)
+        self.waits.add_wait(block, what)
         return True
 
     def allocation_of(self, address: int) -> tuple[int, int] | None:
         """``(base, size)`` in bytes of the mempool allocation (block, or arena slab) holding the
         live block at ``address``, as ``cuMemPoolExportPointer`` accepts; else None."""
-        start = self.mempool_blocks.containing_block(address)
-        if start is not None:
-            return start, self.mempool_blocks.block_size(start)
+        block = self.mempool_blocks.containing_block(address)
+        if block is not None:
+            return block.address, block.size
         for arena in self.arenas:
             if arena.containing_block(address) is not None:
                 return arena.slab_of(address)
@@ -268,7 +268,6 @@ class DeviceAllocator:
         for arena in self.arenas:
             arena.fences.take_all(releases)
             pointers += [self.cu.CUdeviceptr(start) for start, _ in arena.drop_all()]
-        self.waits.waiting.clear()
         self.graph_blocks.live.clear()  # graph memory: its graphs' own, not this pool's
         while self.scratch_blocks:  # popitem, not a copy: a finalizer may pop one meanwhile
             try:
@@ -298,7 +297,7 @@ class DeviceAllocator:
 def segments(allocator: DeviceAllocator) -> list[dict]:
     """A snapshot's segments: ``kind`` (``"arena slab"``, ``"scratch"``, ``"mempool"``, then
     ``"mempool reserve"``: reserved minus the rest), ``address``, ``size`` (bytes), ``stream``
-    (0: legacy), ``blocks`` as ``(address, size, state)``."""
+    (0: legacy), ``blocks`` as ``(address, size, state)``, read from the :class:`Block` s."""
     allocator.issue_frees()
     out = []
     slab_starts = set()
@@ -307,13 +306,14 @@ def segments(allocator: DeviceAllocator) -> list[dict]:
             slab_starts.add(start)
             out.append({"kind": "arena slab", "address": start, "size": size,
                         "stream": key if isinstance(key, int) else 0, "blocks": blocks})
-    for ptr, size in allocator.mempool_blocks.ledger.copy().items():
-        start = int(ptr)
+    for block in allocator.mempool_blocks.blocks():
+        start, size = block.address, block.size
         if start in slab_starts:
-            continue  # the arena's slab (its ledger entry is the slab's allocation)
+            continue  # the arena's slab (its Block is the slab's allocation)
         kind = "scratch" if start in allocator.scratch_blocks else "mempool"
-        out.append({"kind": kind, "address": start, "size": size, "stream": 0,
-                    "blocks": [(start, size, "allocated")]})
+        stream = block.stream.value if block.stream is not LEGACY else 0
+        out.append({"kind": kind, "address": start, "size": size, "stream": stream,
+                    "blocks": [(start, size, block.state)]})
     held = sum(segment["size"] for segment in out)
     reserve = allocator.pool.usage().reserved - held
     if reserve > 0:

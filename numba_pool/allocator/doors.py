@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..cuda.capture import is_capturing
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, per_thread, scopes_entered
-from .block import LegacyBlock
+from .block import ALLOCATED
 from .captures import underway
 from .free_list import round_up
 
@@ -38,26 +38,21 @@ class ArenaDoor:
         if stream is LEGACY and not underway and size <= self.max_block:  # the hot path
             rounded = round_up(size)
             ready = self.ready.get(rounded)
-            start = None
+            block = None
             if ready:
                 try:
-                    start = ready.pop()
+                    block = ready.pop()  # Note [A ready block is its Block] in .arena
                 except IndexError:  # another thread took the last one
                     pass
-            if start is None:
-                start = self._allocate(rounded, LEGACY, self._take_legacy)
-                if start is None:  # a reset overtook this allocation
+            if block is None:
+                block = self._allocate(rounded, LEGACY, self._take_legacy)
+                if block is None:  # a reset overtook this allocation
                     return self.wrap(self.after_reset(size, LEGACY))
             elif self.dropped:  # rule 12: a reset began before the pop; it frees the block's slab
                 return self.wrap(self.after_reset(size, LEGACY))
             self._note(size)
-            block = LegacyBlock()  # Note [A Block replaces the release's partial] in .block
-            block.ptr = ptr = self._device_pointer(start)
-            block.size = size
-            block.start = start
-            block.rounded = rounded
-            block.release = self._release_bound
-            return self._pointer(self._context, ptr, size, block)
+            block.size, block.waits, block.state = size, None, ALLOCATED
+            return self._pointer(self._context, block.ptr, size, block)
         if not underway and (size > self.max_block or stream.scratch is not None):
             return self.delegate(size)  # the mempool blocks' own door, which serves the scratch block
         return self.wrap(self.allocate_block(size, stream))

@@ -25,7 +25,7 @@ _INVALID_VALUE = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE
 
 class GraphBlocks:
     """Rule 13's captured allocations, from ``pool()`` (a ``CUmemoryPool`` graphs accept).
-    ``live``: ``CUdeviceptr`` -> bytes of those not yet released (the blocks' ``ledger``)."""
+    ``live``: ``CUdeviceptr`` -> the :class:`Block` s not yet released (their ``ledger``)."""
 
     def __init__(self, cu, pool: Callable[[], object], waits):
         self._cu = cu
@@ -36,7 +36,7 @@ class GraphBlocks:
         # Graph memory is freed at its drop, never held by defer_cleanup (its capture stream may
         # be destroyed before the exit): a deferral of its own, never entered; no waits are
         # registered for it (record_stream finds only the sources' blocks).
-        self._release = gate(self, cu, registered={}, deferral=Deferral(), owner=waits.owner,
+        self._release = gate(self, cu, deferral=Deferral(), owner=waits.owner,
                              ordered=self._ordered, free=self._free_outside, ledger=True, graph=True)
 
     def allocate(self, size: int, capture: Capture) -> Block:
@@ -49,14 +49,14 @@ class GraphBlocks:
             raise api_error(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) in the capture of stream "
                                  f"{stream.value:#x} failed with {err.name}")
         live = self.live
-        live[ptr] = size
         block = make_block(ptr, size, stream, self._release)
         block.capture, block.ledger = capture.id, live
+        live[ptr] = block
         return block
 
     def _ordered(self, block: Block) -> None:
         # The gate's ordered release: made free on the capture stream, whatever stream is named.
-        self._waits.release(block.address, block.stream, partial(self._publish, block))
+        self._waits.release(block, block.stream, partial(self._publish, block))
 
     def _publish(self, block: Block, on: StreamRef | None) -> None:
         err = self._free_outside(block)

@@ -62,7 +62,7 @@ from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .backings import DEVICEMAP, PinnedBacking
-from .block import Block, make_block
+from .block import Block, add_wait, make_block, take_waits
 from .fences import HostFences
 from .release import Pending, gate
 from .waits import Deferral
@@ -119,8 +119,7 @@ class HostBlocks:
         self.release_threshold = release_threshold
         self._lock = threading.Lock()
         self.deferral = deferral if deferral is not None else Deferral()
-        self.live: dict[int, HostBlock] = {}  # host address -> block handed out (the Blocks' ledger)
-        self.recorded: dict[int, list[StreamRef]] = {}  # host address -> record_stream streams
+        self.live: dict[int, Block] = {}  # host address -> Block handed out (their ledger; ``ref``: the HostBlock)
         self.released = Pending()  # Blocks released, their HostBlocks not yet in a bin
         self.held: dict[int, Block] = {}  # host address -> released, held back by defer_cleanup
         self.bins: dict[tuple[int, int], deque[HostBlock]] = {}  # (flags, size) -> oldest first
@@ -131,7 +130,7 @@ class HostBlocks:
         self.reserved = 0  # bytes from the backing not yet given back (this generation)
         self.cached = 0  # bytes of blocks in the bins
         self.generation = 0  # resets so far
-        self._release = gate(self, cu, registered=self.recorded, deferral=self.deferral, owner=self.owner,
+        self._release = gate(self, cu, deferral=self.deferral, owner=self.owner,
                              ordered=self._ordered, pending=self.released, ledger=True, orphaned=self._orphaned)
 
     # -- allocation (under the lock) ---------------------------------------------------------
@@ -150,13 +149,9 @@ class HostBlocks:
         if captures.underway and captures.refresh(self._cu):
             # Rule 13: beside a capture, in relaxed mode; nothing goes back to the backing until it ends.
             with relaxed(self._cu), self._lock:
-                cached = self._allocate(size, rounded, flags)
-        else:
-            with self._lock:  # Note [A lock without nullcontext]
-                cached = self._allocate(size, rounded, flags)
-        block = make_block(cached.host, size, stream, self._release)
-        block.ledger, block.ref = self.live, cached
-        return block
+                return self._allocate(size, rounded, flags, stream)
+        with self._lock:  # Note [A lock without nullcontext]
+            return self._allocate(size, rounded, flags, stream)
 
     def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
         """Give ``block`` back; a ``stream`` other than ``block.stream`` is waited for first
@@ -165,11 +160,13 @@ class HostBlocks:
             self.record_stream(block.ptr, stream)
         block.release(block)
 
-    def _allocate(self, size: int, rounded: int, flags: int) -> HostBlock:
+    def _allocate(self, size: int, rounded: int, flags: int, stream: StreamRef) -> Block:
         self._take_released()
         self.fences.fence_if_due(captures.underway)
-        block = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
-        self.live[block.host] = block
+        cached = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
+        block = make_block(cached.host, size, stream, self._release)
+        block.ledger, block.ref = self.live, cached
+        self.live[cached.host] = block
         return block
 
     def _take_released(self) -> None:
@@ -329,9 +326,11 @@ class HostBlocks:
         """Make the release of the live block holding host or device ``address`` wait for
         ``stream``'s work; False when no live block holds it."""
         for block in list(self.live.values()):
-            for base in (block.host,) if block.device in (None, block.host) else (block.host, block.device):
-                if base <= address < base + block.size:
-                    self.recorded.setdefault(block.host, []).append(stream)
+            cached = block.ref
+            for base in (cached.host,) if cached.device in (None, cached.host) else (cached.host, cached.device):
+                if base <= address < base + cached.size:
+                    with self._lock:
+                        add_wait(block, stream)
                     return True
         return False
 
@@ -343,9 +342,8 @@ class HostBlocks:
         # Events on its non-legacy streams now (the legacy one by a fence), then into
         # ``released``, now or when defer_cleanup lets go (Note [A release made free later
         # orders now], .waits).  If it cannot record, cuCtxSynchronize.
-        recorded = self.recorded.pop(block.ptr, None) if self.recorded else None
         streams = [] if block.stream is LEGACY else [block.stream]
-        streams += [ref for ref in recorded or () if ref is not LEGACY]
+        streams += [ref for ref in take_waits(block) if ref is not LEGACY]
         block.stream = LEGACY  # a released block keeps no stream (nor the object that owns it) alive
         if not streams and not self.deferral.depth:
             self.released.append(block)
@@ -411,7 +409,7 @@ class HostBlocks:
         deferred), ``"awaiting_free"`` or ``"free"``.  Takes the lock."""
         with self._lock:
             self._take_released()
-            live = [(b, "allocated") for b in [*list(self.live.values()), *held_now(self)]]
+            live = [(b, "allocated") for b in [*live_now(self), *held_now(self)]]
             cached = [(b, "free" if self._completed(b) else "awaiting_free")
                       for bin_ in self.bins.values() for b in bin_]
             return [{"kind": self.backing.kind, "address": b.host, "size": b.size, "stream": 0,
@@ -426,7 +424,7 @@ class HostBlocks:
             hosts = [b.host for b in cached] + list(self.live)
             assert len(hosts) == len(set(hosts)), f"a host block is cached and live, or cached twice: {hosts}"
             assert self.cached == sum(b.size for b in cached), (self.cached, cached)
-            in_use = sum(b.size for b in [*self.live.values(), *held_now(self)])
+            in_use = sum(b.size for b in [*live_now(self), *held_now(self)])
             released = sum(b.ref.size for b in list(self.released) if b.ref.generation == self.generation)
             assert in_use + self.cached + released == self.reserved, (in_use, self.cached, released, self.reserved)
 
@@ -438,12 +436,10 @@ def orphan_live_blocks(cache: HostBlocks) -> None:
     it keeps it, unmarked); swapping the table first lost blocks."""
     live = cache.live.copy()
     for block in live.values():
-        block.orphan = True
+        block.ref.orphan = True
     for host, block in live.items():
         if cache.live.pop(host, None) is None:  # released meanwhile: cached, counted again
-            block.orphan = False
-        else:
-            cache.recorded.pop(host, None)
+            block.ref.orphan = False
 
 
 def out_of_memory_error(cache: HostBlocks, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
@@ -452,12 +448,17 @@ def out_of_memory_error(cache: HostBlocks, size: int, rounded: int, flags: int, 
     in-use and cached bytes."""
     backing = cache.backing
     cap = f"capped at {cache.max_size} bytes ({backing.cap_variable})" if cache.max_size is not None else "uncapped"
-    in_use = sum(b.size for b in cache.live.copy().values())
+    in_use = sum(b.size for b in live_now(cache))
     what = backing.describe(flags).format(size=size, rounded=rounded)
     return api_error(OUT_OF_MEMORY, (
         f"numba_pool: out of {what} after waiting for and freeing the cached blocks: refused by "
         f"{refused_by}; {backing.kind} pool {cap} reserves {cache.reserved} bytes, {in_use} in use, "
         f"{cache.cached} cached"))
+
+
+def live_now(cache: HostBlocks) -> list[HostBlock]:
+    """The cached records of the blocks handed out now (a copy)."""
+    return [b.ref for b in cache.live.copy().values()]
 
 
 def held_now(cache: HostBlocks) -> list[HostBlock]:
@@ -468,7 +469,7 @@ def held_now(cache: HostBlocks) -> list[HostBlock]:
 def statistics(cache: HostBlocks) -> dict:
     """``<prefix>_reserved_bytes``, ``_in_use_bytes`` (incl. deferred), ``_cached_bytes`` (incl.
     unbinned) and ``_blocks``; prefix ``host`` or ``managed``."""
-    live = list(cache.live.values()) + held_now(cache)
+    live = live_now(cache) + held_now(cache)
     pending = sum(b.ref.size for b in list(cache.released))
     cached_blocks = sum(len(b) for b in list(cache.bins.values())) + len(cache.released)
     prefix = cache.backing.prefix

@@ -25,7 +25,7 @@ from ..cuda.capture import is_capturing
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
-from .block import Block
+from .block import ALLOCATED, Block
 from .captures import SideStream, underway
 from .doors import PooledDoor
 from .fences import take_list
@@ -37,22 +37,23 @@ IDLE_BLOCKS = 64
 
 
 class PooledBlocks(PooledDoor, BlockSource):
-    """Rule 7: blocks straight from the mempool.  ``ledger``: live ``CUdeviceptr`` (by
-    identity: no ``int()`` on the hot path) -> bytes; a reset swaps in a new one."""
+    """Rule 7: blocks straight from the mempool.  ``live``: ``CUdeviceptr`` (by identity: no
+    ``int()`` on the hot path) -> the :class:`Block` handed out (its ``ledger``); a reset
+    swaps in a new one."""
 
     def __init__(self, cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset=None, *,
                  pointer: type, **shared):
         super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset, pointer=pointer,
                          **shared)
         self._free_async = cu.cuMemFreeAsync
-        self.ledger: dict = {}  # CUdeviceptr -> bytes requested; atomic operations only
+        self.live: dict = {}  # CUdeviceptr -> Block; atomic operations only
         self.pending = Pending()  # released legacy-stream blocks awaiting a fence (rule 4)
         self._private = None  # the allocation stream's handle, once made
         # bytes -> idle CUdeviceptrs: popped without a lock, filled under the fences' lock.
         self.idle: dict[int, list] = {}
         self._query = cu.cuStreamQuery
         # The release gate (:mod:`.release`), made once: no bound method per block.
-        self._release_bound = gate(self, cu, registered=waits.waiting, deferral=waits.deferral, owner=waits.owner,
+        self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
                                    note=self._note, ordered=self._ordered, pending=self.pending,
                                    free_async=self._free_async, ledger=True, on_dropped=self.free_after_reset)
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
@@ -102,14 +103,15 @@ class PooledBlocks(PooledDoor, BlockSource):
         return self._hand_out(ptr, size, stream)
 
     def _hand_out(self, ptr, size: int, stream: StreamRef) -> Block:
-        ledger = self.ledger
-        ledger[ptr] = size
+        live = self.live
+        block = Block()  # Note [A Block replaces the release's partial] in .block
+        block.ptr, block.size, block.stream, block.release, block.ledger, block.waits, block.state = (
+            ptr, size, stream, self._release_bound, live, None, ALLOCATED)
+        live[ptr] = block
         if self.dropped:  # a reset began meanwhile: the block belongs to the generation it dropped
-            return self._lost_to_reset(ledger, ptr, size, stream)
+            return self._lost_to_reset(live, ptr, size, stream)
         self._note(size)
         self._drain_if_due()
-        block = Block()  # Note [A Block replaces the release's partial] in .block
-        block.ptr, block.size, block.stream, block.release, block.ledger = ptr, size, stream, self._release_bound, ledger
         return block
 
     def allocate_beside(self, size: int) -> Block:
@@ -120,11 +122,12 @@ class PooledBlocks(PooledDoor, BlockSource):
         side = self._side.handle
         ptr = check(self._alloc_async(size, self._pool, side), f"cuMemAllocFromPoolAsync({size} bytes) beside a capture")
         check(self._cu.cuStreamSynchronize(side), "cuStreamSynchronize (beside a capture)")
-        ledger = self.ledger
-        ledger[ptr] = size
-        self._note(size)
+        live = self.live
         block = Block()
-        block.ptr, block.size, block.stream, block.release, block.ledger = ptr, size, LEGACY, self._release_bound, ledger
+        block.ptr, block.size, block.stream, block.release, block.ledger, block.waits, block.state = (
+            ptr, size, LEGACY, self._release_bound, live, None, ALLOCATED)
+        live[ptr] = block
+        self._note(size)
         return block
 
     def _after_error(self, size: int, stream: StreamRef, err):
@@ -132,9 +135,9 @@ class PooledBlocks(PooledDoor, BlockSource):
             raise api_error(err, f"numba_pool: cuMemAllocFromPoolAsync({size} bytes) failed with {err.name}")
         return self._on_out_of_memory(size, partial(self._retry, size, stream))
 
-    def _lost_to_reset(self, ledger: dict, ptr, size: int, stream: StreamRef) -> Block:
+    def _lost_to_reset(self, live: dict, ptr, size: int, stream: StreamRef) -> Block:
         # Never used: freed on its stream unless the reset's snapshot took it.
-        if ledger.pop(ptr, None) is not None:
+        if live.pop(ptr, None) is not None:
             report_failure(self._free_async(ptr, self._handle_of(stream)), f"cuMemFreeAsync({int(ptr):#x})")
         return self.after_reset(size, stream)
 
@@ -146,7 +149,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         # The release gate's ordered release.  The stream is named now, once: a block held
         # (defer_cleanup, a hold) or pending keeps no stream (nor the object owning it) alive.
         stream, block.stream = block.stream, LEGACY
-        self._waits.release(int(block.ptr), stream, partial(self._free, block))
+        self._waits.release(block, stream, partial(self._free, block))
 
     def settle(self) -> None:
         """Rule 4 at an allocation: fence released blocks when due (:meth:`~.fences.Fences.due`)
@@ -241,30 +244,26 @@ class PooledBlocks(PooledDoor, BlockSource):
     def take_all(self) -> list:
         """Forget every live allocation (reset); returns their pointers."""
         self.dropped = True
-        ledger, self.ledger = self.ledger, {}
+        live, self.live = self.live, {}
         pointers = []
-        while ledger:  # popitem, not a copy: a finalizer racing with us pops each key at most once
+        while live:  # popitem, not a copy: a finalizer racing with us pops each key at most once
             try:
-                ptr, size = ledger.popitem()
+                ptr, block = live.popitem()
             except KeyError:
                 break
-            self._note(~size)
+            self._note(~block.size)
             pointers.append(ptr)
         return pointers
 
-    def block_size(self, start: int) -> int | None:
-        """The size in bytes of the live allocation starting at ``start``, else None."""
-        for ptr, size in self.ledger.copy().items():  # copy: see containing_block
-            if int(ptr) == start:
-                return size
-        return None
+    def blocks(self) -> list[Block]:
+        """The live blocks now (a copy)."""
+        # dict.copy, not list(values()) alone: a finalizer may pop one mid-iteration.
+        return list(self.live.copy().values())
 
-    def containing_block(self, address: int) -> int | None:
-        """The start of the live allocation holding ``address`` (a scan: record_stream is rare)."""
-        # dict.copy, not list(items()): building the tuples can run the collector, whose
-        # finalizers pop from the ledger mid-iteration.
-        for ptr, size in self.ledger.copy().items():
-            start = int(ptr)
-            if start <= address < start + size:
-                return start
+    def containing_block(self, address: int) -> Block | None:
+        """The live block holding ``address`` (a scan: record_stream is rare), else None."""
+        for block in self.blocks():
+            start = block.address
+            if start <= address < start + block.size:
+                return block
         return None

@@ -10,6 +10,7 @@ that allocations pop without a lock.
 
 from __future__ import annotations
 
+from .block import FREE, Block
 from .fences import take_list
 from .release import Pending
 
@@ -19,12 +20,13 @@ class Quarantine:
     :class:`~.release.Pending` of :class:`~.block.Block` s, appended to without a lock by the
     release gate and taken under the arena's lock), the fenced batches (``fences``, a
     :class:`~numba_pool.allocator.fences.Fences`, each batch a list of blocks), and the ready
-    cache (glibc's tcache idea): rounded size -> starts, popped without a lock by allocations
-    and filled under the lock."""
+    cache (glibc's tcache idea): rounded size -> :data:`~.block.FREE` blocks, popped without
+    a lock by allocations (which hand the same :class:`~.block.Block` out again) and filled
+    under the lock."""
 
     def __init__(self, cache_limit: int, fences):
         self.waiting = Pending()  # blocks freed since the last fence
-        self.ready: dict[int, list[int]] = {}  # rounded size -> starts whose fence completed, for lock-free reuse
+        self.ready: dict[int, list[Block]] = {}  # rounded size -> blocks whose fence completed, for lock-free reuse
         self.cache_limit = cache_limit  # ready blocks kept per size
         self.fences = fences
 
@@ -51,9 +53,9 @@ class Quarantine:
         finally:
             fences.lock.release()
 
-    def collect(self) -> list[tuple[int, int]]:
+    def collect(self) -> list[Block]:
         """The batches whose fence the host has seen complete fill the cache; returns the
-        blocks that did not fit, as (start, size)."""
+        blocks that did not fit."""
         fences = self.fences
         if not fences.lock.acquire(blocking=False):
             return []
@@ -81,8 +83,9 @@ class Quarantine:
         without the lock)."""
         return [block for batch in [list(self.waiting), *self.fenced()] for block in batch]
 
-    def make_ready(self, taken: list) -> list[tuple[int, int]]:
-        """Fenced blocks fill the cache first; returns those that did not fit, as (start, size)."""
+    def make_ready(self, taken: list[Block]) -> list[Block]:
+        """Fenced blocks fill the cache first (:data:`~.block.FREE`); returns those that did
+        not fit."""
         rest = []
         ready_lists, limit = self.ready, self.cache_limit
         for block in taken:
@@ -91,40 +94,35 @@ class Quarantine:
             if ready is None:
                 ready = ready_lists.setdefault(size, [])
             if len(ready) < limit:
-                ready.append(block.start)
+                block.state = FREE
+                ready.append(block)
             else:
-                rest.append((block.start, size))
+                rest.append(block)
         return rest
 
-    def take_ready(self) -> list[tuple[int, int]]:
-        """Empty the cache: every ready block as (start, size)."""
+    def take_ready(self) -> list[Block]:
+        """Empty the cache: every ready block."""
         # take_list pops one at a time: an allocation popping meanwhile takes each block or not.
-        return [(start, size) for size, ready in list(self.ready.items()) for start in take_list(ready)]
+        return [block for ready in list(self.ready.values()) for block in take_list(ready)]
 
     def bytes(self) -> tuple[int, int]:
         """(quarantined, cached) bytes; quarantined counts the fenced blocks too."""
         quarantined = sum(block.rounded for block in self.released())
-        return quarantined, sum(size * len(starts) for size, starts in self.ready.copy().items())
+        return quarantined, sum(size * len(blocks) for size, blocks in self.ready.copy().items())
 
     def empty(self) -> None:
         """Empty every list in place (a reset): a lock-free pop racing it finds nothing."""
         self.waiting.take()
-        for starts in list(self.ready.values()):
-            starts.clear()
-
-    def holds(self, start: int, size: int) -> bool:
-        """Whether the block (start, size) waits for a fence or is ready (a released block)."""
-        # list() copies: releases append to the lists without the arena's lock.
-        return (start in list(self.ready.get(size, ()))
-                or any(block.start == start for block in self.released()))
+        for blocks in list(self.ready.values()):
+            blocks.clear()
 
     def check_invariants(self, taken: dict[int, int]) -> None:
         """Every quarantined, fenced and ready block is out of the heap (in ``taken``) at its
         size, and is there once (tests).  :raises AssertionError: otherwise."""
         seen = set()
-        released = [(block.rounded, [block.start]) for block in self.released()]
-        for size, starts in released + list(self.ready.items()):
-            for start in list(starts):
-                assert taken.get(start) == size, f"free block {start:#x} ({size} bytes) is not out of the heap"
-                assert start not in seen, f"block {start:#x} is twice in the quarantine or the cache"
-                seen.add(start)
+        ready = [(size, block) for size, blocks in list(self.ready.items()) for block in list(blocks)]
+        for size, block in [(block.rounded, block) for block in self.released()] + ready:
+            start = block.start
+            assert taken.get(start) == size == block.rounded, f"free block {start:#x} ({size} bytes) is not out of the heap"
+            assert start not in seen, f"block {start:#x} is twice in the quarantine or the cache"
+            seen.add(start)

@@ -8,9 +8,10 @@ parts and its ordered release; :func:`gate` makes the ``release(block)`` its blo
 2. **Reset generation** (rule 12, "a reset generation releases nothing"): by the block's
    ``ledger`` (popped: a reset empties or swaps it) or by the source's ``dropped``; a host cache's orphan
    (a block a reset left to its release) is freed here.
-3. **Usage event**: the free's ``~bytes`` (:mod:`.usage`).
+3. **State and usage event**: the block is :data:`~.block.AWAITING_FREE`; the free's
+   ``~bytes`` (:mod:`.usage`).
 4. **Holds, recorded streams and defer_cleanup** (rules 2 and 8a, "a release waits for what
-   was recorded"): a block with waits registered, an open ``defer_cleanup``, another thread's
+   was recorded"): a block with ``waits``, an open ``defer_cleanup``, another thread's
    per-thread default stream, or a source with no fast action takes the source's ordered
    release (:meth:`StreamWaits.release <numba_pool.allocator.waits.StreamWaits.release>`; a
    host cache's records events for the host rule, rule 9).
@@ -41,7 +42,7 @@ from typing import Callable
 from ..cuda.capture import capture_id
 from ..cuda.driver import report_failure
 from ..cuda.streams import LEGACY
-from .block import Block
+from .block import AWAITING_FREE, Block
 from .captures import defer, still_capturing, underway
 from .fences import take_list
 
@@ -71,7 +72,7 @@ class Pending(list):
         return taken
 
 
-def gate(source, cu, *, registered: dict, deferral, owner, ordered: Callable[[Block], None],
+def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
          pending: Pending | None = None, free_async: Callable | None = None,
          free: Callable[[Block], object] | None = None, ledger: bool = False,
          orphaned: Callable[[Block], bool] | None = None, on_dropped: Callable[[], None] | None = None,
@@ -79,9 +80,6 @@ def gate(source, cu, *, registered: dict, deferral, owner, ordered: Callable[[Bl
     """``release(block)`` for the blocks of ``source`` (its ``dropped`` is rule 12's mark).
 
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
-    :param registered: block address (int) -> the streams and holds its release waits for
-        (:attr:`StreamWaits.waiting <numba_pool.allocator.waits.StreamWaits.waiting>`, a host
-        cache's ``recorded``); atomic operations only.
     :param deferral: ``defer_cleanup``'s :class:`~numba_pool.allocator.waits.Deferral`.
     :param owner: the :class:`~numba_pool.cuda.context.OwnerContext` (rule 10).
     :param ordered: ``ordered(block)``, the ordered release (:meth:`StreamWaits.release
@@ -118,12 +116,12 @@ def gate(source, cu, *, registered: dict, deferral, owner, ordered: Callable[[Bl
                 return
         elif source.dropped:
             return
+        block.state = AWAITING_FREE  # 3.
         size = block.size
-        if note is not None:  # 3.
+        if note is not None:
             note(~size)
         stream = block.stream
-        if (deferral.depth or (registered and int(block.ptr) in registered)  # 4. rules 2 and 8a
-                or stream.thread is not None):
+        if deferral.depth or block.waits is not None or stream.thread is not None:  # 4. rules 2 and 8a
             ordered(block)
             return
         if stream is LEGACY and append is not None:  # 5.

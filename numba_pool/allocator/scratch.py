@@ -24,7 +24,7 @@ from cuda.bindings import driver as cu
 
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, enter_scope, leave_scope, per_thread
-from .block import Block, make_block
+from .block import Block, make_block, take_waits
 from .free_list import round_up
 from .waits import split_waiting
 
@@ -42,14 +42,14 @@ class ScratchBlock:
 
     def __init__(self, block: PoolPointer, stream: StreamRef, allocator, overflow):
         self.block = block  # our reference keeps the block allocated
+        self._parent = block.block  # its Block: what the carved arrays' holds pass to
         self.base = int(block.device_pointer)
         self.size = block.size
         self.offset = 0  # bytes carved so far
         self.stream = stream  # the allocation stream the scope was opened on (no scratch)
-        # Arrays carved out and still alive (address -> bytes), and what their releases wait
-        # for (address -> streams and holds): atomic dict operations only (finalizers, any thread).
-        self._outstanding: dict[int, int] = {}
-        self._recorded: dict[int, list] = {}
+        # Arrays carved out and still alive (address -> their Block, whose ``waits`` their
+        # releases wait for): atomic dict operations only (finalizers, any thread).
+        self._outstanding: dict[int, Block] = {}
         self._scope_open = True
         self._release_token = deque([None])  # popped exactly once, by whoever releases the block
         self._allocator = allocator  # None once a reset freed the block
@@ -70,13 +70,13 @@ class ScratchBlock:
                 return self._overflow(size)
         address = self.base + self.offset
         self.offset += need
-        self._outstanding[address] = need
+        block = make_block(cu.CUdeviceptr(address), size, self.stream, self._drop)
+        block.start, block.rounded, block.ref = address, need, self
+        self._outstanding[address] = block
         if self._dropped():  # rule 12: a reset began, and its snapshot holds the block: not ours
             self._outstanding.pop(address, None)
             with _on_stream(self.stream):
                 return self._overflow(size)
-        block = make_block(cu.CUdeviceptr(address), size, self.stream, self._drop)
-        block.start, block.ref = address, self
         return type(self.block)(self.block.context, block.ptr, size, block)
 
     def _dropped(self) -> bool:
@@ -88,25 +88,25 @@ class ScratchBlock:
         allocator = self._allocator
         return allocator is None or allocator.mempool_blocks.dropped
 
-    def _carved(self, address: int) -> int | None:
-        for start, size in self._outstanding.copy().items():  # a finalizer may drop one meanwhile
-            if start <= address < start + size:
-                return start
+    def _carved(self, address: int) -> Block | None:
+        for start, block in self._outstanding.copy().items():  # a finalizer may drop one meanwhile
+            if start <= address < start + block.rounded:
+                return block
         return None
 
     def add_wait(self, address: int, what) -> bool:
         """Make the release of the carved array holding ``address`` wait for ``what`` (a stream
         given to ``record_stream``, or a hold: :mod:`numba_pool.allocator.waits`); False when no
         carved array holds it."""
-        start = self._carved(address)
-        if start is None:
-            return False
-        self._recorded.setdefault(start, []).append(what)
+        block = self._carved(address)
+        allocator = self._allocator
+        if block is None or allocator is None:
+            return block is not None
+        allocator.waits.add_wait(block, what)
         return True
 
     def forget(self) -> None:
         """A reset freed the block: the arrays still alive release nothing and order nothing."""
-        self._recorded.clear()
         self._allocator = None
 
     def _drop(self, carved: Block) -> None:
@@ -115,18 +115,18 @@ class ScratchBlock:
         # orders at once and is made free when they let go (Note [A release made free later
         # orders now]).
         address = carved.start
-        streams, holds = split_waiting(self._recorded.pop(address, None) if self._recorded else None)
+        streams, holds = split_waiting(take_waits(carved))
         allocator = self._allocator
         if allocator is not None:
             if self.stream is not LEGACY and any(ref is LEGACY for ref in streams):
                 # The legacy stream is waited for by the block's release, through the next
                 # fence (Note [The legacy stream recorded] in .waits): never an operation there now.
-                allocator.waits.add_wait(self.base, LEGACY)
+                allocator.waits.add_wait(self._parent, LEGACY)
                 streams = [ref for ref in streams if ref is not LEGACY]
             if streams:  # ordered now, before the block's release on self.stream
                 allocator.waits.order_now(streams, self.stream)
             for hold in holds:
-                allocator.waits.add_wait(self.base, hold)
+                allocator.waits.add_wait(self._parent, hold)
         self._outstanding.pop(address, None)
         if not self._scope_open and not self._outstanding:
             self._release()

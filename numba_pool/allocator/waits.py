@@ -1,9 +1,9 @@
 """Rules 2 and 8 of :mod:`numba_pool.allocator`, shared by every block source: what a release
 waits for, the releases ``defer_cleanup`` holds back, and the synchronize fallback.
 
-:attr:`StreamWaits.waiting` registers, per block start, the :func:`numba_pool.record_stream`
-streams and *holds* (objects keeping the block from reuse outside CUDA's streams: IPC leases,
-:mod:`numba_pool.ipc`; ``defer(release) -> bool``).  The release gate (:mod:`.release`)
+A block's ``waits`` (:class:`~.block.Block`) are the :func:`numba_pool.record_stream` streams
+and *holds* (objects keeping the block from reuse outside CUDA's streams: IPC leases,
+:mod:`numba_pool.ipc`; ``defer(release) -> bool``) registered for it (:meth:`StreamWaits.add_wait`).  The release gate (:mod:`.release`)
 takes the ordered release (:meth:`StreamWaits.release`) only when its block has waits,
 ``defer_cleanup`` is open, or its stream needs care.
 
@@ -33,6 +33,7 @@ from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
+from .block import Block, add_wait, take_waits
 
 
 class CannotOrder(RuntimeError):
@@ -106,40 +107,40 @@ class Deferral:
 
 
 class StreamWaits:
-    """One device allocator's release ordering (rules 2 and 8).  ``waiting`` and ``held``
-    take atomic operations only (finalizers)."""
+    """One device allocator's release ordering (rules 2 and 8).  ``held`` takes atomic
+    operations only (finalizers); registrations take ``_lock``."""
 
     def __init__(self, cu, owner: OwnerContext | None = None, deferral: Deferral | None = None):
         self._cu = cu
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.deferral = deferral if deferral is not None else Deferral()
-        self.waiting: dict[int, list] = {}  # block start -> StreamRefs and holds; atomic operations only
+        self._lock = threading.Lock()  # held by add_wait: two registrations at once both count
         # Events the next fence waits for (rule 4), and releases made free after it (Note [The
         # legacy stream recorded]); atomic operations only.
         self.fence_waits: list = []
         self.after_fence: list = []
         self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
-        # Block start -> (event or None, publish) of a release a hold keeps; atomic operations only.
-        self.held: dict[int, tuple] = {}
+        # Block -> (event or None, publish) of a release a hold keeps; atomic operations only.
+        self.held: dict[Block, tuple] = {}
 
-    def add_wait(self, start: int, what: StreamRef | Hold) -> None:
-        """Make the release of the block at ``start`` wait for ``what`` (a stream, or a hold)."""
-        self.waiting.setdefault(start, []).append(what)
+    def add_wait(self, block: Block, what: StreamRef | Hold) -> None:
+        """Make the release of ``block`` wait for ``what`` (a stream, or a hold)."""
+        with self._lock:
+            add_wait(block, what)
 
-    def release(self, start: int, stream: StreamRef, publish: Callable[[StreamRef | None], None],
+    def release(self, block: Block, stream: StreamRef, publish: Callable[[StreamRef | None], None],
                 settle: Callable[[StreamRef], None] | None = None) -> None:
-        """Release a block of ``stream``, now or later (``defer_cleanup``, a hold).  ``settle``
-        runs after the recorded streams are waited for; ``publish(on)`` frees it ordered on
-        ``on`` (None: after a synchronize).  Never raises; called by the release gate only,
-        after its capture hold-back (rule 13)."""
-        waiting = self.waiting.pop(start, None) if self.waiting else None
-        streams, holds = split_waiting(waiting)
+        """Release ``block`` of ``stream``, now or later (``defer_cleanup``, a hold), after its
+        ``waits`` (taken).  ``settle`` runs after the recorded streams are waited for;
+        ``publish(on)`` frees it ordered on ``on`` (None: after a synchronize).  Never raises;
+        called by the release gate only, after its capture hold-back (rule 13)."""
+        streams, holds = split_waiting(take_waits(block))
         if holds or self.deferral.depth:
-            self.owner.enter(self._order_for_later, start, stream, publish, streams, settle, holds)  # rule 10
+            self.owner.enter(self._order_for_later, block, stream, publish, streams, settle, holds)  # rule 10
         else:
-            self.owner.enter(self._order, start, stream, publish, streams, settle)  # rule 10
+            self.owner.enter(self._order, block, stream, publish, streams, settle)  # rule 10
 
-    def _order(self, start: int, stream: StreamRef, publish, recorded: list[StreamRef], settle, retry: bool) -> None:
+    def _order(self, block: Block, stream: StreamRef, publish, recorded: list[StreamRef], settle, retry: bool) -> None:
         try:
             if stream is not LEGACY and any(ref is LEGACY for ref in recorded):
                 self._order_on(stream, [ref for ref in recorded if ref is not LEGACY], settle)
@@ -149,10 +150,10 @@ class StreamWaits:
             self._order_on(stream, recorded, settle)
             publish(stream)
         except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
-            if retry and self.owner.retry(self._order, start, stream, publish, recorded, settle):  # rule 10
+            if retry and self.owner.retry(self._order, block, stream, publish, recorded, settle):  # rule 10
                 return
-            if self._synchronize_instead(start, stream, err):
-                self._publish_synchronized(start, publish)
+            if self._synchronize_instead(block, stream, err):
+                self._publish_synchronized(block, publish)
 
     def _order_on(self, stream: StreamRef, recorded: list[StreamRef], settle) -> None:
         if stream.belongs_to_another_thread():
@@ -164,7 +165,7 @@ class StreamWaits:
 
     # -- made free later (Note [A release made free later orders now]) -----------------------
 
-    def _order_for_later(self, start: int, stream: StreamRef, publish, recorded: list[StreamRef], settle,
+    def _order_for_later(self, block: Block, stream: StreamRef, publish, recorded: list[StreamRef], settle,
                          holds: list, retry: bool) -> None:
         try:
             if stream is not LEGACY and any(ref is LEGACY for ref in recorded):  # Note [The legacy stream recorded]
@@ -178,13 +179,13 @@ class StreamWaits:
                 self._order_on(stream, recorded, settle)
                 event = None if stream is LEGACY or settle is not None else self._record(stream)
         except Exception as err:  # noqa: BLE001 - rule 8
-            if retry and self.owner.retry(self._order_for_later, start, stream, publish, recorded, settle, holds):
+            if retry and self.owner.retry(self._order_for_later, block, stream, publish, recorded, settle, holds):
                 return
-            if not self._synchronize_instead(start, stream, err):
+            if not self._synchronize_instead(block, stream, err):
                 return
-            self._later(start, None, partial(_after_synchronize, start, publish), holds)
+            self._later(block, None, partial(_after_synchronize, block, publish), holds)
             return
-        self._later(start, event, publish, holds)
+        self._later(block, event, publish, holds)
 
     def _record(self, stream: StreamRef):
         cu = self._cu
@@ -196,24 +197,24 @@ class StreamWaits:
             raise
         return event
 
-    def _later(self, start: int, event, publish, holds: list) -> None:
+    def _later(self, block: Block, event, publish, holds: list) -> None:
         if holds:
-            self.held[start] = (event, publish)
-            run_when_released(holds, partial(self._release_unheld, start))
+            self.held[block] = (event, publish)
+            run_when_released(holds, partial(self._release_unheld, block))
             return
-        made_free = partial(self._made_free, start, event, publish)
+        made_free = partial(self._made_free, block, event, publish)
         if not self.deferral.defer(made_free):
             made_free()
 
-    def _release_unheld(self, start: int) -> None:
-        kept = self.held.pop(start, None)
+    def _release_unheld(self, block: Block) -> None:
+        kept = self.held.pop(block, None)
         if kept is not None:  # else a reset released it (release_held)
-            self._made_free(start, *kept)
+            self._made_free(block, *kept)
 
-    def _made_free(self, start: int, event, publish) -> None:
-        self.owner.enter(self._publish_after, start, event, publish)  # rule 10
+    def _made_free(self, block: Block, event, publish) -> None:
+        self.owner.enter(self._publish_after, block, event, publish)  # rule 10
 
-    def _publish_after(self, start: int, event, publish, retry: bool) -> None:
+    def _publish_after(self, block: Block, event, publish, retry: bool) -> None:
         cu = self._cu
         try:
             if event is not None:  # the fence that frees the block waits for it (rule 4): no legacy operation now
@@ -221,10 +222,10 @@ class StreamWaits:
                 event = None
             publish(LEGACY)
         except Exception as err:  # noqa: BLE001 - rule 8
-            if retry and self.owner.retry(self._publish_after, start, event, publish):  # rule 10
+            if retry and self.owner.retry(self._publish_after, block, event, publish):  # rule 10
                 return
-            if self._synchronize_instead(start, LEGACY, err):
-                self._publish_synchronized(start, publish)
+            if self._synchronize_instead(block, LEGACY, err):
+                self._publish_synchronized(block, publish)
         if event is not None:
             cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
 
@@ -232,12 +233,12 @@ class StreamWaits:
         """After a synchronize (reset): free every block a hold keeps, naming no stream."""
         while self.held:
             try:
-                start, (event, publish) = self.held.popitem()
+                block, (event, publish) = self.held.popitem()
             except KeyError:  # the hold let go meanwhile
                 return
             if event is not None:
                 self._cu.cuEventDestroy(event)
-            self._publish_synchronized(start, publish)
+            self._publish_synchronized(block, publish)
 
     # -- ordering helpers ---------------------------------------------------------------------
 
@@ -281,20 +282,20 @@ class StreamWaits:
                 if event is not None:
                     cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
 
-    def _synchronize_instead(self, start: int, stream: StreamRef, err: Exception) -> bool:
+    def _synchronize_instead(self, block: Block, stream: StreamRef, err: Exception) -> bool:
         """Rule 8's fallback: True once synchronized (False: the context is gone)."""
         if not report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
             return False
-        warn(f"could not order the release of block {start:#x} on stream {stream.value:#x} ({err}); "
+        warn(f"could not order the release of block {block.address:#x} on stream {stream.value:#x} ({err}); "
              "synchronized the device instead")
         return True
 
     @staticmethod
-    def _publish_synchronized(start: int, publish) -> None:
+    def _publish_synchronized(block: Block, publish) -> None:
         try:
             publish(None)
         except Exception as err:  # noqa: BLE001 - rule 8
-            warn(f"could not release block {start:#x} after synchronizing: {err}")
+            warn(f"could not release block {block.address:#x} after synchronizing: {err}")
 
 
 def _after_the_next_fence(after_fence: list, publish, on: StreamRef | None) -> None:
@@ -306,6 +307,6 @@ def _no_settle(stream: StreamRef) -> None:
     pass
 
 
-def _after_synchronize(start: int, publish, on: StreamRef | None) -> None:
+def _after_synchronize(block: Block, publish, on: StreamRef | None) -> None:
     # Ordering fell back to a synchronize at the drop: no stream to name now.
-    StreamWaits._publish_synchronized(start, publish)
+    StreamWaits._publish_synchronized(block, publish)

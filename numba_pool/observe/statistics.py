@@ -143,7 +143,7 @@ def _graph_fields(allocator) -> dict:
     live = allocator.graph_blocks.live.copy()
     return {"graph_used_bytes": graph.used, "graph_used_high": graph.used_high,
             "graph_reserved_bytes": graph.reserved, "graph_reserved_high": graph.reserved_high,
-            "graph_arrays": len(live), "graph_array_bytes": sum(live.values()),
+            "graph_arrays": len(live), "graph_array_bytes": sum(block.size for block in live.values()),
             "releases_held_for_capture": captures.held_back()}
 
 

@@ -40,7 +40,7 @@ class ReadyAtOnce(Pending):
         self.arena = arena
 
     def append(self, block):
-        self.arena.ready.setdefault(block.rounded, []).append(block.start)
+        self.arena.ready.setdefault(block.rounded, []).append(block)
 
 
 def gate_without_quarantine(source, cu, **parts):
@@ -53,16 +53,16 @@ def take_another_streams_block(self, rounded, stream):
     """Rule 1 broken: a stream with no free block takes another stream's, without waiting."""
     self._publish_released()
     domain = self._domains.of_stream(stream)
-    start = self._carve(domain, rounded)
-    if start is not None:
-        return start, domain
+    block = self._carve(domain, rounded, stream)
+    if block is not None:
+        return block
     for other in self._domains:
         if other is not domain and other is not self._legacy:
-            start = self._carve(other, rounded)
-            if start is not None:
-                return start, other
+            block = self._carve(other, rounded, stream)
+            if block is not None:
+                return block
     self._domains.add_slab(domain, stream, rounded)
-    return self._carve(domain, rounded), domain
+    return self._carve(domain, rounded, stream)
 
 
 def wait_for_nothing(self, recorded, stream):

@@ -172,7 +172,7 @@ def test_a_pinned_release_landing_in_a_reset_is_freed(programs, when):
         held.clear()
         gc.collect()
 
-    block = p.mm.host.live[address]
+    block = p.mm.host.live[address].ref
     marked = type(f"Marked{when.title()}", (_ReleasedWhenMarked,), {"when": when, "release": staticmethod(drop)})
     block.__class__ = marked  # injection point: the reset's mark of this live block as orphaned
     p.mm.reset()

@@ -102,10 +102,10 @@ class ResetInjection:
         allocator = self.program.mm.allocator
         if allocator is None:
             return set()
-        handed = {int(ptr) for ptr in allocator.mempool_blocks.ledger.copy()}
+        handed = {block.address for block in allocator.mempool_blocks.blocks()}
         arena = allocator.arena
         if arena is not None:
-            listed = {start for starts in list(arena.ready.values()) for start in list(starts)}
+            listed = {block.start for blocks in list(arena.ready.values()) for block in list(blocks)}
             listed |= {block.start for block in list(arena.quarantine.waiting)}
             listed |= {block.start for _, taken, _ in list(arena.fences.batches) for block in taken}
             handed |= set(dict(arena.taken)) - listed
@@ -117,7 +117,8 @@ class ResetInjection:
         """After an allocation the reset interrupted: see the module docstring."""
         program.inject = None
         allocator = program.mm.allocator
-        if allocator is not None and allocator._block_at(family.address) == family.address:
+        block = allocator._block_at(family.address) if allocator is not None else None
+        if block is not None and block.address == family.address:
             return  # a block of the new generation
         if family.address in self.handed_out:
             family.zombie = True  # completed before the reset, which freed it
