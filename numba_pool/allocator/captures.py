@@ -23,7 +23,6 @@ atomic only; :data:`_lock` guards adding and dropping captures.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -33,6 +32,7 @@ from ..cuda.driver import SUCCESS, warn
 from ..cuda.streams import LEGACY, StreamRef
 from .block import Block
 from .fences import PrivateStream
+from .held import Held
 
 _NO_CONTEXT = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
 _NONE = _driver.cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
@@ -50,7 +50,7 @@ class Capture:
 #: The known captures under way; almost always empty (hot paths test its truth).
 underway: list[Capture] = []
 #: Releases held back while a capture is under way, run by :func:`refresh` (atomic operations).
-_deferred: deque = deque()
+_deferred = Held()
 _lock = threading.Lock()  # guards changes of `underway` (never taken by a release)
 
 
@@ -95,7 +95,7 @@ def still_capturing(cu) -> bool:
 
 def defer(release: Callable[[], None]) -> None:
     """Hold ``release`` (which must not raise) back until no known capture is under way."""
-    _deferred.append(release)
+    _deferred.keep(release)
 
 
 def refresh(cu) -> bool:
@@ -106,11 +106,7 @@ def refresh(cu) -> bool:
             underway[:] = [c for c in underway if _goes_on(cu, c)]
         if underway:
             return True
-    while _deferred and not underway:
-        try:
-            release = _deferred.popleft()
-        except IndexError:
-            break
+    while not underway and (release := _deferred.take_oldest()) is not None:
         try:
             release()
         except Exception as err:  # noqa: BLE001 - a release never raises; this one did: say so, go on

@@ -64,6 +64,7 @@ from . import captures
 from .backings import DEVICEMAP, PinnedBacking
 from .block import Block, add_wait, make_block, take_waits
 from .fences import HostFences
+from .held import Held
 from .release import Pending, gate
 from .waits import Deferral
 
@@ -121,7 +122,7 @@ class HostBlocks:
         self.deferral = deferral if deferral is not None else Deferral()
         self.live: dict[int, Block] = {}  # host address -> Block handed out (their ledger; ``ref``: the HostBlock)
         self.released = Pending()  # Blocks released, their HostBlocks not yet in a bin
-        self.held: dict[int, Block] = {}  # host address -> released, held back by defer_cleanup
+        self.held = Held()  # Blocks released, held back by defer_cleanup
         self.bins: dict[tuple[int, int], deque[HostBlock]] = {}  # (flags, size) -> oldest first
         self.fences = HostFences(cu, self._record, self.backing.kind)  # the unfenced blocks; under the lock
         self.fences.deferral = self.deferral
@@ -382,12 +383,12 @@ class HostBlocks:
         if not self.deferral.depth:
             self.released.append(block)
             return
-        self.held[block.ptr] = block  # before defer: the block is never neither held, released nor live
+        self.held.keep(block)  # before defer: the block is never neither held, released nor live
         if not self.deferral.defer(partial(self._put_back, block)):
             self._put_back(block)
 
     def _put_back(self, block: Block) -> None:
-        self.held.pop(block.ptr, None)
+        self.held.let_go(block)
         self.released.append(block)
 
     def _record(self, stream: StreamRef):
@@ -463,7 +464,7 @@ def live_now(cache: HostBlocks) -> list[HostBlock]:
 
 def held_now(cache: HostBlocks) -> list[HostBlock]:
     """Released blocks that ``defer_cleanup`` holds back, of this generation."""
-    return [b.ref for b in list(cache.held.values()) if b.ref.generation == cache.generation]
+    return [b.ref for b in cache.held.values() if b.ref.generation == cache.generation]
 
 
 def statistics(cache: HostBlocks) -> dict:

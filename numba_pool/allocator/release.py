@@ -29,8 +29,8 @@ Note [The gate is a closure]
     a second Python frame (its cost: docs/perf-notes.md).
 
 The later-queues are of two kinds: :class:`Pending` (until the next allocation fences it) and
-held (until a condition ends: :attr:`StreamWaits.held <numba_pool.allocator.waits.StreamWaits.held>`
-and ``HostBlocks.held`` for holds, ``Deferral.held_back`` for ``defer_cleanup``,
+:class:`~.held.Held` (until a condition ends: :attr:`StreamWaits.held <numba_pool.allocator.waits.StreamWaits.held>`
+for holds, ``HostBlocks.held`` and ``Deferral.held_back`` for ``defer_cleanup``,
 :func:`.captures.defer` for captures).
 """
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections import deque
 from functools import partial
 from typing import Callable, Protocol
 
@@ -34,6 +33,7 @@ from ..cuda.driver import EVENT_FLAGS, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .block import Block, add_wait, take_waits
+from .held import Held
 
 
 class CannotOrder(RuntimeError):
@@ -70,14 +70,14 @@ class Deferral:
 
     def __init__(self):
         self.depth = 0  # open defer_cleanup blocks; guarded by _lock
-        self.held_back: deque = deque()  # releases to do at the outermost exit; atomic operations only
+        self.held_back = Held()  # releases to do at the outermost exit
         self._lock = threading.Lock()
 
     def defer(self, release: Callable[[], None]) -> bool:
         """Inside ``defer_cleanup``: keep ``release`` for the outermost exit, True; else False."""
         if not self.depth:
             return False
-        self.held_back.append(release)
+        self.held_back.keep(release)
         if not self.depth:  # the block exited while we were appending: flush ourselves
             self.flush()
         return True
@@ -98,11 +98,7 @@ class Deferral:
 
     def flush(self) -> None:
         """Do the releases held back so far (a reset does them before the pool goes)."""
-        while True:
-            try:
-                release = self.held_back.popleft()
-            except IndexError:
-                return
+        while (release := self.held_back.take_oldest()) is not None:
             release()
 
 
@@ -120,8 +116,8 @@ class StreamWaits:
         self.fence_waits: list = []
         self.after_fence: list = []
         self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
-        # Block -> (event or None, publish) of a release a hold keeps; atomic operations only.
-        self.held: dict[Block, tuple] = {}
+        # Block -> (event or None, publish) of a release a hold keeps.
+        self.held = Held()
 
     def add_wait(self, block: Block, what: StreamRef | Hold) -> None:
         """Make the release of ``block`` wait for ``what`` (a stream, or a hold)."""
@@ -199,7 +195,7 @@ class StreamWaits:
 
     def _later(self, block: Block, event, publish, holds: list) -> None:
         if holds:
-            self.held[block] = (event, publish)
+            self.held.keep((event, publish), block)
             run_when_released(holds, partial(self._release_unheld, block))
             return
         made_free = partial(self._made_free, block, event, publish)
@@ -207,7 +203,7 @@ class StreamWaits:
             made_free()
 
     def _release_unheld(self, block: Block) -> None:
-        kept = self.held.pop(block, None)
+        kept = self.held.let_go(block)
         if kept is not None:  # else a reset released it (release_held)
             self._made_free(block, *kept)
 
@@ -231,14 +227,11 @@ class StreamWaits:
 
     def release_held(self) -> None:
         """After a synchronize (reset): free every block a hold keeps, naming no stream."""
-        while self.held:
-            try:
-                block, (event, publish) = self.held.popitem()
-            except KeyError:  # the hold let go meanwhile
-                return
+        while (kept := self.held.take_oldest()) is not None:
+            event, publish = kept
             if event is not None:
                 self._cu.cuEventDestroy(event)
-            self._publish_synchronized(block, publish)
+            self._publish_synchronized(None, publish)
 
     # -- ordering helpers ---------------------------------------------------------------------
 
@@ -291,11 +284,12 @@ class StreamWaits:
         return True
 
     @staticmethod
-    def _publish_synchronized(block: Block, publish) -> None:
+    def _publish_synchronized(block: Block | None, publish) -> None:
         try:
             publish(None)
         except Exception as err:  # noqa: BLE001 - rule 8
-            warn(f"could not release block {block.address:#x} after synchronizing: {err}")
+            which = f"block {block.address:#x}" if block is not None else "a block an IPC export kept"
+            warn(f"could not release {which} after synchronizing: {err}")
 
 
 def _after_the_next_fence(after_fence: list, publish, on: StreamRef | None) -> None:

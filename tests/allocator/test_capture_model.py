@@ -18,7 +18,7 @@ GLOBAL = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
 def _no_capture_left():
     yield
     captures.underway.clear()
-    captures._deferred.clear()
+    captures._deferred.take()
 
 
 @contextlib.contextmanager

@@ -33,10 +33,10 @@ class CaptureIds:
 @pytest.fixture(autouse=True)
 def empty_registry():
     captures.underway.clear()
-    captures._deferred.clear()
+    captures._deferred.take()
     yield
     captures.underway.clear()
-    captures._deferred.clear()
+    captures._deferred.take()
 
 
 def test_releases_held_back_run_in_order_once_the_last_capture_ends():

@@ -40,7 +40,7 @@ def test_statistics_during_a_capture_leave_the_fences_alone(programs):
             err = p.model.cuStreamEndCapture(handle)[0]
     finally:
         captures.underway.clear()
-        captures._deferred.clear()
+        captures._deferred.take()
     assert err == cu.CUresult.CUDA_SUCCESS, [str(v) for v in p.model.violations]
 
 

@@ -170,7 +170,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             # A failed example may leave a capture numba_pool knows of (its list is the
             # process's): the next example's model has no such stream.
             captures_module.underway.clear()
-            captures_module._deferred.clear()
+            captures_module._deferred.take()
             gc.enable()
 
     def families(self):

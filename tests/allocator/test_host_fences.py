@@ -132,7 +132,7 @@ def test_inside_defer_cleanup_nothing_goes_on_the_legacy_stream(prog):
         assert inner[0].address == spare_p.address and inner_m.address == spare_m.address
         assert _legacy_ops(prog) == before, prog.model.legacy_cost()
         assert (host.fences.recorded, managed.fences.recorded) == fences
-        assert pinned.address in host.held and used.address in managed.held
+        assert pinned.address in [b.ptr for b in host.held.values()] and used.address in [b.ptr for b in managed.held.values()]
         assert [b.host for b in host.fences.unfenced] == [waiting.address]  # binned, not fenced
         assert [b.host for b in managed.fences.unfenced] == [waiting_m.address]
     assert _legacy_ops(prog) == before  # the exit puts the blocks back, unfenced

@@ -33,7 +33,7 @@ R = cu.CUresult
 def _no_capture_left():
     yield
     captures.underway.clear()
-    captures._deferred.clear()
+    captures._deferred.take()
 
 
 @pytest.mark.parametrize("pause_at", [1, 2, 3])

@@ -1,0 +1,154 @@
+"""One record per block (issue 34, item 2): a block's state and waits live on its
+:class:`~numba_pool.allocator.block.Block`, and the arena hands a ready block's record out again
+(Note [A ready block is its Block]); the later-queue of things held until a condition ends
+(:class:`~numba_pool.allocator.held.Held`) never loses or duplicates what it holds."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cuda_model.checks import assert_clean, eager
+from cuda_model.harness import LEGACY
+from numba_pool.allocator.held import Held
+from numba_pool.cuda.streams import LEGACY as LEGACY_REF
+
+
+def _state_of(p, address: int) -> str | None:
+    for _, _, _, blocks in p.mm.allocator.arena.layout():
+        for start, _, state in blocks:
+            if start == address:
+                return state
+    return None
+
+
+def test_an_arena_block_goes_allocated_awaiting_free_free_and_back_as_one_record(programs):
+    p = programs(arena=True)  # not eager: the ready cache is on
+    allocator = p.mm.allocator
+    allocator.arena.quarantine_limit = -1  # fence before every miss: released blocks become ready soon
+    nb = p.create_stream(False)
+    x = p.allocate(1000)
+    record = x.refs[0].block
+    assert _state_of(p, x.address) == "allocated" and record.state == "allocated"
+    p.model.wait(nb, LEGACY)
+    p.launch(nb, [x])
+    p.record_stream(x, nb)
+    assert record.waits is not None  # the stream is on the record, no table beside it
+    p.drop(x)
+    assert record.waits is None and _state_of(p, x.address) == "awaiting_free"
+    assert not allocator.record_stream(x.address, LEGACY_REF), "a released block is not live: record_stream must not find it"
+    p.drop(p.allocate(4096), legalize="sync")  # a miss: fences the released block
+    assert p.model.cuCtxSynchronize()[0] == 0
+    p.drop(p.allocate(4096), legalize="sync")  # a miss: collects the completed fence into the ready cache
+    assert _state_of(p, x.address) == "free"
+    y = p.allocate(1000)
+    assert y.address == x.address and y.refs[0].block is record  # the ready block's own record
+    assert record.state == "allocated" and record.waits is None and record.size == 1000
+    p.model.wait(nb, LEGACY)
+    p.launch(nb, [y])
+    p.drop(y)
+    assert_clean(p)
+    p.finish()
+
+
+def test_a_mempool_block_is_its_record_in_the_live_table(programs):
+    p = programs(arena=False)
+    eager(p)
+    x = p.allocate(1 << 20)
+    record = x.refs[0].block
+    blocks = p.mm.allocator.mempool_blocks.blocks()
+    assert record in blocks and record.state == "allocated"
+    [segment] = [s for s in p.mm.allocator.segments() if s["address"] == x.address]
+    assert segment["blocks"] == [(x.address, 1 << 20, "allocated")]
+    p.drop(x)
+    assert record.state == "awaiting_free" and record not in p.mm.allocator.mempool_blocks.blocks()
+    assert_clean(p)
+    p.finish()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans()), min_size=1, max_size=80))
+def test_held_things_are_let_go_taken_or_left_exactly_once(ops):
+    # Three threads keep things, then let some of them go, while a fourth takes the oldest
+    # until they are done: every thing kept ends up exactly once let go, taken or still held.
+    held = Held()
+    let_go, taken, start, done = [], [], threading.Barrier(4), threading.Event()
+    items = [(i, thread, drop) for i, (thread, drop) in enumerate(ops)]
+
+    def keeper(me: int) -> None:
+        start.wait()
+        mine = [(i, drop) for i, thread, drop in items if thread == me]
+        for i, _ in mine:
+            held.keep(("thing", i), key=i)
+        for i, drop in mine:
+            if drop and (what := held.let_go(i)) is not None:
+                let_go.append(what)
+
+    def taker() -> None:
+        start.wait()
+        while not done.is_set() or len(held):
+            if (what := held.take_oldest()) is not None:
+                taken.append(what)
+            if done.is_set():
+                break
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: the races are what is tested
+    try:
+        keepers = [threading.Thread(target=keeper, args=(me,)) for me in range(3)]
+        threads = keepers + [threading.Thread(target=taker)]
+        for thread in threads:
+            thread.start()
+        for thread in keepers:
+            thread.join(10)
+        done.set()
+        threads[-1].join(10)
+    finally:
+        sys.setswitchinterval(interval)
+    left = held.take()
+    everything = let_go + taken + left
+    assert sorted(everything) == sorted(("thing", i) for i in range(len(items)))
+    assert len(held) == 0
+
+
+@pytest.mark.parametrize("pause_at", [1, 2, 3])
+def test_a_let_go_inside_a_take_is_had_by_one_of_them(pause_at):
+    # The taker has chosen its key and pauses at its pause_at-th line after; meanwhile a hold
+    # lets that thing go.  Exactly one of them has it (a double release otherwise).
+    held = Held()
+    held.keep("thing", key=1)
+    code, paused, resume, got, lines = Held.take_oldest.__code__, threading.Event(), threading.Event(), [], []
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line" and "key" in frame.f_locals:
+                lines.append(frame.f_lineno)
+                if len(lines) == pause_at and not paused.is_set():
+                    paused.set()
+                    resume.wait(10)
+            return local
+        return local
+
+    def take():
+        sys.settrace(tracer)
+        try:
+            got.append(held.take_oldest())
+        finally:
+            sys.settrace(None)
+            paused.set()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    paused.wait(10)
+    let_go = held.let_go(1)
+    resume.set()
+    thread.join(10)
+    assert [let_go, *got].count("thing") == 1
