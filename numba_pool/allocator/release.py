@@ -36,6 +36,7 @@ for holds, ``HostBlocks.held`` and ``Deferral.held_back`` for ``defer_cleanup``,
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import Callable
 
@@ -44,7 +45,6 @@ from ..cuda.driver import report_failure
 from ..cuda.streams import LEGACY
 from .block import AWAITING_FREE, Block
 from .captures import defer, still_capturing, underway
-from .fences import take_list
 
 
 class Pending(list):
@@ -52,11 +52,12 @@ class Pending(list):
     appended to by releases without a lock, taken by an allocation (rule 4).  ``nbytes``: their
     bytes, added without a lock (a lost update only delays a fence)."""
 
-    __slots__ = ("nbytes",)
+    __slots__ = ("nbytes", "_lock")
 
     def __init__(self):
         super().__init__()
         self.nbytes = 0
+        self._lock = threading.Lock()  # held by takers only: releases append without it
 
     def add(self, blocks: list) -> None:
         """Put ``blocks`` in, counting their bytes (the slow paths: the gate appends inline)."""
@@ -64,10 +65,13 @@ class Pending(list):
         self.nbytes += sum(block.size for block in blocks)
 
     def take(self) -> list:
-        """Every block pending now, in release order: one atomic ``pop`` at a time, so that two
-        callers at once (a finalizer after a reset, and the reset) never take a block twice."""
-        taken = take_list(self)
-        taken.reverse()
+        """Every block pending now, in release order.  Takers take ``_lock``, so two at once (a
+        finalizer after a reset, and the reset) never take a block twice; releases only append,
+        so the first ``count`` blocks are the ones copied (a slice, not a ``pop`` per block)."""
+        with self._lock:
+            count = len(self)
+            taken = self[:count]
+            del self[:count]
         self.nbytes = 0
         return taken
 

@@ -36,7 +36,7 @@ def _no_capture_left():
     captures._deferred.take()
 
 
-@pytest.mark.parametrize("pause_at", [1, 2, 3])
+@pytest.mark.parametrize("pause_at", [1, 2, 3, 4, 5])
 def test_two_takers_of_a_pending_list_never_take_one_block_twice(programs, pause_at):
     # A reset began (``dropped``, take_all's first step, before its ledger pops); two arrays of
     # that generation are released in two threads.  Thread A pauses before the pause_at-th line
@@ -71,9 +71,12 @@ def test_two_takers_of_a_pending_list_never_take_one_block_twice(programs, pause
     thread = threading.Thread(target=release_a)
     thread.start()
     paused.wait(10)
-    b.free()
+    other = threading.Thread(target=b.free)  # may wait for A's take to finish: then it must
+    other.start()
+    other.join(0.5)
     resume.set()
     thread.join(10)
+    other.join(10)
     p.model.assert_no_violations()
 
 
