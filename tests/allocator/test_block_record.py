@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cuda_model.checks import assert_clean, eager
+from pausing import Paused
 from cuda_model.harness import LEGACY
 from numba_pool.allocator.held import Held
 from numba_pool.cuda.streams import LEGACY as LEGACY_REF
@@ -122,33 +123,8 @@ def test_a_let_go_inside_a_take_is_had_by_one_of_them(pause_at):
     # lets that thing go.  Exactly one of them has it (a double release otherwise).
     held = Held()
     held.keep("thing", key=1)
-    code, paused, resume, got, lines = Held.take_oldest.__code__, threading.Event(), threading.Event(), [], []
-
-    def tracer(frame, event, arg):
-        if frame.f_code is not code:
-            return None
-
-        def local(frame, event, arg):
-            if event == "line" and "key" in frame.f_locals:
-                lines.append(frame.f_lineno)
-                if len(lines) == pause_at and not paused.is_set():
-                    paused.set()
-                    resume.wait(10)
-            return local
-        return local
-
-    def take():
-        sys.settrace(tracer)
-        try:
-            got.append(held.take_oldest())
-        finally:
-            sys.settrace(None)
-            paused.set()
-
-    thread = threading.Thread(target=take)
-    thread.start()
-    paused.wait(10)
+    taking = Paused(Held.take_oldest.__code__, pause_at, held.take_oldest, counts=lambda frame: "key" in frame.f_locals)
     let_go = held.let_go(1)
-    resume.set()
-    thread.join(10)
+    taking.resume()
+    got = [taking.result]
     assert [let_go, *got].count("thing") == 1

@@ -14,7 +14,6 @@ first version on the CUDA model; each test failed there (0f3699b) and passes now
 from __future__ import annotations
 
 import gc
-import sys
 import threading
 import weakref
 
@@ -24,6 +23,7 @@ from cuda.bindings import driver as cu
 from cuda_model.harness import Program
 from numba_pool.allocator import captures
 from numba_pool.allocator.release import Pending
+from pausing import Paused
 from test_capture_model import _capture_one_array
 
 R = cu.CUresult
@@ -44,38 +44,11 @@ def test_two_takers_of_a_pending_list_never_take_one_block_twice(programs, pause
     p = programs(arena=False)
     a, b = p.mm.memalloc(1000), p.mm.memalloc(1000)  # legacy-stream mempool blocks
     p.mm.allocator.mempool_blocks.dropped = True
-    take, paused, resume = Pending.take.__code__, threading.Event(), threading.Event()
-    lines = []
-
-    def tracer(frame, event, arg):
-        if frame.f_code is not take:
-            return None
-
-        def local(frame, event, arg):
-            if event == "line":
-                lines.append(frame.f_lineno)
-                if len(lines) == pause_at and not paused.is_set():
-                    paused.set()
-                    resume.wait(10)
-            return local
-        return local
-
-    def release_a():
-        sys.settrace(tracer)
-        try:
-            a.free()
-        finally:
-            sys.settrace(None)
-            paused.set()
-
-    thread = threading.Thread(target=release_a)
-    thread.start()
-    paused.wait(10)
+    a_taking = Paused(Pending.take.__code__, pause_at, a.free)
     other = threading.Thread(target=b.free)  # may wait for A's take to finish: then it must
     other.start()
     other.join(0.5)
-    resume.set()
-    thread.join(10)
+    a_taking.resume()
     other.join(10)
     p.model.assert_no_violations()
 
