@@ -15,12 +15,10 @@
 Threads: releases take no lock; everything else runs under ``_lock``.
 
 Note [A ready block is its Block]
-    A block carved out of a heap gets one :class:`~.block.Block` record, kept in
-    :attr:`ArenaBlocks.taken` until the block goes back into a heap.  Released on the legacy
-    stream it waits in the quarantine, then in the ready cache (:data:`~.block.FREE`), and an
-    allocation pops the record itself and hands it out again (its ``size``, ``waits`` and
-    ``state`` set anew): no ``Block()`` and no ``CUdeviceptr`` per allocation, and the table
-    that maps an address to its record (``record_stream``, snapshots) costs the hot path nothing.
+    A carved block's one :class:`~.block.Block` stays in :attr:`ArenaBlocks.taken` until it
+    goes back into a heap; the ready cache holds it, and an allocation hands the popped record
+    out again: no ``Block()`` nor ``CUdeviceptr`` per allocation, and the address -> record
+    table costs the hot path nothing.
 """
 
 from __future__ import annotations
@@ -304,8 +302,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             return None if block is None or block.state != ALLOCATED else block.rounded
 
     def containing_block(self, address: int) -> Block | None:
-        """The live block containing ``address`` (also one whose release a capture holds
-        back), else None (a scan)."""
+        """The live block containing ``address`` (a release a capture holds is live), else None."""
         with self._lock:
             for start, block in self.taken.items():
                 if start <= address < start + block.rounded:

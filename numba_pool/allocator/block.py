@@ -1,23 +1,16 @@
 """One record per block: :class:`Block`, what the allocator knows of one block it handed out.
 
-The core's contract (RMM's ``device_memory_resource`` and cuda.core's ``MemoryResource`` shape)
-is stream-ordered and knows no frontend: a block source, and the device allocator over them,
-offer ``allocate(nbytes, stream) -> Block`` and ``deallocate(block, stream)``
-(:meth:`numba_pool.allocator.device.DeviceAllocator.allocate`).  A *door* turns a block into
-its frontend's object: the Numba EMM plugin's door is the pointer class the sources are given
-(:class:`numba_pool.cuda.pointers.PoolPointer`), which holds the block and, at its finalizer,
-calls ``block.release(block)``: the deallocation on the block's allocation stream (the stream
-rule, :mod:`numba_pool.allocator`).
+The core's contract (RMM's ``device_memory_resource``, cuda.core's ``MemoryResource``) is
+stream-ordered and knows no frontend: ``allocate(nbytes, stream) -> Block`` and
+``deallocate(block, stream)`` (:meth:`numba_pool.allocator.device.DeviceAllocator.allocate`).
+A *door* turns a block into its frontend's object: the EMM plugin's is
+:class:`numba_pool.cuda.pointers.PoolPointer`, whose finalizer calls ``block.release(block)``.
 
 Note [A Block replaces the release's partial]
-    Before, each allocation made a ``functools.partial`` (the pointer's release) holding the
-    source's release method and the block's fields.  A :class:`Block` takes its place: it is
-    made with ``Block()`` and its fields set by the source that knows them (no Python
-    ``__init__`` frame), and its ``release`` is the source's release gate (:mod:`.release`, a
-    closure made once per source), which the pointer calls with the block.  So the record costs
-    what the partial cost and the release calls one function where it called a partial calling one.  ``Block()`` (no ``__init__``
-    defined: the type's own C ``tp_new``) is cheaper than ``object.__new__(Block)``, whose
-    wrapper builds an argument tuple.
+    A :class:`Block` is made with ``Block()`` (the type's C ``tp_new``: no ``__init__`` frame,
+    no argument tuple) and its fields set by the source; its ``release`` is the source's gate
+    (:mod:`.release`), a closure made once, so the record costs what a per-allocation
+    ``functools.partial`` cost (docs/perf-notes.md).
 """
 
 from __future__ import annotations
@@ -39,21 +32,17 @@ class Block:
     * ``stream``: the allocation stream (:class:`~numba_pool.cuda.streams.StreamRef`), on
       which the release is ordered;
     * ``release``: ``release(block)``, the source's deallocation of it (never raises; runs once);
-    * ``waits``: what its release waits for besides its stream (rule 2): the streams given to
-      ``record_stream`` (:class:`~numba_pool.cuda.streams.StreamRef`) and the *holds*
-      (:class:`~numba_pool.allocator.waits.Hold`, IPC exports), or None;
-    * ``state``: :data:`ALLOCATED` while its owner has it, :data:`AWAITING_FREE` from its
-      release (the gate, :mod:`.release`) until it can be reused, :data:`FREE` in a cache
-      (the arena's ready blocks): a snapshot's block states.
+    * ``waits``: what its release waits for besides its stream (rule 2), or None: the
+      ``record_stream`` streams and the holds (:class:`~numba_pool.allocator.waits.Hold`);
+    * ``state``: :data:`ALLOCATED`, then :data:`AWAITING_FREE` from its release (the gate)
+      until reusable, :data:`FREE` in the arena's ready cache.
 
-    Set by the sources that need them: ``start`` (the address as an int, the arena's key),
-    ``rounded`` (bytes the arena carved), ``domain`` (the arena domain of a scoped block),
-    ``ledger`` (its reset generation: the table of live blocks its release pops, the mempool
-    blocks' generation's, a host cache's, the graph blocks'; a reset swaps or empties it, so a
-    late release finds nothing; the arena's generation is the source's ``dropped``), ``capture`` (the id of the stream capture whose graph allocated it, rule
-    13), ``ref`` (the source's own record: a host cache's :class:`HostBlock
-    <numba_pool.allocator.host_blocks.HostBlock>`, a scratch block).  A field not set raises
-    ``AttributeError`` when read: each source reads only its own.
+    Set by the sources that need them (reading one not set raises ``AttributeError``):
+    ``start`` (the address as an int), ``rounded`` (bytes carved), ``domain`` (a scoped arena
+    block's), ``ledger`` (its reset generation: the live table its release pops, which a reset
+    swaps or empties; the arena's generation is its ``dropped``), ``capture`` (the capture
+    whose graph allocated it, rule 13), ``ref`` (the source's own record: a host cache's
+    :class:`~numba_pool.allocator.host_blocks.HostBlock`, a scratch block).
     """
 
     __slots__ = ("ptr", "size", "stream", "release", "waits", "state",
@@ -92,8 +81,7 @@ def make_block(ptr, size: int, stream, release) -> Block:
 
 
 def add_wait(block: Block, what) -> None:
-    """Make ``block``'s release wait for ``what`` (a stream, or a hold); the caller holds the
-    lock its source names for registrations (two at once must not lose one)."""
+    """Make ``block``'s release wait for ``what`` (a stream, or a hold), under the caller's lock."""
     waits = block.waits
     if waits is None:
         block.waits = [what]

@@ -1,12 +1,6 @@
-"""The later-queue of things held until a condition ends: :class:`Held`.
-
-The other later-queue is :class:`~.release.Pending` (the legacy stream's released blocks, until
-an allocation fences them, rule 4).  What waits for a condition is held here: the releases an
-open ``defer_cleanup`` holds back (:class:`~.waits.Deferral`, rule 8a), those a capture under
-way holds back (:func:`.captures.defer`, rule 13), the blocks an IPC export's hold keeps
-(:attr:`StreamWaits.held <numba_pool.allocator.waits.StreamWaits.held>`, rule 2) and the host
-blocks ``defer_cleanup`` holds (``HostBlocks.held``, rule 9).
-"""
+"""The later-queue of things held until a condition ends (:class:`Held`), beside
+:class:`~.release.Pending`: the releases ``defer_cleanup`` or a capture holds back, the blocks a
+hold or ``defer_cleanup`` keeps (:mod:`.release` lists them)."""
 
 from __future__ import annotations
 
@@ -51,11 +45,9 @@ class Held:
         return taken
 
     def keys(self) -> list:
-        """The keys held now (a copy)."""
-        return list(self._kept.copy())
+        return list(self._kept.copy())  # a copy: finalizers change it
 
     def values(self) -> list:
-        """What is held now (a copy)."""
         return list(self._kept.copy().values())
 
     def __len__(self) -> int:

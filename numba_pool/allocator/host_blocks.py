@@ -35,13 +35,9 @@ Note [A release records nothing on the legacy stream]
     (:class:`~.fences.HostFences`), as rule 4 does for device blocks.  A synchronize (trim,
     reset) makes every earlier-released block idle.
 
-The contract is the device blocks' (:mod:`.block`): :meth:`HostBlocks.allocate_block` hands out a
-:class:`~.block.Block` whose ``ref`` is the cached :class:`HostBlock`, and its ``release(block)``
-is the release gate (:mod:`.release`), whose fast action appends it to :attr:`HostBlocks.released`.
-
-Threads: releases run in finalizers (any thread, even inside an interrupted allocation), so take
-no lock: they record their events and append to :attr:`HostBlocks.released` (atomic); allocation,
-trim and reset bin and fence them under the lock.
+The contract is the device blocks' (:mod:`.block`; a Block's ``ref`` is its :class:`HostBlock`),
+and so is the release gate (:mod:`.release`).  Threads: releases (finalizers, any thread) take no
+lock; allocation, trim and reset bin and fence the released blocks under the lock.
 """
 
 from __future__ import annotations

@@ -38,8 +38,7 @@ IDLE_BLOCKS = 64
 
 class PooledBlocks(PooledDoor, BlockSource):
     """Rule 7: blocks straight from the mempool.  ``live``: ``CUdeviceptr`` (by identity: no
-    ``int()`` on the hot path) -> the :class:`Block` handed out (its ``ledger``); a reset
-    swaps in a new one."""
+    ``int()`` on the hot path) -> Block, its ``ledger``; a reset swaps in a new one."""
 
     def __init__(self, cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset=None, *,
                  pointer: type, **shared):
@@ -190,8 +189,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         return waiting + sum(size * len(idle) for size, idle in list(self.idle.items()))
 
     def keep_idle(self, blocks: list) -> None:
-        """Idle :class:`Block` s into :attr:`idle` up to :data:`IDLE_BLOCKS` per size, the
-        rest back to the mempool (:meth:`free_idle`); under the fences' lock."""
+        """Idle Blocks into :attr:`idle` (:data:`IDLE_BLOCKS` per size), the rest to the mempool."""
         rest = []
         for block in blocks:
             ptr, size = block.ptr, block.size
@@ -256,8 +254,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         return pointers
 
     def blocks(self) -> list[Block]:
-        """The live blocks now (a copy)."""
-        # dict.copy, not list(values()) alone: a finalizer may pop one mid-iteration.
+        """The live blocks now (a copy: ``dict.copy`` is atomic, finalizers pop meanwhile)."""
         return list(self.live.copy().values())
 
     def containing_block(self, address: int) -> Block | None:

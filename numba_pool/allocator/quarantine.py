@@ -1,11 +1,8 @@
 """Rule 4 of :mod:`numba_pool.allocator`: the legacy domain's quarantine and ready cache.
 
-A block freed on the legacy stream may still be read by work on any blocking stream.  It waits
-here until a *fence* (one event record on the legacy stream for a batch,
-:meth:`numba_pool.allocator.arena.ArenaBlocks._fence`, :mod:`.fences`) has been recorded and the
-host has seen it complete; the snapshot of what a fence covers is taken before it is recorded
-(:meth:`Pending.take <numba_pool.allocator.release.Pending.take>`).  Blocks whose fence completed are idle and fill a per-size cache
-that allocations pop without a lock.
+A block freed on the legacy stream may still be read by work on any blocking stream: it waits
+here until a *fence* (:mod:`.fences`) taken after it is seen complete by the host, then fills
+a per-size ready cache that allocations pop without a lock.
 """
 
 from __future__ import annotations
@@ -16,13 +13,10 @@ from .release import Pending
 
 
 class Quarantine:
-    """Rule 4's state: legacy-stream blocks freed and not yet fenced (:attr:`waiting`, a
-    :class:`~.release.Pending` of :class:`~.block.Block` s, appended to without a lock by the
-    release gate and taken under the arena's lock), the fenced batches (``fences``, a
-    :class:`~numba_pool.allocator.fences.Fences`, each batch a list of blocks), and the ready
-    cache (glibc's tcache idea): rounded size -> :data:`~.block.FREE` blocks, popped without
-    a lock by allocations (which hand the same :class:`~.block.Block` out again) and filled
-    under the lock."""
+    """Rule 4's state: the blocks freed and not yet fenced (:attr:`waiting`, the release
+    gate's :class:`~.release.Pending`), the fenced batches (``fences``), and the ready cache
+    (glibc's tcache idea): rounded size -> :data:`~.block.FREE` blocks, popped without a lock
+    (Note [A ready block is its Block]) and filled under the arena's lock."""
 
     def __init__(self, cache_limit: int, fences):
         self.waiting = Pending()  # blocks freed since the last fence

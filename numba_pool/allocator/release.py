@@ -28,10 +28,9 @@ Note [The gate is a closure]
     actions are C calls (``list.append``, the driver's ``cuMemFreeAsync``) made inline, not
     a second Python frame (its cost: docs/perf-notes.md).
 
-The later-queues are of two kinds: :class:`Pending` (until the next allocation fences it) and
-:class:`~.held.Held` (until a condition ends: :attr:`StreamWaits.held <numba_pool.allocator.waits.StreamWaits.held>`
-for holds, ``HostBlocks.held`` and ``Deferral.held_back`` for ``defer_cleanup``,
-:func:`.captures.defer` for captures).
+The later-queues are of two types: :class:`Pending` (until the next allocation fences it) and
+:class:`~.held.Held` (until a condition ends: ``StreamWaits.held``, ``HostBlocks.held``,
+``Deferral.held_back``, ``captures._deferred``).
 """
 
 from __future__ import annotations

@@ -17,26 +17,20 @@ class BlockSource:
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
     :param pool_handle: the device's mempool (``CUmemoryPool``).
     :param context: the Numba context the pointers belong to.
-    :param pointer: the EMM door's factory: the class of the pointers its ``allocate(size)``
-        hands out, the frontend's ``PoolPointer`` (:meth:`numba_pool.cuda.frontend.Frontend.derive`),
-        ``(context, CUdeviceptr, size, block)``; the core itself (``allocate_block(size,
-        stream) -> Block``, :mod:`.block`) knows no frontend.
+    :param pointer: the EMM door's pointer class, ``(context, CUdeviceptr, size, block)``
+        (:meth:`numba_pool.cuda.frontend.Frontend.derive`); the core knows no frontend.
     :param waits: the device allocator's release ordering (rules 2 and 8).
     :param usage: the usage tracker that allocations and frees append their events to.
     :param on_out_of_memory: ``(size, retry)``: make room, then ``retry()`` once
         (:meth:`numba_pool.allocator.device.DeviceAllocator.out_of_memory`).
-    :param after_reset: ``(size, stream) -> Block``: serves, from the next generation, an
-        allocation of ``size`` bytes on ``stream`` that a reset overtook (:attr:`dropped`): "an allocation never completes against a reset
-        generation".
-    :param alloc_stream: the private stream new memory for the legacy stream's owners is
-        allocated on (:class:`~numba_pool.allocator.fences.PrivateStream`), shared by the
-        device's sources; one of its own when None.
+    :param after_reset: ``(size, stream) -> Block``: the next generation serves an allocation
+        a reset overtook (:attr:`dropped`): none completes against a reset generation.
+    :param alloc_stream: the private stream (:class:`~numba_pool.allocator.fences.PrivateStream`)
+        the legacy stream's new memory comes from, shared by the device's (None: its own).
     :param fence_bytes: bytes of released blocks that make a fence due (rule 4,
         :mod:`.fences`); 0: only their number does.
 
-    ``dropped`` is set by the reset (:meth:`DeviceAllocator.reset
-    <numba_pool.allocator.device.DeviceAllocator.reset>`): from then on this source hands out
-    nothing, and late releases do nothing.
+    ``dropped``, set by a reset: this source hands out nothing more; late releases do nothing.
     """
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage: UsageTracker,

@@ -1,11 +1,10 @@
 """Rules 2 and 8 of :mod:`numba_pool.allocator`, shared by every block source: what a release
 waits for, the releases ``defer_cleanup`` holds back, and the synchronize fallback.
 
-A block's ``waits`` (:class:`~.block.Block`) are the :func:`numba_pool.record_stream` streams
-and *holds* (objects keeping the block from reuse outside CUDA's streams: IPC leases,
-:mod:`numba_pool.ipc`; ``defer(release) -> bool``) registered for it (:meth:`StreamWaits.add_wait`).  The release gate (:mod:`.release`)
-takes the ordered release (:meth:`StreamWaits.release`) only when its block has waits,
-``defer_cleanup`` is open, or its stream needs care.
+A block's ``waits`` are the :func:`numba_pool.record_stream` streams and *holds* (IPC leases:
+``defer(release) -> bool``) registered on it (:meth:`StreamWaits.add_wait`); the release gate
+takes the ordered release (:meth:`StreamWaits.release`) when there are some, inside
+``defer_cleanup``, or when its stream needs care.
 
 Note [A release made free later orders now]
     A release made free later (``defer_cleanup``, or a hold) orders *at the drop*, while its
