@@ -206,6 +206,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             block = Block()
             block.stream, block.domain = stream, domain
         block.ptr, block.start, block.rounded, block.release = self._device_pointer(start), start, rounded, self._release_bound
+        block.waits, block.state = None, ALLOCATED  # before it is in taken, where snapshots read it
         self.taken[start] = block
         return block
 

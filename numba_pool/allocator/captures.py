@@ -106,7 +106,7 @@ def refresh(cu) -> bool:
             underway[:] = [c for c in underway if _goes_on(cu, c)]
         if underway:
             return True
-    while not underway and (release := _deferred.take_oldest()) is not None:
+    for release in _deferred.drain(lambda: not underway):
         try:
             release()
         except Exception as err:  # noqa: BLE001 - a release never raises; this one did: say so, go on

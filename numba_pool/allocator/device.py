@@ -311,8 +311,7 @@ def segments(allocator: DeviceAllocator) -> list[dict]:
         if start in slab_starts:
             continue  # the arena's slab (its Block is the slab's allocation)
         kind = "scratch" if start in allocator.scratch_blocks else "mempool"
-        stream = block.stream.value if block.stream is not LEGACY else 0
-        out.append({"kind": kind, "address": start, "size": size, "stream": stream,
+        out.append({"kind": kind, "address": start, "size": size, "stream": 0,
                     "blocks": [(start, size, block.state)]})
     held = sum(segment["size"] for segment in out)
     reserve = allocator.pool.usage().reserved - held

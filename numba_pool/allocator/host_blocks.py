@@ -58,7 +58,7 @@ from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .backings import DEVICEMAP, PinnedBacking
-from .block import Block, add_wait, make_block, take_waits
+from .block import AWAITING_FREE, Block, add_wait, make_block, take_waits
 from .fences import HostFences
 from .held import Held
 from .release import Pending, gate
@@ -343,6 +343,7 @@ class HostBlocks:
         streams += [ref for ref in take_waits(block) if ref is not LEGACY]
         block.stream = LEGACY  # a released block keeps no stream (nor the object that owns it) alive
         if not streams and not self.deferral.depth:
+            block.state = AWAITING_FREE
             self.released.append(block)
             return
         self.owner.enter(self._record_release, block, streams)  # rule 10
@@ -377,6 +378,7 @@ class HostBlocks:
             warn(f"could not order the release of {self.backing.kind} block {cached.host:#x} ({err}); "
                  "synchronized the device instead")
         if not self.deferral.depth:
+            block.state = AWAITING_FREE
             self.released.append(block)
             return
         self.held.keep(block)  # before defer: the block is never neither held, released nor live
@@ -385,6 +387,7 @@ class HostBlocks:
 
     def _put_back(self, block: Block) -> None:
         self.held.let_go(block)
+        block.state = AWAITING_FREE
         self.released.append(block)
 
     def _record(self, stream: StreamRef):

@@ -172,8 +172,7 @@ class PooledBlocks(PooledDoor, BlockSource):
             fences.lock.release()
 
     def take_released(self, releases: list) -> list:
-        """Before a synchronize: every released legacy-stream block, for :meth:`free_idle`;
-        releases waiting for a fence go to ``releases``."""
+        """Before a synchronize: every released legacy block (for :meth:`free_idle`); releases for a fence to ``releases``."""
         with self.fences.lock:
             taken = [(block.ptr, block.size) for block in self.pending.take()]
             for batch in self.fences.take_all(releases):

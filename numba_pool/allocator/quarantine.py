@@ -48,8 +48,7 @@ class Quarantine:
             fences.lock.release()
 
     def collect(self) -> list[Block]:
-        """The batches whose fence the host has seen complete fill the cache; returns the
-        blocks that did not fit."""
+        """The batches whose fence the host has seen complete fill the cache; returns the rest."""
         fences = self.fences
         if not fences.lock.acquire(blocking=False):
             return []
@@ -63,8 +62,7 @@ class Quarantine:
         return rest
 
     def take_released(self, releases: list) -> list[list]:
-        """Every waiting and fenced block (before a synchronize makes them idle), as batches of
-        blocks; the releases waiting for a fence are added to ``releases``."""
+        """Every waiting and fenced block, in batches (before a synchronize); releases for a fence to ``releases``."""
         with self.fences.lock:
             return [self.waiting.take(), *self.fences.take_all(releases)]
 
@@ -78,8 +76,7 @@ class Quarantine:
         return [block for batch in [list(self.waiting), *self.fenced()] for block in batch]
 
     def make_ready(self, taken: list[Block]) -> list[Block]:
-        """Fenced blocks fill the cache first (:data:`~.block.FREE`); returns those that did
-        not fit."""
+        """Fenced blocks fill the cache first (:data:`~.block.FREE`); returns the rest."""
         rest = []
         ready_lists, limit = self.ready, self.cache_limit
         for block in taken:

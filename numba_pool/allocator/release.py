@@ -8,14 +8,14 @@ parts and its ordered release; :func:`gate` makes the ``release(block)`` its blo
 2. **Reset generation** (rule 12, "a reset generation releases nothing"): by the block's
    ``ledger`` (popped: a reset empties or swaps it) or by the source's ``dropped``; a host cache's orphan
    (a block a reset left to its release) is freed here.
-3. **State and usage event**: the block is :data:`~.block.AWAITING_FREE`; the free's
-   ``~bytes`` (:mod:`.usage`).
+3. **Usage event**: the free's ``~bytes`` (:mod:`.usage`).
 4. **Holds, recorded streams and defer_cleanup** (rules 2 and 8a, "a release waits for what
    was recorded"): a block with ``waits``, an open ``defer_cleanup``, another thread's
    per-thread default stream, or a source with no fast action takes the source's ordered
    release (:meth:`StreamWaits.release <numba_pool.allocator.waits.StreamWaits.release>`; a
    host cache's records events for the host rule, rule 9).
-5. **The fast action**: a legacy-stream block goes to the source's :class:`Pending` list (no
+5. **The fast action**: the block is :data:`~.block.AWAITING_FREE` (the ordered release marks
+   it when it orders, or, held by ``defer_cleanup``, when made free); a legacy-stream block goes to the source's :class:`Pending` list (no
    driver call: the next allocation fences it, rule 4); another stream's is freed on that
    stream (``cuMemFreeAsync``, rule 7), or ``free(block)`` for the graph blocks (never held by
    ``defer_cleanup``: their gate's deferral is one of their own, never entered).
@@ -51,27 +51,33 @@ class Pending(list):
     appended to by releases without a lock, taken by an allocation (rule 4).  ``nbytes``: their
     bytes, added without a lock (a lost update only delays a fence)."""
 
-    __slots__ = ("nbytes", "_lock")
+    __slots__ = ("nbytes", "_lock", "_takes")
 
     def __init__(self):
         super().__init__()
         self.nbytes = 0
-        self._lock = threading.Lock()  # held by takers only: releases append without it
+        self._lock = threading.RLock()  # held by takers only: releases append without it
+        self._takes = 0  # takes begun: one that changes under a take was a finalizer's, nested
 
-    def add(self, blocks: list) -> None:
-        """Put ``blocks`` in, counting their bytes (the slow paths: the gate appends inline)."""
+    def add(self, blocks: list) -> None:  # the slow paths; the gate appends inline
+
         self.extend(blocks)
         self.nbytes += sum(block.size for block in blocks)
 
     def take(self) -> list:
-        """Every block pending now, in release order.  Takers take ``_lock``, so two at once (a
-        finalizer after a reset, and the reset) never take a block twice; releases only append,
-        so the first ``count`` blocks are the ones copied (a slice, not a ``pop`` per block)."""
+        """Every block pending now, in release order: a slice under the takers' lock (releases
+        only append).  A finalizer the collector runs inside it may take too (the lock is
+        reentrant): the outer take sees ``_takes`` changed and looks again."""
         with self._lock:
-            count = len(self)
-            taken = self[:count]
-            del self[:count]
-        self.nbytes = 0
+            self._takes += 1
+            while True:
+                begun = self._takes
+                count = len(self)
+                taken = self[:count]  # an allocation: the collector may run a finalizer that takes
+                if self._takes == begun:
+                    del self[:count]
+                    break
+            self.nbytes = 0
         return taken
 
 
@@ -119,15 +125,15 @@ def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
                 return
         elif source.dropped:
             return
-        block.state = AWAITING_FREE  # 3.
         size = block.size
-        if note is not None:
+        if note is not None:  # 3.
             note(~size)
         stream = block.stream
         if deferral.depth or block.waits is not None or stream.thread is not None:  # 4. rules 2 and 8a
             ordered(block)
             return
-        if stream is LEGACY and append is not None:  # 5.
+        block.state = AWAITING_FREE  # 5.
+        if stream is LEGACY and append is not None:
             append(block)
             pending.nbytes += size
             if on_dropped is not None and source.dropped:

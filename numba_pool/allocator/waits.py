@@ -31,7 +31,7 @@ from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
-from .block import Block, add_wait, take_waits
+from .block import AWAITING_FREE, Block, add_wait, take_waits
 from .held import Held
 
 
@@ -97,7 +97,7 @@ class Deferral:
 
     def flush(self) -> None:
         """Do the releases held back so far (a reset does them before the pool goes)."""
-        while (release := self.held_back.take_oldest()) is not None:
+        for release in self.held_back.drain():
             release()
 
 
@@ -130,6 +130,8 @@ class StreamWaits:
         ``publish(on)`` frees it ordered on ``on`` (None: after a synchronize).  Never raises;
         called by the release gate only, after its capture hold-back (rule 13)."""
         streams, holds = split_waiting(take_waits(block))
+        if holds or not self.deferral.depth:  # one defer_cleanup holds back stays allocated until made free
+            block.state = AWAITING_FREE
         if holds or self.deferral.depth:
             self.owner.enter(self._order_for_later, block, stream, publish, streams, settle, holds)  # rule 10
         else:
@@ -207,6 +209,7 @@ class StreamWaits:
             self._made_free(block, *kept)
 
     def _made_free(self, block: Block, event, publish) -> None:
+        block.state = AWAITING_FREE
         self.owner.enter(self._publish_after, block, event, publish)  # rule 10
 
     def _publish_after(self, block: Block, event, publish, retry: bool) -> None:
@@ -226,8 +229,7 @@ class StreamWaits:
 
     def release_held(self) -> None:
         """After a synchronize (reset): free every block a hold keeps, naming no stream."""
-        while (kept := self.held.take_oldest()) is not None:
-            event, publish = kept
+        for event, publish in self.held.drain():
             if event is not None:
                 self._cu.cuEventDestroy(event)
             self._publish_synchronized(None, publish)

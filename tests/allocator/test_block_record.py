@@ -17,6 +17,7 @@ from cuda_model.checks import assert_clean, eager
 from pausing import Paused
 from cuda_model.harness import LEGACY
 from numba_pool.allocator.held import Held
+from numba_pool.allocator.release import Pending
 from numba_pool.cuda.streams import LEGACY as LEGACY_REF
 
 
@@ -93,7 +94,7 @@ def test_held_things_are_let_go_taken_or_left_exactly_once(ops):
     def taker() -> None:
         start.wait()
         while not done.is_set() or len(held):
-            if (what := held.take_oldest()) is not None:
+            if (what := next(held.drain(), None)) is not None:
                 taken.append(what)
             if done.is_set():
                 break
@@ -123,8 +124,78 @@ def test_a_let_go_inside_a_take_is_had_by_one_of_them(pause_at):
     # lets that thing go.  Exactly one of them has it (a double release otherwise).
     held = Held()
     held.keep("thing", key=1)
-    taking = Paused(Held.take_oldest.__code__, pause_at, held.take_oldest, counts=lambda frame: "key" in frame.f_locals)
+    taking = Paused(Held.drain.__code__, pause_at, lambda: next(held.drain(), None),
+                    counts=lambda frame: "key" in frame.f_locals)
     let_go = held.let_go(1)
     taking.resume()
     got = [taking.result]
     assert [let_go, *got].count("thing") == 1
+
+
+def test_a_release_defer_cleanup_holds_back_stays_allocated_until_the_exit(programs):
+    # As before the record: the layout, block_size and record_stream see such a block as live
+    # (the statistics count it in use) until defer_cleanup's exit makes it free.
+    p = programs(arena=True)
+    arena = p.mm.allocator.arena
+    x = p.allocate(1000)
+    record = x.refs[0].block
+    with p.mm.defer_cleanup():
+        p.drop(x)
+        assert record.state == "allocated" and _state_of(p, x.address) == "allocated"
+        assert arena.block_size(x.address) == 1024 and arena.containing_block(x.address) is record
+    assert record.state == "awaiting_free" and _state_of(p, x.address) == "awaiting_free"
+    assert arena.block_size(x.address) is None
+    assert_clean(p)
+    p.finish()
+
+
+def test_a_block_just_carved_reads_as_allocated(programs):
+    # Between the carve (under the arena's lock) and the hand-out, a snapshot may read it.
+    p = programs(arena=True)
+    arena = p.mm.allocator.arena
+    record = arena._allocate(1024, LEGACY_REF, arena._take_legacy)
+    assert (record.start, 1024, "allocated") in [b for _, _, _, blocks in arena.layout() for b in blocks]
+    assert arena.containing_block(record.start) is record
+    record.size = 1024
+    arena._note(1024)  # as the hand-out would have; the release counts its free
+    record.release(record)
+    p.finish()
+
+
+def test_a_take_a_finalizer_makes_inside_a_take_gets_what_the_outer_one_does_not():
+    # The collector may run a pointer's finalizer inside Pending.take's slice (an allocation),
+    # in the same thread; that release may take too (a dropped source's free_after_reset).
+    # Neither take may hang, and no block is taken twice or lost.
+    pending, got = Pending(), []
+    pending.add([_Sized(i) for i in range(5)])
+    code = Pending.take.__code__
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line" and "taken" in frame.f_locals and not got:
+                pending.append(_Sized(5))  # the finalizer's release, then its take
+                got.append(pending.take())
+            return local
+        return local
+
+    def outer():
+        sys.settrace(tracer)
+        try:
+            got.append(pending.take())
+        finally:
+            sys.settrace(None)
+
+    thread = threading.Thread(target=outer, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive(), "a take inside a take hung"
+    taken = [block.n for each in got for block in each] + [block.n for block in pending.take()]
+    assert sorted(taken) == list(range(6))
+
+
+class _Sized:
+    def __init__(self, n: int):
+        self.n, self.size = n, 100
