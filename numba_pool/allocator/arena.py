@@ -27,6 +27,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from typing import Callable
 
 from ..cuda.capture import is_capturing
@@ -241,7 +242,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             self._free_into(block.domain, block)
 
     def _free_into_legacy(self, blocks: list[Block]) -> None:
-        for block in sorted(blocks, key=_start):
+        for block in sorted(blocks, key=attrgetter("start")):
             self._free_into(self._legacy, block)
 
     def _flush_ready(self) -> None:
@@ -351,10 +352,6 @@ class ArenaBlocks(ArenaDoor, BlockSource):
                             blocks.append((start, block.rounded, block.state))
                     slabs.append((slab_start, slab_size, domain.key, sorted(blocks)))
             return slabs
-
-
-def _start(block: Block) -> int:
-    return block.start
 
 
 def _not_served(max_block: int, size: int) -> PoolPointer:

@@ -115,6 +115,7 @@ class HostBlocks:
         self.max_size = max_size
         self.release_threshold = release_threshold
         self._lock = threading.Lock()
+        self._waits_lock = threading.Lock()  # record_stream's registrations (never held across a driver call)
         self.deferral = deferral if deferral is not None else Deferral()
         self.live: dict[int, Block] = {}  # host address -> Block handed out (their ledger; ``ref``: the HostBlock)
         self.released = Pending()  # Blocks released, their HostBlocks not yet in a bin
@@ -326,7 +327,7 @@ class HostBlocks:
             cached = block.ref
             for base in (cached.host,) if cached.device in (None, cached.host) else (cached.host, cached.device):
                 if base <= address < base + cached.size:
-                    with self._lock:
+                    with self._waits_lock:
                         add_wait(block, stream)
                     return True
         return False
@@ -343,8 +344,7 @@ class HostBlocks:
         streams += [ref for ref in take_waits(block) if ref is not LEGACY]
         block.stream = LEGACY  # a released block keeps no stream (nor the object that owns it) alive
         if not streams and not self.deferral.depth:
-            block.state = AWAITING_FREE
-            self.released.append(block)
+            self._put_back(block)
             return
         self.owner.enter(self._record_release, block, streams)  # rule 10
 
@@ -378,14 +378,14 @@ class HostBlocks:
             warn(f"could not order the release of {self.backing.kind} block {cached.host:#x} ({err}); "
                  "synchronized the device instead")
         if not self.deferral.depth:
-            block.state = AWAITING_FREE
-            self.released.append(block)
+            self._put_back(block)
             return
         self.held.keep(block)  # before defer: the block is never neither held, released nor live
         if not self.deferral.defer(partial(self._put_back, block)):
             self._put_back(block)
 
     def _put_back(self, block: Block) -> None:
+        # Into ``released``, awaiting free (and no longer held, where defer_cleanup held it).
         self.held.let_go(block)
         block.state = AWAITING_FREE
         self.released.append(block)

@@ -60,7 +60,6 @@ class Pending(list):
         self._takes = 0  # takes begun: one that changes under a take was a finalizer's, nested
 
     def add(self, blocks: list) -> None:  # the slow paths; the gate appends inline
-
         self.extend(blocks)
         self.nbytes += sum(block.size for block in blocks)
 
