@@ -264,7 +264,7 @@ class DeviceAllocator:
         allocations under way go to the next generation.  The pool is trimmed to 0 now and
         destroyed once this generation is collected (an allocation may still name it)."""
         releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
-        pointers = self.mempool_blocks.take_all() + [ptr for ptr, _ in self.mempool_blocks.take_released(releases)]
+        pointers = self.mempool_blocks.take_all() + [block.ptr for block in self.mempool_blocks.take_released(releases)]
         for arena in self.arenas:
             arena.fences.take_all(releases)
             pointers += [self.cu.CUdeviceptr(start) for start, _ in arena.drop_all()]
@@ -280,7 +280,7 @@ class DeviceAllocator:
         run_releases(releases)  # into the dropped generation: freed on the private stream, or nothing
         # What those released (later ones free themselves).
         late: list = []
-        pointers += [ptr for ptr, _ in self.mempool_blocks.take_released(late)]
+        pointers += [block.ptr for block in self.mempool_blocks.take_released(late)]
         for ptr in pointers:
             report_failure(self.cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")
         report_failure(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (reset)")

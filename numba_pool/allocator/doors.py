@@ -77,12 +77,19 @@ class PooledDoor:
                 idle = self.idle.get(size)
                 if idle:  # the hot path: an idle block, no lock, no driver call
                     try:
-                        ptr = idle.pop()
+                        block = idle.pop()
                     except IndexError:  # another thread took the last one
                         pass
-                    else:
-                        block = self._hand_out(ptr, size, LEGACY)
-                        return self._pointer(self._context, block.ptr, size, block)
+                    else:  # PooledBlocks.reuse, inline (Note [No frame between Numba and the source])
+                        live = block.ledger = self.live
+                        block.state = ALLOCATED
+                        ptr = block.ptr
+                        live[ptr] = block
+                        if self.dropped:  # a reset began meanwhile (rule 12)
+                            return self.wrap(self._lost_to_reset(live, ptr, size, LEGACY))
+                        self._note(size)
+                        self._drain_if_due()
+                        return self._pointer(self._context, ptr, size, block)
         elif stream.scratch is not None and not (underway or is_capturing(self._cu, stream.handle)):
             return stream.scratch.allocate(size)
         return self.wrap(self.allocate_block(size, stream))

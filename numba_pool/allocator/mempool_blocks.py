@@ -13,7 +13,9 @@ Note [Legacy-stream frees wait for a fence]
 Note [Idle blocks are kept by size]
     A completed batch is idle.  Up to :data:`IDLE_BLOCKS` blocks per size stay in
     :attr:`PooledBlocks.idle` for legacy allocations (one lock-free ``list.pop``); the rest go
-    back.  A new block is complete on the private stream (``cuStreamQuery``, else
+    back.  The idle list holds the Blocks themselves, handed out again with two fields set (as
+    the arena's ready cache, Note [A ready block is its Block] in :mod:`.arena`): no ``Block()``
+    per allocation.  A new block is complete on the private stream (``cuStreamQuery``, else
     ``cuStreamSynchronize``) before it is handed out.  Trim, out of memory and reset free them.
 """
 
@@ -48,8 +50,8 @@ class PooledBlocks(PooledDoor, BlockSource):
         self.live: dict = {}  # CUdeviceptr -> Block; atomic operations only
         self.pending = Pending()  # released legacy-stream blocks awaiting a fence (rule 4)
         self._private = None  # the allocation stream's handle, once made
-        # bytes -> idle CUdeviceptrs: popped without a lock, filled under the fences' lock.
-        self.idle: dict[int, list] = {}
+        # bytes -> idle Blocks (their stream LEGACY): popped without a lock, filled under the fences' lock.
+        self.idle: dict[int, list[Block]] = {}
         self._query = cu.cuStreamQuery
         # The release gate (:mod:`.release`), made once: no bound method per block.
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
@@ -73,9 +75,11 @@ class PooledBlocks(PooledDoor, BlockSource):
             idle = self.idle.get(size)
             if idle:
                 try:
-                    return self._hand_out(idle.pop(), size, LEGACY)
-                except IndexError:
+                    block = idle.pop()
+                except IndexError:  # another thread took the last one
                     pass
+                else:
+                    return self.reuse(block)
         return self.allocate_on(size, stream)
 
     def _handle_of(self, stream: StreamRef):
@@ -110,6 +114,18 @@ class PooledBlocks(PooledDoor, BlockSource):
         if self.dropped:  # a reset began meanwhile: the block belongs to the generation it dropped
             return self._lost_to_reset(live, ptr, size, stream)
         self._note(size)
+        self._drain_if_due()
+        return block
+
+    def reuse(self, block: Block) -> Block:
+        """An idle block handed out again (Note [Idle blocks are kept by size]): its ``size``,
+        ``stream`` (LEGACY) and ``waits`` (None) are as its release left them."""
+        live = block.ledger = self.live
+        block.state = ALLOCATED
+        live[block.ptr] = block
+        if self.dropped:  # a reset began meanwhile: the block belongs to the generation it dropped
+            return self._lost_to_reset(live, block.ptr, block.size, LEGACY)
+        self._note(block.size)
         self._drain_if_due()
         return block
 
@@ -174,11 +190,11 @@ class PooledBlocks(PooledDoor, BlockSource):
     def take_released(self, releases: list) -> list:
         """Before a synchronize: every released legacy block (for :meth:`free_idle`); releases for a fence to ``releases``."""
         with self.fences.lock:
-            taken = [(block.ptr, block.size) for block in self.pending.take()]
+            taken = self.pending.take()
             for batch in self.fences.take_all(releases):
-                taken += [(block.ptr, block.size) for block in batch]
-            for size, idle in list(self.idle.items()):
-                taken += [(ptr, size) for ptr in take_list(idle)]
+                taken += batch
+            for idle in list(self.idle.values()):
+                taken += take_list(idle)
             return taken
 
     def released_bytes(self) -> int:
@@ -191,21 +207,22 @@ class PooledBlocks(PooledDoor, BlockSource):
         """Idle Blocks into :attr:`idle` (:data:`IDLE_BLOCKS` per size), the rest to the mempool."""
         rest = []
         for block in blocks:
-            ptr, size = block.ptr, block.size
+            size = block.size
             idle = self.idle.get(size)
             if idle is None:
                 idle = self.idle.setdefault(size, [])
             if len(idle) < IDLE_BLOCKS:
-                idle.append(ptr)
+                idle.append(block)
             else:
-                rest.append((ptr, size))
+                rest.append(block)
         if rest:
             self.free_idle(rest)
 
-    def free_idle(self, blocks: list) -> None:
-        """Free idle ``(CUdeviceptr, bytes)`` blocks on the private stream, in the owner's context."""
+    def free_idle(self, blocks: list[Block]) -> None:
+        """Free idle Blocks on the private stream, in the owner's context."""
         free_async, handle = self._free_async, self._handle_of(LEGACY)
-        for ptr, _ in blocks:
+        for block in blocks:
+            ptr = block.ptr
             report_failure(free_async(ptr, handle), f"cuMemFreeAsync({int(ptr):#x})")
 
     def free_completed(self) -> None:

@@ -5,7 +5,8 @@ point of the reset where it lands (a patched method of the reset's own path, nam
 test), not left to timing.  Each test failed on the code before its fix (seen once):
 
 1. An arena allocation popping a ready block after the reset marked the arena dropped and before
-   it emptied the ready lists got a block of a slab the reset frees.
+   it emptied the ready lists got a block of a slab the reset frees (and, checked alike, a
+   mempool allocation popping an idle block).
 2. A ``numba_pool.scratch`` carve after the reset's snapshot of the mempool ledger (which holds
    the scratch block) and before the scratch blocks were forgotten got memory the reset frees.
 3. A pinned block released while the host cache's reset moved its live table and marked the
@@ -108,6 +109,36 @@ def test_an_arena_allocation_popping_a_ready_block_during_a_reset(programs, monk
     pointer = _inside_reset(p, monkeypatch, arena.quarantine, "empty", lambda: allocate(SMALL))
     _assert_next_generation(p, pointer, "an arena allocation")
     pointer.free()
+
+
+@pytest.mark.parametrize("path", ["door", "settled"])
+def test_a_mempool_allocation_popping_an_idle_block_during_a_reset(programs, monkeypatch, path):
+    # The mempool path's idle cache is the same kind of lock-free pop (Note [Idle blocks are kept
+    # by size] in numba_pool.allocator.mempool_blocks), of the Block itself: on the EMM door's
+    # inlined hot path ("door"), or after the allocation settled a fence (PooledBlocks.reuse).
+    p = programs(arena=False)
+    blocks = p.mm.allocator.mempool_blocks
+    blocks.fences.fence_blocks = 1  # fence each release at the next allocation
+    for _ in range(3):
+        f = p.allocate(SMALL)
+        p.launch(LEGACY, [f])
+        p.drop(f, legalize="sync")
+        assert p.model.cuCtxSynchronize()[0] == 0
+    kept = [p.mm.memalloc(2 * SMALL)]  # fences the last release; the earlier ones go idle
+    if path == "door":
+        assert p.model.cuCtxSynchronize()[0] == 0
+        kept.append(p.mm.memalloc(3 * SMALL))  # the last one idle too: nothing pending, no fence
+    settles = bool(blocks.pending or blocks.fences.batches)
+    assert blocks.idle.get(SMALL) and settles == (path == "settled"), "the test sets nothing up"
+    allocate = p.mm.memalloc
+
+    # Injection point: the reset has marked the source dropped and swapped its live table, and
+    # is about to take the idle blocks, which the allocation's hot path pops without a lock.
+    pointer = _inside_reset(p, monkeypatch, blocks, "take_released", lambda: allocate(SMALL))
+    _assert_next_generation(p, pointer, "a mempool allocation")
+    pointer.free()
+    for kept_pointer in kept:
+        kept_pointer.free()
 
 
 # -- 2. a scratch carve ----------------------------------------------------------------------
