@@ -24,16 +24,11 @@ class ArenaDoor:
 
     def allocate(self, size: int) -> PoolPointer:
         """The EMM plugin's ``memalloc`` in arena mode: ``size`` bytes for work on the thread's
-        allocation stream.  Above ``max_block`` bytes, and inside ``numba_pool.scratch``, it
-        hands the request to :attr:`delegate` (the mempool path).
-
-        The legacy stream's path (no scope) is the hot one: a ready block is one ``list.pop``,
-        no lock and no driver call.  With no adaptor on, the allocation path
-        (:mod:`numba_pool.plugin.path`) is this method itself: one call layer fewer.
+        allocation stream; above ``max_block`` bytes or inside ``numba_pool.scratch``, the
+        :attr:`delegate`'s (mempool).  Hot: a ready block on the legacy stream, one ``list.pop``.
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when no slab can be had even after
-            the out-of-memory handler made room; any other driver error as returned.
-        """
+            the out-of-memory handler made room; any other driver error as returned."""
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream is LEGACY and not underway and size <= self.max_block:  # the hot path
             rounded = round_up(size)
@@ -62,10 +57,8 @@ class PooledDoor:
     """The EMM door of :class:`~numba_pool.allocator.mempool_blocks.PooledBlocks`."""
 
     def allocate(self, size: int) -> PoolPointer:
-        """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`):
-        ``size`` bytes on the thread's allocation stream, freed on it when the pointer is
-        released.  Inside ``numba_pool.scratch`` the thread's scratch block serves it.  With no
-        adaptor this is the allocation path itself (Note [No frame between Numba and the source]).
+        """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`): ``size``
+        bytes on the thread's allocation stream, or from its ``numba_pool.scratch`` block.
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
             after the out-of-memory handler made room; any other driver error as returned."""

@@ -13,10 +13,9 @@ Note [Legacy-stream frees wait for a fence]
 Note [Idle blocks are kept by size]
     A completed batch is idle.  Up to :data:`IDLE_BLOCKS` blocks per size stay in
     :attr:`PooledBlocks.idle` for legacy allocations (one lock-free ``list.pop``); the rest go
-    back.  The idle list holds the Blocks themselves, handed out again with two fields set (as
-    the arena's ready cache, Note [A ready block is its Block] in :mod:`.arena`): no ``Block()``
-    per allocation.  A new block is complete on the private stream (``cuStreamQuery``, else
-    ``cuStreamSynchronize``) before it is handed out.  Trim, out of memory and reset free them.
+    back.  They are the Blocks themselves, handed out again (as the arena's, Note [A ready
+    block is its Block]).  A new block is complete on the private stream (``cuStreamQuery``,
+    else ``cuStreamSynchronize``) before it is handed out.  Trim, out of memory and reset free them.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from ..cuda.capture import is_capturing
 from ..cuda.driver import OUT_OF_MEMORY, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
-from .block import ALLOCATED, Block
+from .block import ALLOCATED, Block, make_block
 from .captures import SideStream, underway
 from .doors import PooledDoor
 from .fences import take_list
@@ -60,14 +59,11 @@ class PooledBlocks(PooledDoor, BlockSource):
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
     def allocate_block(self, size: int, stream: StreamRef) -> Block:
-        """The core's contract (:mod:`.block`): a Block of ``size`` bytes for work on
-        ``stream``; no scratch; rule 13 as :meth:`allocate`.
-
-        :raises CudaAPIError: as :meth:`allocate`."""
+        """The core's contract (:mod:`.block`): a Block of ``size`` bytes for work on ``stream``;
+        no scratch; rule 13 as :meth:`allocate`.  :raises CudaAPIError: as :meth:`allocate`."""
         if underway or (stream is not LEGACY and is_capturing(self._cu, stream.handle)):
             return self.capture_router(size, stream)  # rule 13
-        fences = self.fences
-        pending = self.pending
+        fences, pending = self.fences, self.pending
         if (fences.batches or len(pending) + len(fences.after_fence) >= fences.fence_blocks
                 or pending.nbytes >= fences.fence_bytes):
             self.settle()
@@ -106,25 +102,16 @@ class PooledBlocks(PooledDoor, BlockSource):
         return self._hand_out(ptr, size, stream)
 
     def _hand_out(self, ptr, size: int, stream: StreamRef) -> Block:
-        live = self.live
-        block = Block()  # Note [A Block replaces the release's partial] in .block
-        block.ptr, block.size, block.stream, block.release, block.ledger, block.waits, block.state = (
-            ptr, size, stream, self._release_bound, live, None, ALLOCATED)
-        live[ptr] = block
-        if self.dropped:  # a reset began meanwhile: the block belongs to the generation it dropped
-            return self._lost_to_reset(live, ptr, size, stream)
-        self._note(size)
-        self._drain_if_due()
-        return block
+        return self.reuse(make_block(ptr, size, stream, self._release_bound))
 
     def reuse(self, block: Block) -> Block:
-        """An idle block handed out again (Note [Idle blocks are kept by size]): its ``size``,
-        ``stream`` (LEGACY) and ``waits`` (None) are as its release left them."""
+        """Hand ``block`` out: a new one, or an idle one (Note [Idle blocks are kept by size])
+        whose ``size``, ``stream`` (LEGACY) and ``waits`` (None) its release left."""
         live = block.ledger = self.live
         block.state = ALLOCATED
         live[block.ptr] = block
         if self.dropped:  # a reset began meanwhile: the block belongs to the generation it dropped
-            return self._lost_to_reset(live, block.ptr, block.size, LEGACY)
+            return self._lost_to_reset(live, block.ptr, block.size, block.stream)
         self._note(block.size)
         self._drain_if_due()
         return block
@@ -137,11 +124,9 @@ class PooledBlocks(PooledDoor, BlockSource):
         side = self._side.handle
         ptr = check(self._alloc_async(size, self._pool, side), f"cuMemAllocFromPoolAsync({size} bytes) beside a capture")
         check(self._cu.cuStreamSynchronize(side), "cuStreamSynchronize (beside a capture)")
-        live = self.live
-        block = Block()
-        block.ptr, block.size, block.stream, block.release, block.ledger, block.waits, block.state = (
-            ptr, size, LEGACY, self._release_bound, live, None, ALLOCATED)
-        live[ptr] = block
+        block = make_block(ptr, size, LEGACY, self._release_bound)
+        block.ledger = self.live
+        self.live[ptr] = block
         self._note(size)
         return block
 
