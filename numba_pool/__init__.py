@@ -18,13 +18,21 @@ from .plugin.api import (dump_snapshot, install, live_allocations, memory_summar
 from .plugin.manager import NumbaPoolManager
 
 __all__ = [
-    "ConfigError", "FrontendError", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install",
+    "ConfigError", "FrontendError", "MemoryResource", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install",
     "prefetch", "record_stream", "record_history", "snapshot", "dump_snapshot", "on_out_of_memory",
     "live_allocations",
     "reset_peak", "scratch", "stats", "trim", "using_stream",
     "ScopedStatistics", "memory_summary", "reserved_bytes", "statistics", "used_bytes",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "MemoryResource":  # imports cuda.core: at the first use only
+        from .plugin.resource import MemoryResource
+
+        return MemoryResource
+    raise AttributeError(f"module 'numba_pool' has no attribute {name!r}")
 
 if _simulator.requested():  # numba-cuda's simulator ignores NUMBA_CUDA_MEMORY_MANAGER: say so, once
     _simulator.note_environment()

@@ -1,25 +1,19 @@
-"""The arena: small blocks carved out of slabs, one domain per stream (rules 1 and 3-6 of
-:mod:`numba_pool.allocator`).
+"""The arena: blocks carved from slabs, one domain per stream (rules 1, 3-6 of :mod:`numba_pool.allocator`).
 
-* Up to ``max_block`` bytes, rounded to 256 B, from the stream's domain (:mod:`.domains`);
-  larger and ``numba_pool.scratch`` requests go to :attr:`ArenaBlocks.delegate`.
-* Legacy hot path: one lock-free ``list.pop`` from the ready cache, whose :class:`~.block.Block`
-  is handed out again (Note [A ready block is its Block]); a miss takes the lock,
-  collects completed fence batches (rule 4, :mod:`.quarantine`, :mod:`.fences`), fences if
+* Up to ``max_block`` bytes, rounded to 256 B, from the stream's domain (:mod:`.domains`); larger and
+  ``numba_pool.scratch`` requests go to :attr:`ArenaBlocks.delegate`.
+* Legacy hot path: one lock-free ``list.pop`` from the ready cache (Note [A ready block is its Block]); a miss
+  takes the lock, collects completed fence batches (rule 4, :mod:`.quarantine`, :mod:`.fences`), fences if
   due, and carves by best fit, adding a slab only when nothing fits.
-* A legacy release is one ``list.append`` (the release gate's pending, :mod:`.release`);
-  another stream's records the domain's event and queues the block for the next allocation
-  (rules 3 and 5).
+* A legacy release is one ``list.append`` (the release gate's pending, :mod:`.release`); another stream's
+  records the domain's event and queues the block for the next allocation (rules 3 and 5).
 * A wholly free slab goes back over the release threshold, or when its domain has another.
-
-Threads: releases take no lock; everything else runs under ``_lock``.
+* Threads: releases take no lock; everything else runs under ``_lock``.
 
 Note [A ready block is its Block]
-    A carved block's one :class:`~.block.Block` stays in :attr:`ArenaBlocks.taken` until it
-    goes back into a heap; the ready cache holds it, and an allocation hands the popped record
-    out again: no ``Block()`` nor ``CUdeviceptr`` per allocation, and the address -> record
-    table costs the hot path nothing.
-"""
+    A carved block's one :class:`~.block.Block` stays in :attr:`ArenaBlocks.taken` until it goes back into a
+    heap; the ready cache holds it, and an allocation hands the popped record out again: no ``Block()`` nor
+    ``CUdeviceptr`` per allocation, and the address -> record table costs the hot path nothing."""
 
 from __future__ import annotations
 
@@ -73,12 +67,11 @@ class ArenaStatistics:
 
 
 class ArenaBlocks(ArenaDoor, BlockSource):
-    """Blocks of up to ``max_block`` bytes carved out of mempool slabs (at most ``slab_size``
-    bytes), one domain per stream.  ``release_threshold``: slab bytes kept (None: all);
-    ``delegate``/``delegate_block`` serve the rest; ``return_stream`` returns non-legacy slabs.
+    """Blocks of up to ``max_block`` bytes carved out of mempool slabs (at most ``slab_size`` bytes), one
+    domain per stream.  ``release_threshold``: slab bytes kept (None: all); ``delegate``/``delegate_block``
+    serve the rest; ``return_stream`` returns non-legacy slabs.
 
-    :raises ArenaError: for sizes not multiples of 256, or ``max_block`` > ``slab_size``.
-    """
+    :raises ArenaError: for sizes not multiples of 256, or ``max_block`` > ``slab_size``."""
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
                  slab_size: int, max_block: int, release_threshold: int | None = None,
@@ -214,8 +207,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
     # -- release ------------------------------------------------------------------------------
 
     def _ordered(self, block: Block) -> None:
-        # The release gate's ordered release.  A scoped block's is always this one: rule 5's
-        # event is recorded on its stream.
+        # The release gate's ordered release; always a scoped block's: rule 5's event is recorded on its stream.
         stream = block.stream
         if stream is LEGACY:
             self._waits.release(block, LEGACY, partial(self._quarantine_block, block))
@@ -271,8 +263,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             return self.quarantine.take_released(releases)
 
     def release_cached(self, idle: list[list[Block]] = ()) -> int:
-        """After a synchronize: ``idle`` into the heap, then every wholly free slab back to the
-        mempool; returns the bytes released."""
+        """After a synchronize: ``idle`` into the heap, empty slabs to the mempool; returns the bytes freed."""
         with self._lock:
             if self.dropped:  # a reset freed the slabs
                 return 0
@@ -335,9 +326,8 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             self._domains.check_invariants(taken)
 
     def layout(self) -> list[tuple[int, int, object, list[tuple[int, int, str]]]]:
-        """Every slab as ``(start, size, domain key, blocks)``, blocks ``(start, size, state)``
-        in address order, state ``"allocated"``, ``"awaiting_free"`` or ``"free"`` (the Block's
-        ``state``); takes the lock."""
+        """Every slab as ``(start, size, domain key, blocks)``, blocks ``(start, size, state)`` in address
+        order, state the Block's (``"allocated"``, ``"awaiting_free"``) or ``"free"``; takes the lock."""
         with self._lock:
             self._publish_released()
             slabs = []

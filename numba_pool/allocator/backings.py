@@ -1,19 +1,12 @@
-"""Where the blocks of a host-rule cache (:class:`~.host_blocks.HostBlocks`) come from, and where
-they go back: the two kinds of memory whose next owner may be the CPU (rule 9 of
-:mod:`numba_pool.allocator`).
+"""Where the blocks of a host-rule cache (:class:`~.host_blocks.HostBlocks`) come from and go back: the two
+kinds of memory whose next owner may be the CPU (rule 9 of :mod:`numba_pool.allocator`).  A backing knows
+nothing of events or reuse: the cache decides when a block may go back.
 
 * :class:`PinnedBacking`: page-locked host memory, ``cuMemHostAlloc`` / ``cuMemFreeHost``
   (``NUMBA_POOL_HOST``), mapped into the device's address space on request.
-* :class:`ManagedBacking`: managed (unified) memory from a managed mempool
-  (``CU_MEM_ALLOCATION_TYPE_MANAGED``): ``cuMemAllocFromPoolAsync`` / ``cuMemFreeAsync`` on the
-  legacy stream (``NUMBA_POOL_MANAGED``).  Every block it frees has had each of its uses
-  observed complete by the host (the cache frees only such blocks), so whatever the pool hands
-  out next, also at once on the same stream, is idle memory: the host may write it at once.
-  The driver refuses ``CUmemPoolProps.maxSize`` on managed pools (``CUDA_ERROR_INVALID_VALUE``,
-  H100, driver 580): the cache keeps the cap (``NUMBA_POOL_MANAGED_MAX_SIZE``) itself.
-
-A backing knows nothing of events or reuse: the cache decides when a block may go back.
-"""
+* :class:`ManagedBacking`: managed (unified) memory from a managed mempool (``CU_MEM_ALLOCATION_TYPE_MANAGED``,
+  ``NUMBA_POOL_MANAGED``).  The driver refuses ``CUmemPoolProps.maxSize`` on managed pools
+  (``CUDA_ERROR_INVALID_VALUE``, H100, driver 580): the cache caps it (``NUMBA_POOL_MANAGED_MAX_SIZE``)."""
 
 from __future__ import annotations
 
@@ -42,8 +35,7 @@ class PinnedBacking:
         self._cu = cu
 
     def allocate(self, rounded: int, flags: int) -> tuple[int, int | None] | None:
-        """A new block of ``rounded`` bytes: ``(host address, device address or None)``; None
-        when the host is out of pinned memory.
+        """A new block of ``rounded`` bytes, ``(host, device address or None)``; None if out of pinned memory.
 
         :raises CudaAPIError: any other driver error."""
         err, host = self._cu.cuMemHostAlloc(rounded, flags)
@@ -73,19 +65,16 @@ class PinnedBacking:
 
 
 class ManagedBacking:
-    """Managed blocks from one device's managed mempool (``cuMemAllocFromPoolAsync`` and
-    ``cuMemFreeAsync`` on a private non-blocking stream, never the legacy one, whose every
-    operation is a barrier between all blocking streams: rule 4 of :mod:`numba_pool.allocator`;
-    the same address on the host and the device).  The cache gives back only idle blocks
-    (rule 9) and the pool makes no allocation wait for another stream (internal dependencies
-    off), so what the pool hands out on that stream is idle memory.
-    A block still in use at a reset stays in use, and goes back to the cache when its array
-    goes (:attr:`frees_orphans` is false): the pool outlives the reset, and freeing the memory
-    of a live NumPy array would crash the host at its next access.
+    """Managed blocks from one device's managed mempool, the same address on host and device
+    (``cuMemAllocFromPoolAsync`` and ``cuMemFreeAsync`` on a private non-blocking stream, never the legacy
+    one, a barrier between all blocking streams: rule 4 of :mod:`numba_pool.allocator`).  The cache gives back
+    only idle blocks (rule 9) and the pool makes no allocation wait for another stream (internal dependencies
+    off), so what it hands out on that stream is idle memory: the host may write it at once.  A block in use
+    at a reset stays in use, back to the cache when its array goes (:attr:`frees_orphans` is false): the pool
+    outlives the reset, and freeing the memory of a live NumPy array would crash the host at its next access.
 
     :param cu: the driver object.
-    :param pool: the managed mempool (:class:`numba_pool.cuda.mempool.MemPool`, ``managed``).
-    """
+    :param pool: the managed mempool (:class:`numba_pool.cuda.mempool.MemPool`, ``managed``)."""
 
     kind = "managed"
     prefix = "managed"
@@ -99,11 +88,9 @@ class ManagedBacking:
         self._private = PrivateStream(cu, "managed blocks")  # every other allocation and free
 
     def allocate(self, rounded: int, flags: int) -> tuple[int, int] | None:
-        """A new managed block of ``rounded`` bytes, ``(address, address)``; None when the pool
-        cannot grow.
-
-        While a stream capture is under way (rule 13: the legacy stream would join or break it,
-        and the caller is in relaxed capture mode), on a side stream, synchronized.
+        """A new managed block of ``rounded`` bytes, ``(address, address)``; None when the pool cannot grow.
+        While a stream capture is under way (rule 13: the legacy stream would join or break it, and the
+        caller is in relaxed capture mode), on a side stream, synchronized.
 
         :raises CudaAPIError: any other driver error."""
         beside = bool(captures.underway)
@@ -119,18 +106,16 @@ class ManagedBacking:
         return address, address
 
     def free(self, address: int) -> tuple:
-        """Give an idle block back to the managed mempool (``cuMemFreeAsync`` on the private
-        stream, in the owner's context: the cache frees only under its lock, at an allocation,
-        trim or reset); the driver's result tuple."""
+        """Return an idle block to the managed pool (``cuMemFreeAsync`` on the private stream, in the owner's
+        context: the cache frees under its lock, at an allocation, trim or reset); the driver's result."""
         return self._cu.cuMemFreeAsync(self._cu.CUdeviceptr(address), self._private.handle)
 
     def refused_by(self) -> str:
         return f"the device (managed mempool of device {self.pool.device_id})"
 
     def trim(self) -> None:
-        """After blocks were given back: synchronize the context (``cuCtxSynchronize``), so that
-        their stream-ordered frees have completed, and release the managed pool's unused memory
-        (``cuMemPoolTrimTo(0)``)."""
+        """After blocks were given back: synchronize the context (``cuCtxSynchronize``) so their stream-ordered
+        frees complete, and release the managed pool's unused memory (``cuMemPoolTrimTo(0)``)."""
         check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (managed trim)")
         self.pool.trim(0)
 

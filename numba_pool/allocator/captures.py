@@ -1,24 +1,17 @@
 """Rule 13 of :mod:`numba_pool.allocator`: stream capture (CUDA graphs).
 
-What the driver allows during a capture is listed in :mod:`numba_pool.cuda.capture`.  The
-policy:
-
 * **Captured allocations** (:class:`~.graph_blocks.GraphBlocks`): on a capturing stream (``using_stream(s)``,
-  or outside any scope in the capturing thread), an allocation node (``cuMemAllocFromPoolAsync``
-  from a non-exportable pool); never an arena block or scratch carve, which replays would write
-  after their next owner got them.
-* **Their release** during the capture is a free node; after it, ``cuMemFreeAsync`` on the
-  capture stream, and nothing to free where the graph has not allocated it (not launched, or
+  or outside any scope in the capturing thread), an allocation node (``cuMemAllocFromPoolAsync`` from a
+  non-exportable pool).  Their release during the capture is a free node; after it, ``cuMemFreeAsync`` on the
+  capture stream, nothing to free where the graph has not allocated it (not launched, or
   ``CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH``).
-* **While a capture is under way** (:data:`underway`), no legacy-stream use, no synchronize,
-  other calls in relaxed mode: other streams' allocations come from the mempool (no arena),
-  the legacy stream's from a synchronized side stream; releases are held back (:func:`defer`)
-  and run in order once none is (:func:`refresh`).
+* **While a capture is under way** (:data:`underway`): no legacy-stream use, no synchronize, other calls in
+  relaxed mode; other streams' allocations come from the mempool (no arena), the legacy stream's from a
+  synchronized side stream; releases wait (:func:`defer`) and run in order once none is (:func:`refresh`).
 
-A capture is known from the first allocation on its stream, or ``using_stream`` entered with it;
-before that, CUDA's own rules apply.  Threads: :data:`underway` and the deferred releases are
-atomic only; :data:`_lock` guards adding and dropping captures.
-"""
+A capture is known from the first allocation on its stream, or ``using_stream`` entered with it; before that,
+CUDA's own rules apply (:mod:`numba_pool.cuda.capture`).  Threads: :data:`underway` and the deferred releases
+are atomic only; :data:`_lock` guards adding and dropping captures."""
 
 from __future__ import annotations
 
@@ -66,8 +59,7 @@ def note(stream: StreamRef, cid: int) -> Capture:
 
 
 def note_if_capturing(stream: StreamRef) -> None:
-    """``using_stream``'s hook: register ``stream``'s capture, if any (``cuStreamIsCapturing``:
-    Note [Capture queries])."""
+    """``using_stream``'s hook: note ``stream``'s capture (``cuStreamIsCapturing``, Note [Capture queries])."""
     if stream is LEGACY:
         return
     cu = _driver.cu
@@ -88,8 +80,7 @@ def _goes_on(cu, capture: Capture) -> bool:
 
 
 def still_capturing(cu) -> bool:
-    """Whether a known capture goes on (``cuStreamGetCaptureInfo``: Note [Capture queries]),
-    without the lock: for releases."""
+    """Whether a known capture goes on (``cuStreamGetCaptureInfo``: Note [Capture queries]); lock-free."""
     return any(_goes_on(cu, c) for c in list(underway))
 
 
@@ -99,8 +90,7 @@ def defer(release: Callable[[], None]) -> None:
 
 
 def refresh(cu) -> bool:
-    """Drop ended captures; once none is left, run the held-back releases oldest first.
-    Returns whether a capture is still under way."""
+    """Drop ended captures; with none left, run the held-back releases oldest first.  True while one goes on."""
     if underway:
         with _lock:
             underway[:] = [c for c in underway if _goes_on(cu, c)]

@@ -107,7 +107,7 @@ class DeviceAllocator:
         """Give ``block`` back (RMM's and cuda.core's ``deallocate``); a ``stream`` other than
         ``block.stream`` is waited for first (rule 2).  Once per block; never raises (rule 8)."""
         if stream is not None and stream.value != block.stream.value:
-            self.record_stream(block.address, stream)
+            self.waits.add_wait(block, stream)
         block.release(block)
 
     # -- what a release waits for (rule 2) --------------------------------------------------

@@ -1,22 +1,15 @@
-"""Rule 4 of :mod:`numba_pool.allocator`: a block released by its legacy-stream owner is reused
-only once the host has seen a fence after its release complete.
+"""Rule 4 of :mod:`numba_pool.allocator`: a block released by its legacy-stream owner is reused only once the
+host has seen a fence after its release complete.  A release makes no driver call (a legacy-stream operation
+is a barrier: a kernel waiting for a later copy on another stream would hang); an allocation records **one
+fence** (a legacy-stream event) per batch of :data:`FENCE_BLOCKS` blocks or :attr:`Fences.fence_bytes` bytes
+(as Numba's ``CUDA_DEALLOCS_COUNT``/``CUDA_DEALLOCS_RATIO``), never inside ``defer_cleanup``.  Once the host
+sees it complete (``cuEventQuery``), or after a synchronize (trim, out of memory, reset), the batch is idle.
 
-Such a block may be used on any blocking stream, and every legacy-stream operation is a
-barrier (a kernel waiting for a later copy on another stream would hang).  So a release makes
-no driver call; an allocation records **one fence** (a legacy-stream event) per batch of
-:data:`FENCE_BLOCKS` blocks or :attr:`Fences.fence_bytes` bytes (as Numba's
-``CUDA_DEALLOCS_COUNT``/``CUDA_DEALLOCS_RATIO``), never inside ``defer_cleanup``.  Once the
-host sees it complete (``cuEventQuery``) the batch is *idle*, fit for any stream.  A
-synchronize (trim, out of memory, reset) makes every earlier batch idle.
-
-:class:`PrivateStream`: legacy owners' new memory comes from a non-blocking stream of our own
-that waits for nothing; with ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off it gets
-only idle memory.  Each allocation is seen complete before hand-out
-(:meth:`PrivateStream.complete`; else a legacy-stream memset on a fresh managed block was lost).
-
-Threads: releases append atomically; :class:`Fences` is used under :attr:`Fences.lock`
-(allocations try it and go on when it is taken).
-"""
+:class:`PrivateStream`: legacy owners' new memory comes from a non-blocking stream of our own that waits for
+nothing; with ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off it gets only idle memory.  Each
+allocation is seen complete before hand-out (:meth:`PrivateStream.complete`; else a legacy-stream memset on a
+fresh managed block was lost).  Threads: releases append atomically; :class:`Fences` is used under
+:attr:`Fences.lock` (allocations try it and go on when it is taken)."""
 
 from __future__ import annotations
 
@@ -33,10 +26,8 @@ FENCE_FRACTION = 0.2
 
 
 class Fences:
-    """The fences recorded and not yet seen complete, each with its batch.  ``waits_for``
-    (events the next fence waits for), ``lock`` and ``after_fence`` (Note [The legacy stream
-    recorded]) are shared by a device's sources.
-    """
+    """The fences recorded, not yet seen complete, with their batches; a device's sources share ``waits_for``
+    (events the next fence waits for), ``lock`` and ``after_fence`` (Note [The legacy stream recorded])."""
 
     def __init__(self, cu, fence_bytes: int, waits_for: list | None = None, lock=None,
                  after_fence: list | None = None):
@@ -91,8 +82,7 @@ class Fences:
         return done
 
     def take_all(self, releases: list) -> list:
-        """Every batch (before a synchronize); their waiting releases go to ``releases``, to
-        run after it (:func:`run_releases`)."""
+        """All batches (before a synchronize); their releases join ``releases``, for :func:`run_releases`."""
         done = []
         while self.batches:
             event, batch, waiting = self.batches.popleft()
@@ -133,9 +123,8 @@ def run_releases(releases: list) -> None:
 
 
 class PrivateStream:
-    """A non-blocking stream of our own, made at first use in the owner's context: for legacy
-    owners' new memory, other streams' slab returns, or rule 13's side stream (``what``).
-    """
+    """A non-blocking stream of our own, made at first use in the owner's context: for legacy owners' new
+    memory, other streams' slab returns, or rule 13's side stream (``what``)."""
 
     def __init__(self, cu, what: str):
         self._cu = cu
@@ -184,9 +173,8 @@ class SharedFence:
 
 
 class HostFences:
-    """A host-rule cache's binned blocks awaiting a legacy-stream fence, and the fences (one
-    event per batch).  Under the cache's lock; ``record(stream) -> event``.
-    """
+    """A host-rule cache's binned blocks awaiting a legacy-stream fence, and the fences (one event per
+    batch).  Under the cache's lock; ``record(stream) -> event``."""
 
     def __init__(self, cu, record, kind: str):
         self._cu = cu
@@ -217,8 +205,7 @@ class HostFences:
             self.fence()
 
     def fence(self) -> None:
-        """One legacy-stream event shared by every unfenced block (:class:`SharedFence`); on
-        failure, synchronize instead (rule 8)."""
+        """One legacy-stream event for the unfenced blocks (:class:`SharedFence`); else synchronize (rule 8)."""
         unfenced = self.unfenced
         if not unfenced:
             return
@@ -236,8 +223,7 @@ class HostFences:
 
     @staticmethod
     def let_go(block, free_events: list) -> None:
-        """``block`` leaves its fence (reused or freed): the fence's event goes back to
-        ``free_events`` once no block of its batch needs it."""
+        """``block`` (reused or freed) leaves its fence, whose event joins ``free_events`` once unneeded."""
         shared = block.fence
         if shared is not None:
             block.fence = None

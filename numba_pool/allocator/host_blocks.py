@@ -1,44 +1,33 @@
-"""Blocks whose next owner may be the CPU: pinned and mapped host memory (``NUMBA_POOL_HOST``)
-and managed memory (``NUMBA_POOL_MANAGED``), from a cache under **the host rule** (rule 9 of
-the stream rule, stated at the top of :mod:`numba_pool.allocator`).
+"""Blocks whose next owner may be the CPU: pinned and mapped host memory (``NUMBA_POOL_HOST``) and managed
+memory (``NUMBA_POOL_MANAGED``), from a cache under **the host rule** (rule 9 of :mod:`numba_pool.allocator`).
 
-Numba's ``pinned_array``/``mapped_array``/``pinned()`` call ``memhostalloc``, and
-``managed_array`` ``memallocmanaged``; Numba's own allocate and free per buffer
-(``cuMemHostAlloc``/``cuMemFreeHost``, or ``cuMemAllocManaged``/``cuMemFree``, whose free
-synchronizes the device: Note [Managed memory's cost]).  :class:`HostBlocks` caches freed blocks, as PyTorch's
-``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool`` do; new blocks come from its *backing*
-(:mod:`.backings`: ``cuMemHostAlloc``, or a managed mempool):
+Numba's ``memhostalloc`` (``pinned_array``, ``mapped_array``, ``pinned()``) and ``memallocmanaged``
+(``managed_array``) allocate and free per buffer (``cuMemHostAlloc``/``cuMemFreeHost``, or
+``cuMemAllocManaged``/``cuMemFree``, whose free synchronizes the device: Note [Managed memory's cost]).
+:class:`HostBlocks` caches freed blocks, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool``
+do; new blocks come from its *backing* (:mod:`.backings`):
 
-* n bytes take a block of the next power of two (at least :data:`MIN_BLOCK` bytes) from a bin
-  keyed by ``(flags, rounded size)``: mapped (``CU_MEMHOSTALLOC_DEVICEMAP``), portable and
-  write-combined blocks never serve each other.  Pinned blocks are not from a host-located
-  mempool: ``cuMemHostGetDevicePointer`` fails on its memory;
-* **the host rule**: the next owner is often the CPU (``a = cuda.managed_array(n); a[:] = 1``),
-  so stream order is not enough.  A release records events on the allocation stream (unless
-  legacy) and on :func:`numba_pool.record_stream` streams; the legacy stream is covered by a
-  *fence* recorded later for a batch (Note [A release records nothing on the legacy stream]).
-  A cached block is reused, or given back to its backing, only once fenced and its events
-  *completed as the host sees* (``cuEventQuery``), or after ``cuCtxSynchronize``;
-* over the cap (``NUMBA_POOL_HOST_MAX_SIZE``, ``NUMBA_POOL_MANAGED_MAX_SIZE``) an allocation
-  waits for (``cuEventSynchronize``) and frees the oldest cached blocks, else raises
-  ``CUDA_ERROR_OUT_OF_MEMORY`` with the sizes;
-* beyond the release threshold (``NUMBA_POOL_{HOST,MANAGED}_RELEASE_THRESHOLD``) of cached
-  bytes, completed blocks go back to the backing.
+* n bytes take a block of the next power of two (at least :data:`MIN_BLOCK` bytes) from a bin keyed by
+  ``(flags, rounded size)``: mapped (``CU_MEMHOSTALLOC_DEVICEMAP``), portable and write-combined blocks never
+  serve each other (not from a host-located mempool: ``cuMemHostGetDevicePointer`` fails on its memory);
+* **the host rule**: a release records events on its allocation stream (unless legacy) and
+  :func:`numba_pool.record_stream` streams, the legacy stream's being a later fence (Note below); a cached
+  block is reused, or given back to its backing, only once fenced and its events *completed as the host sees*
+  (``cuEventQuery``), or after ``cuCtxSynchronize``;
+* over the cap (``NUMBA_POOL_HOST_MAX_SIZE``, ``NUMBA_POOL_MANAGED_MAX_SIZE``) an allocation waits for
+  (``cuEventSynchronize``) and frees the oldest cached blocks, else raises ``CUDA_ERROR_OUT_OF_MEMORY`` with
+  the sizes; beyond ``NUMBA_POOL_{HOST,MANAGED}_RELEASE_THRESHOLD`` cached bytes, completed blocks go back.
 
 Note [A release records nothing on the legacy stream]
-    A block allocated outside ``using_stream`` may be used on any blocking stream, so only a
-    legacy-stream operation (or a synchronize) orders its release; one per release was a barrier
-    between all streams and deadlocked cross-stream waits (issue 33).  So a release makes no
-    driver call: the block goes to :attr:`HostBlocks.released` unfenced, and an allocation
-    records one legacy-stream fence for the batch once :data:`~.fences.FENCE_BLOCKS` blocks or
-    :data:`~.fences.HOST_FENCE_BYTES` bytes wait outside ``defer_cleanup``
-    (:class:`~.fences.HostFences`), as rule 4 does for device blocks.  A synchronize (trim,
-    reset) makes every earlier-released block idle.
+    A block allocated outside ``using_stream`` may be used on any blocking stream, so only a legacy-stream
+    operation or a synchronize orders its release; one per release was a barrier between all streams and
+    deadlocked cross-stream waits (issue 33).  So a release makes no driver call: the block goes to
+    :attr:`HostBlocks.released` unfenced, and an allocation records one legacy-stream fence for the batch once
+    :data:`~.fences.FENCE_BLOCKS` blocks or :data:`~.fences.HOST_FENCE_BYTES` bytes wait outside
+    ``defer_cleanup`` (:class:`~.fences.HostFences`), as rule 4 does; a synchronize (trim, reset) idles them.
 
-The contract is the device blocks' (:mod:`.block`; a Block's ``ref`` is its :class:`HostBlock`),
-and so is the release gate (:mod:`.release`).  Threads: releases (finalizers, any thread) take no
-lock; allocation, trim and reset bin and fence the released blocks under the lock.
-"""
+Contract and release gate: the device blocks' (:mod:`.block`, ``ref`` the :class:`HostBlock`; :mod:`.release`).
+Threads: releases take no lock; allocation, trim and reset bin and fence the released blocks under the lock."""
 
 from __future__ import annotations
 
@@ -58,7 +47,7 @@ from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .backings import DEVICEMAP, PinnedBacking
-from .block import AWAITING_FREE, Block, add_wait, make_block, take_waits
+from .block import ALLOCATED, AWAITING_FREE, Block, add_wait, make_block, take_waits
 from .fences import HostFences
 from .held import Held
 from .release import Pending, gate
@@ -79,8 +68,7 @@ def host_flags(mapped: bool, portable: bool, wc: bool) -> int:
 
 
 def block_size(size: int) -> int:
-    """The block (bytes) that serves a request of ``size`` bytes: the next power of two, at
-    least :data:`MIN_BLOCK`."""
+    """The block (bytes) for ``size`` bytes: the next power of two, at least :data:`MIN_BLOCK`."""
     return max(MIN_BLOCK, 1 << (max(size, 1) - 1).bit_length())
 
 
@@ -100,6 +88,7 @@ class HostBlock:
     handle: object = None  # its CUdeviceptr, made once (managed blocks: what the pointer holds)
     fenced: bool = False  # its owner's blocking-stream work is covered: by ``fence``, or a synchronize
     fence: object = None  # the SharedFence of its batch (one legacy-stream event for the batch), or None
+    record: object = None  # its Block, made at its first allocation and handed out again with it
 
 
 class HostBlocks:
@@ -134,15 +123,12 @@ class HostBlocks:
     # -- allocation (under the lock) ---------------------------------------------------------
 
     def allocate_block(self, size: int, stream: StreamRef = LEGACY, flags: int = 0) -> Block:
-        """The core's contract (:mod:`.block`): a :class:`~.block.Block` of ``size`` bytes
-        (``ptr``: the host address, an int; ``ref``: its :class:`HostBlock`, of at least ``size``
-        bytes) with ``cuMemHostAlloc`` ``flags`` (0 for managed blocks), whose release waits
-        for ``stream`` (the allocation stream) and, under the host rule, for the host.
+        """The core's contract (:mod:`.block`): a :class:`~.block.Block` of ``size`` bytes (``ptr``: the host
+        address, an int; ``ref``: its :class:`HostBlock`, rounded up) with ``cuMemHostAlloc`` ``flags`` (0 for
+        managed blocks), whose release waits for its allocation ``stream`` and (the host rule) the host.
 
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (one line with the sizes) when the
-            cap or the backing cannot give the block even after freeing every cached block; any
-            other driver error as returned.
-        """
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (one line with the sizes) when the cap or the
+            backing cannot give the block even after freeing every cached block; any other driver error."""
         rounded = block_size(size)
         if captures.underway and captures.refresh(self._cu):
             # Rule 13: beside a capture, in relaxed mode; nothing goes back to the backing until it ends.
@@ -162,8 +148,13 @@ class HostBlocks:
         self._take_released()
         self.fences.fence_if_due(captures.underway)
         cached = self._take_cached(flags, rounded) or self._new_block(size, rounded, flags)
-        block = make_block(cached.host, size, stream, self._release)
-        block.ledger, block.ref = self.live, cached
+        block = cached.record  # no Block() per allocation (as Note [A ready block is its Block] in .arena)
+        if block is None:
+            block = cached.record = make_block(cached.host, size, stream, self._release)
+            block.ref = cached
+        else:  # its release took its waits and left it awaiting free
+            block.size, block.stream, block.state = size, stream, ALLOCATED
+        block.ledger = self.live
         self.live[cached.host] = block
         return block
 
@@ -202,8 +193,7 @@ class HostBlocks:
         return block
 
     def _completed(self, block: HostBlock) -> bool:
-        """``block`` is fenced and every event of its release has completed, as the host sees
-        (``cuEventQuery``)."""
+        """``block`` is fenced and all its release's events completed, as the host sees (``cuEventQuery``)."""
         if not block.fenced:
             return False
         query = self._cu.cuEventQuery
@@ -234,8 +224,8 @@ class HostBlocks:
         return sorted((b for bin_ in self.bins.values() for b in bin_), key=lambda b: b.order)
 
     def _free_oldest(self, down_to: int) -> None:
-        """Wait for (``cuEventSynchronize``) and free the oldest cached blocks until reserved
-        bytes <= ``down_to``; unfenced ones are fenced first."""
+        """Wait for (``cuEventSynchronize``) and free the oldest cached blocks until reserved bytes <=
+        ``down_to``; unfenced ones are fenced first."""
         deferral = self.fences.deferral
         if self.fences.unfenced and (deferral is None or not deferral.depth):
             # Over the cap, a barrier (never inside defer_cleanup): the unfenced blocks were
@@ -252,8 +242,7 @@ class HostBlocks:
             self._free_cached(block)
 
     def _free_completed(self, keep: int) -> int:
-        """Free cached blocks whose events completed, oldest first, until cached <= ``keep``
-        bytes; return the bytes freed."""
+        """Free completed cached blocks, oldest first, until cached <= ``keep`` bytes; return the bytes freed."""
         freed = 0
         for block in self._cached_oldest_first():
             if self.cached <= keep:
@@ -278,9 +267,8 @@ class HostBlocks:
         block.fenced = False
 
     def trim(self) -> int:
-        """Free every completed cached block, then trim the backing; return the bytes freed.
-        Unfenced blocks are binned first and the context synchronized (``cuCtxSynchronize``),
-        so they are freed too.
+        """Free every completed cached block, then trim the backing; return the bytes freed.  Unfenced blocks
+        are binned first and the context synchronized (``cuCtxSynchronize``), so they are freed too.
 
         :raises CudaAPIError: when a synchronize or the backing's trim fails."""
         with self._lock:
@@ -332,14 +320,12 @@ class HostBlocks:
                     return True
         return False
 
-    # The checks every release makes are the release gate's (:mod:`.release`): a legacy-stream
-    # block with nothing recorded goes to ``released`` (Note [A release records nothing on the
-    # legacy stream]); the others come here.
+    # The release gate (:mod:`.release`) makes every release's checks: a legacy-stream block with nothing
+    # recorded goes to ``released`` (Note [A release records nothing on the legacy stream]); others come here.
 
     def _ordered(self, block: Block) -> None:
-        # Events on its non-legacy streams now (the legacy one by a fence), then into
-        # ``released``, now or when defer_cleanup lets go (Note [A release made free later
-        # orders now], .waits).  If it cannot record, cuCtxSynchronize.
+        # Events on its non-legacy streams now (the legacy one by a fence), then into ``released``, now or when
+        # defer_cleanup lets go (Note [A release made free later orders now], .waits); else cuCtxSynchronize.
         streams = [] if block.stream is LEGACY else [block.stream]
         streams += [ref for ref in take_waits(block) if ref is not LEGACY]
         block.stream = LEGACY  # a released block keeps no stream (nor the object that owns it) alive
@@ -443,9 +429,8 @@ def orphan_live_blocks(cache: HostBlocks) -> None:
 
 
 def out_of_memory_error(cache: HostBlocks, size: int, rounded: int, flags: int, refused_by: str) -> CudaAPIError:
-    """The one line of a host or managed allocation of ``size`` bytes (a block of ``rounded``)
-    that ``refused_by`` refused even after the cached blocks were freed: the cap, reserved,
-    in-use and cached bytes."""
+    """The one line of a host or managed allocation of ``size`` bytes (a block of ``rounded``) that
+    ``refused_by`` refused after the cached blocks were freed: the cap, reserved, in-use and cached bytes."""
     backing = cache.backing
     cap = f"capped at {cache.max_size} bytes ({backing.cap_variable})" if cache.max_size is not None else "uncapped"
     in_use = sum(b.size for b in live_now(cache))

@@ -1,37 +1,28 @@
-"""The release gate: every block's release (mempool, arena, graph, pinned and managed blocks)
-makes the same checks, in one order, here (the stream rule, :mod:`numba_pool.allocator`).  A block source supplies only its fast action's
-parts and its ordered release; :func:`gate` makes the ``release(block)`` its blocks carry.
+"""The release gate: every block's release (mempool, arena, graph, pinned and managed blocks) makes the same
+checks, in one order, here; a block source supplies only its fast action's parts and its ordered release, and
+:func:`gate` makes the ``release(block)`` its blocks carry.  Each check's rule and tests:
+docs/architecture.md, "A release"; numbered as in the code:
 
-1. **Capture hold-back** (rule 13, "no driver call beside a capture"): while a capture numba_pool
-   knows of is under way, the release waits for its end (:func:`.captures.defer`).  A graph
-   block still in its own capture is freed there, as a free node.
-2. **Reset generation** (rule 12, "a reset generation releases nothing"): by the block's
-   ``ledger`` (popped: a reset empties or swaps it) or by the source's ``dropped``; a host cache's orphan
-   (a block a reset left to its release) is freed here.
+1. **Capture hold-back** (rule 13): while a known capture is under way, the release waits for its end
+   (:func:`.captures.defer`); a graph block in its own capture is freed there, a free node.
+2. **Reset generation** (rule 12): the block's ``ledger`` popped (a reset empties or swaps it), else the
+   source's ``dropped``; a host cache's orphan (left by a reset to its release) is freed here.
 3. **Usage event**: the free's ``~bytes`` (:mod:`.usage`).
-4. **Holds, recorded streams and defer_cleanup** (rules 2 and 8a, "a release waits for what
-   was recorded"): a block with ``waits``, an open ``defer_cleanup``, another thread's
-   per-thread default stream, or a source with no fast action takes the source's ordered
-   release (:meth:`StreamWaits.release <numba_pool.allocator.waits.StreamWaits.release>`; a
-   host cache's records events for the host rule, rule 9).
-5. **The fast action**: the block is :data:`~.block.AWAITING_FREE` (the ordered release marks
-   it when it orders, or, held by ``defer_cleanup``, when made free); a legacy-stream block goes to the source's :class:`Pending` list (no
-   driver call: the next allocation fences it, rule 4); another stream's is freed on that
-   stream (``cuMemFreeAsync``, rule 7), or ``free(block)`` for the graph blocks (never held by
-   ``defer_cleanup``: their gate's deferral is one of their own, never entered).
-6. **The owner's context** (rule 10, "a release runs in any thread"): a free that failed for
-   want of a current context runs ordered, in the owner's.
+4. **Holds, recorded streams and defer_cleanup** (rules 2, 8a): a block with ``waits``, an open
+   ``defer_cleanup``, another thread's per-thread default stream, or a source with no fast action takes the
+   ordered release (:meth:`~.waits.StreamWaits.release`; a host cache's records events, rule 9).
+5. **The fast action**: the block is :data:`~.block.AWAITING_FREE` (marked by the ordered release when it
+   orders, or when made free if ``defer_cleanup`` holds it); a legacy-stream block goes to the source's
+   :class:`Pending` list (rule 4: the next allocation fences it); another stream's is freed on it
+   (``cuMemFreeAsync``, rule 7), a graph block's by ``free(block)`` (its gate's deferral is never entered).
+6. **The owner's context** (rule 10): a free failing for want of a current context runs ordered in the owner's.
 
 Note [The gate is a closure]
-    The release is the pointer finalizer's one call, on the hot path of every drop.  So the
-    gate is a closure made once per source: what it reads is in its cells, and its fast
-    actions are C calls (``list.append``, the driver's ``cuMemFreeAsync``) made inline, not
-    a second Python frame (its cost: docs/perf-notes.md).
+    The release is the pointer finalizer's one call, on the hot path of every drop.  So the gate is a closure
+    made once per source: what it reads is in its cells, and its fast actions are C calls (``list.append``,
+    the driver's ``cuMemFreeAsync``) made inline, not a second Python frame (its cost: docs/perf-notes.md).
 
-The later-queues are of two types: :class:`Pending` (until the next allocation fences it) and
-:class:`~.held.Held` (until a condition ends: ``StreamWaits.held``, ``HostBlocks.held``,
-``Deferral.held_back``, ``captures._deferred``).
-"""
+The later-queues (:class:`Pending`, :class:`~.held.Held`): docs/architecture.md, "A release"."""
 
 from __future__ import annotations
 
@@ -64,9 +55,8 @@ class Pending(list):
         self.nbytes += sum(block.size for block in blocks)
 
     def take(self) -> list:
-        """Every block pending now, in release order: a slice under the takers' lock (releases
-        only append).  A finalizer the collector runs inside it may take too (the lock is
-        reentrant): the outer take sees ``_takes`` changed and looks again."""
+        """Every block pending now, in release order: a slice under the takers' (reentrant) lock.  A finalizer
+        the collector runs inside it may take too: the outer take sees ``_takes`` changed and looks again."""
         with self._lock:
             self._takes += 1
             while True:
@@ -94,17 +84,12 @@ def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
         <numba_pool.allocator.waits.StreamWaits.release>` for device blocks); never raises.
     :param pending: where the legacy stream's blocks go (None: ordered).
     :param free_async: ``cuMemFreeAsync`` for the other streams' blocks (None: ordered).
-    :param free: ``free(block)`` instead of ``free_async`` (off the hot paths; returns an error
-        or None).
+    :param free: ``free(block)`` instead of ``free_async`` (off the hot paths; returns an error or None).
     :param ledger: rule 12 by the block's ``ledger`` (popped), else by ``source.dropped``.
-    :param orphaned: after the ledger pop: True when a reset left the block to its release,
-        which it has then done (a host cache's orphans).
-    :param on_dropped: run after a pending append that finds the source dropped (the reset
-        may have taken the others already).
+    :param orphaned: after the ledger pop, True when it freed a host cache's orphan (left by a reset to it).
+    :param on_dropped: run when a pending append finds the source dropped (the reset may have taken the rest).
     :param note: the usage tracker's event sink (``~bytes`` per release); None: not counted.
-    :param graph: the blocks are graph allocations (:class:`~.graph_blocks.GraphBlocks`): one still
-        in its capture is freed there.
-    """
+    :param graph: graph blocks (:class:`~.graph_blocks.GraphBlocks`): one still in its capture is freed there."""
     append = pending.append if pending is not None else None
 
     def release(block: Block) -> None:

@@ -1,24 +1,19 @@
-"""Rules 2 and 8 of :mod:`numba_pool.allocator`, shared by every block source: what a release
-waits for, the releases ``defer_cleanup`` holds back, and the synchronize fallback.
-
-A block's ``waits`` are the :func:`numba_pool.record_stream` streams and *holds* (IPC leases:
-``defer(release) -> bool``) registered on it (:meth:`StreamWaits.add_wait`); the release gate
-takes the ordered release (:meth:`StreamWaits.release`) when there are some, inside
-``defer_cleanup``, or when its stream needs care.
+"""Rules 2 and 8 of :mod:`numba_pool.allocator`, shared by every block source: what a release waits for, the
+releases ``defer_cleanup`` holds back, and the synchronize fallback.  A block's ``waits`` are the
+:func:`numba_pool.record_stream` streams and *holds* (IPC leases: ``defer(release) -> bool``) registered on it
+(:meth:`StreamWaits.add_wait`); the release gate takes the ordered release (:meth:`StreamWaits.release`) when
+it has some, inside ``defer_cleanup``, or when its stream needs care.
 
 Note [A release made free later orders now]
-    A release made free later (``defer_cleanup``, or a hold) orders *at the drop*, while its
-    streams are alive: the allocation stream waits for the recorded streams, ``settle`` runs,
-    and an event is recorded on the allocation stream.  When made free, only that event is
-    named, by the fence (a legacy-stream operation now would be a barrier, rule 4).  A stream
-    handle is never used after the drop: the driver may reuse it for a new stream.
+    A release made free later (``defer_cleanup``, or a hold) orders *at the drop*, while its streams are
+    alive: the allocation stream waits for the recorded streams, ``settle`` runs, and an event is recorded on
+    the allocation stream.  When made free, only that event is named, by the fence (a legacy-stream operation
+    now would be a barrier, rule 4).  No stream handle is used after the drop: the driver may reuse it.
 
 Note [The legacy stream recorded]
-    A block of stream S whose release must wait for the legacy stream would need a
-    legacy-stream operation at the drop.  Instead, the other streams are waited for on S,
-    settle runs, an event on S joins :attr:`StreamWaits.fence_waits` and the release goes to
-    :attr:`StreamWaits.after_fence`: once the next fence completes, the block is idle.
-"""
+    A block of stream S whose release must wait for the legacy stream would need a legacy-stream operation at
+    the drop.  Instead S waits for the other streams, settle runs, an event on S joins the next fence's
+    :attr:`StreamWaits.fence_waits`, and the release, in :attr:`StreamWaits.after_fence`, is idle after it."""
 
 from __future__ import annotations
 

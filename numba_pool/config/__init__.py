@@ -59,6 +59,7 @@ class PoolConfig:
     managed_prefetch: bool = False
     oom_snapshot: str | None = None
     leak_report: bool = False
+    cuda_core: bool = True
 
     def max_size_bytes(self, device_total: int) -> int | None:
         """The private pool's cap in bytes on a device of ``device_total`` bytes (None: no cap)."""
@@ -98,6 +99,8 @@ class PoolConfig:
                         if self.managed else "off: Numba's cuMemAllocManaged/cuMemFree per array"),
             "oom snapshot": self.oom_snapshot or "off",
             "leak report": "on: the sites still holding memory, printed at exit" if self.leak_report else "off",
+            "cuda.core": ("on: numba_pool.MemoryResource is the memory resource of each Numba context's "
+                          "cuda.core Device (Numba's kernel launches allocate through it)" if self.cuda_core else "off"),
         }
 
 
@@ -125,6 +128,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "managed_prefetch": ("NUMBA_POOL_MANAGED_PREFETCH", parse_bool),
     "oom_snapshot": ("NUMBA_POOL_OOM_SNAPSHOT", parse_path),
     "leak_report": ("NUMBA_POOL_LEAK_REPORT", parse_bool),
+    "cuda_core": ("NUMBA_POOL_CUDA_CORE", parse_bool),
 }
 
 #: Every ``NUMBA_POOL_*`` variable numba_pool reads; any other name that looks meant for it is

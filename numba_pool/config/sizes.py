@@ -1,10 +1,9 @@
 """Sizes in bytes at every entry point (docs/architecture.md, "Sizes: one syntax, and small caps refused"):
 
 * an ``int`` (numpy integers too): bytes.  Floats never (except :func:`parse_max_size`'s fraction);
-* a string: a decimal number of bytes (``"1048576"``), or a decimal number with a unit
-  (``"64 MiB"``, ``"1.5 GiB"``), spaces allowed.  KiB...EiB are powers of 1024, KB...EB (and
-  ``kB``) of 1000, as in the IEC standard and humanfriendly; case-insensitive, except a
-  lower-case ``b`` after an upper-case prefix (``"64 Mb"``: bits, refused);
+* a string: a decimal number of bytes (``"1048576"``), or one with a unit (``"64 MiB"``, ``"1.5 GiB"``),
+  spaces allowed.  KiB...EiB are powers of 1024, KB...EB (and ``kB``) of 1000, as in IEC and humanfriendly;
+  case-insensitive, except a lower-case ``b`` after an upper-case prefix (``"64 Mb"``: bits, refused);
 * refused: digit separators, ``+``, exponents, hexadecimal, fractional bytes once scaled.
 
 The result is a whole number of bytes from 0 to 2**64 - 1 (the driver's ``cuuint64_t``)."""
@@ -25,8 +24,7 @@ from .errors import ConfigError
 KEEP_ALL = 2**64 - 1
 #: The largest size accepted anywhere (bytes): the driver's attributes are 64-bit unsigned.
 MAX_BYTES = 2**64 - 1
-#: The alignment of every block numba_pool hands out (bytes): what ``cuMemAlloc`` guarantees.
-#: The arena's block and slab sizes are multiples of it.
+#: The alignment (bytes) of every block numba_pool hands out, as ``cuMemAlloc``'s; arena sizes are multiples.
 ALIGNMENT = 256
 
 #: Default largest block served by the arena (bytes): docs/guide.md, "The arena", says why.
@@ -45,8 +43,7 @@ MIN_FRACTION = 0.01
 SIZE_HELP = "bytes (e.g. 1048576) or a number with a unit: KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)"
 
 def release_limit(threshold: int) -> int | None:
-    """A release threshold (bytes) as the allocator's caches take it: the bytes they keep, or
-    None for :data:`KEEP_ALL` (keep every byte)."""
+    """The bytes a release threshold keeps, as the allocator's caches take it; None for :data:`KEEP_ALL`."""
     return None if threshold == KEEP_ALL else threshold
 
 

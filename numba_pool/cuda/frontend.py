@@ -1,19 +1,15 @@
-"""The Numba CUDA frontends numba_pool serves, found, never assumed: the only module that imports
-one (docs/architecture.md, "Two frontends").  Both keep Numba's EMM plugin interface, version 1:
-``numba-cuda`` (``numba.cuda``) and ``mlir``, Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``), its
-successor, which depends on neither numba nor numba-cuda.
-
-A :class:`Frontend` holds what numba_pool takes from one and numba_pool's classes built on it.  A frontend is
-imported only when in use (:func:`load`): the one loading numba_pool, the one owning an object a public
-function is given, or the one a tool is told to use.  The allocator core knows no frontend.  Under
-numba-cuda's simulator, :mod:`numba_pool.cuda.simulator` provides the EMM stand-ins; Numba-CUDA-MLIR has none.
+"""The Numba CUDA frontends numba_pool serves, found, never assumed: the only module that imports one
+(docs/architecture.md, "Two frontends").  Both keep Numba's EMM plugin interface, version 1: ``numba-cuda``
+(``numba.cuda``) and ``mlir``, its successor Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``), which depends on
+neither numba nor numba-cuda.  A :class:`Frontend` holds what numba_pool takes from one and its classes on it,
+imported only when in use (:func:`load`): loading numba_pool, owning an object a public function is given, or
+named to a tool.  Under numba-cuda's simulator, :mod:`numba_pool.cuda.simulator` provides the EMM stand-ins.
 
 Note [Which frontend a call acts on]
     Each frontend has its own contexts, hence managers.  A public function (:func:`resolve`) acts on the
-    frontend named by ``frontend=``; else the one whose object it is given; else the one imported, if only one
-    is; else, both imported, the one whose contexts have a numba_pool manager, if only one has; else
-    ``NUMBA_POOL_FRONTEND``'s.  Otherwise the call says it is ambiguous, in one line (never the other
-    frontend's figures).  Neither imported: :func:`for_tools`'s choice is imported."""
+    frontend named by ``frontend=``; else that of the object it is given; else the only one imported; else,
+    both imported, the only one whose contexts have a numba_pool manager; else ``NUMBA_POOL_FRONTEND``'s;
+    otherwise the call says in one line that it is ambiguous.  Neither imported: :func:`for_tools`'s choice."""
 
 from __future__ import annotations
 
@@ -53,11 +49,10 @@ class FrontendError(RuntimeError):
 
 
 class Frontend:
-    """What numba_pool takes from one frontend, and numba_pool's classes on it: ``name``, ``title``,
-    ``cuda`` (the module programs use), ``driver`` (its ``cudadrv.driver``), ``simulator``; the
-    frontend's EMM, pointer, IPC and error classes (``HostOnlyCUDAMemoryManager`` ...
-    ``CudaSupportError``, ``MemAlloc``: ``mviewbuf``'s buffer type); numba_pool's ``PoolPointer``,
-    ``PooledPinnedMemory`` and ``PooledManagedMemory`` derived from them."""
+    """What numba_pool takes from one frontend and builds on it: ``name``, ``title``, ``cuda`` (the module
+    programs use), ``driver`` (its ``cudadrv.driver``), ``simulator``; the frontend's EMM, pointer, IPC and
+    error classes (``HostOnlyCUDAMemoryManager`` ... ``CudaSupportError``; ``MemAlloc``, ``mviewbuf``'s buffer
+    type); numba_pool's ``PoolPointer``, ``PooledPinnedMemory``, ``PooledManagedMemory`` derived from them."""
 
     def __init__(self, name: str):
         self.name = name

@@ -1,9 +1,8 @@
-"""One device's CUDA stream-ordered memory pool, through cuda-python: a private one (``cuMemPoolCreate``,
-optionally capped by ``CUmemPoolProps.maxSize``) or the device's default pool (``cuDeviceGetDefaultMemPool``,
-shared with CuPy's and PyTorch's ``cudaMallocAsync``).  A *managed* pool (:meth:`MemPool.managed`) is always
-private, uncapped and not exportable.  The allocator issues ``cuMemAllocFromPoolAsync``/``cuMemFreeAsync`` on
-:attr:`MemPool.handle` itself (no wrapper on the hot path); here: creation, attributes (CUDA Driver API,
-"Stream Ordered Memory Allocator"), trimming, destruction, through the driver object given."""
+"""One device's CUDA stream-ordered memory pool (CUDA Driver API, "Stream Ordered Memory Allocator"): a private
+one (``cuMemPoolCreate``, optionally capped by ``CUmemPoolProps.maxSize``) or the device's default pool
+(``cuDeviceGetDefaultMemPool``, shared with CuPy's and PyTorch's ``cudaMallocAsync``); a *managed* pool
+(:meth:`MemPool.managed`) is private, uncapped and not exportable.  Here: creation, attributes, trimming and
+destruction; the allocator calls ``cuMemAllocFromPoolAsync``/``cuMemFreeAsync`` on :attr:`MemPool.handle`."""
 
 from __future__ import annotations
 
@@ -74,11 +73,9 @@ class MemPool:
 
     @classmethod
     def managed(cls, cu, device_id: int, config: PoolConfig) -> "MemPool":
-        """Device ``device_id``'s managed memory pool: ``cuMemPoolCreate`` with
-        ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and ``CU_MEM_LOCATION_TYPE_NONE`` (pages migrate on demand, as
-        ``cuMemAllocManaged``'s).  No ``maxSize`` or IPC handle types (the driver refuses them:
-        ``CUDA_ERROR_INVALID_VALUE``; the cache caps it, :mod:`numba_pool.allocator.backings`), no peer grants
-        (none needed).
+        """Device ``device_id``'s managed pool: ``cuMemPoolCreate``, ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and
+        ``CU_MEM_LOCATION_TYPE_NONE`` (pages migrate on demand, as ``cuMemAllocManaged``'s); no ``maxSize`` or
+        IPC handle types (refused: ``CUDA_ERROR_INVALID_VALUE``; the cache caps it), no peer grants (needless).
 
         :param config: the options in effect (``managed_release_threshold``).
         :raises CudaAPIError: when the driver refuses to create or configure the pool."""
@@ -153,10 +150,9 @@ class MemPool:
               "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")
 
     def forbid_internal_dependencies(self) -> None:
-        """Turn ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off ("Stream Ordered Memory
-        Allocator", reuse policies): the pool never makes an allocation wait for another stream's
-        work, so what the private allocation stream gets is idle (rule 4 of
-        :mod:`numba_pool.allocator`).  On the default pool this applies to every library using it."""
+        """Turn ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off (reuse policies): the pool never makes
+        an allocation wait for another stream's work, so the private allocation stream gets idle memory (rule 4
+        of :mod:`numba_pool.allocator`); on the default pool, for every library using it."""
         check(self._cu.cuMemPoolSetAttribute(self.handle, _ATTR.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0),
               "cuMemPoolSetAttribute(REUSE_ALLOW_INTERNAL_DEPENDENCIES)")
 
@@ -209,9 +205,8 @@ class MemPool:
 
 
 def concurrent_managed_access(cu, device_id: int) -> bool:
-    """``CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS``: 1 on Pascal and later under Linux, 0 on
-    Windows/WSL and older devices, where the host must not touch managed memory while a kernel
-    runs (numba_pool then leaves managed memory to Numba)."""
+    """``CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS``: 1 on Pascal and later under Linux; 0 on Windows/WSL
+    and older devices, where the host must not touch managed memory during a kernel (Numba then serves it)."""
     attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
     return bool(check(cu.cuDeviceGetAttribute(attr, cu.CUdevice(device_id)),
                       "cuDeviceGetAttribute(CONCURRENT_MANAGED_ACCESS)"))
@@ -252,9 +247,8 @@ def read_write_access(cu, device: int):
 
 
 def device_memory_info(cu=None) -> tuple[int, int]:
-    """(free, total) bytes of the current context's device (``cuMemGetInfo``).
-
-    :param cu: the driver object; the one in effect (:data:`numba_pool.cuda.driver.cu`) by default."""
+    """(free, total) bytes of the current context's device (``cuMemGetInfo``); ``cu``: the driver object, by
+    default the one in effect (:data:`numba_pool.cuda.driver.cu`)."""
     cu = _driver.cu if cu is None else cu
     return check(cu.cuMemGetInfo(), "cuMemGetInfo")
 

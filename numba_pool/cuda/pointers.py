@@ -4,18 +4,15 @@
 (:meth:`numba_pool.cuda.frontend.Frontend.derive`; ``isinstance(p, PoolPointer)`` holds for both).
 
 Note [No weakref.finalize]
-    Numba wraps a pointer's ``finalizer=`` in ``weakref.finalize`` (a process-wide registry, a
-    weak reference with a callback, an atexit record), which costs more than numba_pool's whole
-    allocation path (docs/perf-notes.md); ``__del__`` runs at the same moment (last reference,
-    or the collector freeing a cycle, PEP 442) for a fraction.  What finalize gave, covered here:
-
-    * an early ``free()``: :meth:`PoolPointer.free` runs the release once, whichever comes first;
-    * running before module teardown at exit: ``__del__`` releases nothing once the interpreter
-      is finalizing (``sys.is_finalizing``, bound early); the memory goes with the context, as
-      in cuda-python (#973) and CuPy (#2809);
-    * one finalizer shared by copies: a plain copy would release ``_block`` twice, so
-      :meth:`PoolPointer.__copy__` and ``__deepcopy__`` return a non-owning view keeping the
-      original alive, as Numba's ``MemoryPointer.view``."""
+    Numba wraps a pointer's ``finalizer=`` in ``weakref.finalize`` (a process-wide registry, a weak
+    reference with a callback, an atexit record), which costs more than numba_pool's whole allocation path
+    (docs/perf-notes.md); ``__del__`` runs at the same moment (last reference, or the collector freeing a
+    cycle, PEP 442) for a fraction.  What finalize gave is covered: an early ``free()``
+    (:meth:`PoolPointer.free` runs the release once, whichever comes first); running before module teardown
+    at exit (``__del__`` releases nothing once the interpreter is finalizing, ``sys.is_finalizing`` bound
+    early; the memory goes with the context, as in cuda-python #973 and CuPy #2809); one finalizer shared by
+    copies (a plain copy would release ``_block`` twice, so :meth:`PoolPointer.__copy__` and
+    ``__deepcopy__`` return a non-owning view keeping the original alive, as Numba's ``MemoryPointer.view``)."""
 
 from __future__ import annotations
 
@@ -64,9 +61,8 @@ class PoolPointer:
         block.release(block)
 
     def wrap_release(self, adaptor: Callable[..., None], *args) -> None:
-        """Make releasing call ``adaptor(*args, release)``, ``release`` being the release before, which
-        the adaptor calls after its part (:mod:`numba_pool.plugin.path`'s adaptors).  Numba keeps the
-        one pointer (Note [One pointer per allocation]).
+        """Releasing now calls ``adaptor(*args, release)``, which runs the former ``release`` after its part
+        (:mod:`numba_pool.plugin.path`); Numba keeps the one pointer (Note [One pointer per allocation]).
 
         :raises RuntimeError: "Freeing dead memory" when already released."""
         block = self._block

@@ -1,13 +1,11 @@
-"""numba_pool on Dask workers: :class:`NumbaPoolPlugin` (a ``distributed.WorkerPlugin``) installs
-numba_pool on every worker, :func:`stats`, :func:`record_history` and :func:`snapshots` ask the
-workers now (``client.run``).  Usage, setup outcomes and caveats: docs/guide.md, "Dask"::
+"""numba_pool on Dask workers: :class:`NumbaPoolPlugin` (a ``distributed.WorkerPlugin``) installs numba_pool
+on every worker; :func:`stats`, :func:`record_history` and :func:`snapshots` ask the workers now
+(``client.run``).  Nothing here raises into a worker or the scheduler (a failure becomes
+``{"status": "error", "message": ...}``).  Usage, setup outcomes, caveats (register before Numba's first CUDA
+use; not with RMM's ``rmm.allocators.numba``, which also sets Numba's memory manager): docs/guide.md, "Dask"::
 
     client.register_plugin(npd.NumbaPoolPlugin(arena=True))  # frontend="mlir" for Numba-CUDA-MLIR
-    npd.stats(client)  # {worker address: {"status": "ok", "frontend": "numba-cuda", ...}}
-
-Register it before Numba's first CUDA use on the workers, and do not also hand Numba to RMM
-(``rmm.allocators.numba``): both set Numba's memory manager.  Nothing here raises into a worker
-or the scheduler: a failure becomes ``{"status": "error", "message": ...}``."""
+    npd.stats(client)  # {worker address: {"status": "ok", "frontend": "numba-cuda", ...}}"""
 
 from __future__ import annotations
 
@@ -42,11 +40,9 @@ METRIC = "numba_pool"
 
 
 class NumbaPoolPlugin(WorkerPlugin):
-    """Calls :func:`numba_pool.install` with ``options`` on each worker (joiners too) and publishes
-    its statistics as ``worker.metrics["numba_pool"]``.
+    """Runs :func:`numba_pool.install` on each worker (joiners too); publishes ``worker.metrics["numba_pool"]``.
 
-    :param frontend: ``"numba-cuda"`` or ``"mlir"``; None: each worker's choice
-        (:func:`numba_pool.cuda.frontend.for_tools`).
+    :param frontend: ``"numba-cuda"``, ``"mlir"``, or None: each worker's choice (:func:`.frontend.for_tools`).
     :param options: :func:`numba_pool.install`'s, overriding the workers' ``NUMBA_POOL_*``; leave
         ``log`` to the workers' environment (one path would be shared on a host).
     :raises ConfigError: on the client, for an unknown option or a bad value.
@@ -88,8 +84,7 @@ class NumbaPoolPlugin(WorkerPlugin):
             del worker.metrics[METRIC]
 
     def metric(self, worker=None) -> dict:
-        """:func:`worker_statistics` for the plugin's frontend, with the setup's outcome when it installed
-        nothing.  Never raises."""
+        """:func:`worker_statistics` for its frontend (and the setup's outcome if that failed); never raises."""
         result = worker_statistics(self.frontend_used or self.frontend)
         if self.status != "installed" and result["status"] != "error":
             result = {**result, "status": self.status, "message": self.message}
@@ -135,14 +130,12 @@ def _contexts(frontend) -> dict:
 
 
 def worker_statistics(frontend: str | None = None) -> dict:
-    """numba_pool's statistics in this process for ``frontend`` (None: the tools' choice), creating
-    no CUDA context.  Never raises.
-
-    Keys: ``status`` (``"ok"``, ``"no CUDA context yet"``, ``"other manager"``, ``"not initialized"``,
-    ``"no GPU"``, ``"error"``; the plugin's metric adds ``"not installed"``), ``frontend``, ``message`` (one
-    line, unless ``"ok"``).  With ``"ok"``: ``device`` (the lowest ordinal with a context), ``manager`` and
-    :meth:`PoolStatistics.to_dict <numba_pool.PoolStatistics.to_dict>` (bytes and counts); ``other_devices``,
-    ``{ordinal as str: the same}``, for further devices."""
+    """numba_pool's statistics in this process for ``frontend`` (None: the tools' choice), creating no CUDA
+    context.  Never raises.  Keys: ``status`` (``"ok"``, ``"no CUDA context yet"``, ``"other manager"``,
+    ``"not initialized"``, ``"no GPU"``, ``"error"``; the plugin's metric adds ``"not installed"``),
+    ``frontend``, ``message`` (one line, unless ``"ok"``).  With ``"ok"``: ``device`` (the lowest ordinal with
+    a context), ``manager`` and :meth:`PoolStatistics.to_dict <numba_pool.PoolStatistics.to_dict>` (bytes and
+    counts); ``other_devices``, ``{ordinal as str: the same}``, for further devices."""
     try:
         chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")
         if chosen.simulator:

@@ -1,21 +1,15 @@
-"""Allocation history: what :func:`numba_pool.record_history` records, in a bounded ring, named
-after PyTorch's ``_record_memory_history`` and its trace entries (whose viewer reads
-:func:`numba_pool.dump_snapshot`'s files).
+"""Allocation history: what :func:`numba_pool.record_history` records in a bounded ring, after PyTorch's
+``_record_memory_history`` and its trace entries (whose viewer reads :func:`numba_pool.dump_snapshot`'s files).
 
 Per allocation: address, requested size, stream, device, kind (``device``, ``arena``, ``scratch``, ``pinned``,
 ``managed``), thread, time and Python stack; events ``alloc``, ``free_requested``, ``free_completed``
 (reusable: at once, or at the exit of the ``defer_cleanup`` that held it back), ``oom``, ``trim``, ``reset``;
 a release reusable at once is one ``free`` entry (Note [History entries]).  The ring is a ``deque`` with
-``maxlen``; live allocations are kept apart, so a snapshot names every live block's frames however old.
-
-Cost: none while off; the recording adaptor (:class:`RecordedAllocations`) is in the path only
-while on (:mod:`numba_pool.plugin.path`).  Stacks are ``(code, offset)`` pairs, names read only
-at snapshot time (:func:`resolve`; Note [Stack walks]).
-
-Threads: releases run in finalizers, in any thread, even inside an interrupted allocation
-(:mod:`numba_pool.allocator`, "Threads"), so recording takes no lock: each step is one atomic
-container operation (``deque.append``; ``dict`` set and ``pop`` on the live table, keyed by
-(device, the ``CUdeviceptr`` object) or (device, host address))."""
+``maxlen``; live allocations are kept apart, so a snapshot names every live block's frames however old.  Cost:
+none while off (:class:`RecordedAllocations` is in the path only while on); stacks are ``(code, offset)``
+pairs, named only at snapshot time (:func:`resolve`; Note [Stack walks]).  Threads: recording takes no lock,
+each step one atomic container operation (:mod:`numba_pool.allocator`, "Threads"): ``deque.append``; ``dict``
+set and ``pop`` on the live table, keyed by device and ``CUdeviceptr`` or host address."""
 
 from __future__ import annotations
 
@@ -40,12 +34,11 @@ MAX_FRAMES = 64
 STACKS = ("python", "none")
 
 
-#: One recorded event: ``action``, device, ``address`` (0 where none), ``size`` (bytes requested),
-#: ``stream`` (handle value), ``kind``, ``thread`` (the allocating thread's; a free's is 0),
-#: ``time_ns``, ``frames`` (:meth:`History.capture`; empty with ``stacks="none"``) and, for
-#: ``oom``, the device's free bytes.  The ring and live table hold plain tuples of these fields,
-#: ``address`` the ``CUdeviceptr`` itself, a release as ``(action, alloc event, time_ns)`` (Note
-#: [History entries]); :attr:`History.entries` and :attr:`History.live` read them as ``Entry``.
+#: One recorded event: ``action``, device, ``address`` (0 where none), ``size`` (bytes requested), ``stream``
+#: (handle value), ``kind``, ``thread`` (the allocating thread's; a free's is 0), ``time_ns``, ``frames``
+#: (:meth:`History.capture`; empty with ``stacks="none"``) and, for ``oom``, the device's free bytes.  Kept
+#: as plain tuples (``address`` the ``CUdeviceptr``; a release ``(action, alloc event, time_ns)``, Note
+#: [History entries]), read as ``Entry`` by :attr:`History.entries` and :attr:`History.live`.
 Entry = namedtuple("Entry", "action device address size stream kind thread time_ns frames device_free")
 
 

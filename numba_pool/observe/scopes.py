@@ -1,19 +1,16 @@
 """Scoped statistics: ``with numba_pool.statistics() as s:`` counts the thread's device allocations in the
 block, in bytes (as requested) and counts, current, peak and total (as ``rmm.statistics.statistics()``).
 
-* **Thread-aware**: only the entering thread's allocations (not threads started inside).
-* **Nested**: an allocation counts in every open scope of its thread (as RMM's
-  ``push_statistics`` ends up counting; frees are exact here).
-* **Frees count where their allocation counted**, whichever thread releases and whenever:
-  ``current_*`` never go negative.
+* **Thread-aware and nested**: the entering thread's allocations only (not threads started inside), each in
+  every open scope of its thread (as RMM's ``push_statistics`` ends up counting; frees are exact here).
+* **Frees count where their allocation counted**, whatever thread releases, whenever: ``current_*`` >= 0.
 * **Figures freeze at exit** (``assert s.current_bytes == 0`` checks for leaks).
 * Every device numba_pool serves; scratch blocks count through the arrays carved from them.
 
-Cost: none while no scope is open in the process; the counting adaptor (:class:`CountedAllocations`) is in the
-path only while one is (the plugin's subclass of :class:`ScopedStatistics` recomposes at the first open and
-the last exit).  The adaptor appends one event per open scope of the thread (:data:`_local`) to the scope's
-lock-free :class:`~numba_pool.allocator.usage.UsageTracker`, and wraps the pointer's release to append the
-matching free.  ``profile=True`` walks the stack at every allocation: for diagnosis."""
+Cost: none while no scope is open in the process: the counting adaptor (:class:`CountedAllocations`) is in
+the path only while one is (docs/architecture.md, "The path").  It appends one event per open scope of the
+thread (:data:`_local`) to the scope's lock-free :class:`~numba_pool.allocator.usage.UsageTracker` and wraps
+the pointer's release to append the matching free.  ``profile=True`` walks the stack at every allocation."""
 
 from __future__ import annotations
 
@@ -212,8 +209,7 @@ def _count_free(scopes: tuple, size: int, release) -> None:
 
 
 def _call_site() -> tuple[str, int, str]:
-    """The innermost frame outside numba, numba-cuda, Numba-CUDA-MLIR and numba_pool (but its
-    example kernels): (file, line, function)."""
+    """The innermost frame outside Numba's frontends and numba_pool (not its kernels): file, line, function."""
     frame = sys._getframe(1)
     while frame is not None and is_library_frame(frame.f_code.co_filename):
         frame = frame.f_back

@@ -28,13 +28,11 @@ from .state import process
 
 
 def install(frontend: str | None = None, **options: Any) -> PoolConfig:
-    """Make numba_pool the memory manager of Numba's CUDA frontend (``cuda.set_memory_manager``),
-    ``options`` overriding the ``NUMBA_POOL_*`` variables; call it before the first CUDA use.
-
-    The frontend: ``frontend`` (``"numba-cuda"`` or ``"mlir"``); else every one imported; else
-    ``NUMBA_POOL_FRONTEND``'s, or the one installed (numba-cuda when both are).  Options: the keys of
-    :data:`numba_pool.config.OPTIONS`, units and meaning in README's ``NUMBA_POOL_*`` table, size syntax in
-    :mod:`numba_pool.config.sizes`; ``None`` means the default.
+    """Make numba_pool the memory manager of Numba's CUDA frontend (``cuda.set_memory_manager``), ``options``
+    overriding the ``NUMBA_POOL_*`` variables; call it before the first CUDA use.  The frontend: ``frontend``
+    (``"numba-cuda"`` or ``"mlir"``); else every one imported; else ``NUMBA_POOL_FRONTEND``'s, or the one
+    installed (numba-cuda when both are).  Options: the keys of :data:`numba_pool.config.OPTIONS` (``None``:
+    the default; units and meaning: the README's table; sizes: :mod:`numba_pool.config.sizes`).
 
     :returns: the configuration in effect.
     :raises ConfigError: for an unknown option, a bad value or contradicting options (one line).
@@ -203,10 +201,9 @@ def scratch(nbytes: int, *, manager=None, frontend: str | None = None) -> Iterat
 
 @contextlib.contextmanager
 def using_stream(stream: Any) -> Iterator[StreamRef]:
-    """Allocate this thread's arrays inside the block on ``stream`` and free them there, even after
-    the block exits; other streams must be ordered after it by the caller (and use
-    :func:`record_stream`).  Scopes nest, per host thread.  A capturing stream is noted before its
-    first allocation (rule 13 of :mod:`numba_pool.allocator`; Note [Capture queries]).
+    """Allocate this thread's arrays inside the block on ``stream`` and free them there, even after the block
+    exits; the caller orders other streams after it (and uses :func:`record_stream`).  Scopes nest, per host
+    thread.  A capturing stream is noted before its first allocation (rule 13 of :mod:`numba_pool.allocator`).
 
     :raises TypeError: when ``stream`` is not a stream (:func:`numba_pool.cuda.streams.as_stream_ref`)."""
     # cuda.streams.using_stream's body, the capture check called directly (no hook call in between).

@@ -132,6 +132,9 @@ class NumbaPoolManager:
             process.register(self)  # before composing: a scope opening from now on recomposes this path
             self._bind(allocator)
             self.allocator = allocator  # last: initialize()'s check without the lock reads it
+        if config.cuda_core:  # the cuda.core door, where Numba's launches allocate (numba_pool.plugin.resource)
+            from .resource import install  # imports cuda.core
+            install(self)
         # Outside the lock: starting the history recomposes every registered path, this one's too (its lock).
         if config.leak_report:
             debugging.enable_leak_report(managers)

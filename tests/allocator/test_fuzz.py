@@ -197,6 +197,12 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
         self.p.allocate(size, stream, thread)
 
     @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
+    def allocate_door(self, data, size, scoped, thread):
+        """A door's buffer (cuda.core's ``MemoryResource``): freed by ``deallocate`` on a named stream."""
+        stream = data.draw(st.sampled_from(self.streams)) if scoped else None
+        self.p.allocate_door(size, stream, thread)
+
+    @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
     def allocate_managed(self, data, size, scoped, thread):
         """``cuda.managed_array``: the host writes the new array at once (the host rule)."""
         stream = data.draw(st.sampled_from(self.streams)) if scoped else None

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 
 from numba_pool.allocator import arena as arena_module
+from numba_pool.allocator import device as device_module
 from numba_pool.allocator import mempool_blocks as mempool_blocks_module
 from numba_pool.allocator import host_blocks as host_blocks_module
 from numba_pool.allocator import release as release_module
@@ -87,13 +88,14 @@ class Narrowed(LegalPrograms):
 
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = create_stream = park = hold = let_go = None
-    open_defer = close_defer = reset_inside = allocate_managed = host_access = None
+    open_defer = close_defer = reset_inside = allocate_managed = host_access = allocate_door = None
     capture = launch_graph = drop_graph_array = wait_for_a_copy = None
     costs = False  # the rules of reuse only (the legacy stream's cost: the waiting-kernel plants below)
     blocking: tuple = (True, True, False)
     size = 1000
     holds = False  # True: the fuzzer's hold and let_go rules too
     managed = False  # True: managed arrays (the host writes each at its allocation) instead of device ones
+    door = False  # True: a door's buffers (allocate(size, stream), deallocate(block, stream)) instead
     fenced = False  # True: checks.eager's knobs (a fence per released block, gpu_eager), opportunistic reuse
 
     @initialize()
@@ -123,6 +125,8 @@ class Narrowed(LegalPrograms):
         stream = data.draw(st.sampled_from(self.streams)) if scoped else None
         if self.managed:
             self.p.allocate_managed(self.size, stream)
+        elif self.door:
+            self.p.allocate_door(self.size, stream)
         else:
             self.p.allocate(self.size, stream)
 
@@ -163,6 +167,22 @@ def test_the_fuzzer_finds_a_planted_bug(monkeypatch, owner, function, planted, a
     assert "new owner" in str(caught.value)
 
 
+def deallocate_on_the_allocation_stream(self, block, stream=None):
+    """Rule 14 broken: a door's deallocate ignores the stream it names (cuda.core's ``Buffer.close(stream)``)
+    and frees the block on its allocation stream only."""
+    block.release(block)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_the_fuzzer_finds_a_door_that_ignores_the_deallocation_stream(monkeypatch, arena):
+    monkeypatch.setattr(device_module.DeviceAllocator, "deallocate", deallocate_on_the_allocation_stream)
+    machine = type("Planted", (Narrowed,), {"arena": arena, "threads": 1, "blocking": (True, False, False),
+                                            "door": True})
+    with pytest.raises(AssertionError, match="unordered reuse") as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    assert "new owner" in str(caught.value)
+
+
 def test_the_narrowed_fuzzer_passes_on_the_real_allocator():
     """The control: the same machines, nothing planted, a shorter run."""
     for arena, streams in ((True, (True, True)), (True, (False, False)), (False, (True, False))):
@@ -170,6 +190,10 @@ def test_the_narrowed_fuzzer_passes_on_the_real_allocator():
         run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
     machine = type("RealManaged", (Narrowed,), {"arena": False, "threads": 1, "blocking": (True, False), "managed": True})
     run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
+    for arena in (False, True):
+        machine = type("RealDoor", (Narrowed,), {"arena": arena, "threads": 1, "blocking": (True, False, False),
+                                                 "door": True})
+        run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
 
 
 # --------------------------------------------------------------------------- rule 13 (captures)
@@ -193,6 +217,7 @@ class Captures(LegalPrograms):
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = park = hold = let_go = record_stream = None
     open_defer = close_defer = reset_inside = allocate_managed = host_access = wait_for_a_copy = None
+    allocate_door = None
     costs = False
 
 

@@ -31,10 +31,11 @@ from numba_pool.allocator import host_blocks
 from numba_pool.cuda import driver
 from numba_pool.cuda import frontend as frontends
 from numba_pool.cuda.errors import CudaAPIError
+from numba_pool.cuda.streams import as_stream_ref
 from numba_pool.plugin.manager import manager_class
 
 from .calls import CONTEXT
-from .harness_waits import Waits
+from .harness_waits import DESTROYED, Waits
 from .inject import ResetInjection
 from .model import CudaModel
 
@@ -58,6 +59,7 @@ class Family:
     zombie: bool = False  # outlived a reset: never used again
     scratch: bool = False  # carved from a scratch block
     managed: bool = False  # managed memory (cuda.managed_array): the host writes it at its allocation
+    door: bool = False  # a door's buffer (cuda.core, CuPy, PyTorch): freed by an explicit deallocate
 
     def _repr_pretty_(self, printer, cycle):
         # Hypothesis prints a drawn Family in its "Draw N:" lines and its pretty-printer keeps
@@ -66,12 +68,9 @@ class Family:
         # "leaks" seen when hypothesis shrank a failure).
         printer.text(f"Family(id={self.id}, address={self.address:#x}, size={self.size}, "
                      f"stream={self.stream:#x}, refs={len(self.refs)}, uses={len(self.uses)}, "
-                     f"recorded={sorted(self.recorded)}, zombie={self.zombie}, managed={self.managed})")
+                     f"recorded={sorted(self.recorded)}, zombie={self.zombie}, managed={self.managed}, door={self.door})")
 
 
-#: Where a use's stream is destroyed: its handle may name a new stream later, which orders
-#: nothing of the old one's work (legalizing then takes a synchronize).
-DESTROYED = -1
 
 
 class StreamObject:
@@ -304,6 +303,52 @@ class Program(Waits):
         self.operations += 2
         return family
 
+    def allocate_door(self, size: int, stream: int | None = None, thread: int = 0) -> Family | None:
+        """A door's allocation (``numba_pool.MemoryResource``'s, and CuPy's and PyTorch's to come):
+        the core's ``allocate(size, stream)`` in host thread ``thread``, on ``stream`` (None: the
+        legacy stream), its Block freed by :meth:`drop` with ``deallocate(block, stream)`` on the
+        stream of its last use (:meth:`_deallocate`).  None when the pool is out of memory."""
+        handle = stream if stream is not None else LEGACY
+        ref = as_stream_ref(self.stream_objects.get(handle, handle))
+
+        def body():
+            block = self.mm.allocate_block(size, ref)
+            return DoorBuffer(block, self.mm.allocator, ref)
+        try:
+            with self.attributed("allocation", "door"):
+                buffer = self.run(thread, body)
+        except CudaAPIError as err:
+            assert err.code == OOM and "out of memory allocating" in str(err), str(err)
+            self.operations += 1
+            return None
+        self.operations += 1
+        family = self._track(buffer, size, handle)
+        family.door = True
+        return family
+
+    @staticmethod
+    def deallocation_stream(family: Family) -> int:
+        """Where a door's buffer is deallocated: the stream of its last use, else its allocation stream."""
+        if family.uses and family.uses[-1][0] != DESTROYED and not family.zombie:
+            return family.uses[-1][0]
+        return family.stream
+
+    def _deallocate(self, family: Family, thread: int) -> None:
+        """The door's documented release: ``deallocate(block, on)`` on the stream of the last use
+        (the allocation stream when none), the program having ordered every other use before it
+        with its own events (cuda.core's ``Buffer.close(stream)`` contract); a use on a destroyed
+        stream takes a synchronize."""
+        on = self.deallocation_stream(family)
+        for stream, op in family.uses:
+            if family.zombie or self.model.would_follow(on, op):
+                continue
+            if stream == DESTROYED:
+                self.model.cuCtxSynchronize()
+            else:
+                self.run(thread, self.model.wait, on, stream)
+        buffer = family.refs.pop()
+        self.run(thread, buffer.deallocate, as_stream_ref(self.stream_objects.get(on, on)))
+
     def host_access(self, family: Family, thread: int = 0) -> None:
         """The owner of a managed array reads or writes it on the host (``a.sum()``, ``a[:] = 0``)."""
         if family.managed and not family.zombie:
@@ -388,6 +433,12 @@ class Program(Waits):
     def _drop(self, family: Family, *, legalize: str, how: str, thread: int) -> None:
         if len(family.refs) > 1:
             self.run(thread, family.refs.pop)
+            self.operations += 1
+            return
+        if family.door:
+            del self.families[family.id]
+            with self.attributed("release", "door"):
+                self._deallocate(family, thread)
             self.operations += 1
             return
         if family.zombie:
@@ -511,6 +562,8 @@ class Program(Waits):
                 else:
                     self.model.wait(family.stream, used)
             del self.families[family.id]
+            if family.door:  # on its allocation stream, which the waits above ordered after every use
+                family.refs.pop().deallocate(None)
             family.refs.clear()
         self.operations += 1
 
@@ -608,6 +661,22 @@ class Hold:
         self.holding = False
         while self.kept:
             self.kept.pop()()
+
+
+class DoorBuffer:
+    """A door's buffer in the harness: the Block the core handed out, its allocator (the generation
+    it came from) and allocation stream; ``deallocate(stream)`` is what cuda.core's ``Buffer.close``
+    makes ``numba_pool.MemoryResource`` do.  A view keeps it, as a view of a ``Buffer`` does."""
+
+    def __init__(self, block, allocator, stream):
+        self.block, self.allocator, self.stream = block, allocator, stream
+        self.device_pointer_value = block.address  # what record_stream and the model read
+
+    def view(self, start: int) -> "DoorBuffer":
+        return self
+
+    def deallocate(self, stream) -> None:
+        self.allocator.deallocate(self.block, stream)
 
 
 def _drop_reference(refs: list) -> None:

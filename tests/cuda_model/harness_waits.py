@@ -25,6 +25,10 @@ import sys
 
 from .ordering import Op
 
+#: Where a use's stream is destroyed: its handle may name a new stream later, which orders
+#: nothing of the old one's work (legalizing then takes a synchronize).
+DESTROYED = -1
+
 LEGACY = 1  # the legacy stream's handle, as cuda_model.harness names it
 
 
@@ -100,6 +104,11 @@ class Waits:
         would legalize it), and no recorded stream that follows it."""
         if family.zombie or len(family.refs) > 1:
             return True
+        if family.door:  # the program's own waits onto the deallocation stream (Program._deallocate)
+            on = self.deallocation_stream(family)
+            return self.may_enqueue(on) and all(
+                used != DESTROYED and self.may_enqueue(used)
+                for used, op in family.uses if not self.model.would_follow(on, op))
         if legalize == "record":
             for used, op in family.uses:
                 if used in family.recorded or self.model.would_follow(family.stream, op):

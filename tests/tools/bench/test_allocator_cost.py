@@ -69,6 +69,53 @@ def test_table_shows_the_differences_with_intervals():
     assert "| 256 B" in lines[2] and "3.50" in lines[2] and lines[2].count("+0.25 [+0.12, +0.50]") == 2
 
 
+def test_managed_pairs_are_timed_in_turns_against_numba_and_the_baseline(monkeypatch):
+    # Each allocator's pair costs what its fake says (µs, through a fake clock): the paired
+    # differences must come out exactly, per label, against Numba's manager and the baseline.
+    cost = {a.NUMBA_POOL: 20, a.ARENA: 19, a.NUMBA_POOL + a.BASELINE_SUFFIX: 21,
+            a.ARENA + a.BASELINE_SUFFIX: 18, a.NUMBA_MANAGED: 40}
+    now = [0.0]
+    made = {label: (lambda size, label=label: now.__setitem__(0, now[0] + cost[label] * 1e-6)) for label in cost}
+    monkeypatch.setattr(a, "managed_allocators", lambda context, baseline: dict(made))
+    monkeypatch.setattr(a.time, "perf_counter", lambda: now[0])
+
+    class Cuda:
+        current_context = staticmethod(lambda: None)
+        synchronize = staticmethod(lambda: None)
+
+    monkeypatch.setattr(a, "cuda", Cuda)
+    monkeypatch.setattr(a, "quiet_host", __import__("contextlib").nullcontext)
+    rows = a.run_managed("folder", repeats=7)
+    assert rows[a.NUMBA_POOL]["median_us"] == pytest.approx(20)
+    assert rows[a.NUMBA_POOL]["vs_baseline"]["median"] == pytest.approx(-1)
+    assert rows[a.ARENA]["vs_baseline"]["median"] == pytest.approx(1)
+    assert rows[a.ARENA]["vs_numba"]["median"] == pytest.approx(-21)
+    assert rows[a.NUMBA_MANAGED]["vs_numba"] is None and rows[a.NUMBA_MANAGED]["vs_baseline"] is None
+    table = a.render_managed(rows).splitlines()
+    assert "| 4 KiB" in table[2] and "-1.00 [-1.00, -1.00]" in table[2]
+
+
+def test_every_managed_allocator_is_called_as_numba_calls_it(monkeypatch):
+    # Numba's own memallocmanaged(size, attach_global) has no default for attach_global.
+    calls = []
+
+    class Manager:
+        def __init__(self, label):
+            self.label = label
+
+        def memallocmanaged(self, size, attach_global):
+            calls.append((self.label, size, attach_global))
+
+    class Context:
+        memory_manager = Manager("numba")
+
+    monkeypatch.setattr(a, "pool_manager", lambda package, context, arena: Manager(("arena" if arena else "pool")))
+    chosen = a.managed_allocators(Context())
+    for memalloc in chosen.values():
+        memalloc(4096)
+    assert sorted(calls) == [("arena", 4096, True), ("numba", 4096, True), ("pool", 4096, True)]
+
+
 def test_baseline_is_imported_beside_ours_not_over_it():
     import numba_pool
 

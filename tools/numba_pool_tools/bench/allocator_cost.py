@@ -40,6 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from functools import partial
 from typing import Callable
 
 from . import checks, history_cost
@@ -248,6 +249,53 @@ def run(baseline: str | None = None, sizes=SIZES, repeats: int = REPEATS, plain:
     return {"sizes": results, "notes": notes + history_cost.notes(recorded), "core": core, "frontend": FRONTEND.name}
 
 
+#: The managed table's row for Numba's own manager (``cuMemAllocManaged`` per array).
+NUMBA_MANAGED = "Numba's manager"
+
+
+def managed_allocators(context, baseline: str | None = None) -> dict[str, Callable[[int], object]]:
+    """``memallocmanaged`` by label: numba_pool's managed cache in mempool and arena mode (a
+    manager each, the default configuration, ``NUMBA_POOL_MANAGED`` on), the ``baseline``'s
+    likewise, and the context's own manager (Numba's, when the process names no plugin)."""
+    import numba_pool
+
+    packages = [(numba_pool, "")] + ([(import_baseline(baseline), BASELINE_SUFFIX)] if baseline else [])
+    managers = {label + suffix: pool_manager(package, context, arena)
+                for package, suffix in packages for arena, label in ((False, NUMBA_POOL), (True, ARENA))}
+    managers[NUMBA_MANAGED] = context.memory_manager
+    # Numba's own takes attach_global as a positional argument, without a default.
+    return {label: partial(manager.memallocmanaged, attach_global=True) for label, manager in managers.items()}
+
+
+def run_managed(baseline: str | None = None, size: int = 4 << 10, repeats: int = REPEATS) -> dict[str, dict]:
+    """Managed memory's allocate+free pairs (``memallocmanaged(size)``, ``size`` bytes, then the
+    pointer dropped) timed in this process as :func:`run` times device memory: the allocators
+    of :func:`managed_allocators` taking turns, on one core with the collector off.  Returns
+    ``{label: {"median_us", "vs_baseline", "vs_numba"}}`` (paired differences in µs with their
+    95 % intervals; None where there is no counterpart)."""
+    context = cuda.current_context()
+    memallocs = managed_allocators(context, baseline)
+    with quiet_host():
+        times = time_in_turns(memallocs, size, repeats, synchronize=cuda.synchronize)
+    versus_numba = paired_differences(times, NUMBA_MANAGED)
+    return {label: {"median_us": statistics.median(samples), "vs_baseline": _versus(times, label, BASELINE_SUFFIX),
+                    "vs_numba": _as_dict(versus_numba.get(label))}
+            for label, samples in times.items()}
+
+
+def render_managed(rows: dict[str, dict], size: int = 4 << 10) -> str:
+    """:func:`run_managed`'s table: µs per pair and the paired differences, with their intervals."""
+    from tabulate import tabulate
+
+    def cell(d: dict | None) -> str:
+        return "" if d is None else str(Difference(d["median"], d["low"], d["high"]))
+
+    table = [[size_label(size), label, f"{r['median_us']:.2f}", cell(r["vs_numba"]), cell(r["vs_baseline"])]
+             for label, r in rows.items()]
+    return tabulate(table, headers=["size", "managed allocator", "us per pair", f"vs {NUMBA_MANAGED}, us [95% CI]",
+                                    "vs baseline, us [95% CI]"], tablefmt="github", disable_numparse=True)
+
+
 def rows_of(times: dict[str, list[float]], history: dict[str, dict] | None = None) -> dict[str, dict]:
     """One size's table rows from its times (µs per pair, per allocator and repeat): per
     allocator, the median and its paired differences and ratio (:func:`run`).  ``history``
@@ -336,6 +384,9 @@ def render_runs(runs: list[dict], flags: list = ()) -> str:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    folders = [a for a in args if a not in ("--plain", "--anchors", "--no-history")]
+    folders = [a for a in args if a not in ("--plain", "--anchors", "--no-history", "--managed")]
+    if "--managed" in args:  # the managed table, printed (no JSON)
+        print(render_managed(run_managed(folders[0] if folders else None)))
+        sys.exit(0)
     print(json.dumps(run(folders[0] if folders else None, plain="--plain" in args, anchors="--anchors" in args,
                          history="--no-history" not in args)))

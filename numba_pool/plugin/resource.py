@@ -1,0 +1,133 @@
+"""The cuda.core door: :class:`MemoryResource`, a cuda.core ``MemoryResource`` on a device's numba_pool
+allocator (rule 14 of :mod:`numba_pool.allocator`).  :func:`install` puts it on the ``cuda.core.Device``
+that Numba's context keeps, through which Numba's launches copy host arrays (docs/architecture.md, "The
+doors").  cuda.core is imported with this module, which nothing imports before its first use.
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+import warnings
+
+from cuda.bindings import driver as _cu
+from cuda.core import Buffer, Stream
+from cuda.core import MemoryResource as _CoreResource
+
+from ..cuda import frontend as frontends
+from ..cuda.streams import LEGACY, as_stream_ref
+from .state import process
+
+
+class MemoryResource(_CoreResource):
+    """cuda.core's ``MemoryResource`` on numba_pool's pool (and arena) of a device: ``Buffer``s counted
+    in ``numba_pool.stats()``, under ``NUMBA_POOL_MAX_SIZE`` and its out-of-memory retry.
+
+    :param device_id: the device (None: the current context's, else 0).
+    :param manager: the numba_pool manager (None: the one serving ``device_id``, at the first allocation).
+    :raises ValueError: ``device_id`` not a device ordinal (an int >= 0)."""
+
+    def __init__(self, device_id: int | None = None, *, manager=None):
+        if device_id is not None and (not isinstance(device_id, numbers.Integral) or isinstance(device_id, bool)
+                                      or device_id < 0):
+            raise ValueError(f"numba_pool.MemoryResource: device_id must be a device ordinal (an int >= 0), "
+                             f"got {device_id!r}")
+        self._device_id = manager.device_id if manager is not None else None if device_id is None else int(device_id)
+        self._manager = manager
+        self._lock = threading.Lock()  # guards finding the manager
+        self._blocks: dict[int, tuple] = {}  # address -> (Block, its allocator): live buffers; atomic operations
+
+    def allocate(self, size: int, stream=None) -> Buffer:
+        """A ``Buffer`` of ``size`` bytes for work on ``stream`` (cuda.core's, Numba's, any ``__cuda_stream__``
+        object or handle; None: the legacy stream), stream-ordered (``cuMemAllocFromPoolAsync``).
+
+        :raises ValueError: ``size`` not a positive int (bytes).
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size <= 0:
+            raise ValueError(f"numba_pool.MemoryResource.allocate: size must be a positive number of bytes, "
+                             f"got {size!r}")
+        size = int(size)
+        ref = LEGACY if stream is None else as_stream_ref(stream)
+        manager = self._manager_now()
+        block = manager.allocate_block(size, ref)
+        self._blocks[block.address] = (block, manager.allocator)
+        return Buffer.from_handle(block.address, size, mr=self, stream=_core_stream(stream, ref))
+
+    def deallocate(self, ptr, size: int, stream=None) -> None:
+        """Give back the buffer at ``ptr`` (``size`` bytes), ordered on ``stream`` (None: its allocation
+        stream; rule 14).  Nothing for a buffer it does not hold (a zero-byte one)."""
+        held = self._blocks.pop(int(ptr), None)
+        if held is None:
+            return
+        block, allocator = held
+        allocator.deallocate(block, None if stream is None else as_stream_ref(stream))
+
+    @property
+    def is_device_accessible(self) -> bool:
+        """True: device memory."""
+        return True
+
+    @property
+    def is_host_accessible(self) -> bool:
+        """False: device memory."""
+        return False
+
+    @property
+    def device_id(self) -> int:
+        """The device ordinal (the current context's until the first allocation names it, else 0)."""
+        return self._device_id if self._device_id is not None else _current_device()
+
+    def _manager_now(self):
+        manager = self._manager
+        if manager is None:
+            with self._lock:
+                if self._manager is None:
+                    self._manager = serving_manager(self.device_id)
+                manager = self._manager
+        return manager
+
+    def __repr__(self) -> str:
+        return f"numba_pool.MemoryResource(device {self.device_id}, {len(self._blocks)} live buffers)"
+
+
+def _core_stream(stream, ref):
+    # The Buffer's deallocation stream: cuda.core's own object where given one, else one naming the handle.
+    if isinstance(stream, Stream) or type(stream).__name__ == "GraphBuilder":
+        return stream
+    return Stream.from_handle(int(_cu.CU_STREAM_LEGACY) if ref is LEGACY else ref.value)
+
+
+def _current_device() -> int:
+    err, device = _cu.cuCtxGetDevice()
+    return int(device) if err == _cu.CUresult.CUDA_SUCCESS else 0
+
+
+def serving_manager(device_id: int):
+    """The numba_pool manager serving ``device_id``: this process's, else that of Numba's context for it.
+
+    :raises RuntimeError: Numba's memory manager on the device is not numba_pool's."""
+    for manager in process.managers():
+        if manager.context is not None and manager.device_id == device_id:
+            return manager
+    cuda = frontends.resolve("numba_pool.MemoryResource").cuda
+    with cuda.gpus[device_id]:
+        manager = cuda.current_context().memory_manager
+    if not hasattr(manager, "allocate_block"):
+        raise RuntimeError(f"numba_pool.MemoryResource: Numba's memory manager on device {device_id} is "
+                           f"{type(manager).__name__}, not numba_pool's: set NUMBA_CUDA_MEMORY_MANAGER=numba_pool "
+                           "or call numba_pool.install() before Numba's first CUDA call")
+    manager.initialize()
+    return manager
+
+
+def install(manager) -> None:
+    """A :class:`MemoryResource` on ``manager`` for the ``cuda.core.Device`` its Numba context keeps (none in
+    the CUDA model or simulator); a failure warns: the EMM plugin works without this door."""
+    device = getattr(getattr(manager.context, "device", None), "_dev", None)
+    if device is None or not hasattr(type(device), "memory_resource"):
+        return
+    try:
+        device.memory_resource = MemoryResource(manager=manager)
+    except Exception as err:  # noqa: BLE001 - the EMM plugin works without this door
+        warnings.warn(f"numba_pool: could not install its cuda.core memory resource on device "
+                      f"{manager.device_id} ({err}); Numba's launches allocate from cuda.core's pool", stacklevel=2)
