@@ -148,7 +148,7 @@ class PooledPinnedMemory:
 
 def data_address(array) -> int:
     """The address of an array's first byte (CUDA Array Interface, or NumPy's for pinned host memory)
-    or of a ``MemoryPointer`` / ``PinnedMemory``.
+    or of a ``MemoryPointer`` / ``PinnedMemory`` / cuda.core ``Buffer``.
 
     :raises TypeError: for anything else, naming its type."""
     interface = getattr(array, "__cuda_array_interface__", None)
@@ -157,10 +157,12 @@ def data_address(array) -> int:
     pointer = getattr(array, "device_pointer_value", None)
     if pointer is not None:
         return int(pointer)
+    if type(array).__module__.startswith("cuda.core") and hasattr(array, "memory_resource"):  # a cuda.core Buffer
+        return int(array.handle)
     interface = getattr(array, "__array_interface__", None)
     if interface is not None:
         return int(interface["data"][0])
     pointer = getattr(array, "host_pointer", None)
     if pointer is not None:
         return int(pointer)
-    raise TypeError(f"numba_pool: {type(array).__name__} is neither a device array, a pinned host array nor a MemoryPointer")
+    raise TypeError(f"numba_pool: {type(array).__name__} is neither a device array, a pinned host array, a MemoryPointer nor a cuda.core Buffer")

@@ -67,3 +67,17 @@ def test_deallocate_on_another_stream_waits_for_it(programs, monkeypatch, arena)
     _reuse_across_a_door_stream(p)
     assert any(v.kind == "unordered reuse" for v in p.model.violations), p.model.violations
     p.model.violations.clear()
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_record_stream_takes_a_cuda_core_buffer(programs, arena):
+    # Issue 35, item 6: record_stream accepts a cuda.core Buffer (a non-owning one over a door's
+    # block here: cuda.core's Buffer needs no GPU to name an address) and registers on the block.
+    from cuda.core import Buffer
+
+    p = programs(arena=arena)
+    stream = p.create_stream(False)
+    family = p.allocate_door(1000)
+    p.mm.record_stream(Buffer.from_handle(family.address, family.size), p.stream_objects[stream])
+    assert [wait.value for wait in family.refs[0].block.waits] == [stream]
+    p.drop(family)
