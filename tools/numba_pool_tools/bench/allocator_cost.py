@@ -145,6 +145,14 @@ def _has_plugin_manager(package) -> bool:
     return (Path(package.__file__).parent / "plugin" / "manager.py").is_file()
 
 
+def measured_packages(baseline: str | None = None) -> list[tuple]:
+    """``(package, label suffix)`` of each numba_pool measured: ours (``""``), then the
+    ``baseline``'s where given (:data:`BASELINE_SUFFIX`, :func:`import_baseline`)."""
+    import numba_pool
+
+    return [(numba_pool, "")] + ([(import_baseline(baseline), BASELINE_SUFFIX)] if baseline else [])
+
+
 def allocators(context, baseline: str | None = None, plain: bool = False,
                history: bool = False) -> tuple[dict[str, Callable[[int], object]], dict[str, object]]:
     """The ``memalloc`` of each allocator measured, by label, and the numba_pool managers behind
@@ -160,10 +168,7 @@ def allocators(context, baseline: str | None = None, plain: bool = False,
     from .noop import BareNoopManager, NoopManager
 
     managers = {}
-    packages = [(numba_pool, "")]
-    if baseline:
-        packages.append((import_baseline(baseline), BASELINE_SUFFIX))
-    for package, suffix in packages:
+    for package, suffix in measured_packages(baseline):
         for arena, label in ((False, NUMBA_POOL), (True, ARENA)):
             managers[label + suffix] = pool_manager(package, context, arena)
             if plain and not suffix:
@@ -257,11 +262,8 @@ def managed_allocators(context, baseline: str | None = None) -> dict[str, Callab
     """``memallocmanaged`` by label: numba_pool's managed cache in mempool and arena mode (a
     manager each, the default configuration, ``NUMBA_POOL_MANAGED`` on), the ``baseline``'s
     likewise, and the context's own manager (Numba's, when the process names no plugin)."""
-    import numba_pool
-
-    packages = [(numba_pool, "")] + ([(import_baseline(baseline), BASELINE_SUFFIX)] if baseline else [])
     managers = {label + suffix: pool_manager(package, context, arena)
-                for package, suffix in packages for arena, label in ((False, NUMBA_POOL), (True, ARENA))}
+                for package, suffix in measured_packages(baseline) for arena, label in ((False, NUMBA_POOL), (True, ARENA))}
     managers[NUMBA_MANAGED] = context.memory_manager
     # Numba's own takes attach_global as a positional argument, without a default.
     return {label: partial(manager.memallocmanaged, attach_global=True) for label, manager in managers.items()}
