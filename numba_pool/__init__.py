@@ -18,7 +18,8 @@ from .plugin.api import (dump_snapshot, install, live_allocations, memory_summar
 from .plugin.manager import NumbaPoolManager
 
 __all__ = [
-    "ConfigError", "FrontendError", "MemoryResource", "NumbaPoolManager", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install",
+    "ConfigError", "FrontendError", "MemoryResource", "NumbaPoolManager", "cupy_allocator", "cupy_pinned_allocator",
+    "torch_allocator", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install",
     "prefetch", "record_stream", "record_history", "snapshot", "dump_snapshot", "on_out_of_memory",
     "live_allocations",
     "reset_peak", "scratch", "stats", "trim", "using_stream",
@@ -28,10 +29,19 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    if name == "MemoryResource":  # imports cuda.core: at the first use only
+    # The doors other than Numba's import their library (cuda.core, CuPy, PyTorch) at the first use only.
+    if name == "MemoryResource":
         from .plugin.resource import MemoryResource
 
         return MemoryResource
+    if name in ("cupy_allocator", "cupy_pinned_allocator"):
+        from .plugin import cupy_allocator
+
+        return getattr(cupy_allocator, name)
+    if name == "torch_allocator":
+        from .plugin.torch_allocator import torch_allocator
+
+        return torch_allocator
     raise AttributeError(f"module 'numba_pool' has no attribute {name!r}")
 
 if _simulator.requested():  # numba-cuda's simulator ignores NUMBA_CUDA_MEMORY_MANAGER: say so, once

@@ -4,20 +4,19 @@ nothing of events or reuse: the cache decides when a block may go back.
 
 * :class:`PinnedBacking`: page-locked host memory, ``cuMemHostAlloc`` / ``cuMemFreeHost``
   (``NUMBA_POOL_HOST``), mapped into the device's address space on request.
-* :class:`ManagedBacking`: managed (unified) memory from a managed mempool (``CU_MEM_ALLOCATION_TYPE_MANAGED``,
-  ``NUMBA_POOL_MANAGED``).  The driver refuses ``CUmemPoolProps.maxSize`` on managed pools
-  (``CUDA_ERROR_INVALID_VALUE``, H100, driver 580): the cache caps it (``NUMBA_POOL_MANAGED_MAX_SIZE``)."""
+* :class:`ManagedBacking`: managed (unified) memory, ``cuMemAllocManaged`` / ``cuMemFree`` (``NUMBA_POOL_MANAGED``),
+  capped by the cache (``NUMBA_POOL_MANAGED_MAX_SIZE``)."""
 
 from __future__ import annotations
 
 from cuda.bindings import driver as _cuda
 
 from ..cuda.driver import OUT_OF_MEMORY, SUCCESS, check, report_failure
-from . import captures
-from .fences import PrivateStream
 
 #: ``cuMemHostAlloc`` flag that maps a pinned block into the device's address space.
 DEVICEMAP = int(_cuda.CU_MEMHOSTALLOC_DEVICEMAP)
+#: ``cuMemAllocManaged`` flag: the memory may be accessed from any stream of any device (Numba's default).
+ATTACH_GLOBAL = int(_cuda.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL)
 
 
 class PinnedBacking:
@@ -65,59 +64,54 @@ class PinnedBacking:
 
 
 class ManagedBacking:
-    """Managed blocks from one device's managed mempool, the same address on host and device
-    (``cuMemAllocFromPoolAsync`` and ``cuMemFreeAsync`` on a private non-blocking stream, never the legacy
-    one, a barrier between all blocking streams: rule 4 of :mod:`numba_pool.allocator`).  The cache gives back
-    only idle blocks (rule 9) and the pool makes no allocation wait for another stream (internal dependencies
-    off), so what it hands out on that stream is idle memory: the host may write it at once.  A block in use
-    at a reset stays in use, back to the cache when its array goes (:attr:`frees_orphans` is false): the pool
-    outlives the reset, and freeing the memory of a live NumPy array would crash the host at its next access.
+    """Managed blocks of one device: ``cuMemAllocManaged(rounded, CU_MEM_ATTACH_GLOBAL)``, the same address on
+    host and device, and ``cuMemFree``, as Numba's own managed arrays (Note [Managed blocks are not from a
+    mempool]).  The allocation is synchronous, so the host may write the block at once; the cache gives back
+    only idle blocks (rule 9).  A block in use at a reset stays in use, back to the cache when its array goes
+    (:attr:`frees_orphans` is false): freeing the memory of a live NumPy array would crash the host at its next
+    access.
+
+    Note [Managed blocks are not from a mempool]
+        A managed mempool (``CU_MEM_ALLOCATION_TYPE_MANAGED``) allocates in 4 µs against ``cuMemAllocManaged``'s
+        25, but on driver 580 what it hands out again after a free is pathological: a 4 GiB range freed, trimmed
+        and reallocated took 8.9 s for a device memset after a host read (0.6 s on fresh memory), and the
+        device memory its pages held stayed taken after ``cuMemPoolTrimTo(0)`` (4 GiB of 4; H200, 2026-11-27,
+        docs/perf-notes.md, "Managed memory").  The cache's own reuse is the fast path; a miss costs what
+        Numba's default costs.
 
     :param cu: the driver object.
-    :param pool: the managed mempool (:class:`numba_pool.cuda.mempool.MemPool`, ``managed``)."""
+    :param device_id: the device (for messages)."""
 
     kind = "managed"
     prefix = "managed"
     cap_variable = "NUMBA_POOL_MANAGED_MAX_SIZE"
     frees_orphans = False
 
-    def __init__(self, cu, pool):
+    def __init__(self, cu, device_id: int = 0):
         self._cu = cu
-        self.pool = pool
-        self._side = captures.SideStream(cu, "managed blocks")  # for allocations beside a capture (rule 13)
-        self._private = PrivateStream(cu, "managed blocks")  # every other allocation and free
+        self.device_id = device_id
 
     def allocate(self, rounded: int, flags: int) -> tuple[int, int] | None:
-        """A new managed block of ``rounded`` bytes, ``(address, address)``; None when the pool cannot grow.
-        While a stream capture is under way (rule 13: the legacy stream would join or break it, and the
-        caller is in relaxed capture mode), on a side stream, synchronized.
+        """A new managed block of ``rounded`` bytes, ``(address, address)``; None when the driver is out of memory.
+        Beside a capture the caller is in relaxed capture mode (rule 13), where ``cuMemAllocManaged`` is allowed.
 
         :raises CudaAPIError: any other driver error."""
-        beside = bool(captures.underway)
-        stream = self._side.handle if beside else self._private.handle
-        err, ptr = self._cu.cuMemAllocFromPoolAsync(rounded, self.pool.handle, stream)
+        err, ptr = self._cu.cuMemAllocManaged(rounded, ATTACH_GLOBAL)
         if err == OUT_OF_MEMORY:
             return None
-        address = int(check((err, ptr), f"cuMemAllocFromPoolAsync({rounded} bytes, managed mempool)"))
-        if beside:
-            check(self._cu.cuStreamSynchronize(stream), "cuStreamSynchronize (managed block beside a capture)")
-        else:  # the host may write it at once: the allocation is complete first
-            self._private.complete()
+        address = int(check((err, ptr), f"cuMemAllocManaged({rounded} bytes, CU_MEM_ATTACH_GLOBAL)"))
         return address, address
 
     def free(self, address: int) -> tuple:
-        """Return an idle block to the managed pool (``cuMemFreeAsync`` on the private stream, in the owner's
-        context: the cache frees under its lock, at an allocation, trim or reset); the driver's result."""
-        return self._cu.cuMemFreeAsync(self._cu.CUdeviceptr(address), self._private.handle)
+        """Give an idle block back (``cuMemFree``, in the owner's context: the cache frees under its lock, at an
+        allocation, trim or reset, never beside a capture); the driver's result."""
+        return self._cu.cuMemFree(self._cu.CUdeviceptr(address))
 
     def refused_by(self) -> str:
-        return f"the device (managed mempool of device {self.pool.device_id})"
+        return f"the device (cuMemAllocManaged on device {self.device_id})"
 
     def trim(self) -> None:
-        """After blocks were given back: synchronize the context (``cuCtxSynchronize``) so their stream-ordered
-        frees complete, and release the managed pool's unused memory (``cuMemPoolTrimTo(0)``)."""
-        check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (managed trim)")
-        self.pool.trim(0)
+        """After blocks were given back: nothing more (``cuMemFree`` returns them at once)."""
 
     def describe(self, flags: int) -> str:
         return "managed memory allocating {size} bytes (a block of {rounded} bytes)"

@@ -3,7 +3,7 @@ memory (``NUMBA_POOL_MANAGED``), from a cache under **the host rule** (rule 9 of
 
 Numba's ``memhostalloc`` (``pinned_array``, ``mapped_array``, ``pinned()``) and ``memallocmanaged``
 (``managed_array``) allocate and free per buffer (``cuMemHostAlloc``/``cuMemFreeHost``, or
-``cuMemAllocManaged``/``cuMemFree``, whose free synchronizes the device: Note [Managed memory's cost]).
+``cuMemAllocManaged``/``cuMemFree``, about 25 µs a pair whose free synchronizes the device: Note [Managed blocks are not from a mempool]).
 :class:`HostBlocks` caches freed blocks, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool``
 do; new blocks come from its *backing* (:mod:`.backings`):
 

@@ -114,7 +114,7 @@ def _managed_rows(config) -> list[tuple[str, str]]:
     except CudaAPIError as err:
         raise Failure(str(err)) from None
     facts = [(concurrent, why_not_served(cu, device_id, config, concurrent)) for device_id, concurrent in enumerate(access)]
-    served = ("numba_pool serves managed arrays from a managed mempool, blocks cached "
+    served = ("numba_pool serves managed arrays from cuMemAllocManaged, blocks cached "
               "(host-attached ones, attach_global=False, stay Numba's)")
     return [(f"managed on device {device_id}",
              f"concurrent managed access: {'yes' if concurrent else 'no'}; "

@@ -21,7 +21,7 @@ from .sizes import (ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE,
                     SIZE_HELP, parse_arena_size, parse_host_max_size, parse_managed_max_size, parse_max_size,
                     parse_release_threshold, parse_size, release_limit)
 from .values import BOOL_HELP, parse_bool, parse_path, parse_peer_access
-from .variables import FRONTEND_VARIABLE, OTHER_VARIABLES, user_stacklevel, warn_unknown_variables
+from .variables import FRONTEND_VARIABLE, OTHER_VARIABLES, RETIRED, user_stacklevel, warn_unknown_variables
 
 __all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_SLAB_SIZE", "FRONTEND_VARIABLE", "KEEP_ALL",
            "KNOWN_VARIABLES", "MAX_BYTES", "MIN_BARE_CAP", "OPTIONS", "OTHER_VARIABLES", "SIZE_HELP", "ConfigError", "ConfigWarning",
@@ -55,7 +55,6 @@ class PoolConfig:
     managed: bool = True
     managed_max_size: int | None = None
     managed_release_threshold: int = KEEP_ALL
-    managed_initial_size: int = 0
     managed_prefetch: bool = False
     oom_snapshot: str | None = None
     leak_report: bool = False
@@ -91,10 +90,10 @@ class PoolConfig:
                      f"{'none' if self.host_max_size is None else size(self.host_max_size)}, release threshold "
                      f"{'keep all' if self.host_release_threshold == KEEP_ALL else size(self.host_release_threshold)}"
                      if self.host else "off: Numba's cuMemHostAlloc/cuMemFreeHost per buffer"),
-            "managed": (f"on: managed arrays from a managed mempool, blocks cached, cap "
+            "managed": (f"on: managed arrays from cuMemAllocManaged, blocks cached, cap "
                         f"{'none' if self.managed_max_size is None else size(self.managed_max_size)}, release threshold "
                         f"{'keep all' if self.managed_release_threshold == KEEP_ALL else size(self.managed_release_threshold)}"
-                        f", initial size {size(self.managed_initial_size)}, "
+                        f", "
                         f"{'prefetched to the device at allocation' if self.managed_prefetch else 'no prefetch'}"
                         if self.managed else "off: Numba's cuMemAllocManaged/cuMemFree per array"),
             "oom snapshot": self.oom_snapshot or "off",
@@ -124,7 +123,6 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "managed": ("NUMBA_POOL_MANAGED", parse_bool),
     "managed_max_size": ("NUMBA_POOL_MANAGED_MAX_SIZE", parse_managed_max_size),
     "managed_release_threshold": ("NUMBA_POOL_MANAGED_RELEASE_THRESHOLD", parse_release_threshold),
-    "managed_initial_size": ("NUMBA_POOL_MANAGED_INITIAL_SIZE", parse_size),
     "managed_prefetch": ("NUMBA_POOL_MANAGED_PREFETCH", parse_bool),
     "oom_snapshot": ("NUMBA_POOL_OOM_SNAPSHOT", parse_path),
     "leak_report": ("NUMBA_POOL_LEAK_REPORT", parse_bool),
@@ -147,8 +145,10 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
     if unknown:
         hints = []
         for name in unknown:
+            retired = RETIRED.get(f"NUMBA_POOL_{name.upper()}")
             close = difflib.get_close_matches(name, list(OPTIONS), n=1)
-            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            hints.append(f"{name!r}" + (f" (no longer read: {retired})" if retired else
+                                        f" (did you mean {close[0]!r}?)" if close else ""))
         raise ConfigError(f"install(): unknown option(s) {', '.join(hints)}: expected some of {', '.join(OPTIONS)}")
     warn_unknown_variables(environ, [variable for variable, _ in OPTIONS.values()] + [FRONTEND_VARIABLE])
     values: dict[str, Any] = {}
@@ -200,13 +200,6 @@ def _check_consistency(config: PoolConfig, given: dict[str, tuple[str, Any]]) ->
             "the first synchronization")
     if isinstance(config.max_size, int) and config.initial_size > config.max_size:
         raise ConfigError(f"{named('initial_size')} is above {named('max_size')}: the reserve must fit under the cap")
-    if config.managed_initial_size > config.managed_release_threshold:
-        raise ConfigError(
-            f"{named('managed_initial_size')} is above {named('managed_release_threshold')}: the reserve would be "
-            "released at the first synchronization")
-    if config.managed_max_size is not None and config.managed_initial_size > config.managed_max_size:
-        raise ConfigError(f"{named('managed_initial_size')} is above {named('managed_max_size')}: the reserve must fit "
-                          "under the cap")
     if config.arena_max_block > config.arena_slab_size:
         raise ConfigError(
             f"{named('arena_max_block')} is larger than {named('arena_slab_size')}: a block must fit in a slab")

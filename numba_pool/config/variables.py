@@ -38,12 +38,19 @@ def _squeezed(name: str) -> str:
     return name.upper().replace("_", "")
 
 
+#: Variables numba_pool no longer reads, and why: a warning says so instead of suggesting a neighbour.
+RETIRED = {"NUMBA_POOL_MANAGED_INITIAL_SIZE": "managed blocks come from cuMemAllocManaged, which reserves nothing "
+                                           "ahead (numba_pool 2026-11-27)"}
+
+
 def probable_typo(name: str, options: Iterable[str]) -> str | None:
     """The warning for ``name`` if it looks meant for numba_pool (``NUMBA_POOL_`` in any case, or
     ``NUMBAPOOL`` once squeezed) but is none of its variables, else None.  It suggests the closest
     configuration variable (else of :data:`OTHER_VARIABLES`), or lists the configuration ones."""
     if not _squeezed(name).startswith("NUMBAPOOL") or name in OTHER_VARIABLES:
         return None
+    if name in RETIRED:
+        return f"{name} is no longer read and is ignored: {RETIRED[name]}"
     options = sorted(options)
     if name in options:
         return None

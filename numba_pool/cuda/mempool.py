@@ -1,7 +1,7 @@
 """One device's CUDA stream-ordered memory pool (CUDA Driver API, "Stream Ordered Memory Allocator"): a private
 one (``cuMemPoolCreate``, optionally capped by ``CUmemPoolProps.maxSize``) or the device's default pool
-(``cuDeviceGetDefaultMemPool``, shared with CuPy's and PyTorch's ``cudaMallocAsync``); a *managed* pool
-(:meth:`MemPool.managed`) is private, uncapped and not exportable.  Here: creation, attributes, trimming and
+(``cuDeviceGetDefaultMemPool``, shared with CuPy's and PyTorch's ``cudaMallocAsync``).  Here: creation,
+attributes, trimming and
 destruction; the allocator calls ``cuMemAllocFromPoolAsync``/``cuMemFreeAsync`` on :attr:`MemPool.handle`."""
 
 from __future__ import annotations
@@ -41,22 +41,14 @@ class MemPool:
     :param device_total: the device's total memory in bytes (for a fractional ``max_size``).
     :raises CudaAPIError: when the driver refuses to create or configure the pool."""
 
-    def __init__(self, cu, device_id: int, config: PoolConfig, device_total: int, *, managed: bool = False):
+    def __init__(self, cu, device_id: int, config: PoolConfig, device_total: int):
         self._cu = cu
         self.device_id = device_id
-        self.kind = "managed" if managed else "device"
-        self.is_private = managed or not config.use_default_pool
-        self.max_size = None if not self.is_private or managed else config.max_size_bytes(device_total)
-        self.exportable, self.not_exportable_because = False, ("managed mempools cannot be exported" if managed else
-                                                               "the device's default mempool is not exportable")
+        self.is_private = not config.use_default_pool
+        self.max_size = config.max_size_bytes(device_total) if self.is_private else None
+        self.exportable, self.not_exportable_because = False, "the device's default mempool is not exportable"
         self._export_fd: int | None = None
         self._export_lock = threading.Lock()
-        if managed:
-            self.handle = self._create_managed()
-            self.set_release_threshold(config.managed_release_threshold)
-            self.forbid_internal_dependencies()
-            self.peers: list[int] = []  # managed memory is reachable from every device with concurrent access
-            return
         if self.is_private:
             props = cu.CUmemPoolProps()
             props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -70,26 +62,6 @@ class MemPool:
         self.set_release_threshold(config.release_threshold)
         self.forbid_internal_dependencies()
         self.peers = self.grant_peer_access() if config.peer_access == "all" else []
-
-    @classmethod
-    def managed(cls, cu, device_id: int, config: PoolConfig) -> "MemPool":
-        """Device ``device_id``'s managed pool: ``cuMemPoolCreate``, ``CU_MEM_ALLOCATION_TYPE_MANAGED`` and
-        ``CU_MEM_LOCATION_TYPE_NONE`` (pages migrate on demand, as ``cuMemAllocManaged``'s); no ``maxSize`` or
-        IPC handle types (refused: ``CUDA_ERROR_INVALID_VALUE``; the cache caps it), no peer grants (needless).
-
-        :param config: the options in effect (``managed_release_threshold``).
-        :raises CudaAPIError: when the driver refuses to create or configure the pool."""
-        return cls(cu, device_id, config, 0, managed=True)
-
-    def _create_managed(self):
-        cu = self._cu
-        props = cu.CUmemPoolProps()
-        props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
-        props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
-        # No location: pages migrate on demand, as cuMemAllocManaged's do; a device location slowed the host's
-        # first touch, a host one the kernels' reads (docs/perf-notes.md, "Managed memory").
-        props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_NONE
-        return check(cu.cuMemPoolCreate(props), "cuMemPoolCreate (managed)")
 
     def _handle_types(self, wanted: bool):
         """``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`` when IPC is wanted and the device's

@@ -7,12 +7,11 @@ from __future__ import annotations
 from .. import config as _config
 from ..allocator.backings import ManagedBacking
 from ..allocator.host_blocks import HostBlocks
-from ..allocator.device import destroy_now, destroy_when_collected
 from ..cuda import driver
 from ..cuda.context import OwnerContext
 from ..cuda.driver import warn
 from ..cuda.errors import CudaAPIError
-from ..cuda.mempool import MemPool, concurrent_managed_access, prefetch
+from ..cuda.mempool import concurrent_managed_access, prefetch
 from ..cuda.pointers import PooledManagedMemory
 from ..cuda.streams import LEGACY, per_thread, scopes_entered
 
@@ -60,30 +59,18 @@ class ManagedSource:
 
 def managed_cache(cu, device_id: int, context, config: _config.PoolConfig,
                   deferral=None) -> tuple[HostBlocks | None, str]:
-    """The managed cache of a device on its managed mempool (``managed_initial_size`` reserved) and
-    ``""``; or None and why not (switched off, no concurrent managed access, or a driver refusing a
-    managed mempool: a warning), Numba's ``cuMemAllocManaged`` serving then.  ``deferral``: the
-    manager's ``defer_cleanup`` state, which holds the cache's releases back.
+    """The managed cache of a device (blocks from ``cuMemAllocManaged``: Note [Managed blocks are not from a
+    mempool]) and ``""``; or None and why not (switched off, or no concurrent managed access), Numba's
+    ``cuMemAllocManaged`` serving then.  ``deferral``: the manager's ``defer_cleanup`` state, which holds the
+    cache's releases back.
 
-    :raises CudaAPIError: when the pool cannot reserve ``managed_initial_size`` bytes."""
+    :raises CudaAPIError: when the device attribute cannot be read."""
     why = why_not_served(cu, device_id, config)
     if why:
         return None, why
-    try:
-        pool = MemPool.managed(cu, device_id, config)
-    except CudaAPIError as err:  # device arrays need no managed pool: Numba's path serves managed ones
-        warn(f"device {device_id}: no managed mempool ({err.msg}); managed arrays take Numba's own path")
-        return None, f"the driver refused a managed mempool on device {device_id} ({err.msg})"
-    owner = OwnerContext.of(cu, context)
-    try:
-        pool.reserve(config.managed_initial_size)
-    except CudaAPIError:
-        destroy_now(pool, owner)
-        raise
     cache = HostBlocks(cu, max_size=config.managed_max_size,
                        release_threshold=_config.release_limit(config.managed_release_threshold),
-                       owner=owner, backing=ManagedBacking(cu, pool), deferral=deferral)
-    destroy_when_collected(cache, pool, owner)  # after the manager and its last managed array
+                       owner=OwnerContext.of(cu, context), backing=ManagedBacking(cu, device_id), deferral=deferral)
     return cache, ""
 
 

@@ -194,7 +194,7 @@ class NumbaPoolManager:
 
     def memallocmanaged(self, size: int, attach_global: bool = True):
         """``size`` bytes of managed memory, as Numba's ``ManagedMemory``: with ``NUMBA_POOL_MANAGED``,
-        globally attached memory from the managed mempool's cache under the host rule (rule 9 of
+        globally attached memory (cuMemAllocManaged) from the managed cache under the host rule (rule 9 of
         :mod:`numba_pool.allocator`); host-attached, 0 bytes or no concurrent managed access: Numba's
         (``cuMemAllocManaged``).
 

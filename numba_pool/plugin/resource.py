@@ -14,9 +14,8 @@ from cuda.bindings import driver as _cu
 from cuda.core import Buffer, Stream
 from cuda.core import MemoryResource as _CoreResource
 
-from ..cuda import frontend as frontends
 from ..cuda.streams import LEGACY, as_stream_ref
-from .state import process
+from .serving import serving_manager
 
 
 class MemoryResource(_CoreResource):
@@ -82,7 +81,7 @@ class MemoryResource(_CoreResource):
         if manager is None:
             with self._lock:
                 if self._manager is None:
-                    self._manager = serving_manager(self.device_id)
+                    self._manager = serving_manager(self.device_id, "numba_pool.MemoryResource")
                 manager = self._manager
         return manager
 
@@ -100,24 +99,6 @@ def _core_stream(stream, ref):
 def _current_device() -> int:
     err, device = _cu.cuCtxGetDevice()
     return int(device) if err == _cu.CUresult.CUDA_SUCCESS else 0
-
-
-def serving_manager(device_id: int):
-    """The numba_pool manager serving ``device_id``: this process's, else that of Numba's context for it.
-
-    :raises RuntimeError: Numba's memory manager on the device is not numba_pool's."""
-    for manager in process.managers():
-        if manager.context is not None and manager.device_id == device_id:
-            return manager
-    cuda = frontends.resolve("numba_pool.MemoryResource").cuda
-    with cuda.gpus[device_id]:
-        manager = cuda.current_context().memory_manager
-    if not hasattr(manager, "allocate_block"):
-        raise RuntimeError(f"numba_pool.MemoryResource: Numba's memory manager on device {device_id} is "
-                           f"{type(manager).__name__}, not numba_pool's: set NUMBA_CUDA_MEMORY_MANAGER=numba_pool "
-                           "or call numba_pool.install() before Numba's first CUDA call")
-    manager.initialize()
-    return manager
 
 
 def install(manager) -> None:

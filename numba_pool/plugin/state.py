@@ -38,6 +38,8 @@ class ProcessState:
         #: Releases of exported blocks waiting for their importers (the IPC lease thread's queue;
         #: finalizers add to it through each block's ``LeaseHold``, without a lock).
         self.leases = LeaseQueue()
+        #: The PyTorch door (:mod:`.torch_allocator`), made at the first ``numba_pool.torch_allocator()``.
+        self.torch_door = None
 
     # -- the managers -----------------------------------------------------------------------
 

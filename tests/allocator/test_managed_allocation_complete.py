@@ -1,16 +1,14 @@
 """Issue 34, defect 5: a managed block is handed out only once the host has seen its allocation
 complete.
 
-``cuda.managed_array`` gives the block to the host, which writes it at once; the block's
-``cuMemAllocFromPoolAsync`` is an operation on numba_pool's private stream, and "Stream Ordered
-Memory Allocator" requires an allocation complete before its memory is used elsewhere.  At
-7ab5064 a fresh managed block was allocated on the legacy stream and handed out at once; issue
-33 moved it to a private stream followed by ``PrivateStream.complete()``
-(:class:`numba_pool.allocator.backings.ManagedBacking`).  The model reports a host use of
-managed memory before the host observed its allocation complete (``cuda_model.managed``), so
-each path that can hand out a block the pool has just allocated is run here: the first block, a
-cached block, a block after a trim gave the cached ones back, and one under ``using_stream``.
-Each fails with ``complete()`` skipped (seen once, planted in backings.py)."""
+``cuda.managed_array`` gives the block to the host, which writes it at once.  At 7ab5064 a fresh
+managed block was a managed mempool's ``cuMemAllocFromPoolAsync`` on the legacy stream, handed out
+before it completed; issue 33 completed it on a private stream first.  Since 2026-11-27 managed
+blocks come from ``cuMemAllocManaged``, which is synchronous (Note [Managed blocks are not from a
+mempool], :class:`numba_pool.allocator.backings.ManagedBacking`).  The model reports a host use of
+managed memory before the host observed its allocation complete (``cuda_model.managed``), so each
+path that can hand out a block the driver has just allocated is run here: the first block, a cached
+block, a block after a trim gave the cached ones back, and one under ``using_stream``."""
 
 from __future__ import annotations
 
@@ -64,8 +62,8 @@ def test_a_block_after_a_trim(prog):
     prog.drop(a, legalize="sync")
     gc.collect()
     prog.mm.trim()
-    assert prog.mm.managed.cached == 0  # given back to the managed mempool
-    b = _handed_out_complete(prog)  # the pool's block again, a new allocation on the private stream
+    assert prog.mm.managed.cached == 0  # given back to the driver (cuMemFree)
+    b = _handed_out_complete(prog)  # the driver's block again, a new cuMemAllocManaged
     assert b.address == address
     prog.check()
 
@@ -85,7 +83,9 @@ def test_the_model_reports_a_host_use_before_the_allocation_completed():
     p = Program(arena=False)
     try:
         model = p.model
-        pool = p.mm.managed.backing.pool.handle
+        props = real_cu.CUmemPoolProps()
+        props.allocType = real_cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_MANAGED
+        err, pool = model.cuMemPoolCreate(props)
         err, stream = model.cuStreamCreate(real_cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
         err, ptr = model.cuMemAllocFromPoolAsync(4096, pool, stream)
         assert err == real_cu.CUresult.CUDA_SUCCESS

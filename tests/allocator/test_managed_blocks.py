@@ -1,8 +1,8 @@
 """Managed memory (``cuda.managed_array``, ``NUMBA_POOL_MANAGED``) run for real on the CUDA model:
 the host rule, rule 9 of numba_pool/allocator ("a released block is handed out again only after
-the host has observed every event of its release complete") holds for managed blocks, the
-managed mempool never hands out memory whose last use the host has not seen finish, and planted
-bugs that break it are caught.
+the host has observed every event of its release complete") holds for managed blocks, no block goes
+back to the driver (``cuMemFree``, after which the next ``cuMemAllocManaged`` may return it at once)
+before the host has seen its last use finish, and planted bugs that break it are caught.
 
 The new owner of a managed block is the host: every allocation here is written by the host at
 once (``Program.allocate_managed``), which the model checks against the previous owner's kernels.
@@ -53,14 +53,14 @@ def fence_at_every_allocation(prog: Program) -> None:
 # -- controls: legal programs, no violation, and the cache reuses ---------------------------
 
 
-def test_a_managed_array_is_the_frontends_managed_memory_from_a_managed_pool(prog):
+def test_a_managed_array_is_the_frontends_managed_memory_from_cu_mem_alloc_managed(prog):
     f = prog.allocate_managed(1000)
     pointer = f.refs[0]
     assert isinstance(pointer, prog.frontend.ManagedMemory) and pointer.size == 1000
     assert pointer._bufptr_ == pointer.device_pointer_value == f.address
     assert prog.model.cuPointerGetAttribute(real_cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
                                             f.address) == (real_cu.CUresult.CUDA_SUCCESS, True)
-    assert prog.mm.managed.backing.pool.handle != prog.mm.allocator.pool.handle
+    assert prog.model.managed_stats()["allocs"] == 1  # Note [Managed blocks are not from a mempool]
     prog.check()
 
 
@@ -191,17 +191,16 @@ def test_the_cap_waits_for_cached_blocks_then_refuses_in_one_line(prog):
     prog.check()
 
 
-def test_trim_gives_cached_blocks_back_and_trims_the_managed_pool(prog):
+def test_trim_gives_cached_blocks_back_to_the_driver(prog):
     # The blocks are not fenced yet (fewer than fence_blocks wait): the trim synchronizes, and
     # they are idle.
     families = [prog.allocate_managed(1 << 16) for _ in range(3)]
     for f in families:
         kernel(prog, f, LEGACY)
         drop(prog, f)
-    pool = prog.mm.managed.backing.pool
-    assert pool.usage().reserved == 3 << 16
+    assert prog.model.managed_stats()["reserved"] == 3 << 16
     prog.mm.trim()
-    assert pool.usage().reserved == 0
+    assert prog.model.managed_stats() == {"live": 0, "reserved": 0, "allocs": 3, "frees": 3}
     s = prog.mm.statistics()
     assert (s.managed_reserved_bytes, s.managed_cached_bytes, s.managed_blocks) == (0, 0, 0)
     prog.check()
@@ -322,9 +321,17 @@ def test_the_model_refuses_what_the_driver_refuses():
     location.type = real_cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     assert model.cuMemPrefetchAsync(device, 4096, location, 0, 0) == (real_cu.CUresult.CUDA_SUCCESS,)
     assert model.cuMemPrefetchAsync(not_managed, 4096, location, 0, 0)[0] == real_cu.CUresult.CUDA_ERROR_INVALID_VALUE
+    invalid = real_cu.CUresult.CUDA_ERROR_INVALID_VALUE
+    assert model.cuMemAllocManaged(0, 1)[0] == invalid and model.cuMemAllocManaged(4096, 4)[0] == invalid
+    err, managed = model.cuMemAllocManaged(4096, 1)
+    assert err == 0 and model.cuMemPrefetchAsync(managed, 4096, location, 0, 0)[0] == 0
+    model.violations.clear()
+    assert model.cuMemFree(not_managed)[0] == invalid  # cuMemFree frees cuMemAllocManaged memory only, here
+    assert model.cuMemFree(managed)[0] == 0 and model.cuMemFree(managed)[0] == invalid
+    assert [v.kind for v in model.violations] == ["free of unknown pointer / double free"] * 2
 
 
-# -- the paths where a block goes back to the managed mempool (which hands it out at once) ---
+# -- the paths where a block goes back to the driver (whose next cuMemAllocManaged may return it at once) ---
 
 
 @pytest.mark.parametrize("prog", [{"managed_release_threshold": 0}], indirect=True)
@@ -337,7 +344,7 @@ def test_over_the_release_threshold_only_complete_blocks_go_back_to_the_pool(pro
     assert prog.mm.managed.fences.recorded == 1  # this allocation fenced it, after the threshold's pass
     assert b.address != address and prog.mm.statistics().managed_cached_bytes == 4096
     sync(prog, LEGACY)
-    c = prog.allocate_managed(8192)  # a's block is complete now: back to the pool
+    c = prog.allocate_managed(8192)  # a's block is complete now: back to the driver
     assert prog.mm.statistics().managed_cached_bytes == 0 and c is not None
     prog.check()
 
@@ -347,7 +354,7 @@ def test_over_the_cap_a_block_waits_for_its_events_before_the_pool_gets_it(prog)
     a = prog.allocate_managed(8192)
     kernel(prog, a, LEGACY)
     address = drop(prog, a)
-    b = prog.allocate_managed(8192)  # over the cap: waits for a's kernel, frees it; the pool hands it out again
+    b = prog.allocate_managed(8192)  # over the cap: waits for a's kernel, frees it; the driver hands it out again
     assert b.address == address
     prog.check()
 
@@ -367,7 +374,7 @@ def test_planted_threshold_free_without_the_hosts_observation_is_caught(prog, mo
     a = prog.allocate_managed(4096)
     kernel(prog, a, LEGACY)
     drop(prog, a)
-    prog.allocate_managed(4096)  # the pool hands a's block out while its kernel may run
+    prog.allocate_managed(4096)  # the driver hands a's block out while its kernel may run
     prog.allocate_managed(4096)
     assert any(v.kind == "unordered reuse of managed memory" for v in prog.model.violations), prog.model.violations
 
@@ -401,7 +408,8 @@ def test_a_cached_block_keeps_no_stream_alive(prog):
     assert owner() is None  # the released block's StreamRef let the stream's object go
 
 
-def test_a_driver_without_managed_pools_leaves_device_arrays_working(frontend_name, monkeypatch):
+def test_a_driver_without_managed_pools_still_serves_managed_arrays(frontend_name, monkeypatch):
+    # Note [Managed blocks are not from a mempool]: the cache needs cuMemAllocManaged alone.
     from cuda_model import CudaModel
     real = CudaModel.cuMemPoolCreate
 
@@ -411,11 +419,13 @@ def test_a_driver_without_managed_pools_leaves_device_arrays_working(frontend_na
         return real(self, props)
 
     monkeypatch.setattr(CudaModel, "cuMemPoolCreate", refuse_managed)
-    with pytest.warns(RuntimeWarning, match="no managed mempool .*CUDA_ERROR_NOT_SUPPORTED.*managed arrays take Numba's own path"):
-        p = Program(arena=False, frontend=frontend_name)
+    p = Program(arena=False, frontend=frontend_name)
     try:
-        assert p.mm.managed is None and "the driver refused a managed mempool on device 0" in p.mm.managed_off_because
-        assert p.allocate(4096) is not None  # device arrays do not depend on it
+        assert p.mm.managed is not None and p.mm.managed_off_because == ""
+        f = p.allocate_managed(4096)
+        assert f is not None and p.allocate(4096) is not None
+        assert p.model.managed_stats()["live"] == 1
+        p.check()
     finally:
         p.close()
 
@@ -423,7 +433,6 @@ def test_a_driver_without_managed_pools_leaves_device_arrays_working(frontend_na
 def test_a_reset_with_no_current_context_frees_the_cached_blocks(prog):
     a = prog.allocate_managed(4096)
     drop(prog, a)
-    pool = prog.mm.managed.backing.pool
     prog.bare.submit(prog.mm.reset).result()  # cuda.close() resets with no context current
     assert prog.mm.statistics().managed_cached_bytes == 0
-    assert pool.usage().used == 0  # the pool got the block back: nothing leaked
+    assert prog.model.managed_stats()["live"] == 0  # the driver got the block back: nothing leaked

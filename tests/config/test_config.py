@@ -120,7 +120,7 @@ ALL_SET = {
     "NUMBA_POOL_ARENA_SLAB_SIZE": "1 MiB", "NUMBA_POOL_LOG": "numba-pool-log.csv", "NUMBA_POOL_IPC": "0",
     "NUMBA_POOL_PEER_ACCESS": "none", "NUMBA_POOL_HOST": "1", "NUMBA_POOL_HOST_MAX_SIZE": "1 GiB",
     "NUMBA_POOL_HOST_RELEASE_THRESHOLD": "64 MiB", "NUMBA_POOL_MANAGED": "0", "NUMBA_POOL_MANAGED_MAX_SIZE": "2 GiB",
-    "NUMBA_POOL_MANAGED_RELEASE_THRESHOLD": "256 MiB", "NUMBA_POOL_MANAGED_INITIAL_SIZE": "16 MiB",
+    "NUMBA_POOL_MANAGED_RELEASE_THRESHOLD": "256 MiB",
     "NUMBA_POOL_MANAGED_PREFETCH": "1", "NUMBA_POOL_OOM_SNAPSHOT": "numba-pool-oom.pickle", "NUMBA_POOL_LEAK_REPORT": "1",
     "NUMBA_POOL_CUDA_CORE": "0",
 }
@@ -399,6 +399,14 @@ def test_known_variables_do_not_warn():
         load(environ)
 
 
+def test_a_retired_variable_says_it_is_no_longer_read():
+    with pytest.warns(ConfigWarning) as record:
+        load({"NUMBA_POOL_MANAGED_INITIAL_SIZE": "16 MiB"})
+    [message] = [str(w.message) for w in record]
+    assert message.startswith("NUMBA_POOL_MANAGED_INITIAL_SIZE is no longer read and is ignored: managed blocks come "
+                              "from cuMemAllocManaged") and "did you mean" not in message
+
+
 def test_every_numba_pool_variable_used_in_the_repository_is_known():
     """A variable that the package, its kernels or tests read must not be reported as a typo."""
     mine = {Path(__file__).name, "test_install.py"}
@@ -410,7 +418,8 @@ def test_every_numba_pool_variable_used_in_the_repository_is_known():
             for name in re.findall(r"\bNUMBA_POOL_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
                 used.setdefault(name, path.relative_to(REPO))
     assert used, "the scan found nothing: the repository layout changed"
-    unknown = {name: str(path) for name, path in used.items() if name not in config.KNOWN_VARIABLES}
+    from numba_pool.config.variables import RETIRED
+    unknown = {name: str(path) for name, path in used.items() if name not in config.KNOWN_VARIABLES | set(RETIRED)}
     assert not unknown, f"add these to numba_pool.config.OTHER_VARIABLES (or OPTIONS): {unknown}"
 
 

@@ -28,7 +28,7 @@ _CONTEXT_FREE = re.compile(r"cuDevice|cuCtxGetCurrent|cuCtxPushCurrent|cuCtxPopC
 #: How many values each modelled function returns after its ``CUresult`` (default 0).
 _VALUES = {"cuStreamCreate": 1, "cuStreamGetId": 1, "cuEventCreate": 1, "cuMemPoolCreate": 1,
            "cuMemPoolGetAttribute": 1, "cuMemAllocFromPoolAsync": 1, "cuMemGetInfo": 2,
-           "cuPointerGetAttribute": 1, "cuMemHostAlloc": 1, "cuMemHostGetDevicePointer": 1,
+           "cuPointerGetAttribute": 1, "cuMemHostAlloc": 1, "cuMemHostGetDevicePointer": 1, "cuMemAllocManaged": 1,
            "cuCtxGetCurrent": 1, "cuCtxPopCurrent": 1,
            "cuMemPoolExportToShareableHandle": 1, "cuMemPoolExportPointer": 1}
 

@@ -549,6 +549,20 @@ class _CaptureCalls:
         return super().cuMemHostAlloc.__wrapped__(self, size, flags)
 
     @_driver
+    def cuMemAllocManaged(self: "CudaModel", size: Any, flags: Any):
+        refused = self._unsafe_refused("cuMemAllocManaged")
+        if refused:
+            return refused, None
+        return super().cuMemAllocManaged.__wrapped__(self, size, flags)
+
+    @_driver
+    def cuMemFree(self: "CudaModel", ptr: Any):
+        refused = self._unsafe_refused("cuMemFree")
+        if refused:
+            return (refused,)
+        return super().cuMemFree.__wrapped__(self, ptr)
+
+    @_driver
     def cuStreamGetId(self: "CudaModel", stream: Any):
         capture = self._capture_on(self._streams.resolve(_handle(stream)))
         if capture is not None:

@@ -106,7 +106,7 @@ class Program(Waits):
     :param managed_max_size: the managed cache's cap (bytes; the managed cache is on, as by
         default), to reach its out of memory.
     :param managed_release_threshold: cached managed bytes kept (beyond them, complete blocks go
-        back to the managed mempool, which hands them out again at once).
+        back to the driver, whose next cuMemAllocManaged may return them at once).
     """
 
     def __init__(self, *, arena: bool, threads: int = 1, max_size: int | None = None,

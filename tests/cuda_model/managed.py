@@ -1,6 +1,12 @@
-"""Managed (unified) memory in the model: pools made with ``CU_MEM_ALLOCATION_TYPE_MANAGED``,
-whose allocations the *host* uses too (:meth:`_ManagedCalls.host_use` on their addresses), and
-``cuMemPrefetchAsync``.  A host use before the host has observed the allocation itself complete
+"""Managed (unified) memory in the model: ``cuMemAllocManaged`` / ``cuMemFree`` and pools made with
+``CU_MEM_ALLOCATION_TYPE_MANAGED``, whose allocations the *host* uses too (:meth:`_ManagedCalls.host_use`
+on their addresses), and ``cuMemPrefetchAsync``.
+
+``cuMemAllocManaged`` is synchronous: its allocation is an op of the host (complete, the host may use the
+memory at once), in an implicit managed pool no program sees.  ``cuMemFree`` is not assumed to
+synchronize (the driver's documentation promises nothing): the range is unmapped at once and the next
+allocation, of any kind, may get it; a new owner's use unordered with an old owner's is then caught per
+granule, as for every reuse.  A host use before the host has observed the allocation itself complete
 (``cuMemAllocFromPoolAsync`` is an operation on its stream: "Stream Ordered Memory Allocator"
 requires it complete before another stream uses the memory) is a violation.
 
@@ -23,15 +29,49 @@ from cuda.bindings import driver as _cu
 
 from .base import GRANULE, SUCCESS, _R, _call_site, _handle, _round_up
 from .calls import _driver
-from .memory import Violation, _Use
+from .memory import Violation, _Allocation, _Use
 from .ordering import HOST_HANDLE, HOST_ID, Op
 
 if TYPE_CHECKING:
     from .model import CudaModel
 
 
+_ATTACH = {int(_cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL), int(_cu.CUmemAttach_flags.CU_MEM_ATTACH_HOST)}
+
+
 class _ManagedCalls:
-    """``cuMemPrefetchAsync`` and host uses of managed pool memory."""
+    """``cuMemAllocManaged``, ``cuMemFree``, ``cuMemPrefetchAsync`` and host uses of managed memory."""
+
+    _managed_pool = None  # the implicit pool of cuMemAllocManaged, made at its first call
+
+    @_driver
+    def cuMemAllocManaged(self: "CudaModel", size: Any, flags: Any):
+        nbytes = int(size)
+        if nbytes <= 0 or int(flags) not in _ATTACH:
+            return _R.CUDA_ERROR_INVALID_VALUE, None
+        if self._managed_pool is None:
+            self._managed_pool = self._memory.create_pool(0, managed=True)
+        pool, nbytes = self._managed_pool, _round_up(nbytes)
+        if not self._memory.fits(pool, nbytes):
+            self._counts["oom"] += 1
+            return _R.CUDA_ERROR_OUT_OF_MEMORY, None
+        base = self._memory.map_fresh(pool, nbytes)
+        self._memory.add_live(_Allocation(base, nbytes, pool, self._host_op(), _call_site()))
+        self._counts["managed_allocs"] += 1
+        return SUCCESS, _cu.CUdeviceptr(base)
+
+    @_driver
+    def cuMemFree(self: "CudaModel", ptr: Any):
+        """Of ``cuMemAllocManaged`` memory (the only ``cuMemAlloc*`` the model has)."""
+        base = _handle(ptr)
+        alloc = self._memory.live.get(base)
+        if alloc is None or alloc.pool is not self._managed_pool:
+            self._report("free of unknown pointer / double free", None, "cuMemFree", base, base + 1)
+            return (_R.CUDA_ERROR_INVALID_VALUE,)
+        self._memory.free(base, self._host_op())
+        self._memory.trim_pool(alloc.pool, 0, lambda op: True)
+        self._counts["managed_frees"] += 1
+        return (SUCCESS,)
 
     @_driver
     def cuMemPrefetchAsync(self: "CudaModel", ptr: Any, count: Any, location: Any, flags: Any, stream: Any):
@@ -47,6 +87,14 @@ class _ManagedCalls:
         self._new_op(s, "prefetch")
         self._counts["prefetches"] += 1
         return (SUCCESS,)
+
+    def managed_stats(self: "CudaModel") -> dict:
+        """``cuMemAllocManaged`` memory: live allocations, reserved bytes, allocations and frees."""
+        with self._lock:
+            pool = self._managed_pool
+            live = sum(1 for a in self._memory.live.values() if pool is not None and a.pool is pool)
+            return {"live": live, "reserved": pool.reserved if pool is not None else 0,
+                    "allocs": self._counts["managed_allocs"], "frees": self._counts["managed_frees"]}
 
     def host_use(self: "CudaModel", address: int, nbytes: int, owner: Hashable, site: Optional[str] = None) -> Op:
         """The CPU reads or writes bytes [address, address + nbytes) for ``owner`` now: pinned

@@ -126,7 +126,7 @@ def test_local_cuda_cluster_workers_allocate_through_numba_pool():
             assert m["checksum"] == 3.0 * N_ELEMENTS and m["ours"] == m["managed cache"], m
             assert m["managed cache"] == (managed_on and m["concurrent access"]), m
             assert s["managed_on"] == m["managed cache"], (s, m)
-            if m["managed cache"]:  # its block, in use or cached: the managed pool's bytes
+            if m["managed cache"]:  # its block, in use or cached: the managed cache's bytes
                 assert s["managed_reserved_bytes"] >= 4 * N_ELEMENTS and s["managed_blocks"] >= 1, s
             else:
                 print(f"{address}: managed arrays from Numba's own path: {m['why not']}")

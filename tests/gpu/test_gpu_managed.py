@@ -84,7 +84,7 @@ _nothing = contextlib.nullcontext
 """
 
 
-def test_managed_arrays_come_from_the_managed_pool_and_move_data():
+def test_managed_arrays_come_from_cu_mem_alloc_managed_and_move_data():
     facts = run_json(PRELUDE + """
 n = 1 << 20
 a = cuda.managed_array(n, dtype=np.float32)
@@ -106,11 +106,11 @@ theirs_pref = cu.cuMemRangeGetAttribute(4, preferred, host_attached.ctypes.data,
 print(json.dumps({"ok": ok, "managed": managed, "ours": isinstance(a.gpu_data, PooledManagedMemory),
                   "preferred": [int(ours_pref), int(theirs_pref)],
                   "theirs": not isinstance(host_attached.gpu_data, PooledManagedMemory),
-                  "separate_pool": pool_of(a.ctypes.data) not in (0, pool_of(d.device_ctypes_pointer.value)),
+                  "no_mempool": pool_of(a.ctypes.data) == 0 and pool_of(d.device_ctypes_pointer.value) != 0,
                   "on": st.managed_on, "in_use": st.managed_in_use_bytes, "summary": "managed in use" in summary}))
 """, ENV)
     assert facts["ok"] and facts["managed"] and facts["ours"] and facts["theirs"], facts
-    assert facts["separate_pool"] and facts["on"] and facts["summary"], facts
+    assert facts["no_mempool"] and facts["on"] and facts["summary"], facts
     assert facts["in_use"] == 4 << 20, facts
     assert facts["preferred"][0] == facts["preferred"][1] == -2, facts  # CU_DEVICE_INVALID: none
 
@@ -237,3 +237,22 @@ print(json.dumps({"ok": ok, "reset_in_use": after_reset.managed_in_use_bytes,
 """, ENV)
     assert facts["ok"] and facts["reset_in_use"] == 4 << 20 and facts["reset_cached"] == 0, facts
     assert facts["trim_reserved"] == 0, facts
+
+
+def test_a_trimmed_managed_block_gives_its_device_memory_back():
+    # Note [Managed blocks are not from a mempool]: a managed mempool kept the device memory of a freed range
+    # whose pages a kernel had touched and the host had read, even after cuMemPoolTrimTo(0) (4 GiB of 4, H200,
+    # driver 580).  cuMemAllocManaged's cuMemFree gives it all back, as Numba's default does.
+    facts = run_json(PRELUDE + """
+n = 1 << 30
+before = cu.cuMemGetInfo()[1]
+a = cuda.managed_array(n, dtype=np.uint8)
+assert cu.cuMemsetD8(a.ctypes.data, 7, n)[0] == 0 and cu.cuCtxSynchronize()[0] == 0
+ok = bool((a == 7).all())  # the host reads every page
+del a
+gc.collect()
+numba_pool.trim()
+print(json.dumps({"ok": ok, "kept": before - cu.cuMemGetInfo()[1], "reserved": numba_pool.stats().managed_reserved_bytes}))
+""", ENV)
+    assert facts["ok"] and facts["reserved"] == 0, facts
+    assert facts["kept"] < 128 << 20, facts  # the old managed mempool kept the whole GiB

@@ -172,7 +172,7 @@ def test_device_0_memory_released_under_device_1_waits_for_device_0(plant):
 
 @needs_two
 def test_managed_arrays_across_devices_and_prefetch_to_each():
-    # A managed array of device 0's managed pool, written by the host, read by a kernel on
+    # A managed array of device 0's managed cache, written by the host, read by a kernel on
     # device 1, prefetched to each device and back to the host; one of device 1's read by
     # device 0.  Each device's statistics count its own managed block.
     facts = run_json(f"""
@@ -203,7 +203,7 @@ with cuda.gpus[1]:
     numba_pool.prefetch(a, device=1)
     add_one_on[1][grid](a, out1)
     after_prefetch_1 = bool((out1.copy_to_host() == np.arange(n, dtype=np.float32) + 1).all())
-    b = cuda.managed_array(n, np.float32)            # device 1's managed pool
+    b = cuda.managed_array(n, np.float32)            # device 1's managed cache
     b[:] = 5.0
 with cuda.gpus[0]:
     numba_pool.prefetch(a, device=0)

@@ -316,7 +316,7 @@ def test_managed_figures_reach_the_scheduler_with_the_workers_metrics():
 
 def test_the_plugin_takes_the_managed_options_and_hands_them_to_install(monkeypatch):
     options = {"managed": True, "managed_max_size": "1 GiB", "managed_release_threshold": "64 MiB",
-               "managed_initial_size": "2 MiB", "managed_prefetch": True}
+               "managed_prefetch": True}
     plugin = npd.NumbaPoolPlugin(arena=True, **options)
     copy = pickle.loads(pickle.dumps(plugin))  # what reaches a worker
     assert copy.options == {"arena": True, **options}
@@ -334,16 +334,14 @@ def test_the_plugin_takes_the_managed_options_and_hands_them_to_install(monkeypa
     copy.setup(Worker())
     assert copy.status == "installed" and installed == [{"frontend": FRONTEND.name, "arena": True, **options}]
     assert numba_pool.config.load(environ={}, **options) == numba_pool.config.PoolConfig(
-        managed_max_size=1 << 30, managed_release_threshold=64 << 20, managed_initial_size=2 << 20,
-        managed_prefetch=True)
+        managed_max_size=1 << 30, managed_release_threshold=64 << 20, managed_prefetch=True)
     assert npd.NumbaPoolPlugin(managed=False).options == {"managed": False}
 
 
 @pytest.mark.parametrize("options, culprit", [
     ({"managed": "maybe"}, "install(managed)='maybe' is not a switch"),
     ({"managed_max_size": "lots"}, "install(managed_max_size)='lots' is not a size"),
-    ({"managed_initial_size": "2 MiB", "managed_max_size": "1 MiB"},
-     "install(managed_initial_size)='2 MiB' (2097152 bytes) is above install(managed_max_size)='1 MiB'"),
+    ({"managed_initial_size": "2 MiB"}, "'managed_initial_size' (no longer read: managed blocks come from cuMemAllocManaged"),
     ({"managed_prefetsh": True}, "did you mean 'managed_prefetch'?"),
 ])
 def test_bad_managed_options_fail_on_the_client(options, culprit):

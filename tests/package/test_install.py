@@ -31,7 +31,7 @@ SETUP.read(REPO / "setup.cfg")
 DISTRIBUTIONS = {
     "numba": "numba", "numba_cuda": "numba-cuda", "cuda": "cuda-bindings", "numpy": "numpy", "click": "click",
     "humanfriendly": "humanfriendly", "tabulate": "tabulate", "tqdm": "tqdm", "matplotlib": "matplotlib",
-    "distributed": "distributed", "dask": "distributed",
+    "distributed": "distributed", "dask": "distributed", "torch": "torch",
 }
 #: Imported only where the user asks for them and never declared: ``numba-pool-tools bench``
 #: measures the anchors (RMM, CuPy) when they are installed, for the comparison rows only.

@@ -67,6 +67,9 @@ CONSTANTS = {
     ("numba_pool.config.values", "_TRUE"),
     ("numba_pool.config.values", "_FALSE"),
     ("numba_pool.config.variables", "OTHER_VARIABLES"),
+    ("numba_pool.config.variables", "RETIRED"),
+    ("numba_pool.plugin.torch_allocator", "_MALLOC"),  # ctypes function types
+    ("numba_pool.plugin.torch_allocator", "_FREE"),
     ("numba_pool.cuda.frontend", "TITLES"),
     ("numba_pool.cuda.frontend", "PACKAGES"),
     ("numba_pool.cuda.frontend", "_DRIVERS"),

@@ -1,0 +1,104 @@
+"""The CuPy door: :func:`cupy_allocator` for ``cupy.cuda.set_allocator`` (and ``using_allocator``) and
+:func:`cupy_pinned_allocator` for ``cupy.cuda.set_pinned_memory_allocator``, as ``rmm.allocators.cupy`` gives
+RMM's.  CuPy's arrays then come from the pool Numba's arrays use (one pool, one ``stats()``, one history per
+device).  CuPy is imported at the first call only.
+
+CuPy's semantics, kept: an allocation is for work on CuPy's current stream (``cupy.cuda.get_current_stream()``)
+of CuPy's current device, and memory goes back when CuPy drops its last reference, as its ``MemoryAsyncPool``
+frees on the allocation stream.  Here that drop is the release of rule 14 of :mod:`numba_pool.allocator` with
+no stream named: ordered on the allocation stream, as a Numba array's drop is; work of another stream needs
+``numba_pool.record_stream`` (CuPy's own pool would need the same care).  Pinned blocks follow the host rule
+(rule 9): CuPy keeps a pinned buffer alive until its asynchronous copy's event completed."""
+
+from __future__ import annotations
+
+import numbers
+
+from ..cuda.streams import LEGACY, as_stream_ref
+from ..allocator.host_blocks import host_flags
+from .serving import serving_manager
+
+
+class _DeviceOwner:
+    """What CuPy's ``UnownedMemory`` keeps alive: one numba_pool block; its collection is the block's drop."""
+
+    __slots__ = ("block", "allocator")
+
+    def __init__(self, block, allocator):
+        self.block, self.allocator = block, allocator
+
+    def __del__(self):
+        self.allocator.deallocate(self.block, None)  # never raises (rule 8)
+
+
+class _PinnedOwner:
+    """A pinned block as CuPy's ``PinnedMemoryPointer`` wants its memory: ``ptr`` and ``size`` (bytes)."""
+
+    __slots__ = ("ptr", "size", "block", "host")
+
+    def __init__(self, block, host, size: int):
+        self.ptr, self.size, self.block, self.host = block.ptr, size, block, host
+
+    def __del__(self):
+        self.host.deallocate(self.block, None)  # never raises (rule 8)
+
+
+def cupy_allocator(nbytes: int):
+    """``nbytes`` bytes of device memory for CuPy (``cupy.cuda.set_allocator(numba_pool.cupy_allocator)``),
+    from the numba_pool allocator of CuPy's current device, stream-ordered on CuPy's current stream
+    (``cuMemAllocFromPoolAsync``, or an arena block).
+
+    :returns: a ``cupy.cuda.MemoryPointer`` over a ``cupy.cuda.UnownedMemory`` that owns the block.
+    :raises ValueError: ``nbytes`` not a non-negative int (bytes).
+    :raises ImportError: CuPy is not importable.
+    :raises RuntimeError: numba_pool is not Numba's memory manager on the device.
+    :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
+    size = _checked("cupy_allocator", nbytes)
+    cupy = _cupy("cupy_allocator")
+    device_id = cupy.cuda.runtime.getDevice()
+    if size == 0:
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device_id), 0)
+    manager = serving_manager(device_id, "numba_pool.cupy_allocator")
+    block = manager.allocate_block(size, _stream_ref(cupy.cuda.get_current_stream()))
+    owner = _DeviceOwner(block, manager.allocator)
+    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.address, size, owner, device_id), 0)
+
+
+def cupy_pinned_allocator(nbytes: int):
+    """``nbytes`` bytes of page-locked host memory for CuPy (``cupy.cuda.set_pinned_memory_allocator``), from
+    numba_pool's pinned cache of CuPy's current device (``NUMBA_POOL_HOST=1``; ``cuMemHostAlloc`` blocks,
+    handed out again only once the host saw their last use finish).
+
+    :returns: a ``cupy.cuda.PinnedMemoryPointer``.
+    :raises ValueError: ``nbytes`` not a non-negative int (bytes).
+    :raises ImportError: CuPy is not importable.
+    :raises RuntimeError: numba_pool is not the memory manager, or its pinned cache is off.
+    :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes."""
+    size = _checked("cupy_pinned_allocator", nbytes)
+    cupy = _cupy("cupy_pinned_allocator")
+    manager = serving_manager(cupy.cuda.runtime.getDevice(), "numba_pool.cupy_pinned_allocator")
+    host = manager.host
+    if host is None:
+        raise RuntimeError("numba_pool.cupy_pinned_allocator: numba_pool's pinned cache is off: set "
+                           "NUMBA_POOL_HOST=1 (or install(host=True)) before Numba's first CUDA call")
+    block = host.allocate_block(max(size, 1), LEGACY, host_flags(False, True, False))
+    return cupy.cuda.PinnedMemoryPointer(_PinnedOwner(block, host, size), 0)
+
+
+def _checked(name: str, nbytes) -> int:
+    if not isinstance(nbytes, numbers.Integral) or isinstance(nbytes, bool) or nbytes < 0:
+        raise ValueError(f"numba_pool.{name}: nbytes must be a non-negative number of bytes, got {nbytes!r}")
+    return int(nbytes)
+
+
+def _cupy(name: str):
+    try:
+        import cupy
+    except ImportError as err:
+        raise ImportError(f"numba_pool.{name} needs CuPy, which is not importable here ({err})") from None
+    return cupy
+
+
+def _stream_ref(stream):
+    # CuPy's null stream (ptr 0) is the legacy stream; another is named by its object, kept weakly by the block.
+    return LEGACY if stream.ptr == 0 else as_stream_ref(stream if hasattr(stream, "__cuda_stream__") else stream.ptr)

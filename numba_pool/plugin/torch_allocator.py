@@ -1,0 +1,75 @@
+"""The PyTorch door: :func:`torch_allocator`, a PyTorch pluggable CUDA allocator on numba_pool, for
+``torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())`` before the first CUDA tensor, as
+``rmm.allocators.torch`` gives RMM's.  PyTorch's tensors then come from the pool Numba's arrays use.
+
+PyTorch's ``CUDAPluggableAllocator`` takes two C function pointers (``torch._C._cuda_customAllocator``):
+``malloc(size, device, stream)`` and ``free(ptr, size, device, stream)``.  Here they are ``ctypes`` callbacks
+into Python (no compiled library), which take the GIL.  PyTorch frees a tensor's memory naming its allocation
+stream: the release of rule 14 of :mod:`numba_pool.allocator`, ordered there; work of another stream needs
+``numba_pool.record_stream(tensor, stream)`` (PyTorch's ``Tensor.record_stream`` calls no pluggable allocator).
+torch is imported at the first call only; it is an optional extra."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+from ..cuda.streams import LEGACY, as_stream_ref
+from .serving import serving_manager
+from .state import process
+
+_MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+
+
+class TorchDoor:
+    """The callbacks and the live blocks (address -> (Block, its allocator)) of the process's PyTorch allocator.
+    ``_blocks`` takes single dict operations only (atomic under the GIL: callbacks come from any thread)."""
+
+    def __init__(self):
+        self._blocks: dict[int, tuple] = {}
+        self.malloc = _MALLOC(self._malloc)  # kept: PyTorch holds the bare function pointers
+        self.free = _FREE(self._free)
+        self.allocator = None  # the torch allocator object, made once
+
+    def _malloc(self, size: int, device: int, stream) -> int | None:
+        if size == 0:
+            return None
+        try:
+            manager = serving_manager(device, "numba_pool.torch_allocator")
+            block = manager.allocate_block(size, LEGACY if not stream else as_stream_ref(int(stream)))
+        except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
+            print(f"numba_pool.torch_allocator: {err}", file=sys.stderr)
+            return None
+        self._blocks[block.address] = (block, manager.allocator)
+        return block.address
+
+    def _free(self, ptr, size: int, device: int, stream) -> None:
+        held = self._blocks.pop(ptr or 0, None)
+        if held is not None:
+            block, allocator = held
+            named = LEGACY if not stream else as_stream_ref(int(stream))
+            allocator.deallocate(block, None if named.value == block.stream.value else named)  # never raises
+
+
+def torch_allocator():
+    """The process's PyTorch allocator on numba_pool (one per process; PyTorch accepts it before its first CUDA
+    allocation only): ``torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())``.
+
+    :returns: a ``torch.cuda.memory._CUDAAllocator`` over ``torch._C._cuda_customAllocator``.
+    :raises ImportError: torch is not installed (``pip install torch``).
+    A failed allocation (out of memory: one line on standard error, with the pool's sizes) returns a null
+    pointer to PyTorch, which its pluggable allocator does not check."""
+    try:
+        import torch
+    except ImportError as err:
+        raise ImportError(f"numba_pool.torch_allocator needs PyTorch, which is not importable here ({err})") from None
+    door = process.torch_door
+    if door is None:
+        door = process.torch_door = TorchDoor()
+    if door.allocator is None:
+        address = ctypes.cast
+        made = torch._C._cuda_customAllocator(address(door.malloc, ctypes.c_void_p).value,
+                                              address(door.free, ctypes.c_void_p).value)
+        door.allocator = torch.cuda.memory._CUDAAllocator(made)
+    return door.allocator

@@ -1,0 +1,82 @@
+"""The PyTorch door's callbacks (:class:`numba_pool.plugin.torch_allocator.TorchDoor`) on the CUDA model, called
+as PyTorch's pluggable allocator calls them: ``malloc(size, device, stream)`` and ``free(ptr, size, device,
+stream)`` with raw stream handles, no frontend in between.  (CuPy's and PyTorch's own objects need a GPU:
+tests/gpu/test_gpu_library_doors.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from cuda.bindings import driver as real_cu
+
+from cuda_model.checks import assert_clean
+from numba_pool.plugin import torch_allocator
+from numba_pool.plugin.torch_allocator import TorchDoor
+
+
+def _door(p, monkeypatch) -> TorchDoor:
+    monkeypatch.setattr(torch_allocator, "serving_manager", lambda device_id, door: p.mm)
+    return TorchDoor()
+
+
+def _stream(p) -> int:
+    return int(p.model.cuStreamCreate(real_cu.CUstream_flags.CU_STREAM_NON_BLOCKING)[1])
+
+
+def _freed_after_another_streams_use(p, door: TorchDoor) -> None:
+    """A tensor allocated on stream A is used by a kernel on B, freed naming B (its last user), and the
+    next tensor on A takes the same memory."""
+    a, b = _stream(p), _stream(p)
+    ptr = door._malloc(1000, 0, a)
+    p.model.wait(b, a)
+    p.model.launch(b, [(ptr, 1000, "first")])
+    door._free(ptr, 1000, 0, b)
+    again = door._malloc(1000, 0, a)
+    assert again == ptr
+    p.model.launch(a, [(again, 1000, "second")])
+    door._free(again, 1000, 0, a)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_tensor_block_comes_from_the_pool_and_goes_back(programs, monkeypatch, arena):
+    p = programs(arena=arena)
+    door = _door(p, monkeypatch)
+    s = _stream(p)
+    ptr = door._malloc(4096, 0, s)
+    stats = p.mm.statistics()
+    assert ptr and stats.bytes_in_use == 4096 and stats.total_allocations == 1, stats
+    assert door._malloc(0, 0, s) is None  # PyTorch's empty tensors own no memory
+    p.model.launch(s, [(ptr, 4096, "tensor")])
+    door._free(ptr, 4096, 0, s)
+    door._free(ptr, 4096, 0, s)  # a second free of the same pointer: nothing (the block went back once)
+    assert door._malloc(4096, 0, s) == ptr  # the stream's own block, free for it at once
+    assert_clean(p)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_free_naming_another_stream_waits_for_it(programs, monkeypatch, arena):
+    control = programs(arena=arena)
+    _freed_after_another_streams_use(control, _door(control, monkeypatch))
+    assert_clean(control)
+
+    class Forgetful(TorchDoor):  # planted: the free ignores the stream PyTorch names
+        def _free(self, ptr, size, device, stream):
+            block, allocator = self._blocks.pop(ptr)
+            allocator.deallocate(block, None)
+
+    planted = programs(arena=arena)
+    _door(planted, monkeypatch)
+    _freed_after_another_streams_use(planted, Forgetful())
+    assert any(v.kind == "unordered reuse" for v in planted.model.violations), planted.model.violations
+    planted.model.violations.clear()
+
+
+def test_an_allocation_that_fails_returns_null_and_says_why_in_one_line(programs, monkeypatch, capsys):
+    p = programs(arena=False, max_size=1 << 20)
+    door = _door(p, monkeypatch)
+    assert door._malloc(8 << 20, 0, 0) is None
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("numba_pool.torch_allocator: ") and "out of memory" in err and "\n" not in err, err
+    ptr = door._malloc(4096, 0, 0)  # the pool goes on working
+    assert ptr
+    door._free(ptr, 4096, 0, 0)
+    assert_clean(p)
