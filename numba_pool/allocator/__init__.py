@@ -92,10 +92,11 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     capture); other driver calls run in relaxed capture mode, allocations come from the mempool (the legacy
     stream's on a synchronized side stream), and releases wait for its end.
 14. **A door's deallocation is ordered on the stream it names** (:meth:`.device.DeviceAllocator.deallocate`).
-    A door other than Numba's EMM plugin (cuda.core's ``MemoryResource``,
-    :class:`numba_pool.plugin.resource.MemoryResource`) frees a block naming a stream (that of the buffer's
-    last use): the release waits for it as for a recorded one (rule 2), then is its allocation stream's, as a
-    drop is; the program orders a third stream's work before it, as for cuda.core's ``DeviceMemoryResource``.
+    A door other than Numba's EMM plugin frees a block naming a stream, or none, exactly as its library's own
+    pool does: cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the buffer's last use), PyTorch's
+    the tensor's allocation stream, CuPy's none (its drop).  The release waits for a named stream as for a
+    recorded one (rule 2), then is its allocation stream's, as a drop is; the program orders a third stream's
+    work before it (``record_stream``), as for those libraries' own pools (:mod:`numba_pool.plugin`'s doors).
 
 Threads
 -------

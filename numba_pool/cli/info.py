@@ -19,8 +19,8 @@ from .errors import Failure, gpu_available, load_config, require_gpu, tools_fron
 @click.command()
 def info() -> None:
     """Device, driver, who serves ``cuda.managed_array`` on each device and why, versions, both
-    frontends (installed or not; the tools' choice and why), the configuration in effect and the
-    pool's attributes.  Imports no frontend but the one in use.
+    frontends (installed or not; the tools' choice and why), the doors onto the pool, the configuration
+    in effect and the pool's attributes.  Imports no frontend but the one in use.
 
     Exit status 0; 2 for a bad ``NUMBA_POOL_*`` variable or a frontend not installed; 3 without a
     CUDA GPU, after the versions and the configuration."""
@@ -29,7 +29,7 @@ def info() -> None:
 
     import numba_pool
 
-    rows = (_version_rows() + _frontend_rows(*_tools_choice())
+    rows = (_version_rows() + _frontend_rows(*_tools_choice()) + _door_rows(config)
             + [(f"config: {k}", v) for k, v in config.describe().items()])
     try:
         available = gpu_available()
@@ -87,6 +87,21 @@ def _frontend_rows(chosen: str | None, why: str) -> list[tuple[str, str]]:
         used = chosen if frontends.TITLES[chosen] == chosen else f"{chosen} ({frontends.TITLES[chosen]})"
     rows.append(("frontend in use", f"{used}: {why}"))
     return rows
+
+
+def _door_rows(config) -> list[tuple[str, str]]:
+    """One row per door onto the pool (issue 35): Numba's EMM plugin, cuda.core's resource (installed by
+    the manager unless ``NUMBA_POOL_CUDA_CORE=0``), and CuPy's and PyTorch's, which a program installs."""
+    def library(distribution: str, call: str) -> str:
+        version = frontends.version(distribution)
+        return f"{distribution} {version}: a program calls {call}" if version else f"{distribution} not installed"
+
+    cupy = next((d for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy") if frontends.version(d)), "cupy-cuda13x")
+    return [("door numba", "Numba's memory manager (EMM plugin)"),
+            ("door cuda.core", "Numba's launches (Device.memory_resource)" if config.cuda_core
+             else "off (NUMBA_POOL_CUDA_CORE=0): Numba's launches use cuda.core's own pool"),
+            ("door cupy", library(cupy, "cupy.cuda.set_allocator(numba_pool.cupy_allocator)")),
+            ("door torch", library("torch", "torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())"))]
 
 
 def _device_rows(device) -> list[tuple[str, str]]:

@@ -120,15 +120,17 @@ def trim(keep_bytes: int = 0, device: Any = None, *, frontend: str | None = None
     manager_of(device, frontend=frontend, call="numba_pool.trim()").trim(keep_bytes)
 
 
-def record_stream(array: Any, stream: Any) -> None:
-    """Mark ``array`` (a device array of any shape and dtype, a ``MemoryPointer``, or a numba_pool pinned
-    array) as used on ``stream``: its memory is not reused until the work queued there by the time it is freed
-    has finished (an event; the host never waits).  PyTorch's ``Tensor.record_stream``.
+def record_stream(array: Any, stream: Any) -> bool:
+    """Mark ``array`` (a device array of any shape and dtype, a ``MemoryPointer``, a numba_pool pinned array, a
+    CuPy array, a PyTorch tensor or a cuda.core ``Buffer``) as used on ``stream``: its memory is not reused until
+    the work queued there by the time it is freed has finished (an event; the host never waits).  PyTorch's
+    ``Tensor.record_stream``; as there, a no-op on memory the allocator does not own.
 
-    :raises ValueError: when the array's memory is not a live numba_pool allocation.
-    :raises TypeError: when ``stream`` is not a stream."""
+    :returns: True when the memory is a live numba_pool allocation (recorded), False when it is not (nothing
+        to do: its owner frees it; a pinned array Numba made itself, with ``NUMBA_POOL_HOST=0``).
+    :raises TypeError: when ``stream`` is not a stream, or ``array`` none of the above."""
     of = array if frontends.name_of(array) is not None else stream
-    manager_of(of=of, call="numba_pool.record_stream()").record_stream(array, stream)
+    return manager_of(of=of, call="numba_pool.record_stream()").record_stream(array, stream)
 
 
 def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:

@@ -16,19 +16,22 @@ import numbers
 
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..allocator.host_blocks import host_flags
-from .serving import serving_manager
+from .serving import recorded, release, serving_manager
 
 
 class _DeviceOwner:
     """What CuPy's ``UnownedMemory`` keeps alive: one numba_pool block; its collection is the block's drop."""
 
-    __slots__ = ("block", "allocator")
+    __slots__ = ("block", "allocator", "record")
 
-    def __init__(self, block, allocator):
-        self.block, self.allocator = block, allocator
+    def __init__(self, block, allocator, record):
+        self.block, self.allocator, self.record = block, allocator, record
 
     def __del__(self):
-        self.allocator.deallocate(self.block, None)  # never raises (rule 8)
+        release(self.record, self._drop)  # never raises (rule 8)
+
+    def _drop(self):
+        self.allocator.deallocate(self.block, None)
 
 
 class _PinnedOwner:
@@ -60,7 +63,7 @@ def cupy_allocator(nbytes: int):
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device_id), 0)
     manager = serving_manager(device_id, "numba_pool.cupy_allocator")
     block = manager.allocate_block(size, _stream_ref(cupy.cuda.get_current_stream()))
-    owner = _DeviceOwner(block, manager.allocator)
+    owner = _DeviceOwner(block, manager.allocator, recorded(manager, block, "cupy"))
     return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.address, size, owner, device_id), 0)
 
 

@@ -258,19 +258,16 @@ class NumbaPoolManager:
 
     # -- numba_pool extensions ------------------------------------------------------------
 
-    def record_stream(self, array, stream) -> None:
-        """:func:`numba_pool.record_stream` on this manager.
+    def record_stream(self, array, stream) -> bool:
+        """:func:`numba_pool.record_stream` on this manager: True when the array's memory is a live allocation
+        of this manager (the use is recorded), False when it is not (nothing to order: its owner frees it).
 
-        :raises ValueError: when the array's memory is not a live allocation of this manager.
         :raises TypeError: when ``stream`` is not a stream, or ``array`` not an array."""
         ref = as_stream_ref(stream)
         address = data_address(array)
         self.initialize()
-        if not self.allocator.record_stream(address, ref) and not any(
-                cache is not None and cache.record_stream(address, ref) for cache in (self.host, self.managed)):
-            raise ValueError(
-                f"numba_pool.record_stream: address {address:#x} is not in a live allocation of "
-                f"numba_pool on device {self.device_id}")
+        return self.allocator.record_stream(address, ref) or any(
+            cache is not None and cache.record_stream(address, ref) for cache in (self.host, self.managed))
 
     def statistics(self) -> PoolStatistics:
         """A snapshot of this manager's usage and its pool's attributes."""

@@ -15,7 +15,7 @@ from cuda.core import Buffer, Stream
 from cuda.core import MemoryResource as _CoreResource
 
 from ..cuda.streams import LEGACY, as_stream_ref
-from .serving import serving_manager
+from .serving import recorded, release, serving_manager
 
 
 class MemoryResource(_CoreResource):
@@ -34,7 +34,7 @@ class MemoryResource(_CoreResource):
         self._device_id = manager.device_id if manager is not None else None if device_id is None else int(device_id)
         self._manager = manager
         self._lock = threading.Lock()  # guards finding the manager
-        self._blocks: dict[int, tuple] = {}  # address -> (Block, its allocator): live buffers; atomic operations
+        self._blocks: dict[int, tuple] = {}  # address -> (Block, its allocator, history record): live; atomic operations
 
     def allocate(self, size: int, stream=None) -> Buffer:
         """A ``Buffer`` of ``size`` bytes for work on ``stream`` (cuda.core's, Numba's, any ``__cuda_stream__``
@@ -49,7 +49,7 @@ class MemoryResource(_CoreResource):
         ref = LEGACY if stream is None else as_stream_ref(stream)
         manager = self._manager_now()
         block = manager.allocate_block(size, ref)
-        self._blocks[block.address] = (block, manager.allocator)
+        self._blocks[block.address] = (block, manager.allocator, recorded(manager, block, "cuda.core"))
         return Buffer.from_handle(block.address, size, mr=self, stream=_core_stream(stream, ref))
 
     def deallocate(self, ptr, size: int, stream=None) -> None:
@@ -58,8 +58,9 @@ class MemoryResource(_CoreResource):
         held = self._blocks.pop(int(ptr), None)
         if held is None:
             return
-        block, allocator = held
-        allocator.deallocate(block, None if stream is None else as_stream_ref(stream))
+        block, allocator, record = held
+        named = None if stream is None else as_stream_ref(stream)
+        release(record, lambda: allocator.deallocate(block, named))
 
     @property
     def is_device_accessible(self) -> bool:

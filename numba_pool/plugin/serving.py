@@ -1,7 +1,11 @@
-"""The numba_pool manager a door other than Numba's EMM plugin allocates through (the cuda.core memory resource,
-the CuPy and PyTorch allocators): :func:`serving_manager`."""
+"""What the doors other than Numba's EMM plugin share (the cuda.core memory resource, the CuPy and PyTorch
+allocators): the manager they allocate through (:func:`serving_manager`), and their allocations in the history
+(:func:`recorded`, :func:`release`), tagged with the door's name as their kind (``cuda.core``, ``cupy``,
+``torch``), so that snapshots and the leak report show them beside Numba's."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 from ..cuda import frontend as frontends
 from .state import process
@@ -24,3 +28,23 @@ def serving_manager(device_id: int, door: str):
                            "Numba's first CUDA call")
     manager.initialize()
     return manager
+
+
+def recorded(manager, block, door: str):
+    """``(history, event)`` of ``block``'s allocation through ``door`` while :func:`numba_pool.record_history`
+    records (its stack from the door's caller), else None: one attribute load when off."""
+    history = process.recording
+    if history is None:
+        return None
+    frames = history.capture(3)  # above capture, recorded and the door's allocate: from its caller
+    return history, history.allocated(manager.device_id, block.address, block.size, block.stream.value, door, frames)
+
+
+def release(record, deallocate: Callable[[], None]) -> None:
+    """Run ``deallocate`` (the block's release), recording its ``free`` when its allocation was recorded.
+    Never raises (a finalizer)."""
+    if record is None:
+        deallocate()
+        return
+    history, event = record
+    history.release_recorded(None, event, deallocate)

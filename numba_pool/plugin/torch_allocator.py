@@ -15,7 +15,7 @@ import ctypes
 import sys
 
 from ..cuda.streams import LEGACY, as_stream_ref
-from .serving import serving_manager
+from .serving import recorded, release, serving_manager
 from .state import process
 
 _MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
@@ -23,7 +23,8 @@ _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, c
 
 
 class TorchDoor:
-    """The callbacks and the live blocks (address -> (Block, its allocator)) of the process's PyTorch allocator.
+    """The callbacks and the live blocks (address -> (Block, its allocator, history record)) of the process's
+    PyTorch allocator.
     ``_blocks`` takes single dict operations only (atomic under the GIL: callbacks come from any thread)."""
 
     def __init__(self):
@@ -41,15 +42,16 @@ class TorchDoor:
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
             print(f"numba_pool.torch_allocator: {err}", file=sys.stderr)
             return None
-        self._blocks[block.address] = (block, manager.allocator)
+        self._blocks[block.address] = (block, manager.allocator, recorded(manager, block, "torch"))
         return block.address
 
     def _free(self, ptr, size: int, device: int, stream) -> None:
         held = self._blocks.pop(ptr or 0, None)
         if held is not None:
-            block, allocator = held
+            block, allocator, record = held
             named = LEGACY if not stream else as_stream_ref(int(stream))
-            allocator.deallocate(block, None if named.value == block.stream.value else named)  # never raises
+            named = None if named.value == block.stream.value else named
+            release(record, lambda: allocator.deallocate(block, named))  # never raises
 
 
 def torch_allocator():

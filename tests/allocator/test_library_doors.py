@@ -60,7 +60,7 @@ def test_a_free_naming_another_stream_waits_for_it(programs, monkeypatch, arena)
 
     class Forgetful(TorchDoor):  # planted: the free ignores the stream PyTorch names
         def _free(self, ptr, size, device, stream):
-            block, allocator = self._blocks.pop(ptr)
+            block, allocator, _ = self._blocks.pop(ptr)
             allocator.deallocate(block, None)
 
     planted = programs(arena=arena)
@@ -79,4 +79,27 @@ def test_an_allocation_that_fails_returns_null_and_says_why_in_one_line(programs
     ptr = door._malloc(4096, 0, 0)  # the pool goes on working
     assert ptr
     door._free(ptr, 4096, 0, 0)
+    assert_clean(p)
+
+
+def test_a_door_allocation_is_in_the_history_with_its_door_and_its_callers_line(programs, monkeypatch):
+    # Issue 35, item 5: each allocation tagged with the door it came through; its stack starts at the
+    # line that asked the library (here, this test's call of the callback PyTorch would make).
+    import numba_pool
+    from numba_pool.plugin.state import process
+
+    p = programs(arena=False)
+    door = _door(p, monkeypatch)
+    numba_pool.record_history()
+    try:
+        ptr = door._malloc(4096, 0, 0)
+        history = process.recording
+        event = history.live[(p.mm.device_id, ptr)]
+        assert (event.kind, event.size) == ("torch", 4096)
+        assert event.frames[0].co_name == "test_a_door_allocation_is_in_the_history_with_its_door_and_its_callers_line"
+        door._free(ptr, 4096, 0, 0)
+        assert (p.mm.device_id, ptr) not in history.live
+        assert [(e.action, e.kind) for e in history.entries if e.address == ptr] == [("alloc", "torch"), ("free", "torch")]
+    finally:
+        numba_pool.record_history(False)
     assert_clean(p)

@@ -216,3 +216,17 @@ def test_the_command_alone_prints_its_help():
     proc = numba_pool_cli()
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.startswith("Usage: numba-pool") and "info" in proc.stdout
+
+
+def test_info_lists_the_doors_onto_the_pool(monkeypatch):
+    # Issue 35, item 5: which doors are installed, without importing CuPy or PyTorch.
+    from numba_pool.cuda import frontend as frontends
+    real = frontends.version
+    monkeypatch.setattr(frontends, "version", lambda d: "2.11.0" if d == "torch" else None if d.startswith("cupy")
+                        else real(d))
+    rows = _as_rows(CliRunner().invoke(main, ["info"], env={"NUMBA_POOL_CUDA_CORE": "0"}).stdout)
+    assert rows["door numba"] == "Numba's memory manager (EMM plugin)"
+    assert rows["door cuda.core"].startswith("off (NUMBA_POOL_CUDA_CORE=0)")
+    assert rows["door cupy"] == "cupy-cuda13x not installed"
+    assert rows["door torch"] == ("torch 2.11.0: a program calls "
+                                  "torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())")

@@ -182,13 +182,14 @@ def test_using_stream_with_numba_and_non_blocking_streams():
             del a
 
 
-def test_record_stream_rejects_foreign_memory():
+def test_record_stream_on_foreign_memory_does_nothing():
+    # Issue 35, item 6: a program written for numba_pool runs unchanged where the memory is not
+    # numba_pool's (a mapped array of Numba's own with NUMBA_POOL_HOST=0, the default).
     settle()
     a = cuda.device_array(16)
     view = a[4:]
-    numba_pool.record_stream(view, cuda.stream())  # a view inside our block is fine
-    with pytest.raises(ValueError, match="not in a live allocation"):
-        numba_pool.record_stream(cuda.mapped_array(16), cuda.stream())
+    assert numba_pool.record_stream(view, cuda.stream()) is True  # a view inside our block
+    assert numba_pool.record_stream(cuda.mapped_array(16), cuda.stream()) is False
 
 
 def test_out_of_memory_names_the_numbers_and_the_pool_keeps_working():

@@ -33,9 +33,10 @@ DISTRIBUTIONS = {
     "humanfriendly": "humanfriendly", "tabulate": "tabulate", "tqdm": "tqdm", "matplotlib": "matplotlib",
     "distributed": "distributed", "dask": "distributed", "torch": "torch",
 }
-#: Imported only where the user asks for them and never declared: ``numba-pool-tools bench``
-#: measures the anchors (RMM, CuPy) when they are installed, for the comparison rows only.
-UNDECLARED_OPTIONAL = {"rmm", "cupy"}
+#: Imported only where the user asks for them, never at module level: ``numba-pool-tools bench``
+#: measures the anchors (RMM, CuPy, PyTorch) when they are installed, for the comparison rows only
+#: (the library's own doors for CuPy and PyTorch are its extras ``cupy`` and ``torch``).
+UNDECLARED_OPTIONAL = {"rmm", "cupy", "torch"}
 
 
 def requirement_names(text: str) -> list[str]:

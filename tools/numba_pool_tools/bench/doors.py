@@ -1,0 +1,161 @@
+"""The doors' cost (issue 35): µs per allocate+free through numba_pool's door for cuda.core, CuPy and PyTorch
+against that library's own allocator and RMM's allocator for it, where installed.
+
+``python -m numba_pool_tools.bench.doors [--rounds N] [--pairs N]`` on a GPU machine, with numba_pool as
+Numba's memory manager (it sets ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` for its children).
+
+Method.  cuda.core and CuPy can switch allocators in one process, so their allocators take turns there:
+each round runs :data:`PAIRS` pairs per allocator, the order rotated from round to round, and a round's
+difference ``door - own`` is paired; the table gives each allocator's median µs per pair and the median
+difference.  PyTorch takes one allocator per process, so each allocator runs in its own child process,
+the children taking turns (:data:`TURNS` each), and the table gives the median of their medians.  A pair
+is the library's own call: ``Buffer`` allocate and ``close`` (cuda.core), the allocator CuPy would call
+(``cupy.cuda.set_allocator``'s) and the drop of its ``MemoryPointer`` (CuPy), ``torch.empty(...,
+device="cuda")`` and its drop (PyTorch)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = [256, 64 << 10, 4 << 20]
+ROUNDS = 21
+PAIRS = 1000
+TURNS = 3
+#: The door's row and the library's own, per library (the difference the issue bounds at 2 µs).
+OWN = {"cuda.core": "DeviceMemoryResource", "cupy": "MemoryPool", "torch": "caching allocator"}
+
+
+def _timed(pair, size: int, pairs: int) -> float:
+    start = time.perf_counter()
+    for _ in range(pairs):
+        pair(size)
+    return (time.perf_counter() - start) / pairs * 1e6
+
+
+def _take_turns(pairs_by_name: dict, rounds: int, pairs: int, synchronize) -> dict:
+    """``{size: {name: [µs per pair, one per round]}}``, the allocators rotated from round to round."""
+    names = list(pairs_by_name)
+    out = {size: {name: [] for name in names} for size in SIZES}
+    for size in SIZES:
+        for name in names:  # warm-up: each allocator's pool holds a block of the size
+            _timed(pairs_by_name[name], size, pairs // 10 + 1)
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                out[size][name].append(_timed(pairs_by_name[name], size, pairs))
+                synchronize()
+    return out
+
+
+def measure_cuda_core(rounds: int, pairs: int) -> dict:
+    """numba_pool's ``MemoryResource`` against cuda.core's ``DeviceMemoryResource``, on one stream."""
+    from .core import cuda
+    from cuda.core import Device, DeviceMemoryResource
+    import numba_pool
+
+    cuda.current_context()  # numba_pool is the memory manager from here
+    device = Device(0)
+    device.set_current()
+    stream = device.create_stream()
+
+    def pair_of(resource):
+        def pair(size):
+            resource.allocate(size, stream).close(stream)
+        return pair
+    return _take_turns({"numba_pool": pair_of(numba_pool.MemoryResource(0)),
+                        OWN["cuda.core"]: pair_of(DeviceMemoryResource(0))}, rounds, pairs, stream.sync)
+
+
+def measure_cupy(rounds: int, pairs: int) -> dict:
+    """``numba_pool.cupy_allocator`` against CuPy's ``MemoryPool`` and ``MemoryAsyncPool`` and RMM's."""
+    from .core import cuda
+    import cupy
+    import numba_pool
+
+    cuda.current_context()
+    allocators = {"numba_pool": numba_pool.cupy_allocator, OWN["cupy"]: cupy.cuda.MemoryPool().malloc,
+                  "MemoryAsyncPool": cupy.cuda.MemoryAsyncPool().malloc}
+    try:
+        import rmm
+        from rmm.allocators.cupy import rmm_cupy_allocator
+        rmm.reinitialize(pool_allocator=True)
+        allocators["RMM pool"] = rmm_cupy_allocator
+    except Exception:  # noqa: BLE001 - RMM is an anchor, measured where installed
+        pass
+
+    return _take_turns(allocators, rounds, pairs, cupy.cuda.runtime.deviceSynchronize)  # a pair: allocator(size), dropped
+
+
+def measure_torch_child(which: str, rounds: int, pairs: int) -> dict:
+    """One child's medians: PyTorch with ``which`` allocator (``numba_pool``, ``caching allocator``, ``RMM pool``)."""
+    import torch
+    if which == "numba_pool":
+        import numba_pool
+        torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
+    elif which == "RMM pool":
+        import rmm
+        from rmm.allocators.torch import rmm_torch_allocator
+        rmm.reinitialize(pool_allocator=True)
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+
+    def pair(size):
+        torch.empty(size, dtype=torch.uint8, device="cuda")
+    out = _take_turns({which: pair}, rounds, pairs, torch.cuda.synchronize)
+    return {size: statistics.median(values[which]) for size, values in out.items()}
+
+
+def measure_torch(rounds: int, pairs: int) -> dict:
+    names = ["numba_pool", OWN["torch"], "RMM pool"]
+    out = {size: {name: [] for name in names} for size in SIZES}
+    for turn in range(TURNS):
+        for name in names[turn % 3:] + names[:turn % 3]:
+            child = subprocess.run([sys.executable, "-m", "numba_pool_tools.bench.doors", "--torch-child", name, "--rounds", str(rounds),
+                                    "--pairs", str(pairs)], capture_output=True, text=True, timeout=300,
+                                   env={**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
+            if child.returncode != 0:
+                print(f"torch with {name}: no figure ({child.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
+                continue
+            for size, value in json.loads(child.stdout.strip().splitlines()[-1]).items():
+                out[int(size)][name].append(value)
+    return {size: {n: v for n, v in row.items() if v} for size, row in out.items()}
+
+
+def render(library: str, figures: dict) -> str:
+    """A Markdown table: allocator, size, median µs per pair, and the door's paired difference to the own."""
+    lines = [f"### {library}", "", "| size | allocator | µs per pair | numba_pool − it, µs |", "|---|---|---|---|"]
+    for size, row in figures.items():
+        ours = row.get("numba_pool", [])
+        for name, values in row.items():
+            paired = [a - b for a, b in zip(ours, values)] if name != "numba_pool" and ours else []
+            diff = f"{statistics.median(paired):+.2f}" if paired else ""
+            lines.append(f"| {size} B | {name} | {statistics.median(values):.2f} | {diff} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m numba_pool_tools.bench.doors", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--pairs", type=int, default=PAIRS)
+    parser.add_argument("--torch-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.torch_child:
+        print(json.dumps(measure_torch_child(args.torch_child, args.rounds, args.pairs)))
+        return 0
+    os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_pool"
+    for library, measure in (("cuda.core", measure_cuda_core), ("cupy", measure_cupy), ("torch", measure_torch)):
+        try:
+            figures = measure(args.rounds, args.pairs)
+        except ImportError as err:
+            print(f"### {library}\n\nnot measured: {err}\n")
+            continue
+        print(render(library, figures) + "\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
