@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .driver import GONE, SUCCESS, warn
+from .driver import GONE, SUCCESS, check, warn
 
 
 class OwnerContext:
@@ -55,6 +55,19 @@ class OwnerContext:
             return False
         self.run(fn, *args, False)
         return True
+
+    def call(self, fn, *args):
+        """``fn(*args)``'s result, in the owner's context (pushed where another or none is current): for an
+        allocation through a door whose library may call with no context current.
+
+        :raises CudaAPIError: when the owner's context cannot be pushed; whatever ``fn`` raises."""
+        if not self.needed():
+            return fn(*args)
+        check(self._cu.cuCtxPushCurrent(self.handle), "cuCtxPushCurrent (the owner's context)")
+        try:
+            return fn(*args)
+        finally:
+            self._cu.cuCtxPopCurrent()
 
     def run(self, fn, *args) -> None:
         """``fn(*args)`` (must not raise) with the owner's context pushed; where it cannot be, the context

@@ -84,7 +84,8 @@ def cupy_pinned_allocator(nbytes: int):
     if host is None:
         raise RuntimeError("numba_pool.cupy_pinned_allocator: numba_pool's pinned cache is off: set "
                            "NUMBA_POOL_HOST=1 (or install(host=True)) before Numba's first CUDA call")
-    block = host.allocate_block(max(size, 1), LEGACY, host_flags(False, True, False))
+    # CuPy may ask before it made any context current (cuMemHostAlloc needs one): the owner's, pushed if so.
+    block = host.owner.call(host.allocate_block, max(size, 1), LEGACY, host_flags(False, True, False))
     return cupy.cuda.PinnedMemoryPointer(_PinnedOwner(block, host, size), 0)
 
 

@@ -42,7 +42,7 @@ class MemoryResource(_CoreResource):
 
         :raises ValueError: ``size`` not a positive int (bytes).
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
-        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size <= 0:
+        if type(size) is not int and (not isinstance(size, numbers.Integral) or isinstance(size, bool)) or size <= 0:
             raise ValueError(f"numba_pool.MemoryResource.allocate: size must be a positive number of bytes, "
                              f"got {size!r}")
         size = int(size)

@@ -5,6 +5,7 @@ allocators): the manager they allocate through (:func:`serving_manager`), and th
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 from ..cuda import frontend as frontends
@@ -12,10 +13,21 @@ from .state import process
 
 
 def serving_manager(device_id: int, door: str):
-    """The numba_pool manager serving device ``device_id`` (an ordinal): this process's, else that of Numba's
-    context for it, made current for the device first; ``door`` names the caller in messages.
+    """The numba_pool manager serving device ``device_id`` (an ordinal): the one the doors used last while it
+    lives (a weak reference: Numba dropping its context lets it go), else this process's, else that of
+    Numba's context for it, made current for the device first; ``door`` names the caller in messages.
 
     :raises RuntimeError: Numba's memory manager on the device is not numba_pool's."""
+    ref = process.door_managers.get(device_id)
+    manager = ref() if ref is not None else None
+    if manager is not None and manager.context is not None:
+        return manager
+    manager = _find(device_id, door)
+    process.door_managers[device_id] = weakref.ref(manager)
+    return manager
+
+
+def _find(device_id: int, door: str):
     for manager in process.managers():
         if manager.context is not None and manager.device_id == device_id:
             return manager

@@ -40,6 +40,9 @@ class ProcessState:
         self.leases = LeaseQueue()
         #: The PyTorch door (:mod:`.torch_allocator`), made at the first ``numba_pool.torch_allocator()``.
         self.torch_door = None
+        #: device ordinal -> weak reference to the manager the doors allocate through (:mod:`.serving`);
+        #: read and set without the lock (one dict operation each).
+        self.door_managers: dict = {}
 
     # -- the managers -----------------------------------------------------------------------
 

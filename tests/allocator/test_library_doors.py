@@ -103,3 +103,42 @@ def test_a_door_allocation_is_in_the_history_with_its_door_and_its_callers_line(
     finally:
         numba_pool.record_history(False)
     assert_clean(p)
+
+
+def test_a_pinned_door_allocation_with_no_current_context_runs_in_the_owners(programs):
+    # CuPy may ask its pinned allocator before it made a context current (seen on the GPU: cuMemHostAlloc
+    # failed with CUDA_ERROR_INVALID_CONTEXT); the door runs the allocation in the manager's context.
+    from numba_pool.allocator.host_blocks import host_flags
+    from numba_pool.cuda.errors import CudaAPIError
+    from numba_pool.cuda.streams import LEGACY
+
+    p = programs(arena=False, host=True)
+    host = p.mm.host
+    flags = host_flags(False, True, False)
+    block = p.bare.submit(host.owner.call, host.allocate_block, 4096, LEGACY, flags).result()
+    assert block.ptr and p.mm.statistics().host_in_use_bytes == 4096
+    with pytest.raises(CudaAPIError, match="CUDA_ERROR_INVALID_CONTEXT"):  # without it
+        p.bare.submit(host.allocate_block, 4096, LEGACY, flags).result()
+    host.deallocate(block)
+    assert_clean(p)
+
+
+def test_the_doors_find_their_manager_once_and_let_it_go_with_numba(monkeypatch):
+    # The CuPy and PyTorch doors look the manager up per allocation: a cache (5.4 µs a lookup before it,
+    # 0.2 µs with it, on the development machine), weak, so that a manager Numba dropped is looked up again.
+    import gc
+
+    from numba_pool.plugin import serving
+
+    class Manager:
+        context = object()
+
+    looked = []
+    made = [Manager(), Manager()]
+    monkeypatch.setattr(serving.process, "door_managers", {})
+    monkeypatch.setattr(serving, "_find", lambda device_id, door: looked.append(device_id) or made.pop(0))
+    first = serving.serving_manager(0, "t")
+    assert serving.serving_manager(0, "t") is first and looked == [0]
+    del first
+    gc.collect()
+    assert serving.serving_manager(0, "t") is not None and looked == [0, 0]

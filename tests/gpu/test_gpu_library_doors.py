@@ -116,9 +116,8 @@ p = cupy.cuda.alloc_pinned_memory(1 << 20)
 view = np.frombuffer(p, dtype=np.uint8, count=1 << 20)
 view[:] = 3
 in_use = numba_pool.stats().host_in_use_bytes
-x = cupy.asarray(view)
-ok = int(x.sum()) == 3 << 20
-del view, p
+ok = int(view.sum()) == 3 << 20
+del view, p  # (a CuPy copy from it would keep it on CuPy's watch list until CuPy's next pinned allocation)
 gc.collect()
 print(json.dumps({"in_use": in_use, "ok": ok, "after": numba_pool.stats().host_in_use_bytes}))
 """, {**ENV, "NUMBA_POOL_HOST": "1"})
