@@ -2,9 +2,8 @@
 
 * Up to ``max_block`` bytes, rounded to 256 B, from the stream's domain (:mod:`.domains`); larger and
   ``numba_pool.scratch`` requests go to :attr:`ArenaBlocks.delegate`.
-* Legacy hot path: one lock-free ``list.pop`` from the ready cache (Note [A ready block is its Block]); a miss
-  takes the lock, collects completed fence batches (rule 4, :mod:`.quarantine`, :mod:`.fences`), fences if
-  due, and carves by best fit, adding a slab only when nothing fits.
+* Legacy hot path: a lock-free ``list.pop`` off the ready cache (Note [A ready block is its Block]); a miss locks,
+  collects fenced batches (rule 4: :mod:`.quarantine`, :mod:`.fences`), fences if due, carves best fit or adds a slab.
 * A legacy release is one ``list.append`` (the release gate's pending, :mod:`.release`); another stream's
   records the domain's event and queues the block for the next allocation (rules 3 and 5).
 * A wholly free slab goes back over the release threshold, or when its domain has another.
@@ -42,8 +41,7 @@ from .waits import StreamWaits
 
 #: Quarantine at most this many blocks before a fence, whatever their bytes.
 QUARANTINE_BLOCKS = 256
-#: A legacy-stream allocation that misses the ready cache fences once this many blocks are
-#: quarantined, refilling the cache: one fence (a driver call) per about this many allocations.
+#: A legacy-stream ready-cache miss fences (refilling it) once this many blocks are quarantined (~1 fence per as many).
 REFILL_AT = 32
 #: Ready blocks kept per size in the cache in front of the legacy domain.
 CACHE_BLOCKS = 64
@@ -51,8 +49,7 @@ CACHE_BLOCKS = 64
 
 @dataclass(frozen=True)
 class ArenaStatistics:
-    """An arena's bytes and counts (all domains): in_use + cached (ready) + quarantined + free
-    (heaps) == reserved (slabs); ``fences`` issued so far."""
+    """An arena's bytes, counts (all domains): in_use + cached + quarantined + free == reserved; ``fences`` so far."""
 
     reserved: int
     in_use: int
@@ -90,8 +87,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.delegate_block = delegate_block if delegate_block is not None else partial(_not_served_block, max_block)
         self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
         self._lock = threading.Lock()
-        # Blocks out of the heaps: start -> their Block; under _lock, changed only by the heaps
-        # (Note [A ready block is its Block]).
+        # Out of the heaps: start -> Block; under _lock, changed only by the heaps (Note [A ready block is its Block]).
         self.taken: dict[int, Block] = {}
         self._domains = Domains(cu, pool_handle, slab_size=slab_size, release_threshold=release_threshold,
                                 alloc_stream=self.alloc_stream,
@@ -104,8 +100,6 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         # The release gate (:mod:`.release`), made once: no bound method per block.
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
                                    note=self._note, ordered=self._ordered, pending=self.pending)
-
-    # -- allocation ---------------------------------------------------------------------------
 
     def allocate_block(self, size: int, stream: StreamRef) -> Block:
         """The core's contract (:mod:`.block`): ``size`` bytes for work on ``stream``, above
@@ -204,8 +198,6 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.taken[start] = block
         return block
 
-    # -- release ------------------------------------------------------------------------------
-
     def _ordered(self, block: Block) -> None:
         # The release gate's ordered release; always a scoped block's: rule 5's event is recorded on its stream.
         stream = block.stream
@@ -225,8 +217,6 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         if not self.dropped:
             self._released.append(block)
 
-    # -- moving freed blocks back into the heaps (under _lock) --------------------------------
-
     def _publish_released(self) -> None:
         released = self._released
         while released:
@@ -243,8 +233,6 @@ class ArenaBlocks(ArenaDoor, BlockSource):
     def _free_into(self, domain: Domain, block: Block) -> None:
         self.taken.pop(block.start, None)
         self._domains.free(domain, block.start, block.rounded)
-
-    # -- barriers and reset -------------------------------------------------------------------
 
     @property
     def reserved_bytes(self) -> int:

@@ -1,17 +1,14 @@
 """Rule 13 of :mod:`numba_pool.allocator`: stream capture (CUDA graphs).
 
-* **Captured allocations** (:class:`~.graph_blocks.GraphBlocks`): on a capturing stream (``using_stream(s)``,
-  or outside any scope in the capturing thread), an allocation node (``cuMemAllocFromPoolAsync`` from a
-  non-exportable pool).  Their release during the capture is a free node; after it, ``cuMemFreeAsync`` on the
-  capture stream, nothing to free where the graph has not allocated it (not launched, or
-  ``CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH``).
-* **While a capture is under way** (:data:`underway`): no legacy-stream use, no synchronize, other calls in
-  relaxed mode; other streams' allocations come from the mempool (no arena), the legacy stream's from a
-  synchronized side stream; releases wait (:func:`defer`) and run in order once none is (:func:`refresh`).
+* **Captured allocations** (:class:`~.graph_blocks.GraphBlocks`): on a capturing stream (``using_stream(s)``, or
+  outside any scope in the capturing thread), an allocation node (``cuMemAllocFromPoolAsync``, non-exportable
+  pool), released as a free node during the capture, after it by ``cuMemFreeAsync`` on the capture stream.
+* **While a capture is under way** (:data:`underway`): no legacy-stream use, no synchronize, other calls in relaxed
+  mode; other streams' allocations come from the mempool (no arena), the legacy stream's from a synchronized side
+  stream; releases wait (:func:`defer`) and run in order once none is (:func:`refresh`).
 
-A capture is known from the first allocation on its stream, or ``using_stream`` entered with it; before that,
-CUDA's own rules apply (:mod:`numba_pool.cuda.capture`).  Threads: :data:`underway` and the deferred releases
-are atomic only; :data:`_lock` guards adding and dropping captures."""
+A capture is known from its stream's first allocation or ``using_stream`` entry (before: CUDA's rules,
+:mod:`.cuda.capture`).  Threads: :data:`underway`, deferred releases atomic only; :data:`_lock` guards changes."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""The arena's domains and their slabs: rules 1, 5 and 6 of :mod:`numba_pool.allocator`.
-
-A *domain* holds the free blocks of one stream (rule 1), as a heap of slabs
-(:class:`~numba_pool.allocator.free_list.Heap`).  A slab is one mempool allocation taken on the
-domain's stream (the legacy domain's on the private allocation stream: its blocks are idle
-whenever they are in the heap, rule 4); a wholly free slab goes back to the mempool, which is the
-only way memory moves between streams: the legacy domain's on the allocation stream, the others'
-on the private return stream after their domain's event (never on the legacy stream, whose
-operations are barriers).  Every method runs under the arena's lock.
-"""
+"""The arena's domains and their slabs: rules 1, 5 and 6 of :mod:`numba_pool.allocator`.  A *domain* holds one
+stream's free blocks (rule 1) as a heap of slabs (:class:`~.free_list.Heap`), a slab being a mempool allocation on
+the domain's stream (the legacy domain's on the private allocation stream: its heap's blocks are always idle, rule
+4).  Memory moves between streams only as wholly free slabs going back to the mempool: the legacy domain's on the
+allocation stream, others' on the private return stream after their domain's event (never the legacy stream, whose
+operations are barriers).  Every method runs under the arena's lock."""
 
 from __future__ import annotations
 
@@ -19,17 +15,14 @@ from .free_list import Heap
 
 #: The first slab's size (bytes), unless the largest slab is smaller.
 FIRST_SLAB = 64 << 10
-#: A new slab is about 1/GROWTH of what the arena reserves already: slabs grow with the arena,
-#: so the last, partly used slab stays a small fraction of the total (~3%).
+#: A new slab is ~1/GROWTH of the arena's reserve: slabs grow with it, the last, partly used one staying ~3% of it.
 GROWTH = 32
-#: A new slab holds at least this many blocks of the request that needs it, so that a workload
-#: of one block size does not fence (or take a slab) at every allocation.
+#: A new slab holds at least this many blocks of its request: one block size does not fence (or add a slab) each time.
 BLOCKS_PER_SLAB = 64
 
 
 class Domain:
-    """The free blocks of one stream (rule 1): a heap of its slabs and, but for the legacy
-    domain, the event of rule 5."""
+    """One stream's free blocks (rule 1): a heap of its slabs and, but for the legacy domain, rule 5's event."""
 
     __slots__ = ("key", "heap", "event")
 
@@ -40,15 +33,9 @@ class Domain:
 
 
 class Domains:
-    """Every domain of one arena, by stream key, and the bytes of their slabs.
-
-    :param cu: the driver object.
-    :param pool_handle: the mempool slabs come from.
-    :param slab_size: the largest slab (bytes).
-    :param release_threshold: bytes of slabs kept when one becomes empty (None: all).
-    :param alloc_stream: the private stream the legacy domain's slabs come from and go back on.
-    :param return_stream: the private stream other domains' slabs go back on.
-    """
+    """Every domain of an arena by stream key, and their slabs' bytes.  Slabs come from mempool ``pool_handle``, at
+    most ``slab_size`` bytes; ``release_threshold`` bytes are kept when one empties (None: all); the legacy
+    domain's come and go on private stream ``alloc_stream``, others' go back on ``return_stream``."""
 
     def __init__(self, cu, pool_handle, *, slab_size: int, release_threshold: int | None,
                  alloc_stream, return_stream):
@@ -77,18 +64,14 @@ class Domains:
             domain = self._by_key[key] = Domain(key, event)
         return domain
 
-    # -- slabs --------------------------------------------------------------------------------
-
     def next_slab_size(self, need: int) -> int:
-        """The size of the next slab for a request of ``need`` bytes: the power of two nearest
-        above 1/GROWTH of the bytes reserved, or BLOCKS_PER_SLAB requests if more, between
-        FIRST_SLAB and ``slab_size``, and at least ``need``."""
+        """The next slab's size for a request of ``need`` bytes: the power of two nearest above 1/GROWTH of the
+        bytes reserved, or BLOCKS_PER_SLAB requests if more, within FIRST_SLAB..``slab_size``, at least ``need``."""
         target = 1 << max(0, (self.reserved // GROWTH - 1).bit_length())
         return max(need, min(self.slab_size, max(FIRST_SLAB, target, BLOCKS_PER_SLAB * need)))
 
     def add_slab(self, domain: Domain, stream: StreamRef | None, need: int) -> None:
-        """A new slab for ``domain``, allocated on its ``stream`` (None: the legacy domain's, on
-        the private allocation stream), large enough for ``need`` bytes.
+        """A slab of at least ``need`` bytes for ``domain``, on ``stream`` (None: the private allocation stream).
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (or another driver error)."""
         size = self.next_slab_size(need)
@@ -103,25 +86,22 @@ class Domains:
         self.reserved += size
 
     def free(self, domain: Domain, start: int, size: int) -> None:
-        """Put a block back in ``domain``'s heap (coalescing); a slab that becomes wholly free
-        goes back to the mempool when the arena is over its release threshold, or when it is
-        not the only slab of a stream's domain."""
+        """Put a block back in ``domain``'s heap (coalescing); a slab now wholly free goes back to the mempool when
+        the arena is over its release threshold, or when it is not a stream domain's only slab."""
         heap = domain.heap
         start, size = heap.free(start, size)
         if heap.is_empty_slab(start, size) and self._gives_back(domain):
             self.return_slab(domain, start)
 
     def _gives_back(self, domain: Domain) -> bool:
-        # An empty slab stays unless the arena is over its release threshold; a stream's domain
-        # keeps only its last one, so that streams that are gone hold at most one slab each.
+        # An empty slab stays under the release threshold; a stream's domain keeps one (gone streams hold one each).
         if self.release_threshold is not None and self.reserved > self.release_threshold:
             return True
         return domain is not self.legacy and len(domain.heap.slabs) > 1
 
     def return_slab(self, domain: Domain, start: int) -> None:
-        """A wholly free slab back to the mempool, ordered after its domain's last release: the
-        legacy domain's are idle; another domain's go back on the return stream after its event
-        (rule 5: never touch the domain's stream, which may be gone)."""
+        """A wholly free slab back to the mempool after its domain's last release: the legacy domain's are idle;
+        others' go on the return stream after their event (rule 5: never the domain's stream, which may be gone)."""
         cu = self._cu
         if domain.event is None:
             on = self._alloc_stream.handle
@@ -141,10 +121,9 @@ class Domains:
                 self.return_slab(domain, start)
 
     def drop_all(self) -> list[tuple[int, int]]:
-        """Forget every domain (for a reset): returns the slabs as (start, size) for the caller
-        to free.  A release that checked that its arena was not dropped may still record its
-        domain's event: the events are destroyed once no release can reach them (this object,
-        which only its arena holds, is collected)."""
+        """Forget every domain (for a reset): returns the slabs as (start, size) for the caller to free.  A release
+        that checked that its arena was not dropped may still record its domain's event: the events are destroyed
+        once no release can reach them (this object, which only its arena holds, is collected)."""
         slabs = [slab for domain in self for slab in domain.heap.slabs.items()]
         events = [domain.event for domain in self if domain.event is not None]
         weakref.finalize(self, _destroy_events, self._cu, events).atexit = False
@@ -161,16 +140,14 @@ class Domains:
         return None
 
     def free_figures(self) -> dict[str, int]:
-        """What the heaps hold: ``free`` bytes, ``free_blocks``, the ``largest_free_block``,
-        ``slabs`` and ``domains``."""
+        """What the heaps hold: ``free`` bytes, ``free_blocks``, ``largest_free_block``, ``slabs``, ``domains``."""
         heaps = [domain.heap for domain in self]
         return {"free": sum(h.free_bytes() for h in heaps), "free_blocks": sum(len(h.free_blocks()) for h in heaps),
                 "largest_free_block": max([h.largest_free() for h in heaps] + [0]),
                 "slabs": sum(len(h.slabs) for h in heaps), "domains": len(heaps)}
 
     def check_invariants(self, taken: dict[int, int]) -> None:
-        """Every heap tiled by its free blocks and the blocks of ``taken``; the reserved bytes
-        add up (tests).  :raises AssertionError: otherwise."""
+        """Heaps tiled by free blocks and ``taken``'s; reserved bytes add up.  :raises AssertionError: if not."""
         for domain in self:
             domain.heap.check_invariants(taken)
         assert sum(d.heap.reserved for d in self) == self.reserved
@@ -179,7 +156,6 @@ class Domains:
 
 
 def _destroy_events(cu, events: list) -> None:
-    # A dropped arena's domain events, once nothing can record them (in a thread with no
-    # current context the calls fail: the events go with the context).
+    # A dropped arena's domain events, once unrecordable (with no current context the calls fail; they go with it).
     for event in events:
         cu.cuEventDestroy(event)

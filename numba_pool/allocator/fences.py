@@ -1,15 +1,12 @@
-"""Rule 4 of :mod:`numba_pool.allocator`: a block released by its legacy-stream owner is reused only once the
-host has seen a fence after its release complete.  A release makes no driver call (a legacy-stream operation
-is a barrier: a kernel waiting for a later copy on another stream would hang); an allocation records **one
-fence** (a legacy-stream event) per batch of :data:`FENCE_BLOCKS` blocks or :attr:`Fences.fence_bytes` bytes
-(as Numba's ``CUDA_DEALLOCS_COUNT``/``CUDA_DEALLOCS_RATIO``), never inside ``defer_cleanup``.  Once the host
-sees it complete (``cuEventQuery``), or after a synchronize (trim, out of memory, reset), the batch is idle.
-
-:class:`PrivateStream`: legacy owners' new memory comes from a non-blocking stream of our own that waits for
-nothing; with ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off it gets only idle memory.  Each
-allocation is seen complete before hand-out (:meth:`PrivateStream.complete`; else a legacy-stream memset on a
-fresh managed block was lost).  Threads: releases append atomically; :class:`Fences` is used under
-:attr:`Fences.lock` (allocations try it and go on when it is taken)."""
+"""Rule 4 of :mod:`numba_pool.allocator`: a legacy-stream owner's released block is reused only once the host saw a
+later fence complete.  A release makes no driver call (a legacy-stream operation is a barrier: a kernel waiting for
+a later copy on another stream would hang); an allocation records **one fence** (a legacy-stream event) per
+:data:`FENCE_BLOCKS` blocks or :attr:`Fences.fence_bytes` bytes (as Numba's ``CUDA_DEALLOCS_COUNT``,
+``CUDA_DEALLOCS_RATIO``), never in ``defer_cleanup``; the batch is idle once seen done (``cuEventQuery``) or
+synchronized.  :class:`PrivateStream`: legacy owners' new memory comes from a non-blocking stream of ours that
+waits for nothing (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off: only idle memory), each allocation
+seen complete before hand-out (:meth:`PrivateStream.complete`; else a legacy-stream memset on a fresh managed block
+was lost).  Threads: releases append atomically; allocations take :attr:`Fences.lock` if free."""
 
 from __future__ import annotations
 
@@ -123,8 +120,8 @@ def run_releases(releases: list) -> None:
 
 
 class PrivateStream:
-    """A non-blocking stream of our own, made at first use in the owner's context: for legacy owners' new
-    memory, other streams' slab returns, or rule 13's side stream (``what``)."""
+    """A non-blocking stream of our own, made at first use in the owner's context: for legacy owners' new memory,
+    other streams' slab returns, or rule 13's side stream (``what``)."""
 
     def __init__(self, cu, what: str):
         self._cu = cu
@@ -142,8 +139,7 @@ class PrivateStream:
         return self._handle
 
     def complete(self) -> None:
-        """Return once the stream's work is complete (``cuStreamQuery``, else
-        ``cuStreamSynchronize``): "Stream Ordered Memory Allocator" requires it before reuse.
+        """Return once the stream's work is done (``cuStreamQuery``, else ``cuStreamSynchronize``), before any reuse.
 
         :raises CudaAPIError: when the synchronize fails."""
         cu, handle = self._cu, self.handle
@@ -157,14 +153,12 @@ class PrivateStream:
             report_failure(self._cu.cuStreamDestroy(handle), f"cuStreamDestroy ({self._what})")
 
 
-#: The host-rule cache's fence is due at this many bytes of unfenced blocks (pinned and managed
-#: blocks; Note [A release records nothing on the legacy stream] in :mod:`.host_blocks`).
+#: Unfenced pinned/managed bytes making a host-rule fence due (Note [A release records nothing on the legacy stream]).
 HOST_FENCE_BYTES = 256 << 20
 
 
 class SharedFence:
-    """The legacy-stream event of one host fence (:meth:`HostFences.fence`) and how many blocks
-    of its batch still need it (under the cache's lock)."""
+    """One host fence's legacy-stream event (:meth:`HostFences.fence`) and how many blocks of its batch need it."""
 
     __slots__ = ("event", "users")
 
@@ -173,8 +167,8 @@ class SharedFence:
 
 
 class HostFences:
-    """A host-rule cache's binned blocks awaiting a legacy-stream fence, and the fences (one event per
-    batch).  Under the cache's lock; ``record(stream) -> event``."""
+    """A host-rule cache's binned blocks awaiting a legacy-stream fence, and the fences (one event per batch); under
+    the cache's lock, as :class:`SharedFence` is.  ``record(stream) -> event``."""
 
     def __init__(self, cu, record, kind: str):
         self._cu = cu
@@ -196,8 +190,8 @@ class HostFences:
             self.unfenced.remove(block)
 
     def fence_if_due(self, capturing: bool) -> None:
-        """A fence once :attr:`fence_blocks` blocks or :attr:`fence_bytes` bytes wait, never
-        while a ``defer_cleanup`` is open or a capture is under way (rule 13)."""
+        """A fence once :attr:`fence_blocks` blocks or :attr:`fence_bytes` bytes wait, never while a
+        ``defer_cleanup`` is open or a capture is under way (rule 13)."""
         unfenced = self.unfenced
         if not unfenced or capturing or (self.deferral is not None and self.deferral.depth):
             return

@@ -1,13 +1,8 @@
-"""The arena's free list: blocks carved out of slabs, found by best fit, split and coalesced.
-
-Plain Python: no CUDA, streams or threads.  A :class:`Heap` knows only which byte ranges of one
-domain's slabs are free; the arena (:mod:`.arena`) decides reuse and serializes every call.
-
-Blocks are 256-byte aligned (as ``cuMemAlloc``'s), sizes rounded by :func:`round_up`.
-:meth:`Heap.allocate` takes the best fit from size bins and splits it; :meth:`Heap.free`
-coalesces with free neighbours in the slab.  The *top* (dlmalloc's "top chunk") is kept out of
-the bins so common requests are cut off its front with a few integer operations.
-"""
+"""The arena's free list, in plain Python (no CUDA, streams or threads): a :class:`Heap` knows only which bytes of
+a domain's slabs are free; the arena (:mod:`.arena`) decides reuse and serializes every call.  Blocks are 256-byte
+aligned (as ``cuMemAlloc``'s), sizes rounded by :func:`round_up`.  :meth:`Heap.allocate` takes the best fit from
+size bins, splitting it; :meth:`Heap.free` coalesces with slab neighbours.  The *top* (dlmalloc's "top chunk")
+stays out of the bins: common requests are cut off its front cheaply."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ class ArenaError(ValueError):
 
 
 class Heap:
-    """The slabs of one domain and their free blocks.  Sizes and addresses are in bytes; every
-    size passed in must already be rounded (:func:`round_up`)."""
+    """One domain's slabs and free blocks, in bytes; sizes passed in are rounded (:func:`round_up`)."""
 
     __slots__ = ("slabs", "reserved", "by_start", "by_end", "bins", "sizes", "top_start", "top_size")
 
@@ -39,8 +33,6 @@ class Heap:
         self.sizes: list[int] = []  # the sizes present in bins, ascending
         self.top_start = 0
         self.top_size = 0  # 0: no top block
-
-    # -- slabs ------------------------------------------------------------------------------
 
     def add_slab(self, start: int, size: int) -> None:
         """A new slab, all free; it becomes the top block (the old top goes to the bins)."""
@@ -63,8 +55,7 @@ class Heap:
     def remove_slab(self, start: int) -> int:
         """Take a wholly free slab out of the heap; returns its size.
 
-        :raises ArenaError: when ``start`` is not a wholly free slab.
-        """
+        :raises ArenaError: when ``start`` is not a wholly free slab."""
         size = self.slabs.get(start)
         if size is None:
             raise ArenaError(f"{start:#x} is not a slab of this heap")
@@ -78,12 +69,9 @@ class Heap:
         self.reserved -= size
         return size
 
-    # -- blocks -----------------------------------------------------------------------------
-
     def allocate(self, size: int) -> int | None:
-        """Best fit: the start of the smallest free block of at least ``size`` bytes, split off
-        its front; the top block is chosen unless a smaller binned block fits.  None when no
-        free block is large enough."""
+        """Best fit: the start of the smallest free block of at least ``size`` bytes, split off its front; the top
+        block is chosen unless a smaller binned block fits.  None when no free block is large enough."""
         sizes = self.sizes
         i = bisect.bisect_left(sizes, size)
         binned = sizes[i] if i < len(sizes) else 0
@@ -102,16 +90,14 @@ class Heap:
         del self.by_start[start]
         del self.by_end[start + binned]
         if binned > size:
-            # Split.  The rest has no free neighbour (invariant) and becomes the top block, so
-            # that the next requests are cut off it (dlmalloc's designated victim).
+            # Split: the rest (no free neighbour: invariant) becomes the top, cut next (dlmalloc's designated victim).
             if self.top_size:
                 self._bin(self.top_start, self.top_size)
             self.top_start, self.top_size = start + size, binned - size
         return start
 
     def free(self, start: int, size: int) -> tuple[int, int]:
-        """Add a free block, coalescing it with free neighbours in the same slab.  Returns the
-        merged block (start, size)."""
+        """Add a free block, coalescing it with free neighbours in its slab; returns the merged (start, size)."""
         end = start + size
         slabs = self.slabs
         merged_top = False
@@ -174,12 +160,9 @@ class Heap:
             del self.bins[size]
             del self.sizes[bisect.bisect_left(self.sizes, size)]
 
-    # -- checking (tests) -------------------------------------------------------------------
-
     def check_invariants(self, taken: dict[int, int]) -> None:
-        """Raise AssertionError unless this heap's slabs are tiled exactly (no gap, no overlap)
-        by its free blocks and the blocks of ``taken`` (start -> size) inside its slabs, all
-        256-aligned; no two adjacent free blocks remain in a slab; the byte counts agree."""
+        """Raise AssertionError unless the slabs are tiled exactly (no gap, no overlap) by the free blocks and
+        ``taken``'s (start -> size) in them, all 256-aligned, no two adjacent free blocks, byte counts agreeing."""
         assert len(self.by_start) == len(self.by_end) == sum(len(b) for b in self.bins.values())
         assert self.sizes == sorted(self.bins), "size bins out of order"
         for s, n in self.by_start.items():

@@ -1,10 +1,7 @@
-"""Rule 13's captured allocations (:mod:`.captures`): allocation nodes of a capture's graph.
-
-Their release goes through the release gate (:mod:`.release`) like every device block's: during
-its own capture it is a free node; after it, ``cuMemFreeAsync`` on the capture stream (after the
-graph's launches ordered there), and nothing to free where the graph has not allocated it (not
-launched, or ``CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH``).
-"""
+"""Rule 13's captured allocations (:mod:`.captures`): allocation nodes of a capture's graph.  Their release goes
+through the release gate (:mod:`.release`): during its own capture a free node; after it, ``cuMemFreeAsync`` on the
+capture stream (after the graph's launches ordered there), nothing to free where the graph has not allocated it
+(not launched, or ``CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH``)."""
 
 from __future__ import annotations
 
@@ -33,9 +30,8 @@ class GraphBlocks:
         self.live: dict = {}  # atomic operations only
         self.left_to_graphs = 0  # releases after a capture that found no allocation to free
         self._waits = waits
-        # Graph memory is freed at its drop, never held by defer_cleanup (its capture stream may
-        # be destroyed before the exit): a deferral of its own, never entered; no waits are
-        # registered for it (record_stream finds only the sources' blocks).
+        # Freed at its drop, never held by defer_cleanup (its capture stream may be destroyed before the exit): a
+        # deferral of its own, never entered; no waits registered (record_stream finds only the sources' blocks).
         self._release = gate(self, cu, deferral=Deferral(), owner=waits.owner,
                              ordered=self._ordered, free=self._free_outside, ledger=True, graph=True)
 
@@ -64,8 +60,7 @@ class GraphBlocks:
             report_failure((err,), f"cuMemFreeAsync({block.address:#x}) of graph memory")
 
     def _free_outside(self, block: Block):
-        # After the capture: on the capture stream, after the graph's launches ordered there.
-        # Returns the driver's error (the gate's rule 10 retries it in the owner's context).
+        # After the capture, on the capture stream after the graph's launches; the driver's error, for rule 10's retry.
         err, = self._cu.cuMemFreeAsync(block.ptr, block.stream.handle)
         if err == _INVALID_VALUE:  # not allocated now: the graph never ran, or freed it at a relaunch
             self.left_to_graphs += 1

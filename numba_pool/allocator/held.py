@@ -1,5 +1,4 @@
-"""The later-queue of things held until a condition ends (:class:`Held`), beside
-:class:`~.release.Pending` (:mod:`.release` lists both kinds' users)."""
+"""The later-queue of things held until a condition ends (:class:`Held`), beside :class:`~.release.Pending`."""
 
 from __future__ import annotations
 
@@ -7,9 +6,8 @@ from typing import Callable, Iterator
 
 
 class Held:
-    """Things held until a condition ends, keyed by a block (or by themselves), taken oldest
-    first.  Atomic operations only: finalizers keep and let go in any thread, and two takers at
-    once never take one thing twice."""
+    """Things held until a condition ends, keyed by a block (or by themselves), taken oldest first.  Atomic
+    operations only: finalizers keep and let go in any thread; two takers at once never take one thing twice."""
 
     __slots__ = ("_kept",)
 

@@ -1,9 +1,6 @@
-"""Rule 4 of :mod:`numba_pool.allocator`: the legacy domain's quarantine and ready cache.
-
-A block freed on the legacy stream may still be read by work on any blocking stream: it waits
-here until a *fence* (:mod:`.fences`) taken after it is seen complete by the host, then fills
-a per-size ready cache that allocations pop without a lock.
-"""
+"""Rule 4 of :mod:`numba_pool.allocator`: the legacy domain's quarantine and ready cache.  A block freed on the
+legacy stream may still be read by any blocking stream's work: it waits here until the host sees a *fence*
+(:mod:`.fences`) after it complete, then fills a per-size ready cache popped without a lock."""
 
 from __future__ import annotations
 
@@ -13,10 +10,9 @@ from .release import Pending
 
 
 class Quarantine:
-    """Rule 4's state: the blocks freed and not yet fenced (:attr:`waiting`, the release
-    gate's :class:`~.release.Pending`), the fenced batches (``fences``), and the ready cache
-    (glibc's tcache idea): rounded size -> :data:`~.block.FREE` blocks, popped without a lock
-    (Note [A ready block is its Block]) and filled under the arena's lock."""
+    """Rule 4's state: blocks freed, not yet fenced (:attr:`waiting`, the release gate's :class:`~.release.Pending`),
+    the fenced batches (``fences``), and the ready cache (glibc's tcache idea): rounded size -> :data:`~.block.FREE`
+    blocks, popped without a lock (Note [A ready block is its Block]), filled under the arena's lock."""
 
     def __init__(self, cache_limit: int, fences):
         self.waiting = Pending()  # blocks freed since the last fence
@@ -25,9 +21,8 @@ class Quarantine:
         self.fences = fences
 
     def fence_if_due(self, at: int, limit: int, deferral) -> None:
-        """A fence for the waiting blocks once ``at`` of them wait, or more than ``limit``;
-        never while a ``defer_cleanup`` is open (``deferral.depth``), nor while another thread
-        records one (the next miss fences these).  The snapshot comes before the fence.
+        """A fence for the waiting blocks (taken before it) once ``at`` wait, or more than ``limit``; never inside
+        ``defer_cleanup`` (``deferral.depth``), nor while another thread records one (the next miss fences these).
 
         :raises CudaAPIError: when the fence cannot be recorded (the blocks wait on)."""
         fences = self.fences
@@ -71,8 +66,7 @@ class Quarantine:
         return [taken for _, taken, _ in list(self.fences.batches)]
 
     def released(self) -> list:
-        """Every block waiting for a fence or for its fence to complete (a copy: releases append
-        without the lock)."""
+        """Every block waiting for a fence or its completion (a copy: releases append without the lock)."""
         return [block for batch in [list(self.waiting), *self.fenced()] for block in batch]
 
     def make_ready(self, taken: list[Block]) -> list[Block]:

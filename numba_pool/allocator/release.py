@@ -1,7 +1,7 @@
-"""The release gate: every block's release (mempool, arena, graph, pinned and managed blocks) makes the same
-checks, in one order, here; a block source supplies only its fast action's parts and its ordered release, and
-:func:`gate` makes the ``release(block)`` its blocks carry.  Each check's rule and tests:
-docs/architecture.md, "A release"; numbered as in the code:
+"""The release gate: every block's release (mempool, arena, graph, pinned, managed) makes the same checks, in one
+order, here; a block source supplies only its fast action's parts and its ordered release, and :func:`gate` makes
+the ``release(block)`` its blocks carry.  Rules, tests and the later-queues (:class:`Pending`, :class:`~.held.Held`):
+docs/architecture.md, "A release".  Numbered as in the code:
 
 1. **Capture hold-back** (rule 13): while a known capture is under way, the release waits for its end
    (:func:`.captures.defer`); a graph block in its own capture is freed there, a free node.
@@ -20,9 +20,7 @@ docs/architecture.md, "A release"; numbered as in the code:
 Note [The gate is a closure]
     The release is the pointer finalizer's one call, on the hot path of every drop.  So the gate is a closure
     made once per source: what it reads is in its cells, and its fast actions are C calls (``list.append``,
-    the driver's ``cuMemFreeAsync``) made inline, not a second Python frame (its cost: docs/perf-notes.md).
-
-The later-queues (:class:`Pending`, :class:`~.held.Held`): docs/architecture.md, "A release"."""
+    the driver's ``cuMemFreeAsync``) made inline, not a second Python frame (its cost: docs/perf-notes.md)."""
 
 from __future__ import annotations
 
@@ -38,9 +36,8 @@ from .captures import defer, still_capturing, underway
 
 
 class Pending(list):
-    """Legacy-stream blocks released since the last fence (:class:`Block`), in release order:
-    appended to by releases without a lock, taken by an allocation (rule 4).  ``nbytes``: their
-    bytes, added without a lock (a lost update only delays a fence)."""
+    """Legacy-stream blocks released since the last fence, in release order: appended without a lock, taken by an
+    allocation (rule 4); ``nbytes``, their bytes, is added without a lock (a lost update only delays a fence)."""
 
     __slots__ = ("nbytes", "_lock", "_takes")
 
@@ -75,21 +72,16 @@ def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
          free: Callable[[Block], object] | None = None, ledger: bool = False,
          orphaned: Callable[[Block], bool] | None = None, on_dropped: Callable[[], None] | None = None,
          note: Callable[[int], None] | None = None, graph: bool = False) -> Callable[[Block], None]:
-    """``release(block)`` for the blocks of ``source`` (its ``dropped`` is rule 12's mark).
-
-    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
-    :param deferral: ``defer_cleanup``'s :class:`~numba_pool.allocator.waits.Deferral`.
-    :param owner: the :class:`~numba_pool.cuda.context.OwnerContext` (rule 10).
-    :param ordered: ``ordered(block)``, the ordered release (:meth:`StreamWaits.release
-        <numba_pool.allocator.waits.StreamWaits.release>` for device blocks); never raises.
-    :param pending: where the legacy stream's blocks go (None: ordered).
-    :param free_async: ``cuMemFreeAsync`` for the other streams' blocks (None: ordered).
-    :param free: ``free(block)`` instead of ``free_async`` (off the hot paths; returns an error or None).
-    :param ledger: rule 12 by the block's ``ledger`` (popped), else by ``source.dropped``.
-    :param orphaned: after the ledger pop, True when it freed a host cache's orphan (left by a reset to it).
-    :param on_dropped: run when a pending append finds the source dropped (the reset may have taken the rest).
-    :param note: the usage tracker's event sink (``~bytes`` per release); None: not counted.
-    :param graph: graph blocks (:class:`~.graph_blocks.GraphBlocks`): one still in its capture is freed there."""
+    """``release(block)`` for the blocks of ``source`` (its ``dropped`` is rule 12's mark).  ``cu``: the driver
+    object (:mod:`numba_pool.cuda.driver`); ``deferral``: ``defer_cleanup``'s :class:`~.waits.Deferral`; ``owner``:
+    the :class:`~numba_pool.cuda.context.OwnerContext` (rule 10); ``ordered(block)``: the ordered release, never
+    raising (:meth:`~.waits.StreamWaits.release`).  The legacy stream's blocks go to ``pending``, the other
+    streams' to ``free_async`` (``cuMemFreeAsync``), each None: ordered; or ``free(block)`` (off the hot paths;
+    returns an error or None).  ``ledger``: rule 12 by the block's ``ledger`` (popped), else by ``source.dropped``;
+    ``orphaned``: after the ledger pop, True when it freed a host cache's orphan (left by a reset to it);
+    ``on_dropped``: run when a pending append finds the source dropped (the reset may have taken the rest);
+    ``note``: the usage tracker's event sink (``~bytes`` per release; None: not counted); ``graph``: graph blocks
+    (:class:`~.graph_blocks.GraphBlocks`), freed in their own capture."""
     append = pending.append if pending is not None else None
 
     def release(block: Block) -> None:

@@ -1,18 +1,10 @@
-"""A linear pool: one block, bump-allocated, freed all at once.
-
-For the allocate-everything-then-drop-everything pattern: inside ``with numba_pool.scratch(n):``
-every device allocation of the calling thread takes the next 256-byte-aligned piece of one
-block reserved on entry (an offset allocator, no per-array free).  A request larger than what
-is left takes the normal path.  The block is one mempool allocation: it goes back to the pool,
-stream-ordered like any other, once the scope has exited *and* every array carved from it is
-gone, so an array that outlives the scope stays valid.  Arrays in one scratch block never
-share memory (nothing is reused inside it), which is why the stream rule needs nothing more.
-``record_stream`` on a carved array belongs to that array: the block waits for the recorded
-streams when the array is dropped, since it is released later, when they may be destroyed.  An
-IPC export of a carved array holds the block: its release waits for the last importer.
-The allocation log (``NUMBA_POOL_LOG``) records the arrays, at their own addresses, and not the
-block they are carved from.
-"""
+"""A linear pool (one block, bump-allocated, freed at once) for allocate-everything-then-drop-everything: inside
+``with numba_pool.scratch(n):`` each device allocation of the thread takes the next 256-byte-aligned piece of the
+block reserved on entry; what does not fit takes the normal path.  The block (one mempool allocation) goes back,
+stream-ordered, once the scope has exited *and* every carved array is gone: arrays may outlive the scope.  Carved
+arrays never share memory, so the stream rule needs nothing more.  A carved array's ``record_stream`` streams are
+waited for at its drop (the block goes later, when they may be gone); an IPC export of one holds the block until
+the last importer.  The allocation log (``NUMBA_POOL_LOG``) records the arrays, not the block."""
 
 from __future__ import annotations
 
@@ -30,15 +22,10 @@ from .waits import split_waiting
 
 
 class ScratchBlock:
-    """One reserved block and its bump offset (bytes).
-
-    :param block: the reserved block (a pointer from the device allocator's block source).
-    :param stream: the allocation stream the scope was opened on.
-    :param allocator: the :class:`~numba_pool.allocator.device.DeviceAllocator` the block came
-        from: its registry of scratch blocks and its release ordering.
-    :param overflow: serves the requests that do not fit (bytes -> pointer), on ``stream``:
-        the device's block source, with no adaptor (the path around us logs and counts the call).
-    """
+    """One reserved ``block`` (from the device's block source) and its bump offset (bytes) on ``stream``, the
+    scope's allocation stream; ``allocator``: the :class:`~.device.DeviceAllocator` it came from (scratch-block
+    registry, release ordering); ``overflow`` serves what does not fit (bytes -> pointer) on ``stream``: the
+    device's block source, no adaptor (the path around us logs and counts the call)."""
 
     def __init__(self, block: PoolPointer, stream: StreamRef, allocator, overflow):
         self.block = block  # our reference keeps the block allocated
@@ -47,8 +34,7 @@ class ScratchBlock:
         self.size = block.size
         self.offset = 0  # bytes carved so far
         self.stream = stream  # the allocation stream the scope was opened on (no scratch)
-        # Arrays carved out and still alive (address -> their Block, whose ``waits`` their
-        # releases wait for): atomic dict operations only (finalizers, any thread).
+        # Live carved arrays: address -> Block (its ``waits`` for the release); atomic dict operations only.
         self._outstanding: dict[int, Block] = {}
         self._scope_open = True
         self._release_token = deque([None])  # popped exactly once, by whoever releases the block
@@ -62,8 +48,7 @@ class ScratchBlock:
         return len(self._outstanding)
 
     def allocate(self, size: int) -> PoolPointer:
-        """Carve ``size`` bytes (rounded up to 256) off the block, or take the normal path (also
-        once a reset freed the block)."""
+        """Carve ``size`` bytes (rounded up to 256) off the block; else (or after a reset) the normal path."""
         need = round_up(size)
         if self.offset + need > self.size or self._allocator is None:
             with _on_stream(self.stream):
@@ -80,11 +65,10 @@ class ScratchBlock:
         return type(self.block)(self.block.context, block.ptr, size, block)
 
     def _dropped(self) -> bool:
-        # After the carve is registered: a reset marks the mempool blocks dropped before it
-        # snapshots the ledger that holds this block, so a carve that sees no mark here
-        # completed before the reset (which frees it as a live array), and one that sees it is
-        # served by the next generation.  The block's own check is too early: the reset
-        # forgets the scratch blocks only after its snapshot.
+        # After the carve is registered: a reset marks the mempool blocks dropped before it snapshots the ledger
+        # that holds this block, so a carve that sees no mark here completed before the reset (which frees it as a
+        # live array), and one that sees it is served by the next generation.  The block's own check is too early:
+        # the reset forgets the scratch blocks only after its snapshot.
         allocator = self._allocator
         return allocator is None or allocator.mempool_blocks.dropped
 
@@ -95,9 +79,8 @@ class ScratchBlock:
         return None
 
     def add_wait(self, address: int, what) -> bool:
-        """Make the release of the carved array holding ``address`` wait for ``what`` (a stream
-        given to ``record_stream``, or a hold: :mod:`numba_pool.allocator.waits`); False when no
-        carved array holds it."""
+        """Make the release of the carved array holding ``address`` wait for ``what`` (a stream given to
+        ``record_stream``, or a hold: :mod:`numba_pool.allocator.waits`); False when no carved array holds it."""
         block = self._carved(address)
         allocator = self._allocator
         if block is None or allocator is None:
@@ -110,17 +93,16 @@ class ScratchBlock:
         self._allocator = None
 
     def _drop(self, carved: Block) -> None:
-        # Release of a carved-out array: any thread, must not raise.  Its recorded streams are
-        # waited for now, while they are alive; its holds pass to the block, whose release
-        # orders at once and is made free when they let go (Note [A release made free later
-        # orders now]).
+        # Release of a carved-out array: any thread, must not raise.  Its recorded streams are waited for now,
+        # while they are alive; its holds pass to the block, whose release orders at once and is made free when
+        # they let go (Note [A release made free later orders now]).
         address = carved.start
         streams, holds = split_waiting(take_waits(carved))
         allocator = self._allocator
         if allocator is not None:
             if self.stream is not LEGACY and any(ref is LEGACY for ref in streams):
-                # The legacy stream is waited for by the block's release, through the next
-                # fence (Note [The legacy stream recorded] in .waits): never an operation there now.
+                # The block's release waits for the legacy stream through the next fence: never an operation
+                # there now (Note [The legacy stream recorded] in .waits).
                 allocator.waits.add_wait(self._parent, LEGACY)
                 streams = [ref for ref in streams if ref is not LEGACY]
             if streams:  # ordered now, before the block's release on self.stream
@@ -158,15 +140,11 @@ def _on_stream(stream: StreamRef) -> Iterator[None]:
 
 @contextlib.contextmanager
 def scratch_scope(allocator, nbytes: int, allocate) -> Iterator[ScratchBlock]:
-    """The calling thread's scratch scope on ``allocator`` (a
-    :class:`~numba_pool.allocator.device.DeviceAllocator`): one block of ``nbytes`` bytes
-    reserved on the thread's allocation stream with ``allocate`` (the block source, no adaptor:
-    the block is neither logged nor counted, the arrays carved from it are), bump-allocated
-    until the scope exits, released once the scope has exited and every carved array is gone.
-    ``allocate`` also serves the requests that do not fit.
+    """The calling thread's scratch scope on ``allocator`` (a :class:`~.device.DeviceAllocator`): a block of
+    ``nbytes`` bytes on the thread's allocation stream from ``allocate`` (the block source, no adaptor: unlike its
+    carved arrays, the block is neither logged nor counted), which also serves what does not fit.
 
-    :raises CudaAPIError: when the block cannot be reserved.
-    """
+    :raises CudaAPIError: when the block cannot be reserved."""
     current = per_thread.stream
     plain = current.scratch.stream if current.scratch is not None else current
     with _on_stream(plain):

@@ -1,5 +1,4 @@
-"""What both block sources (:mod:`.mempool_blocks`, :mod:`.arena`) hold, bound once so that the
-hot paths read instance attributes only."""
+"""What the block sources (:mod:`.mempool_blocks`, :mod:`.arena`) share, bound once: hot paths read attributes."""
 
 from __future__ import annotations
 
@@ -12,26 +11,18 @@ from .waits import StreamWaits
 
 
 class BlockSource:
-    """The base of the block sources: where memory comes from and what its releases share.
-
-    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
-    :param pool_handle: the device's mempool (``CUmemoryPool``).
-    :param context: the Numba context the pointers belong to.
-    :param pointer: the EMM door's pointer class, ``(context, CUdeviceptr, size, block)``
-        (:meth:`numba_pool.cuda.frontend.Frontend.derive`); the core knows no frontend.
-    :param waits: the device allocator's release ordering (rules 2 and 8).
-    :param usage: the usage tracker that allocations and frees append their events to.
-    :param on_out_of_memory: ``(size, retry)``: make room, then ``retry()`` once
-        (:meth:`numba_pool.allocator.device.DeviceAllocator.out_of_memory`).
-    :param after_reset: ``(size, stream) -> Block``: the next generation serves an allocation
-        a reset overtook (:attr:`dropped`): none completes against a reset generation.
-    :param alloc_stream: the private stream (:class:`~numba_pool.allocator.fences.PrivateStream`)
-        the legacy stream's new memory comes from, shared by the device's (None: its own).
-    :param fence_bytes: bytes of released blocks that make a fence due (rule 4,
-        :mod:`.fences`); 0: only their number does.
-
-    ``dropped``, set by a reset: this source hands out nothing more; late releases do nothing.
-    """
+    """The base of the block sources: where memory comes from and what its releases share.  ``cu``: the driver
+    object (:mod:`numba_pool.cuda.driver`); ``pool_handle``: the device's mempool (``CUmemoryPool``); ``context``:
+    the Numba context of the pointers; ``pointer``: the EMM door's pointer class,
+    ``(context, CUdeviceptr, size, block)`` (:meth:`numba_pool.cuda.frontend.Frontend.derive`; the core knows no
+    frontend); ``waits``: the device allocator's release ordering (rules 2 and 8); ``usage``: the usage tracker
+    that allocations and frees append their events to; ``on_out_of_memory``: ``(size, retry)``, make room, then
+    ``retry()`` once (:meth:`~.device.DeviceAllocator.out_of_memory`); ``after_reset``:
+    ``(size, stream) -> Block``, the next generation serving an allocation a reset overtook (:attr:`dropped`: none
+    completes against a reset generation); ``alloc_stream``: the private stream (:class:`~.fences.PrivateStream`)
+    the legacy stream's new memory comes from, shared by the device's (None: its own); ``fence_bytes``: released
+    bytes that make a fence due (rule 4, :mod:`.fences`; 0: only their number does).  ``dropped``, set by a reset:
+    this source hands out nothing more; late releases do nothing."""
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage: UsageTracker,
                  on_out_of_memory: Callable, after_reset: Callable | None = None, *, pointer: type,
@@ -51,9 +42,8 @@ class BlockSource:
         self.alloc_stream = alloc_stream if alloc_stream is not None else PrivateStream(cu, "allocations")
         # Rule 4: the batches of released legacy-stream blocks and their fences.
         self.fences = Fences(cu, fence_bytes or 1 << 62, waits.fence_waits, waits.fence_lock, waits.after_fence)
-        #: Rule 13's slow branch (:class:`~numba_pool.allocator.captures.CaptureRouter`), set by
-        #: the device allocator: an allocation while a capture is under way, or on a capturing
-        #: stream, ``(size, stream) -> Block``.
+        #: Rule 13's slow branch (:class:`~.captures.CaptureRouter`), set by the device allocator: an allocation
+        #: while a capture is under way, or on a capturing stream, ``(size, stream) -> Block``.
         self.capture_router: Callable[[int, object], Block] = _no_router
 
     def wrap(self, block: Block):

@@ -1,5 +1,4 @@
-"""The GIL check: numba_pool's release path relies on CPython's global interpreter lock
-(:mod:`numba_pool.allocator`, "Threads"), so a process running without it is refused."""
+"""The GIL check: the release path relies on the GIL (:mod:`numba_pool.allocator`, "Threads"); without it, refused."""
 
 from __future__ import annotations
 
@@ -12,11 +11,8 @@ NO_GIL = ("numba_pool: this Python runs without the global interpreter lock (a f
 
 
 def gil_enabled(python=sys) -> bool:
-    """Whether the interpreter runs with its GIL: always on a standard build; on a free-threaded
-    build (3.13t) unless ``PYTHON_GIL=0`` keeps it off (``sys._is_gil_enabled()``).
-
-    :param python: the ``sys`` module to ask (tests pass a stand-in for a free-threaded one).
-    """
+    """Whether the interpreter runs with its GIL: always on a standard build; on a free-threaded one (3.13t) unless
+    ``PYTHON_GIL=0`` (``sys._is_gil_enabled()``); ``python``: the ``sys`` to ask (tests pass a stand-in)."""
     is_enabled = getattr(python, "_is_gil_enabled", None)
     return True if is_enabled is None else bool(is_enabled())
 

@@ -1,13 +1,9 @@
-"""Usage events: bytes and blocks in use with their peaks, counted without a lock.
-
-Why events and not counters: the allocator's hot path must not take a lock (it costs as much
-as the rest of our bookkeeping, and a finalizer run by the garbage collector inside a locked
-section would deadlock on it).  Each allocate or free appends one int to a list, which is
-atomic: ``nbytes`` for an allocation, ``~nbytes`` (that is ``-nbytes - 1``, negative also for 0
-bytes) for a free.  :meth:`UsageTracker.drain` replays them in order with numpy (running sums,
-so current values and peaks are exact), at about 30 ns an event instead of 130 in a Python loop.
-Byte counts are the sizes Numba requested.
-"""
+"""Usage events: bytes and blocks in use with their peaks, counted without a lock.  Why events, not counters: the
+hot path must not take a lock (it costs as much as the rest of our bookkeeping, and a finalizer the garbage
+collector runs inside a locked section would deadlock on it).  Each allocate or free appends one int to a list,
+atomically: ``nbytes`` for an allocation, ``~nbytes`` (``-nbytes - 1``, negative also for 0 bytes) for a free.
+:meth:`UsageTracker.drain` replays them in order with numpy (running sums: current values and peaks are exact),
+about 30 ns an event instead of 130 in a Python loop.  Byte counts are the sizes Numba requested."""
 
 from __future__ import annotations
 
@@ -37,15 +33,13 @@ class UsageTracker:
         self._replay_lock = threading.Lock()
 
     def drain_if_due(self) -> None:
-        """The allocator's periodic call: replay once more than :data:`DRAIN_AT` events are
-        pending (bounding their memory when nobody reads statistics), without waiting for
-        another thread that is replaying."""
+        """The allocator's periodic call: replay once more than :data:`DRAIN_AT` events are pending (bounding their
+        memory when nobody reads statistics), without waiting for another thread that is replaying."""
         if len(self.events) > DRAIN_AT:
             self.drain(wait=False)
 
     def drain(self, wait: bool = True) -> None:
-        """Replay pending events.  With ``wait=False`` return at once if another thread is
-        replaying, instead of blocking."""
+        """Replay pending events; with ``wait=False``, return at once if another thread is replaying."""
         if not self._replay_lock.acquire(blocking=wait):
             return
         try:
@@ -54,8 +48,7 @@ class UsageTracker:
             self._replay_lock.release()
 
     def close(self, sink) -> None:
-        """Replay pending events and send later ones to ``sink`` (an object with ``append``
-        and ``len``, ignored by replays): the figures stop changing."""
+        """Replay pending events; later ones go to ``sink`` (``append``, ``len``, never replayed): figures freeze."""
         with self._replay_lock:
             events, self.events = self.events, sink
             self._replay(events)
@@ -65,8 +58,7 @@ class UsageTracker:
         count = len(events)
         if not count:
             return
-        # Two C-level steps: events appended meanwhile land after the first `count` and
-        # wait for the next replay; only replays (under the lock) remove any.
+        # Two C-level steps: events appended meanwhile land after `count`; only replays (under the lock) remove any.
         batch = np.fromiter(events[:count], dtype=np.int64, count=count)
         del events[:count]
         frees = batch < 0
@@ -92,10 +84,9 @@ class UsageTracker:
                 self.oom_retries += 1
 
     def forget_in_use(self) -> None:
-        """Count everything still in use as freed (a reset released it), and start a new event
-        list: the dropped generation's block sources keep appending to the old one (they bound
-        its ``append``), and what they append after this (an allocation or a release that the
-        reset overtook) concerns memory the reset already counted, so it is not replayed."""
+        """Count everything in use as freed (a reset released it) and start a new event list: the dropped
+        generation's sources keep appending to the old one (they bound its ``append``), which is not replayed (what
+        they append after this, an allocation or release the reset overtook, the reset already counted)."""
         with self._replay_lock:
             events, self.events = self.events, []
             self._replay(events)

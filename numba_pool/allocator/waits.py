@@ -1,14 +1,13 @@
-"""Rules 2 and 8 of :mod:`numba_pool.allocator`, shared by every block source: what a release waits for, the
-releases ``defer_cleanup`` holds back, and the synchronize fallback.  A block's ``waits`` are the
-:func:`numba_pool.record_stream` streams and *holds* (IPC leases: ``defer(release) -> bool``) registered on it
-(:meth:`StreamWaits.add_wait`); the release gate takes the ordered release (:meth:`StreamWaits.release`) when
-it has some, inside ``defer_cleanup``, or when its stream needs care.
+"""Rules 2 and 8 of :mod:`numba_pool.allocator`, for every block source: what a release waits for, the releases
+``defer_cleanup`` holds back, the synchronize fallback.  A block's ``waits``: :func:`numba_pool.record_stream`
+streams and *holds* (IPC leases, :class:`Hold`) registered on it (:meth:`StreamWaits.add_wait`); with some, inside
+``defer_cleanup``, or when its stream needs care, the release gate takes :meth:`StreamWaits.release`.
 
 Note [A release made free later orders now]
-    A release made free later (``defer_cleanup``, or a hold) orders *at the drop*, while its streams are
-    alive: the allocation stream waits for the recorded streams, ``settle`` runs, and an event is recorded on
-    the allocation stream.  When made free, only that event is named, by the fence (a legacy-stream operation
-    now would be a barrier, rule 4).  No stream handle is used after the drop: the driver may reuse it.
+    A release made free later (``defer_cleanup``, a hold) orders *at the drop*, while its streams live: the
+    allocation stream waits for the recorded streams, ``settle`` runs, an event is recorded on it.  Made free, only
+    that event is named, by the fence (a legacy-stream operation then is a barrier, rule 4).  No stream handle is
+    used after the drop: the driver may reuse it.
 
 Note [The legacy stream recorded]
     A block of stream S whose release must wait for the legacy stream would need a legacy-stream operation at
@@ -38,8 +37,7 @@ class Hold(Protocol):
     """Something other than a stream that keeps a released block from reuse (an IPC export)."""
 
     def defer(self, release: Callable[[], None]) -> bool:
-        """True when the block is kept now: ``release`` is then called once it is not (from any
-        thread, never raising); False when it is not kept."""
+        """True if the block is kept: ``release`` is called once it is not (any thread, never raising), else False."""
 
 
 def split_waiting(waiting: list | None) -> tuple[list[StreamRef], list[Hold]]:
@@ -97,16 +95,15 @@ class Deferral:
 
 
 class StreamWaits:
-    """One device allocator's release ordering (rules 2 and 8).  ``held`` takes atomic
-    operations only (finalizers); registrations take ``_lock``."""
+    """An allocator's release ordering (rules 2, 8): ``held`` takes atomic operations only, registrations ``_lock``."""
 
     def __init__(self, cu, owner: OwnerContext | None = None, deferral: Deferral | None = None):
         self._cu = cu
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.deferral = deferral if deferral is not None else Deferral()
         self._lock = threading.Lock()  # held by add_wait: two registrations at once both count
-        # Events the next fence waits for (rule 4), and releases made free after it (Note [The
-        # legacy stream recorded]); atomic operations only.
+        # Atomic operations only: events the next fence waits for (rule 4), releases made free after it
+        # (Note [The legacy stream recorded]).
         self.fence_waits: list = []
         self.after_fence: list = []
         self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
@@ -120,10 +117,9 @@ class StreamWaits:
 
     def release(self, block: Block, stream: StreamRef, publish: Callable[[StreamRef | None], None],
                 settle: Callable[[StreamRef], None] | None = None) -> None:
-        """Release ``block`` of ``stream``, now or later (``defer_cleanup``, a hold), after its
-        ``waits`` (taken).  ``settle`` runs after the recorded streams are waited for;
-        ``publish(on)`` frees it ordered on ``on`` (None: after a synchronize).  Never raises;
-        called by the release gate only, after its capture hold-back (rule 13)."""
+        """Release ``block`` of ``stream`` after its ``waits`` (taken), now or later (``defer_cleanup``, a hold).
+        ``settle`` runs once the recorded streams are waited for; ``publish(on)`` frees it ordered on ``on`` (None:
+        after a synchronize).  Never raises; only the release gate calls it, after rule 13's hold-back."""
         streams, holds = split_waiting(take_waits(block))
         if holds or not self.deferral.depth:  # one defer_cleanup holds back stays allocated until made free
             block.state = AWAITING_FREE
@@ -229,11 +225,9 @@ class StreamWaits:
                 self._cu.cuEventDestroy(event)
             self._publish_synchronized(None, publish)
 
-    # -- ordering helpers ---------------------------------------------------------------------
-
     def order_now(self, recorded: list[StreamRef], stream: StreamRef) -> None:
-        """Make ``stream`` wait for each ``recorded`` stream's work so far (a scratch array, whose
-        block is released later).  Never raises (rule 8); during a capture, waits (rule 13)."""
+        """Make ``stream`` wait for each ``recorded`` stream's work so far (a scratch array, whose block is released
+        later).  Never raises (rule 8); during a capture, waits (rule 13)."""
         if captures.underway and captures.still_capturing(self._cu):
             captures.defer(partial(self.order_now, recorded, stream))
             return

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 
 class ConfigError(ValueError):
-    """A configuration value that cannot be used; the one-line message names the variable or
-    keyword, its value, and what is accepted."""
+    """An unusable configuration value: its one-line message names the variable or keyword, value, what's accepted."""
 
 
 class ConfigWarning(UserWarning):

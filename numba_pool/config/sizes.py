@@ -1,12 +1,11 @@
-"""Sizes in bytes at every entry point (docs/architecture.md, "Sizes: one syntax, and small caps refused"):
+"""Sizes in bytes at every entry point, whole from 0 to 2**64 - 1 (the driver's ``cuuint64_t``; docs/architecture.md,
+"Sizes: one syntax, and small caps refused"):
 
 * an ``int`` (numpy integers too): bytes.  Floats never (except :func:`parse_max_size`'s fraction);
 * a string: a decimal number of bytes (``"1048576"``), or one with a unit (``"64 MiB"``, ``"1.5 GiB"``),
   spaces allowed.  KiB...EiB are powers of 1024, KB...EB (and ``kB``) of 1000, as in IEC and humanfriendly;
   case-insensitive, except a lower-case ``b`` after an upper-case prefix (``"64 Mb"``: bits, refused);
-* refused: digit separators, ``+``, exponents, hexadecimal, fractional bytes once scaled.
-
-The result is a whole number of bytes from 0 to 2**64 - 1 (the driver's ``cuuint64_t``)."""
+* refused: digit separators, ``+``, exponents, hexadecimal, fractional bytes once scaled."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ DEFAULT_ARENA_SLAB_SIZE = 4 << 20
 
 #: A pool cap given as a bare number (no unit) below this many bytes is refused; see :func:`parse_max_size`.
 MIN_BARE_CAP = 1 << 20
-#: The smallest block of the pinned and managed caches (bytes; ``MIN_BLOCK`` of
-#: :mod:`numba_pool.allocator.host_blocks`, which a test keeps equal): a smaller cap serves nothing.
+#: The pinned/managed caches' smallest block, bytes (= ``host_blocks.MIN_BLOCK``, tested): a smaller cap serves nothing.
 MIN_CACHE_BLOCK = 512
 #: The smallest pool cap given as a fraction of device memory (1 %); see :func:`parse_max_size`.
 MIN_FRACTION = 0.01
@@ -47,8 +45,6 @@ def release_limit(threshold: int) -> int | None:
     return None if threshold == KEEP_ALL else threshold
 
 
-
-# -- parsing of single values -------------------------------------------------------------
 
 #: unit (lower case) -> bytes, as the module docstring says (bits-like spellings: :func:`_reads_as_bits`).
 _UNITS = {"": 1, "b": 1, "byte": 1, "bytes": 1}
@@ -186,8 +182,7 @@ def parse_host_max_size(value: Any, source: str) -> int | None:
     """The pinned host cache's cap in bytes; ``None``/``none``: no cap.  :func:`parse_max_size`'s
     small-cap rule, and below :data:`MIN_CACHE_BLOCK` refused however spelt.
 
-    :raises ConfigError: for 0 bytes, a bare number below 1 MiB, a cap below 512 bytes, or what
-        :func:`parse_size` refuses."""
+    :raises ConfigError: for 0 bytes, a bare number < 1 MiB, a cap < 512 bytes, or what :func:`parse_size` refuses."""
     return _optional_cap(value, source, "a host cache")
 
 
@@ -199,8 +194,7 @@ def parse_managed_max_size(value: Any, source: str) -> int | None:
 
 
 def _optional_cap(value: Any, source: str, what: str) -> int | None:
-    """A cache's cap: None for ``None``/``none``, else :func:`_cap_bytes`, with the small-cap
-    rules of :func:`parse_host_max_size`."""
+    """A cache's cap: None for ``None``/``none``, else :func:`_cap_bytes` with :func:`parse_host_max_size`'s rules."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
         return None
     nbytes = _cap_bytes(value, source, what, "or 'none' for no cap")
@@ -220,8 +214,7 @@ def _optional_cap(value: Any, source: str, what: str) -> int | None:
 def _cap_bytes(value: Any, source: str, what: str, otherwise: str) -> int:
     """A cap in bytes (:func:`parse_size`), not 0.
 
-    :raises ConfigError: for 0 bytes, or what :func:`parse_size` refuses, with ``otherwise``
-        (what else the option takes) added to its message."""
+    :raises ConfigError: for 0 bytes or what :func:`parse_size` refuses, adding ``otherwise`` (what else it takes)."""
     try:
         nbytes = parse_size(value, source)
     except ConfigError as err:

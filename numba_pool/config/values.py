@@ -32,8 +32,7 @@ def parse_bool(value: Any, source: str) -> bool:
 
 
 def parse_peer_access(value: Any, source: str) -> str:
-    """``all`` (every device that can reach the pool's device may use its memory,
-    ``cuMemPoolSetAccess``) or ``none`` (case-insensitive).
+    """``all`` (devices reaching the pool's device may use its memory, ``cuMemPoolSetAccess``) or ``none``, any case.
 
     :raises ConfigError: for anything else."""
     word = value.strip().lower() if isinstance(value, str) else value
@@ -52,9 +51,8 @@ def _in_pseudo_fs(path: str) -> bool:
 
 
 def parse_path(value: Any, source: str) -> str:
-    """The allocation log's absolute path (``~`` expanded), checked now rather than at the first
-    allocation: not a folder; an existing file writable, regular, outside ``/proc`` and ``/sys``; a
-    new file's folder existing and writable.  Creates nothing.
+    """The allocation log's absolute path (``~`` expanded), checked now, creating nothing: not a folder; an existing
+    file writable, regular, outside ``/proc`` and ``/sys``; a new file's folder existing and writable.
 
     :raises ConfigError: for an empty value, a non-path, or a failed check."""
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():

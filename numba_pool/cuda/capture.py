@@ -1,18 +1,14 @@
-"""CUDA-graph stream capture, through cuda-python: whether a stream is being captured, the thread's capture
-mode, and the device's graph memory.  What the driver allows during a capture (docs/perf-notes.md, "Stream
-capture"; H100, driver 580), whence the rules of :mod:`numba_pool.allocator.captures`:
+"""CUDA-graph stream capture, through cuda-python: whether a stream is being captured, the thread's capture mode,
+the device's graph memory (cost of these queries: Note [Capture queries]).  What the driver allows in a capture
+(docs/perf-notes.md, "Stream capture"; H100, driver 580), whence the rules of :mod:`numba_pool.allocator.captures`:
 
-* on the capturing stream, pool allocation and free become graph nodes (from a non-exportable
-  pool only: ``CUDA_ERROR_NOT_SUPPORTED`` otherwise); ``cuStreamGetId`` invalidates the capture;
-* the legacy stream is unusable while a blocking stream captures
-  (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``), in every mode and thread;
+* on the capturing stream, pool allocation and free become graph nodes (from a non-exportable pool only:
+  ``CUDA_ERROR_NOT_SUPPORTED`` otherwise); ``cuStreamGetId`` invalidates the capture;
+* while a blocking stream captures, no legacy-stream use (``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``), any mode/thread;
 * ``cuCtxSynchronize``, ``cuStreamSynchronize`` and ``cuMemPoolTrimTo`` invalidate any capture;
-* under a *global-mode* capture, pool allocation and free on other streams, ``cuEventQuery``
-  and ``cuStreamSynchronize`` invalidate it from any thread, unless the calling thread's mode is
-  relaxed (``cuThreadExchangeStreamCaptureMode``, as PyTorch's allocator does);
-* event records, ``cuStreamWaitEvent`` on other streams, and ``cuMemGetInfo`` are allowed.
-
-What these queries cost: Note [Capture queries]."""
+* a *global-mode* capture is invalidated from any thread by ``cuEventQuery``, ``cuStreamSynchronize`` and pool
+  allocation/free on other streams, unless the caller's mode is relaxed (``cuThreadExchangeStreamCaptureMode``);
+* event records, ``cuStreamWaitEvent`` on other streams, and ``cuMemGetInfo`` are allowed."""
 
 from __future__ import annotations
 
@@ -30,9 +26,8 @@ _RELAXED = cuda_driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
 
 
 def is_capturing(cu, handle) -> bool:
-    """Whether the stream ``handle`` (a ``CUstream``) is being captured, or was and the capture
-    was invalidated (it still has to be ended): ``cuStreamIsCapturing``.  A stream the
-    driver will not answer for (destroyed, another context's) counts as not capturing."""
+    """Whether stream ``handle`` (``CUstream``) is capturing, or was and the invalidated capture is still to be
+    ended (``cuStreamIsCapturing``); a stream the driver won't answer for (destroyed, another context's) is not."""
     err, status = cu.cuStreamIsCapturing(handle)
     return err == SUCCESS and status != _NONE
 
@@ -48,9 +43,9 @@ def capture_id(cu, handle) -> int:
 
 @contextlib.contextmanager
 def relaxed(cu) -> Iterator[None]:
-    """The calling thread in relaxed capture mode for the block (``cuThreadExchangeStreamCaptureMode``,
-    restored after): its stream-ordered allocations and frees on uncaptured streams and event
-    queries are allowed during another thread's global capture; conflicting calls stay forbidden."""
+    """The calling thread in relaxed capture mode for the block (``cuThreadExchangeStreamCaptureMode``, restored
+    after): its stream-ordered allocations and frees on uncaptured streams, and event queries, are allowed during
+    another thread's global capture; conflicting calls stay forbidden."""
     err, previous = cu.cuThreadExchangeStreamCaptureMode(_RELAXED)
     try:
         yield
@@ -61,9 +56,8 @@ def relaxed(cu) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class GraphMemory:
-    """A device's graph memory (the memory of CUDA graphs' allocation nodes, kept apart from
-    every mempool), in bytes (``cuDeviceGetGraphMemAttribute``): ``used`` by graph allocations
-    now, ``reserved`` for them by the driver, and their high watermarks."""
+    """A device's graph memory (CUDA graphs' allocation nodes', apart from every mempool; in bytes,
+    ``cuDeviceGetGraphMemAttribute``): ``used`` now, ``reserved`` by the driver, and their high watermarks."""
 
     used: int = 0
     used_high: int = 0

@@ -1,12 +1,11 @@
 """The driver error numba_pool raises: the ``CudaAPIError`` of every Numba CUDA frontend in the process.
 
 Note [One error class for every frontend]
-    A program catches its frontend's ``CudaAPIError`` (out of memory, typically) and must catch it under
-    numba_pool too; ``except`` matches by real subclassing only (no ``__subclasscheck__``).  But the allocator
-    core knows no frontend, and a process may use both.  So numba_pool raises one class derived from every
-    loaded frontend's ``CudaAPIError`` and :class:`CudaAPIError` below (:func:`bind`, rebuilt as each frontend
-    loads); with none loaded (the tests' CUDA model, the replay tool), :class:`CudaAPIError` alone.  Every
-    such class takes ``(code, msg)`` and sets ``code`` and ``msg``."""
+    A program catches its frontend's ``CudaAPIError`` (out of memory, say) and must catch it under numba_pool
+    too; ``except`` matches by real subclassing only (no ``__subclasscheck__``).  But the allocator core knows no
+    frontend, and a process may use both.  So numba_pool raises one class derived from every loaded frontend's
+    ``CudaAPIError`` and :class:`CudaAPIError` below (:func:`bind`, rebuilt as each loads; with none, as in the
+    tests' CUDA model and the replay tool, :class:`CudaAPIError` alone), taking ``(code, msg)``, setting both."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def bind(frontend_error: type) -> None:
 
 
 def api_error(code, msg: str) -> CudaAPIError:
-    """The error to raise for a failed driver call: an instance of every loaded frontend's
-    ``CudaAPIError`` and of :class:`CudaAPIError`."""
+    """The error for a failed driver call, an instance of :class:`CudaAPIError` and every loaded frontend's."""
     return _raised(code, msg)
 
 

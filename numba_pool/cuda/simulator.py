@@ -1,12 +1,9 @@
-"""numba_pool under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``); behaviour for users:
-docs/guide.md, "Without a GPU".
-
-The simulator keeps "device" arrays in host memory, with no driver or memory manager; its ``numba.cuda`` lacks
-the EMM classes, whose stand-ins (refusing instantiation) :mod:`numba_pool.cuda.frontend` takes from here.
-numba-cuda ignores ``NUMBA_CUDA_MEMORY_MANAGER`` under it (only the real driver's ``_ensure_memory_manager``
-imports the module named).  ``install()`` and ``statistics()`` check, warn (:class:`SimulatorWarning`, never
-raised even under ``-W error``) and go on; the functions that need a manager raise :class:`RuntimeError`, as
-on a GPU without ``install()``."""
+"""numba_pool under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``); for users: docs/guide.md, "Without a GPU".
+The simulator keeps "device" arrays in host memory, with no driver or memory manager; its ``numba.cuda`` lacks the
+EMM classes, whose stand-ins (refusing instantiation) :mod:`numba_pool.cuda.frontend` takes from here.  numba-cuda
+ignores ``NUMBA_CUDA_MEMORY_MANAGER`` under it (only the real driver's ``_ensure_memory_manager`` imports the
+module named).  ``install()`` and ``statistics()`` check, warn (:class:`SimulatorWarning`, never raised even under
+``-W error``) and go on; what needs a manager raises :class:`RuntimeError`, as on a GPU without ``install()``."""
 
 from __future__ import annotations
 
@@ -81,8 +78,7 @@ NO_GPU = f"no CUDA GPU here: {NO_MEMORY_MANAGER}"
 
 
 class _StandIn:
-    """Base of the stand-ins: a class numba_pool's classes can derive from under the simulator,
-    which raises :class:`RuntimeError` when instantiated."""
+    """Base of the stand-ins numba_pool's classes derive from under the simulator: making one raises RuntimeError."""
 
     def __init__(self, *args, **kwargs):
         raise RuntimeError(f"numba_pool: {type(self).__name__} cannot be used: {NO_MEMORY_MANAGER}")

@@ -1,8 +1,7 @@
-"""The allocation stream: the CUDA stream an allocation (and its free) is ordered on.
-
-Numba's EMM interface passes no stream to ``memalloc``, so numba_pool keeps a thread-local one: outside
-:func:`using_stream`, the legacy default stream (``CU_STREAM_LEGACY``), which is ordered around the work of
-every blocking stream (Numba's ``cuda.stream()`` ones).  What is done with it: :mod:`numba_pool.allocator`."""
+"""The allocation stream: the CUDA stream an allocation (and its free) is ordered on.  Numba's EMM interface passes
+no stream to ``memalloc``, so numba_pool keeps a thread-local one: outside :func:`using_stream`, the legacy default
+stream (``CU_STREAM_LEGACY``), which is ordered around the work of every blocking stream (Numba's ``cuda.stream()``
+ones).  What is done with it: :mod:`numba_pool.allocator`."""
 
 from __future__ import annotations
 
@@ -17,12 +16,11 @@ _PER_THREAD = int(cu.CU_STREAM_PER_THREAD)
 
 
 class StreamRef:
-    """A CUDA stream handle plus its owner (a Numba, CuPy or PyTorch stream...), kept alive while an
-    allocation ordered on the stream lives, so the stream-ordered free can be enqueued.
-
-    ``key``: the arena's stream identity, the driver's stream id (``cuStreamGetId``, unique for the process's
-    life; never the handle, which the driver reuses), filled in by :mod:`numba_pool.allocator.arena` at first
-    use.  ``thread``: the host thread of a per-thread default stream (``CU_STREAM_PER_THREAD``), else None."""
+    """A CUDA stream handle plus its owner (a Numba, CuPy or PyTorch stream...), kept alive while an allocation
+    ordered on the stream lives, so the stream-ordered free can be enqueued.  ``key``: the arena's stream identity,
+    the driver's stream id (``cuStreamGetId``, unique for the process's life; never the handle, which the driver
+    reuses), filled in by :mod:`numba_pool.allocator.arena` at first use.  ``thread``: the host thread of a
+    per-thread default stream (``CU_STREAM_PER_THREAD``), else None."""
 
     __slots__ = ("handle", "owner", "value", "key", "thread", "scratch")
 
@@ -56,10 +54,9 @@ LEGACY = StreamRef(cu.CUstream(cu.CU_STREAM_LEGACY), key="legacy")
 
 
 def as_stream_ref(stream: Any) -> StreamRef:
-    """Normalize a stream to a :class:`StreamRef`: a Numba stream (``cuda.stream()``,
-    ``external_stream``, ``default_stream()``...), a ``CUstream``, an int handle, or a
-    ``__cuda_stream__`` object (CuPy, PyTorch, cuda.core's ``Stream`` and ``GraphBuilder``, whose
-    stream is the one captured).  Handle 0 and ``CU_STREAM_LEGACY`` are :data:`LEGACY`.
+    """A :class:`StreamRef` for a Numba stream (``cuda.stream()``, ``external_stream``, ``default_stream()``...), a
+    ``CUstream``, an int handle, or a ``__cuda_stream__`` object (CuPy, PyTorch, cuda.core's ``Stream`` and
+    ``GraphBuilder``: the captured stream); handle 0 and ``CU_STREAM_LEGACY`` give :data:`LEGACY`.
 
     :raises TypeError: for anything else, naming its type."""
     if isinstance(stream, StreamRef):
@@ -90,8 +87,7 @@ class _ThreadState(threading.local):
 
 #: The calling thread's allocation stream: ``per_thread.stream``.
 per_thread = _ThreadState()
-#: Empty until some thread enters a using_stream or scratch scope: while it is, every thread's
-#: allocation stream is LEGACY and the allocator skips the thread-local lookup.
+#: Empty until a thread enters a using_stream or scratch scope: till then every allocation stream is LEGACY, no lookup.
 scopes_entered: list = []
 
 

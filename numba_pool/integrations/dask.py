@@ -130,12 +130,11 @@ def _contexts(frontend) -> dict:
 
 
 def worker_statistics(frontend: str | None = None) -> dict:
-    """numba_pool's statistics in this process for ``frontend`` (None: the tools' choice), creating no CUDA
-    context.  Never raises.  Keys: ``status`` (``"ok"``, ``"no CUDA context yet"``, ``"other manager"``,
-    ``"not initialized"``, ``"no GPU"``, ``"error"``; the plugin's metric adds ``"not installed"``),
-    ``frontend``, ``message`` (one line, unless ``"ok"``).  With ``"ok"``: ``device`` (the lowest ordinal with
-    a context), ``manager`` and :meth:`PoolStatistics.to_dict <numba_pool.PoolStatistics.to_dict>` (bytes and
-    counts); ``other_devices``, ``{ordinal as str: the same}``, for further devices."""
+    """numba_pool's statistics here for ``frontend`` (None: the tools' choice), creating no CUDA context; never
+    raises.  Keys: ``status`` (``"ok"``, ``"no CUDA context yet"``, ``"other manager"``, ``"not initialized"``,
+    ``"no GPU"``, ``"error"``; the plugin's metric adds ``"not installed"``), ``frontend``, ``message`` (one line,
+    unless ``"ok"``).  With ``"ok"``: ``device`` (the lowest ordinal with a context), ``manager`` and the figures
+    (:meth:`~numba_pool.PoolStatistics.to_dict`); ``other_devices``, ``{ordinal as str: the same}``, for others."""
     try:
         chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")
         if chosen.simulator:
@@ -213,8 +212,6 @@ def _checked(results: dict) -> dict[str, dict]:
             for address, result in results.items()}
 
 
-# -- memory debugging on request: the history and snapshots -----------------------------------
-
 def record_history(client, enabled: bool = True, stacks: str = "python",
                    max_entries: int = _history.DEFAULT_MAX_ENTRIES) -> dict[str, dict]:
     """:func:`numba_pool.record_history` on every worker now; joiners do not record until it is
@@ -231,8 +228,7 @@ def _record_history_here(enabled: bool, stacks: str, max_entries: int) -> dict:
 
 
 def recording() -> dict:
-    """This process's recording: ``{"recording": True, "stacks": "python" or "none",
-    "max_entries": n}``, or ``{"recording": False}``."""
+    """``{"recording": True, "stacks": "python" or "none", "max_entries": n}`` here, or ``{"recording": False}``."""
     current = process.recording
     if current is None:
         return {"recording": False}

@@ -13,12 +13,10 @@ _export_ids = itertools.count(1)
 
 
 def export(allocator, memory, source_info, frontend, leases: LeaseQueue) -> PoolIpcHandle:
-    """An IPC handle for ``memory`` (a numba_pool ``MemoryPointer`` or a view): the plugin's
-    ``get_ipc_handle``; the block is held from reuse while importers claim it.
+    """The plugin's ``get_ipc_handle``: a handle for ``memory`` (a ``MemoryPointer`` or view), its block held from
+    reuse while importers claim it.  ``source_info``: the device's identity (``Device.get_device_identity()``);
+    ``frontend``: the exporting manager's (its ``IpcHandle`` the base); ``leases``: the process's lease queue.
 
-    :param source_info: the device's identity (Numba's ``Device.get_device_identity()``).
-    :param frontend: the exporting manager's frontend, whose ``IpcHandle`` the handle derives from.
-    :param leases: the process's lease queue.
     :raises ValueError: when ``memory`` is not in a live numba_pool allocation of this device.
     :raises RuntimeError: when the pool cannot be exported, with the reason.
     :raises CudaAPIError: when ``cuMemPoolExportPointer`` fails."""

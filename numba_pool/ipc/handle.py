@@ -102,11 +102,10 @@ def _pidfd_getfd(pid: int, fd: int) -> int:
 
 
 class PoolIpcHandle:
-    """Mixin for a frontend's ``IpcHandle`` (:func:`handle_class`): ``handle`` is :class:`ExportData`;
-    the pickle carries it, size and offset (bytes), the source device, the pool's key and
-    descriptor, the lease and the exporter's frontend (the importer's own is used: :func:`_rebuild`).
-    Opened by ``open``/``open_array`` (direct where the device reaches the source, else staged),
-    ``open_direct``, ``open_staged``, ``IpcArrayHandle``; ``close`` frees the import."""
+    """Mixin for a frontend's ``IpcHandle`` (:func:`handle_class`), ``handle`` an :class:`ExportData`; its pickle
+    carries it, size and offset (bytes), source device, pool key and descriptor, lease, exporter's frontend (the
+    importer uses its own: :func:`_rebuild`).  ``open``/``open_array`` (direct if the device reaches the source,
+    else staged), ``open_direct``, ``open_staged``, ``IpcArrayHandle`` open it; ``close`` frees the import."""
 
     frontend: Frontend  # set by handle_class
 
@@ -122,8 +121,7 @@ class PoolIpcHandle:
                            self.pool_key, fd, self.lease.folder, self.lease.export, self.frontend.name))
 
     def _import(self, device: int):
-        """Import the pointer into this process with ``device`` able to reach it; returns the
-        pointer (``CUdeviceptr``) and the lease file."""
+        """Import the pointer here, ``device`` able to reach it; returns ``(CUdeviceptr, lease file)``."""
         pool, fd = _imported.get(self.pool_key, self._fd)
         self._fd = fd
         if self.frontend.driver.Device.from_identity(self.source_info).id != device:

@@ -73,8 +73,7 @@ class LeaseHold:
         self.lease, self.queue = lease, queue
 
     def defer(self, release: Callable[[], None]) -> bool:
-        """From a finalizer, never raising: True (``release`` runs later, in the lease thread) while the
-        lease is held, else False."""
+        """Never raises: True while the lease is held (``release`` runs later, in the lease thread), else False."""
         if not self.lease.held():
             return False
         self.queue.add(_Pending(release, self.lease))

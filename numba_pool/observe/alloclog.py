@@ -1,11 +1,9 @@
-"""The allocation log: every allocate and free in RMM's logging format (CSV).
-
-Header ``Thread,Time,Action,Pointer,Size,Stream,Kind``: RMM's six columns (which RMM's readers
-take unchanged), then the memory's kind (``device``, ``managed``, ``graph`` for an allocation
-node of a capture); actions ``allocate``, ``free``, ``allocate failure``; pointer and stream in
-hex; time as RMM's ``logging_resource_adaptor`` writes it (``%H:%M:%S.%f``).  Rows are buffered,
-written when the buffer fills, at :meth:`AllocationLog.flush` (``reset`` calls it) and at exit.
-The logging adaptor (:class:`LoggedAllocations`) is in the path only while a log is configured."""
+"""The allocation log: every allocate and free in RMM's logging format (CSV).  Header
+``Thread,Time,Action,Pointer,Size,Stream,Kind``: RMM's six columns (which RMM's readers take unchanged), then the
+memory's kind (``device``, ``managed``, ``graph`` for a capture's allocation node); actions ``allocate``, ``free``,
+``allocate failure``; pointer and stream in hex; time as RMM's ``logging_resource_adaptor`` writes it
+(``%H:%M:%S.%f``).  Rows are buffered, written when the buffer fills, at :meth:`AllocationLog.flush` (``reset``
+calls it) and at exit.  The logging adaptor (:class:`LoggedAllocations`) is in the path only while a log is set."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ from ..cuda.streams import per_thread
 
 HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream", "Kind")
 ACTIONS = ("allocate", "free", "allocate failure")
-#: The Kind column's values: device memory (Numba's ``memalloc``), managed memory
-#: (``memallocmanaged``), graph memory (``memalloc`` on a stream being captured).
+#: Kind values: device (Numba's ``memalloc``), managed (``memallocmanaged``), graph (``memalloc`` while capturing).
 KINDS = ("device", "managed", "graph")
 GRAPH = "graph"
 #: Rows buffered before they are written.
@@ -31,9 +28,8 @@ FLUSH_EVERY = 4096
 
 
 class AllocationLog:
-    """Appends rows to a CSV file in RMM's logging format.
+    """Appends rows to ``path``, a CSV file in RMM's logging format (truncated and given the header at once).
 
-    :param path: the file; truncated and given the header at once.
     :raises OSError: when the file cannot be written."""
 
     def __init__(self, path: str):
@@ -72,8 +68,7 @@ class AllocationLog:
                 self._file.close()
 
     def flush(self, wait: bool = True) -> None:
-        """Write the buffered rows.  ``wait=False`` returns at once if another thread (or a
-        finalizer run inside this one) is writing."""
+        """Write the buffered rows (``wait=False``: not if another thread, or a finalizer in this one, is writing)."""
         if not self._lock.acquire(blocking=wait):
             return
         try:
@@ -88,11 +83,8 @@ class AllocationLog:
 
 
 class LoggedAllocations:
-    """The logging adaptor: each allocation (or failure), and its free before the release, so that the
-    free row precedes any later allocation's at the same address.
-
-    :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
-    :param kind: the Kind column of its rows (:data:`KINDS`)."""
+    """The logging adaptor over ``upstream`` (bytes -> ``PoolPointer``), rows of Kind ``kind`` (:data:`KINDS`):
+    each allocation (or failure), and its free before the release, so its row precedes a reuse's."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer], log: AllocationLog, kind: str = "device"):
         self._upstream = upstream

@@ -1,15 +1,13 @@
-"""Allocation history: what :func:`numba_pool.record_history` records in a bounded ring, after PyTorch's
+"""Allocation history: the bounded ring :func:`numba_pool.record_history` records, after PyTorch's
 ``_record_memory_history`` and its trace entries (whose viewer reads :func:`numba_pool.dump_snapshot`'s files).
-
 Per allocation: address, requested size, stream, device, kind (``device``, ``arena``, ``scratch``, ``pinned``,
-``managed``), thread, time and Python stack; events ``alloc``, ``free_requested``, ``free_completed``
-(reusable: at once, or at the exit of the ``defer_cleanup`` that held it back), ``oom``, ``trim``, ``reset``;
-a release reusable at once is one ``free`` entry (Note [History entries]).  The ring is a ``deque`` with
-``maxlen``; live allocations are kept apart, so a snapshot names every live block's frames however old.  Cost:
-none while off (:class:`RecordedAllocations` is in the path only while on); stacks are ``(code, offset)``
-pairs, named only at snapshot time (:func:`resolve`; Note [Stack walks]).  Threads: recording takes no lock,
-each step one atomic container operation (:mod:`numba_pool.allocator`, "Threads"): ``deque.append``; ``dict``
-set and ``pop`` on the live table, keyed by device and ``CUdeviceptr`` or host address."""
+``managed``), thread, time, Python stack.  Events: ``alloc``, ``free_requested``, ``free_completed`` (reusable at
+once or at the holding ``defer_cleanup``'s exit), ``oom``, ``trim``, ``reset``; a release reusable at once is one
+``free`` (Note [History entries]).  The ring is a ``deque`` with ``maxlen``; live allocations are kept apart, so
+snapshots name every live block's frames.  Off, it costs nothing (:class:`RecordedAllocations` is in the path only
+while on); stacks are ``(code, offset)`` pairs named at snapshot time (:func:`resolve`; Note [Stack walks]).
+Threads: no lock; each step is atomic (:mod:`numba_pool.allocator`, "Threads"): ``deque.append``, ``dict`` set and
+``pop`` on the live table (keyed by device and ``CUdeviceptr``/host address)."""
 
 from __future__ import annotations
 
@@ -34,11 +32,10 @@ MAX_FRAMES = 64
 STACKS = ("python", "none")
 
 
-#: One recorded event: ``action``, device, ``address`` (0 where none), ``size`` (bytes requested), ``stream``
-#: (handle value), ``kind``, ``thread`` (the allocating thread's; a free's is 0), ``time_ns``, ``frames``
-#: (:meth:`History.capture`; empty with ``stacks="none"``) and, for ``oom``, the device's free bytes.  Kept
-#: as plain tuples (``address`` the ``CUdeviceptr``; a release ``(action, alloc event, time_ns)``, Note
-#: [History entries]), read as ``Entry`` by :attr:`History.entries` and :attr:`History.live`.
+#: One event: ``action``, device, ``address`` (0 where none), ``size`` (bytes requested), ``stream`` (handle value),
+#: ``kind``, ``thread`` (the allocating thread's; a free's 0), ``time_ns``, ``frames`` (:meth:`History.capture`;
+#: empty with ``stacks="none"``), for ``oom`` the device's free bytes.  Plain tuples in the ring (``address`` the
+#: ``CUdeviceptr``; a release ``(action, alloc event, time_ns)``, Note [History entries]), read as ``Entry``.
 Entry = namedtuple("Entry", "action device address size stream kind thread time_ns frames device_free")
 
 
@@ -54,8 +51,7 @@ _thread = threading.get_ident
 
 
 def _walk(frame) -> list:
-    """``[code, offset, ...]`` of ``frame`` and its callers, innermost first, at most
-    :data:`MAX_FRAMES` (:meth:`History.capture`'s form); a Python loop (Note [Stack walks])."""
+    """``[code, offset, ...]``, ``frame`` and up, innermost first, at most :data:`MAX_FRAMES` (Note [Stack walks])."""
     frames: list = []
     append = frames.append
     for _ in range(MAX_FRAMES):
@@ -68,10 +64,8 @@ def _walk(frame) -> list:
 
 
 class History:
-    """The process's recording: the ring of events and the live allocations.
-
-    :param max_entries: events kept (the oldest dropped first).
-    :param stacks: ``"python"`` (capture each allocation's stack) or ``"none"``."""
+    """The process's recording: the ring of events (``max_entries`` kept, the oldest dropped first) and the live
+    allocations; ``stacks``: ``"python"`` (each allocation's stack) or ``"none"``."""
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python"):
         self.ring: deque[tuple] = deque(maxlen=max_entries)  # the events, Entry's fields as plain tuples
@@ -94,8 +88,8 @@ class History:
         return {(device, int(address)): _as_entry(event) for (device, address), event in self.open.copy().items()}
 
     def capture(self, skip: int = 2) -> list:
-        """The calling thread's stack from ``skip`` frames above, innermost first, as a flat list ``[code,
-        offset, ...]`` (:func:`pairs` reads it); ``()`` when stacks are off (Note [Stack walks])."""
+        """The thread's stack from ``skip`` frames up, innermost first, flat (``[code, offset, ...]``, :func:`pairs`);
+        ``()`` with stacks off (Note [Stack walks])."""
         if self.stacks != "python":
             return ()
         return _walk(sys._getframe(skip))
@@ -112,9 +106,8 @@ class History:
         return event
 
     def release_recorded(self, deferral, alloc: tuple, release: Callable[[], None]) -> None:
-        """Run ``release`` (the pointer's release before the history's), then record one ``free`` event for
-        ``alloc``, or, while ``deferral`` (first: the adaptor binds it) holds releases back,
-        ``free_requested`` now and ``free_completed`` later.  Never raises (a finalizer)."""
+        """Run ``release`` (the pointer's), then record one ``free`` event for ``alloc``, or ``free_requested`` now
+        and ``free_completed`` later while ``deferral`` holds releases back.  Never raises (a finalizer)."""
         self.open.pop((alloc[1], alloc[2]), None)
         release()
         if deferral is None or not deferral.depth:
@@ -130,8 +123,6 @@ class History:
         self.ring.append(("free_completed", alloc, _now()))
 
 
-# -- a recording, as numba_pool.record_history starts one ---------------------------------------
-
 def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python") -> History:
     """A new, empty recording, its arguments checked.
 
@@ -143,18 +134,13 @@ def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python"
     return History(max_entries, stacks)
 
 
-# -- the recording adaptor ------------------------------------------------------------------
-
 class RecordedAllocations:
-    """The recording adaptor: allocations (with stacks), releases and out-of-memory errors into ``history``;
-    an out-of-memory message names the largest holders, then ``on_oom(device, size, error)`` runs.
-
-    :param upstream: the allocation it wraps (bytes -> ``PoolPointer``).
-    :param kind: ``"device"`` (refined per allocation: ``scratch``, ``arena`` up to
-        ``arena_limit`` bytes, -1 without an arena) or ``"managed"``.
-    :param deferral: the manager's ``defer_cleanup`` state.
-    :param device_free: ``() -> free bytes`` of the device, for the ``oom`` entry.
-    :param skip: numba_pool frames above this adaptor (1 from Numba, 2 through ``memallocmanaged``)."""
+    """The recording adaptor over ``upstream`` (bytes -> ``PoolPointer``): allocations (with stacks), releases and
+    out-of-memory errors into ``history``; an out-of-memory message names the largest holders, then
+    ``on_oom(device, size, error)`` runs.  ``kind``: ``"device"`` (per allocation ``scratch``, or ``arena`` up to
+    ``arena_limit`` bytes, -1: no arena) or ``"managed"``; ``deferral``: the manager's ``defer_cleanup`` state;
+    ``device_free``: ``() -> free bytes`` of the device, for ``oom`` entries; ``skip``: numba_pool frames above
+    this adaptor (1 from Numba, 2 through ``memallocmanaged``)."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer], history: History, device: int, kind: str, *,
                  arena_limit: int = -1, deferral=None,
@@ -213,8 +199,6 @@ class RecordedAllocations:
         return error
 
 
-# -- reading it: sites, frames ----------------------------------------------------------------
-
 _SKIP: tuple[str, ...] = ()
 
 
@@ -239,8 +223,8 @@ _EXAMPLES = f"{os.sep}numba_pool{os.sep}kernels{os.sep}"
 
 
 def is_library_frame(filename: str) -> bool:
-    """Whether a frame's file is numba_pool's (not its example kernels) or Numba's: in this process's
-    folders (:func:`skipped_dirs`) or, for a dump from elsewhere, under a package-named folder."""
+    """Whether a frame's file is numba_pool's (not its example kernels) or Numba's: in this process's folders
+    (:func:`skipped_dirs`), or in a dump from elsewhere, under a package-named folder."""
     if _EXAMPLES in filename:
         return False
     return filename.startswith(skipped_dirs()) or any(part in filename for part in PACKAGE_FOLDERS)
@@ -265,8 +249,8 @@ def line_of(code, offset: int) -> int:
 
 
 def site_of(frames: tuple) -> str:
-    """``file:line`` of the innermost frame outside numba_pool and Numba (the user's line that
-    allocated), else of the innermost frame; ``"<no stack>"`` without frames."""
+    """``file:line`` of the user's allocating line (innermost frame outside numba_pool and Numba), else of the
+    innermost frame; ``"<no stack>"`` without frames."""
     stack = pairs(frames)
     for code, offset in stack:
         if not is_library_frame(code.co_filename):
@@ -278,8 +262,7 @@ def site_of(frames: tuple) -> str:
 
 
 def resolve(frames: tuple) -> list[dict]:
-    """Frames as PyTorch's snapshot has them: ``[{"filename", "line", "name"}]``, innermost
-    first (file, line and function read from the code objects now)."""
+    """Frames as PyTorch's snapshot has them, innermost first: ``[{"filename", "line", "name"}]``, read now."""
     return [{"filename": code.co_filename, "line": line_of(code, offset), "name": code.co_name}
             for code, offset in pairs(frames)]
 

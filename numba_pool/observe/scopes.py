@@ -1,16 +1,15 @@
-"""Scoped statistics: ``with numba_pool.statistics() as s:`` counts the thread's device allocations in the
-block, in bytes (as requested) and counts, current, peak and total (as ``rmm.statistics.statistics()``).
+"""Scoped statistics: ``with numba_pool.statistics() as s:`` counts the thread's device allocations in the block,
+in bytes (as requested) and counts, current, peak and total (as ``rmm.statistics.statistics()``).
 
-* **Thread-aware and nested**: the entering thread's allocations only (not threads started inside), each in
-  every open scope of its thread (as RMM's ``push_statistics`` ends up counting; frees are exact here).
+* **Thread-aware and nested**: the entering thread's allocations only (not threads started inside), each in every
+  open scope of its thread (as RMM's ``push_statistics`` ends up counting; frees are exact here).
 * **Frees count where their allocation counted**, whatever thread releases, whenever: ``current_*`` >= 0.
 * **Figures freeze at exit** (``assert s.current_bytes == 0`` checks for leaks).
 * Every device numba_pool serves; scratch blocks count through the arrays carved from them.
 
-Cost: none while no scope is open in the process: the counting adaptor (:class:`CountedAllocations`) is in
-the path only while one is (docs/architecture.md, "The path").  It appends one event per open scope of the
-thread (:data:`_local`) to the scope's lock-free :class:`~numba_pool.allocator.usage.UsageTracker` and wraps
-the pointer's release to append the matching free.  ``profile=True`` walks the stack at every allocation."""
+Cost: none while no scope is open (:class:`CountedAllocations` is in the path only then: docs/architecture.md, "The
+path").  It appends an event per open scope of the thread (:data:`_local`) to the scope's lock-free
+:class:`~.usage.UsageTracker`, wrapping the pointer's release to append the free; ``profile=True`` walks the stack."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ from .history import is_library_frame
 
 
 class _ThreadScopes(threading.local):
-    # The calling thread's open scopes, outermost first (a tuple, replaced, never mutated: a
-    # pointer's release keeps the one its allocation saw).
+    # The thread's open scopes, outermost first: a tuple, replaced, never mutated (a release keeps its allocation's).
     scopes: tuple = ()
 
 
@@ -50,19 +48,15 @@ _DISCARD = _Discard()
 
 
 class ScopedStatistics:
-    """The allocations one thread makes inside a ``with`` block: ``current_bytes``/``current_count`` (frozen
-    at exit), ``peak_*``, ``total_*``, ``total_frees``; bytes as requested.  Readable from any thread.
-    Entered once.  Make it with :func:`numba_pool.statistics`, which puts the counting adaptor in the paths.
-
-    :param profile: also record allocations per call site (:attr:`sites`, :meth:`report`)."""
+    """One thread's allocations in a ``with`` block (:func:`numba_pool.statistics`): ``current_*`` (frozen at
+    exit), ``peak_*``, ``total_*``, ``total_frees``, in requested bytes; readable from any thread; entered once.
+    ``profile``: also record allocations per call site (:attr:`sites`, :meth:`report`)."""
 
     def __init__(self, *, profile: bool = False):
         self._usage = UsageTracker()
         self._sites: dict | None = {} if profile else None
         self._thread: int | None = None
         self._state = "new"  # "new" -> "open" -> "closed"
-
-    # -- the with statement ---------------------------------------------------------------
 
     def __enter__(self) -> "ScopedStatistics":
         """Start counting the calling thread's allocations.
@@ -86,8 +80,6 @@ class ScopedStatistics:
         _local.scopes = tuple(s for s in _local.scopes if s is not self)
         self._usage.close(_DISCARD)  # what a release appends from now on goes nowhere
         self._state = "closed"
-
-    # -- figures --------------------------------------------------------------------------
 
     def _read(self) -> UsageTracker:
         if self._state == "open":
@@ -140,8 +132,6 @@ class ScopedStatistics:
         figures = ", ".join(f"{k}={v}" for k, v in self.to_dict().items())
         return f"<numba_pool.statistics ({self._state}): {figures}>"
 
-    # -- profile --------------------------------------------------------------------------
-
     @property
     def sites(self) -> dict[tuple[str, int, str], tuple[int, int]]:
         """``(file, line, function) -> (allocations, bytes)`` per call site (a copy).
@@ -171,11 +161,8 @@ class ScopedStatistics:
         self._sites[site] = (count + 1, nbytes + size)
 
 
-# -- the counting adaptor ----------------------------------------------------------------
-
 class CountedAllocations:
-    """The counting adaptor: each allocation counted in the calling thread's open scopes, its free in
-    the same scopes whenever and wherever it happens."""
+    """The counting adaptor: an allocation, and its free (any thread, any time), counts in the thread's scopes."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer]):
         self._upstream = upstream

@@ -1,7 +1,5 @@
-"""Snapshots in the schema of PyTorch's ``torch.cuda.memory._snapshot()``, which its memory
-viewer reads (pytorch.org/memory_viz, ``python -m torch.cuda._memory_viz``).
-
-The mapping (docs/guide.md, "Snapshots", says it for users):
+"""Snapshots in the schema of PyTorch's ``torch.cuda.memory._snapshot()``, which its memory viewer reads
+(pytorch.org/memory_viz, ``python -m torch.cuda._memory_viz``); the mapping (docs/guide.md, "Snapshots", for users):
 
 =========================  ==================================================================================
 PyTorch                    numba_pool
@@ -23,9 +21,8 @@ block ``frames``           the stack at the allocation (from the history; empty 
                            numba_pool's ``kind`` and ``thread`` (0 on the two free entries)
 =========================  ==================================================================================
 
-Totals: the segments add up to the mempool's reserved bytes plus the caches' (as in
-:class:`~numba_pool.observe.statistics.PoolStatistics`); with the history, the active blocks'
-requested sizes to the bytes in use (but a scratch block, counted by its carved arrays)."""
+Totals: segments sum to the mempool's reserved bytes plus the caches' (:class:`~.statistics.PoolStatistics`);
+with the history, active blocks' requested sizes sum to the bytes in use (a scratch block's: its carved arrays)."""
 
 from __future__ import annotations
 
@@ -42,12 +39,10 @@ LARGE = 1 << 20
 
 
 def build(segments_by_device: dict[int, list[dict]], history: History | None) -> dict:
-    """The snapshot dict: ``segments`` (every device's, tagged ``device``) and
-    ``device_traces`` (one list per device ordinal up to the highest seen).
-
-    :param segments_by_device: device ordinal -> segments as the allocator and the caches give them (``kind``,
-        ``address``, ``size``, ``stream``, ``blocks`` of ``(address, size, state)``).
-    :param history: the recording, or None (no frames, no traces, requested sizes = block sizes)."""
+    """The snapshot dict: ``segments`` (tagged ``device``), ``device_traces`` (a list per ordinal to the highest),
+    from ``segments_by_device`` (device ordinal -> segments as the allocator and the caches give them: ``kind``,
+    ``address``, ``size``, ``stream``, ``blocks`` of ``(address, size, state)``) and ``history`` (the recording, or
+    None: no frames, no traces, requested sizes = block sizes)."""
     live = dict(history.live) if history is not None else {}
     segments = [_segment(device, segment, live) for device, segs in sorted(segments_by_device.items())
                 for segment in segs]
@@ -125,9 +120,8 @@ def _trace(entry) -> list[dict]:
 
 
 def summarize(snapshot: dict, limit: int = 10) -> dict:
-    """What ``numba-pool-tools snapshot summarize`` tabulates, in bytes: ``sites`` (``(site, bytes,
-    blocks)``, at most ``limit``), ``kinds`` (``(kind, segments, reserved, allocated)``) and the
-    totals ``reserved`` and ``allocated``."""
+    """What ``numba-pool-tools snapshot summarize`` tabulates, in bytes: ``sites`` (``(site, bytes, blocks)``,
+    at most ``limit``), ``kinds`` (``(kind, segments, reserved, allocated)``), totals ``reserved``, ``allocated``."""
     sites: dict[str, list[int]] = {}
     kinds: dict[str, list[int]] = {}
     reserved = allocated = 0

@@ -1,7 +1,6 @@
-"""A device's statistics: :class:`PoolStatistics`, collected by :func:`collect` from the
-allocator's usage events (:mod:`numba_pool.allocator.usage`), the mempool's attributes
-(``CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}``, the driver's rounding included), the
-arena and the host and managed caches."""
+"""A device's statistics: :class:`PoolStatistics`, collected by :func:`collect` from the allocator's usage events
+(:mod:`.allocator.usage`), the mempool's attributes (``CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}``,
+the driver's rounding included), the arena and the host and managed caches."""
 
 from __future__ import annotations
 
@@ -15,22 +14,18 @@ from ..cuda.capture import graph_memory, relaxed
 
 @dataclass(frozen=True)
 class PoolStatistics:
-    """One device's numba_pool memory, in bytes and counts; bytes as Numba requested them but for
-    the ``pool_*``, ``arena_*``, ``host_*``, ``managed_*`` and ``graph_*`` figures.
-
-    ``bytes_in_use``/``blocks_in_use`` (with peaks since start or :func:`numba_pool.reset_peak`),
-    ``total_allocations``/``total_frees``/``total_bytes`` since start.  ``pool_*``: the mempool's attributes;
-    ``pool_released_bytes``: the part of ``pool_used_bytes`` in dropped arrays' blocks awaiting their fence
-    (rule 4 of :mod:`numba_pool.allocator`).  ``oom_retries``: allocations retried after synchronizing and
-    trimming; ``oom_errors``: those that failed again.  ``arena_*`` (zero, ``arena_on`` false, when off):
-    slabs reserved, live blocks (rounded to 256 B), free blocks and the largest, bytes cached, quarantined and
-    free, the slabs.  ``host_*`` and ``managed_*`` (zero, ``*_on`` false, when off): bytes reserved (powers of
-    two), in arrays, cached, and the blocks.  ``graph_*``: the device's graph memory
-    (``cuDeviceGetGraphMemAttribute``, apart from the mempools) with its high watermarks, and numba_pool's
-    live captured arrays; ``releases_held_for_capture``: releases waiting for a capture to end (rule 13).
-
-    RMM's names (``rmm.statistics.Statistics``) for the same: :attr:`current_bytes`, :attr:`current_count`,
-    :attr:`peak_bytes`, :attr:`peak_count`, :attr:`total_bytes`, :attr:`total_count`."""
+    """One device's numba_pool memory, in bytes and counts; bytes as Numba requested them, but for ``pool_*``,
+    ``arena_*``, ``host_*``, ``managed_*``, ``graph_*``.  ``bytes_in_use``/``blocks_in_use`` (peaks since start or
+    :func:`numba_pool.reset_peak`); ``total_allocations``, ``total_frees``, ``total_bytes`` since start (RMM's
+    names: :attr:`current_bytes`, :attr:`current_count`, :attr:`peak_bytes`, :attr:`peak_count`,
+    :attr:`total_bytes`, :attr:`total_count`).  ``pool_*``: the mempool's attributes; ``pool_released_bytes``: used
+    bytes of dropped arrays' blocks awaiting their fence (rule 4 of :mod:`numba_pool.allocator`).  ``oom_retries``:
+    allocations retried after synchronizing and trimming; ``oom_errors``: those failing again.  ``arena_*`` (zero,
+    ``arena_on`` false, when off): slabs reserved, live blocks (rounded to 256 B), free blocks, the largest, bytes
+    cached, quarantined and free, the slabs. ``host_*``/``managed_*`` (likewise ``*_on``): bytes reserved (powers
+    of two), in arrays, cached, blocks. ``graph_*``: device graph memory (``cuDeviceGetGraphMemAttribute``, apart
+    from the mempools), high watermarks, our live captured arrays; ``releases_held_for_capture``: releases a
+    capture holds back (rule 13)."""
 
     bytes_in_use: int
     peak_bytes_in_use: int
@@ -73,8 +68,6 @@ class PoolStatistics:
     releases_held_for_capture: int = 0
     pool_released_bytes: int = 0
 
-    # -- RMM's names (rmm.statistics.Statistics) ------------------------------------------
-
     @property
     def current_bytes(self) -> int:
         """Bytes of the allocations alive now (:attr:`bytes_in_use`)."""
@@ -116,11 +109,8 @@ _RENAMED = frozenset({"bytes_in_use", "blocks_in_use", "peak_bytes_in_use", "pea
 
 
 def collect(usage, allocator, host=None, managed=None) -> PoolStatistics:
-    """The statistics of one device now.
-
-    :param usage: the manager's :class:`~numba_pool.allocator.usage.UsageTracker` (drained here).
-    :param allocator: the device's :class:`~numba_pool.allocator.device.DeviceAllocator`.
-    :param host: its pinned host cache, or None; ``managed``: its managed cache, or None."""
+    """One device's statistics now, from ``usage`` (the manager's :class:`~.usage.UsageTracker`, drained here),
+    ``allocator`` (the device's :class:`~.device.DeviceAllocator`), ``host``/``managed`` (its caches, or None)."""
     allocator.issue_frees()  # the legacy-stream frees releases queued, before the pool is read
     pool = allocator.pool.usage()
     usage.drain()

@@ -17,10 +17,8 @@ def _size(nbytes: int) -> str:
 
 
 def format_summary(stats: PoolStatistics, *, device: int | None = None, scratch=None) -> str:
-    """The summary table of ``stats`` (the sections of :func:`numba_pool.memory_summary`; the scratch
-    block when ``scratch`` is given); sizes in binary units with the exact bytes.
-
-    :param device: the device ordinal for the title."""
+    """The summary table of ``stats`` (the sections of :func:`numba_pool.memory_summary`; the scratch block when
+    ``scratch`` is given; ``device``: the ordinal for the title); sizes in binary units with the exact bytes."""
     s = stats
     blank = ""
     rows = [

@@ -22,16 +22,17 @@ from .serving import recorded, release, serving_manager
 class _DeviceOwner:
     """What CuPy's ``UnownedMemory`` keeps alive: one numba_pool block; its collection is the block's drop."""
 
-    __slots__ = ("block", "allocator", "record")
+    __slots__ = ("block", "record")
 
-    def __init__(self, block, allocator, record):
-        self.block, self.allocator, self.record = block, allocator, record
+    def __init__(self, block, record):
+        self.block, self.record = block, record
 
-    def __del__(self):
-        release(self.record, self._drop)  # never raises (rule 8)
-
-    def _drop(self):
-        self.allocator.deallocate(self.block, None)
+    def __del__(self):  # never raises (rule 8)
+        block = self.block
+        if self.record is None:
+            block.release(block)  # deallocate(block) with no stream named
+        else:
+            release(self.record, lambda: block.release(block))
 
 
 class _PinnedOwner:
@@ -63,7 +64,7 @@ def cupy_allocator(nbytes: int):
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device_id), 0)
     manager = serving_manager(device_id, "numba_pool.cupy_allocator")
     block = manager.allocate_block(size, _stream_ref(cupy.cuda.get_current_stream()))
-    owner = _DeviceOwner(block, manager.allocator, recorded(manager, block, "cupy"))
+    owner = _DeviceOwner(block, recorded(manager, block, "cupy"))
     return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.address, size, owner, device_id), 0)
 
 
@@ -90,6 +91,8 @@ def cupy_pinned_allocator(nbytes: int):
 
 
 def _checked(name: str, nbytes) -> int:
+    if type(nbytes) is int and nbytes >= 0:
+        return nbytes
     if not isinstance(nbytes, numbers.Integral) or isinstance(nbytes, bool) or nbytes < 0:
         raise ValueError(f"numba_pool.{name}: nbytes must be a non-negative number of bytes, got {nbytes!r}")
     return int(nbytes)

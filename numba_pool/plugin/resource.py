@@ -60,7 +60,10 @@ class MemoryResource(_CoreResource):
             return
         block, allocator, record = held
         named = None if stream is None else as_stream_ref(stream)
-        release(record, lambda: allocator.deallocate(block, named))
+        if record is None:
+            allocator.deallocate(block, named)
+        else:
+            release(record, lambda: allocator.deallocate(block, named))
 
     @property
     def is_device_accessible(self) -> bool:

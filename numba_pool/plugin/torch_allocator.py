@@ -47,11 +47,14 @@ class TorchDoor:
 
     def _free(self, ptr, size: int, device: int, stream) -> None:
         held = self._blocks.pop(ptr or 0, None)
-        if held is not None:
+        if held is not None:  # never raises
             block, allocator, record = held
-            named = LEGACY if not stream else as_stream_ref(int(stream))
-            named = None if named.value == block.stream.value else named
-            release(record, lambda: allocator.deallocate(block, named))  # never raises
+            handle = stream or 0
+            named = None if handle == block.stream.value else as_stream_ref(handle)
+            if record is None:
+                allocator.deallocate(block, named)
+            else:
+                release(record, lambda: allocator.deallocate(block, named))
 
 
 def torch_allocator():

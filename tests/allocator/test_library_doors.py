@@ -142,3 +142,29 @@ def test_the_doors_find_their_manager_once_and_let_it_go_with_numba(monkeypatch)
     del first
     gc.collect()
     assert serving.serving_manager(0, "t") is not None and looked == [0, 0]
+
+
+@pytest.mark.parametrize("recording", [False, True], ids=["plain", "history"])
+def test_cupys_owner_gives_the_block_back_when_cupy_drops_it(programs, recording):
+    # What CuPy's UnownedMemory keeps alive (numba_pool.plugin.cupy_allocator._DeviceOwner): its collection
+    # is the block's drop (rule 14 with no stream: ordered on the allocation stream).
+    import numba_pool
+    from numba_pool.cuda.streams import LEGACY
+    from numba_pool.plugin.cupy_allocator import _DeviceOwner
+    from numba_pool.plugin.serving import recorded
+    from numba_pool.plugin.state import process
+
+    p = programs(arena=False)
+    numba_pool.record_history(recording)
+    try:
+        block = p.mm.allocate_block(4096, LEGACY)
+        owner = _DeviceOwner(block, recorded(p.mm, block, "cupy"))
+        assert p.mm.statistics().bytes_in_use == 4096
+        del owner, block
+        assert p.mm.statistics().bytes_in_use == 0
+        if recording:
+            assert [e.action for e in process.recording.entries] == ["alloc", "free"]
+            assert process.recording.entries[0].kind == "cupy"
+    finally:
+        numba_pool.record_history(False)
+    assert_clean(p)
