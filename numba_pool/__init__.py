@@ -18,8 +18,9 @@ from .plugin.api import (dump_snapshot, install, live_allocations, memory_summar
 from .plugin.manager import NumbaPoolManager
 
 __all__ = [
-    "ConfigError", "FrontendError", "MemoryResource", "NumbaPoolManager", "cupy_allocator", "cupy_pinned_allocator",
-    "torch_allocator", "PoolConfig", "PoolStatistics", "SimulatorWarning", "install",
+    "ConfigError", "FrontendError", "MemoryResource", "PinnedMemoryResource", "ManagedMemoryResource",
+    "NumbaPoolManager", "cupy_allocator", "cupy_pinned_allocator", "torch_allocator", "PoolConfig", "PoolStatistics",
+    "SimulatorWarning", "install",
     "prefetch", "record_stream", "record_history", "snapshot", "dump_snapshot", "on_out_of_memory",
     "live_allocations",
     "reset_peak", "scratch", "stats", "trim", "using_stream",
@@ -30,10 +31,10 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     # The doors other than Numba's import their library (cuda.core, CuPy, PyTorch) at the first use only.
-    if name == "MemoryResource":
-        from .plugin.resource import MemoryResource
+    if name in ("MemoryResource", "PinnedMemoryResource", "ManagedMemoryResource"):
+        from .plugin import resource
 
-        return MemoryResource
+        return getattr(resource, name)
     if name in ("cupy_allocator", "cupy_pinned_allocator"):
         from .plugin import cupy_allocator
 

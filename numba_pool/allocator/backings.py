@@ -64,20 +64,18 @@ class PinnedBacking:
 
 
 class ManagedBacking:
-    """Managed blocks of one device: ``cuMemAllocManaged(rounded, CU_MEM_ATTACH_GLOBAL)``, the same address on
-    host and device, and ``cuMemFree``, as Numba's own managed arrays (Note [Managed blocks are not from a
-    mempool]).  The allocation is synchronous, so the host may write the block at once; the cache gives back
-    only idle blocks (rule 9).  A block in use at a reset stays in use, back to the cache when its array goes
-    (:attr:`frees_orphans` is false): freeing the memory of a live NumPy array would crash the host at its next
-    access.
+    """Managed blocks of one device: ``cuMemAllocManaged(rounded, CU_MEM_ATTACH_GLOBAL)``, the same address on host
+    and device, and ``cuMemFree``, as Numba's own managed arrays (Note [Managed blocks are not from a mempool]).
+    The allocation is synchronous, so the host may write the block at once; the cache gives back only idle blocks
+    (rule 9).  A block in use at a reset stays in use, back to the cache when its array goes (:attr:`frees_orphans`
+    is false): freeing the memory of a live NumPy array would crash the host at its next access.
 
     Note [Managed blocks are not from a mempool]
         A managed mempool (``CU_MEM_ALLOCATION_TYPE_MANAGED``) allocates in 4 µs against ``cuMemAllocManaged``'s
         25, but on driver 580 what it hands out again after a free is pathological: a 4 GiB range freed, trimmed
-        and reallocated took 8.9 s for a device memset after a host read (0.6 s on fresh memory), and the
-        device memory its pages held stayed taken after ``cuMemPoolTrimTo(0)`` (4 GiB of 4; H200, 2026-11-27,
-        docs/perf-notes.md, "Managed memory").  The cache's own reuse is the fast path; a miss costs what
-        Numba's default costs.
+        and reallocated took 8.9 s for a device memset after a host read (0.6 s on fresh memory), and its pages'
+        device memory stayed taken after ``cuMemPoolTrimTo(0)`` (4 GiB of 4; H200, 2026-11-27, docs/perf-notes.md,
+        "Managed memory").  The cache's own reuse is the fast path; a miss costs what Numba's default does.
 
     :param cu: the driver object.
     :param device_id: the device (for messages)."""

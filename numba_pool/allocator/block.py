@@ -1,17 +1,13 @@
-"""One record per block: :class:`Block`, what the allocator knows of one block it handed out.
-
-The core's contract (RMM's ``device_memory_resource``, cuda.core's ``MemoryResource``) is
-stream-ordered and knows no frontend: ``allocate(nbytes, stream) -> Block`` and
-``deallocate(block, stream)`` (:meth:`numba_pool.allocator.device.DeviceAllocator.allocate`).
-A *door* turns a block into its frontend's object: the EMM plugin's is
-:class:`numba_pool.cuda.pointers.PoolPointer`, whose finalizer calls ``block.release(block)``.
+"""One record per block: :class:`Block`, what the allocator knows of one block it handed out.  The core's contract
+(RMM's ``device_memory_resource``, cuda.core's ``MemoryResource``) is stream-ordered and knows no frontend:
+``allocate(nbytes, stream) -> Block`` and ``deallocate(block, stream)``
+(:meth:`numba_pool.allocator.device.DeviceAllocator.allocate`).  A *door* turns a block into its frontend's object:
+the EMM plugin's is :class:`numba_pool.cuda.pointers.PoolPointer`, whose finalizer calls ``block.release(block)``.
 
 Note [A Block replaces the release's partial]
-    A :class:`Block` is made with ``Block()`` (the type's C ``tp_new``: no ``__init__`` frame,
-    no argument tuple) and its fields set by the source; its ``release`` is the source's gate
-    (:mod:`.release`), a closure made once, so the record costs what a per-allocation
-    ``functools.partial`` cost (docs/perf-notes.md).
-"""
+    A :class:`Block` is made with ``Block()`` (the type's C ``tp_new``: no ``__init__`` frame, no argument tuple)
+    and its fields set by the source; its ``release`` is the source's gate (:mod:`.release`), a closure made once,
+    so the record costs what a per-allocation ``functools.partial`` cost (docs/perf-notes.md)."""
 
 from __future__ import annotations
 
@@ -22,28 +18,24 @@ ALLOCATED, AWAITING_FREE, FREE = "allocated", "awaiting_free", "free"
 
 
 class Block:
-    """One block handed out by a block source, until its release.
+    """One block handed out by a block source, until its release.  Set by every source at the allocation (the
+    fields a release reads):
 
-    Set by every source at the allocation (the fields a release reads):
-
-    * ``ptr``: the device address (``CUdeviceptr``; :attr:`address` is its int); a host
-      cache's block (pinned, managed) its address as an int;
+    * ``ptr``: the device address (``CUdeviceptr``; :attr:`address` is its int); a host cache's block (pinned,
+      managed) its address as an int;
     * ``size``: bytes requested;
-    * ``stream``: the allocation stream (:class:`~numba_pool.cuda.streams.StreamRef`), on
-      which the release is ordered;
+    * ``stream``: the allocation stream (:class:`~numba_pool.cuda.streams.StreamRef`), which orders the release;
     * ``release``: ``release(block)``, the source's deallocation of it (never raises; runs once);
-    * ``waits``: what its release waits for besides its stream (rule 2), or None: the
-      ``record_stream`` streams and the holds (:class:`~numba_pool.allocator.waits.Hold`);
-    * ``state``: :data:`ALLOCATED`, then :data:`AWAITING_FREE` from its release (the gate)
-      until reusable, :data:`FREE` in the arena's ready cache.
+    * ``waits``: what its release waits for besides its stream (rule 2), or None: the ``record_stream`` streams and
+      the holds (:class:`~numba_pool.allocator.waits.Hold`);
+    * ``state``: :data:`ALLOCATED`, then :data:`AWAITING_FREE` from its release (the gate) until reusable,
+      :data:`FREE` in the arena's ready cache.
 
-    Set by the sources that need them (reading one not set raises ``AttributeError``):
-    ``start`` (the address as an int), ``rounded`` (bytes carved), ``domain`` (a scoped arena
-    block's), ``ledger`` (its reset generation: the live table its release pops, which a reset
-    swaps or empties; the arena's generation is its ``dropped``), ``capture`` (the capture
-    whose graph allocated it, rule 13), ``ref`` (the source's own record: a host cache's
-    :class:`~numba_pool.allocator.host_blocks.HostBlock`, a scratch block).
-    """
+    Set by the sources that need them (reading one not set raises ``AttributeError``): ``start`` (the address as an
+    int), ``rounded`` (bytes carved), ``domain`` (a scoped arena block's), ``ledger`` (its reset generation: the
+    live table its release pops, which a reset swaps or empties; the arena's generation is its ``dropped``),
+    ``capture`` (the capture whose graph allocated it, rule 13), ``ref`` (the source's own record: a host cache's
+    :class:`~numba_pool.allocator.host_blocks.HostBlock`, a scratch block)."""
 
     __slots__ = ("ptr", "size", "stream", "release", "waits", "state",
                  "start", "rounded", "domain", "ledger", "capture", "ref")
@@ -54,9 +46,8 @@ class Block:
         return int(self.ptr)
 
     def free(self) -> None:
-        """Give the block back on its allocation stream (``release(block)``, as
-        :meth:`DeviceAllocator.deallocate <numba_pool.allocator.device.DeviceAllocator.deallocate>`
-        with no other stream); once, by whoever owns it."""
+        """Give the block back on its allocation stream, once, by whoever owns it: ``release(block)``, as
+        :meth:`~numba_pool.allocator.device.DeviceAllocator.deallocate` with no other stream."""
         self.release(self)
 
     def __repr__(self) -> str:
@@ -64,9 +55,8 @@ class Block:
 
 
 class LegacyBlock(Block):
-    """A block whose allocation stream is the legacy stream: ``stream`` is a class-level
-    default, one store fewer on the arena's hot path (Note [A Block replaces the release's
-    partial]).  Its ``stream`` cannot be set."""
+    """A block whose allocation stream is the legacy stream: ``stream`` is a class-level default, one store fewer
+    on the arena's hot path (Note [A Block replaces the release's partial]).  Its ``stream`` cannot be set."""
 
     __slots__ = ()
     stream = LEGACY

@@ -1,9 +1,6 @@
-"""One device's allocator: its block sources, what their releases wait for, and the barriers
-that synchronize (trim, out of memory, reset).
-
-A :class:`DeviceAllocator` lives for one *generation*: from initialization to reset, which drops
-it whole (a later release finds nothing to free); the plugin makes a new one at the next allocation.
-"""
+"""One device's allocator: its block sources, what their releases wait for, and the barriers that synchronize
+(trim, out of memory, reset).  A :class:`DeviceAllocator` lives for one *generation*: from initialization to reset,
+which drops it whole (a later release finds nothing to free); the plugin makes a new one at the next allocation."""
 
 from __future__ import annotations
 
@@ -36,11 +33,9 @@ def _fmt(nbytes: int) -> str:
 
 
 class DeviceAllocator:
-    """One generation of one device's memory: the mempool blocks (rule 7), the arena when it
-    is on (rules 1, 3-6), live scratch blocks, ``record_stream`` and IPC holds (rule 2), and the
-    barriers that synchronize.  ``before_retry`` runs before an out-of-memory retry (Numba's
-    pending deallocations); ``after_reset`` serves an allocation a reset overtook.
-    """
+    """One generation of one device's memory: the mempool blocks (rule 7), the arena if on (rules 1, 3-6), live
+    scratch blocks, ``record_stream`` and IPC holds (rule 2), synchronizing barriers.  ``before_retry`` runs before
+    out-of-memory retries (Numba's pending deallocations); ``after_reset`` serves allocations a reset overtook."""
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
                  before_retry: Callable[[], None] = lambda: None, deferral: Deferral | None = None,
@@ -50,16 +45,14 @@ class DeviceAllocator:
         self._usage = usage
         self._before_retry = before_retry
         self.waits = StreamWaits(cu, OwnerContext.of(cu, context), deferral)
-        # Live numba_pool.scratch blocks by start address (atomic dict operations only).
-        self.scratch_blocks: dict[int, object] = {}
+        self.scratch_blocks: dict[int, object] = {}  # live scratch blocks by start address (atomic dict ops only)
         # Rule 4: new memory from a private stream; other streams' slabs go back on another.
         self.private_streams = (PrivateStream(cu, "allocations"), PrivateStream(cu, "arena slab returns"))
         shared = {"alloc_stream": self.private_streams[0],
                   "fence_bytes": int(device_memory_info(cu)[1] * FENCE_FRACTION)}
         self.mempool_blocks = PooledBlocks(cu, pool.handle, context, self.waits, usage, self.out_of_memory,
                                            after_reset, pointer=pointer, **shared)
-        #: The arenas: one when it is on, else none (a list: the barriers loop over it).
-        self.arenas: list[ArenaBlocks] = []
+        self.arenas: list[ArenaBlocks] = []  #: One arena when on, else none (a list: barriers loop over it).
         if config.arena:
             self.arenas.append(ArenaBlocks(
                 cu, pool.handle, context, self.waits, usage, self.out_of_memory, slab_size=config.arena_slab_size,
@@ -68,10 +61,8 @@ class DeviceAllocator:
                 after_reset=after_reset, pointer=pointer, return_stream=self.private_streams[1], **shared))
         #: The arena when it is on, else None (for readers: statistics, the replay, tests).
         self.arena: ArenaBlocks | None = self.arenas[0] if self.arenas else None
-        #: Every block source, the one requests start at first.
-        self.sources = [*self.arenas, self.mempool_blocks]
-        #: Where every request starts; its ``allocate(size)`` is the path with no adaptor.
-        self.source = self.sources[0]
+        self.sources = [*self.arenas, self.mempool_blocks]  #: Every block source, the one requests start at first.
+        self.source = self.sources[0]  #: Where requests start; its ``allocate(size)`` is the path with no adaptor.
         # Rule 13: captured allocations, and where allocations go while a capture is under way.
         self._config = config
         self._capture_pool: MemPool | None = None
@@ -82,8 +73,7 @@ class DeviceAllocator:
             source.capture_router = router.allocate
 
     def _pool_for_captures(self):
-        """The pool captured allocations name: the device's if not exportable, else one made at
-        the first capture (in relaxed mode)."""
+        """Captures' pool: the device's if not exportable, else one made at the first capture (relaxed mode)."""
         if not self.pool.exportable:
             return self.pool.handle
         if self._capture_pool is None:
@@ -94,13 +84,11 @@ class DeviceAllocator:
     # -- the core's contract (:mod:`.block`) ---------------------------------------------------
 
     def allocate(self, nbytes: int, stream: StreamRef = LEGACY) -> Block:
-        """A :class:`~.block.Block` of ``nbytes`` bytes for work on ``stream`` (as RMM's and
-        cuda.core's ``allocate``), given back with :meth:`deallocate`; the caller keeps
-        ``stream`` alive until then.  Knows no frontend or scope.
+        """A :class:`~.block.Block` of ``nbytes`` bytes for work on ``stream`` (RMM's, cuda.core's ``allocate``),
+        freed by :meth:`deallocate`; the caller keeps ``stream`` alive until then.  No frontend or scope.
 
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
-            after synchronizing and trimming (:meth:`out_of_memory`); any other driver error
-            (``cuMemAllocFromPoolAsync``) as returned."""
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met after synchronizing and
+            trimming (:meth:`out_of_memory`); any other driver error (``cuMemAllocFromPoolAsync``) as returned."""
         return self.source.allocate_block(nbytes, stream)
 
     def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
@@ -125,14 +113,12 @@ class DeviceAllocator:
         return self._add_wait(address, stream)
 
     def hold(self, address: int, hold: Hold) -> bool:
-        """Keep the block holding ``address`` from reuse until ``hold`` lets go (IPC leases);
-        False when none does."""
+        """Keep the block holding ``address`` from reuse until ``hold`` lets go (IPC leases); False if none does."""
         return self._add_wait(address, hold)
 
     def export_hold(self, address: int, hold: Hold) -> bool:
-        """:meth:`hold`, then ``cuCtxSynchronize``: another process orders against nothing of
-        ours, and the driver requires the allocation complete ("Stream Ordered Memory
-        Allocator", IPC).  False when no live block holds ``address``.
+        """:meth:`hold`, then ``cuCtxSynchronize``: another process orders against nothing of ours, and the driver
+        needs the allocation complete ("Stream Ordered Memory Allocator", IPC); False if no live block holds it.
 
         :raises CudaAPIError: when the synchronize fails.
         :raises RuntimeError: during a stream capture numba_pool knows of (rule 13)."""
@@ -220,9 +206,8 @@ class DeviceAllocator:
     def out_of_memory(self, size: int, retry: Callable):
         """An allocation of ``size`` bytes ran out of memory: make room, ``retry()`` once.
 
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with :meth:`describe_out_of_memory`'s
-            line when the retry fails too.
-        """
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with :meth:`describe_out_of_memory`'s line when the
+            retry fails too."""
         self._usage.count_oom(failed=False)
         if captures.underway:  # rule 13: no synchronize or trim during a capture
             self._usage.count_oom(failed=True)
@@ -278,8 +263,7 @@ class DeviceAllocator:
         self.waits.deferral.flush()  # held-back mempool frees: issued now, before the pool goes
         self.waits.release_held()  # and those an IPC export's leases keep
         run_releases(releases)  # into the dropped generation: freed on the private stream, or nothing
-        # What those released (later ones free themselves).
-        late: list = []
+        late: list = []  # What those released (later ones free themselves).
         pointers += [block.ptr for block in self.mempool_blocks.take_released(late)]
         for ptr in pointers:
             report_failure(self.cu.cuMemFreeAsync(ptr, LEGACY.handle), "cuMemFreeAsync (reset)")

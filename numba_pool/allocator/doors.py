@@ -1,13 +1,10 @@
-"""The EMM door's allocation paths: each block source's ``allocate(size) -> pointer``, Numba's
-``memalloc`` with no adaptor on (:mod:`numba_pool.plugin.path`).
-
-The core's contract is ``allocate_block(nbytes, stream) -> Block`` (:mod:`.block`); this door
-adds what only the EMM plugin has: the thread's allocation stream (``using_stream``), the
-``numba_pool.scratch`` scope, and the frontend's ``pointer`` class.  Its hot paths repeat the
-core's few lines inline (Note [No frame between Numba and the source]); everything else goes
-through the core and :meth:`~.sources.BlockSource.wrap`.  Each class is a facet of one source
-(:class:`ArenaDoor`, :class:`PooledDoor`), reading its fields.
-"""
+"""The EMM door's allocation paths: each block source's ``allocate(size) -> pointer``, Numba's ``memalloc`` with no
+adaptor on (:mod:`numba_pool.plugin.path`).  The core's contract is ``allocate_block(nbytes, stream) -> Block``
+(:mod:`.block`); this door adds what only the EMM plugin has: the thread's allocation stream (``using_stream``),
+the ``numba_pool.scratch`` scope, and the frontend's ``pointer`` class.  Its hot paths repeat the core's few lines
+inline (Note [No frame between Numba and the source]); everything else goes through the core and
+:meth:`~.sources.BlockSource.wrap`.  Each class is a facet of one source (:class:`ArenaDoor`, :class:`PooledDoor`),
+reading its fields."""
 
 from __future__ import annotations
 

@@ -1,19 +1,17 @@
-"""Blocks whose next owner may be the CPU: pinned and mapped host memory (``NUMBA_POOL_HOST``) and managed
-memory (``NUMBA_POOL_MANAGED``), from a cache under **the host rule** (rule 9 of :mod:`numba_pool.allocator`).
-
-Numba's ``memhostalloc`` (``pinned_array``, ``mapped_array``, ``pinned()``) and ``memallocmanaged``
-(``managed_array``) allocate and free per buffer (``cuMemHostAlloc``/``cuMemFreeHost``, or
-``cuMemAllocManaged``/``cuMemFree``, about 25 µs a pair whose free synchronizes the device: Note [Managed blocks are not from a mempool]).
-:class:`HostBlocks` caches freed blocks, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool``
-do; new blocks come from its *backing* (:mod:`.backings`):
+"""Blocks whose next owner may be the CPU: pinned and mapped host memory (``NUMBA_POOL_HOST``) and managed memory
+(``NUMBA_POOL_MANAGED``), from a cache under **the host rule** (rule 9 of :mod:`numba_pool.allocator`).  Numba's
+``memhostalloc`` (``pinned_array``, ``mapped_array``, ``pinned()``) and ``memallocmanaged`` (``managed_array``)
+allocate and free per buffer (``cuMemHostAlloc``/``cuMemFreeHost``, or ``cuMemAllocManaged``/``cuMemFree``, about
+25 µs a pair whose free synchronizes the device: Note [Managed blocks are not from a mempool]).
+:class:`HostBlocks` caches freed blocks, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool`` do;
+new blocks come from its *backing* (:mod:`.backings`):
 
 * n bytes take a block of the next power of two (at least :data:`MIN_BLOCK` bytes) from a bin keyed by
   ``(flags, rounded size)``: mapped (``CU_MEMHOSTALLOC_DEVICEMAP``), portable and write-combined blocks never
   serve each other (not from a host-located mempool: ``cuMemHostGetDevicePointer`` fails on its memory);
-* **the host rule**: a release records events on its allocation stream (unless legacy) and
-  :func:`numba_pool.record_stream` streams, the legacy stream's being a later fence (Note below); a cached
-  block is reused, or given back to its backing, only once fenced and its events *completed as the host sees*
-  (``cuEventQuery``), or after ``cuCtxSynchronize``;
+* **the host rule**: a release records events on its :func:`numba_pool.record_stream` streams and its allocation
+  stream (unless legacy: a later fence, Note below); a cached block is reused, or returned to its backing, only
+  once fenced and its events *completed as the host sees* (``cuEventQuery``), or after ``cuCtxSynchronize``;
 * over the cap (``NUMBA_POOL_HOST_MAX_SIZE``, ``NUMBA_POOL_MANAGED_MAX_SIZE``) an allocation waits for
   (``cuEventSynchronize``) and frees the oldest cached blocks, else raises ``CUDA_ERROR_OUT_OF_MEMORY`` with
   the sizes; beyond ``NUMBA_POOL_{HOST,MANAGED}_RELEASE_THRESHOLD`` cached bytes, completed blocks go back.
@@ -53,13 +51,11 @@ from .held import Held
 from .release import Pending, gate
 from .waits import Deferral
 
-#: The smallest block (bytes): every request is rounded up to a power of two at least this.
-MIN_BLOCK = 512
+MIN_BLOCK = 512  #: The smallest block (bytes): every request is rounded up to a power of two at least this.
 #: ``cuMemHostAlloc`` flags (CUDA Driver API, ``CU_MEMHOSTALLOC_*``; ``DEVICEMAP`` from :mod:`.backings`).
 PORTABLE = int(_cuda.CU_MEMHOSTALLOC_PORTABLE)
 WRITECOMBINED = int(_cuda.CU_MEMHOSTALLOC_WRITECOMBINED)
-#: Cached blocks of one bin whose events are queried per allocation before a new block is made.
-QUERY_LIMIT = 8
+QUERY_LIMIT = 8  #: Cached blocks of one bin whose events are queried per allocation before a new block is made.
 
 
 def host_flags(mapped: bool, portable: bool, wc: bool) -> int:
@@ -417,9 +413,8 @@ class HostBlocks:
 
 
 def orphan_live_blocks(cache: HostBlocks) -> None:
-    """A reset's live blocks become orphans, freed at their release (under the cache's lock).
-    Marked first, then popped: a racing release sees the mark, or popped the block first (then
-    it keeps it, unmarked); swapping the table first lost blocks."""
+    """A reset's live blocks become orphans, freed at release (cache lock held).  Marked, then popped: a racing
+    release sees the mark, or popped first and keeps it unmarked; swapping the table first lost blocks."""
     live = cache.live.copy()
     for block in live.values():
         block.ref.orphan = True

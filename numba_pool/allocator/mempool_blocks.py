@@ -1,22 +1,18 @@
-"""Rule 7 of :mod:`numba_pool.allocator`: blocks straight from the mempool.
-
-One ``cuMemAllocFromPoolAsync`` and, after rule 2's waits, one ``cuMemFreeAsync`` on the
-allocation stream per block; the pool orders reuse ("Stream Ordered Memory Allocator").
+"""Rule 7 of :mod:`numba_pool.allocator`: blocks straight from the mempool, one ``cuMemAllocFromPoolAsync`` and,
+after rule 2's waits, one ``cuMemFreeAsync`` on the allocation stream per block; the pool orders reuse ("Stream
+Ordered Memory Allocator").
 
 Note [Legacy-stream frees wait for a fence]
-    A block allocated outside ``using_stream`` comes from the private allocation stream
-    (:class:`~.fences.PrivateStream`), no legacy-stream operation.  Its release appends the
-    block to :attr:`PooledBlocks.pending` (:mod:`.release`; no driver call, no context);
-    an allocation records one fence per batch (rule 4), and once it completes the batch is
-    freed on the private stream.  Other streams' blocks are freed at once on their handle.
+    Outside ``using_stream`` a block comes from the private allocation stream (:class:`~.fences.PrivateStream`), no
+    legacy-stream operation.  Its release appends it to :attr:`PooledBlocks.pending` (:mod:`.release`; no driver
+    call, no context); an allocation records one fence per batch (rule 4), the batch freed on the private stream once
+    complete.  Other streams' blocks: freed at once, on their handle.
 
 Note [Idle blocks are kept by size]
-    A completed batch is idle.  Up to :data:`IDLE_BLOCKS` blocks per size stay in
-    :attr:`PooledBlocks.idle` for legacy allocations (one lock-free ``list.pop``); the rest go
-    back.  They are the Blocks themselves, handed out again (as the arena's, Note [A ready
-    block is its Block]).  A new block is complete on the private stream (``cuStreamQuery``,
-    else ``cuStreamSynchronize``) before it is handed out.  Trim, out of memory and reset free them.
-"""
+    A completed batch is idle.  Up to :data:`IDLE_BLOCKS` blocks per size stay in :attr:`PooledBlocks.idle` for
+    legacy allocations (one lock-free ``list.pop``); the rest go back.  They are the Blocks themselves, handed out
+    again (as the arena's, Note [A ready block is its Block]).  A new block is complete on the private stream
+    (``cuStreamQuery``, else ``cuStreamSynchronize``) before it goes out.  Trim, out of memory, reset free them."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ from .fences import take_list
 from .release import Pending, gate
 from .sources import BlockSource
 
-#: Idle blocks kept per size in front of the mempool (Note [Idle blocks are kept by size]).
-IDLE_BLOCKS = 64
+IDLE_BLOCKS = 64  #: Idle blocks kept per size in front of the mempool (Note [Idle blocks are kept by size]).
 
 
 class PooledBlocks(PooledDoor, BlockSource):

@@ -1,7 +1,6 @@
-"""The ``numba-pool`` command line (also ``python -m numba_pool``): ``numba-pool info``.  Errors
-are one line, no traceback (:mod:`numba_pool.cli.errors`: exit status 2 or 3); alone it prints
-its help.  The benchmark, replay and snapshot readers are ``numba-pool-tools``' (``tools/``):
-asked for one, ``numba-pool`` says so, exit status 2 (:data:`MOVED`)."""
+"""The ``numba-pool`` command line (also ``python -m numba_pool``): ``numba-pool info``; alone, its help.  Errors:
+one line, no traceback (:mod:`numba_pool.cli.errors`: exit status 2 or 3).  The benchmark, replay and snapshot
+readers are ``numba-pool-tools``' (``tools/``): asked for one, it says so, exit status 2 (:data:`MOVED`)."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ class _Commands(OneLineErrors):
 def main() -> None:
     """numba-pool: Numba's CUDA allocations served by a stream-ordered memory pool.
 
-    The benchmark, replay and snapshot commands are numba-pool-tools' (pip install -e ./tools
-    from a checkout)."""
+    The benchmark, replay and snapshot commands are numba-pool-tools' (pip install -e ./tools from a checkout)."""
 
 
 main.add_command(info.info)

@@ -1,5 +1,4 @@
-"""``numba-pool info``: device, driver, managed memory per device, versions, the configuration
-in effect and the pool's attributes."""
+"""``numba-pool info``: device, driver, per-device managed memory, versions, configuration, pool attributes."""
 
 from __future__ import annotations
 
@@ -118,8 +117,7 @@ NUMBA_MANAGED = "managed arrays from Numba's own path (cuMemAllocManaged/cuMemFr
 
 
 def _managed_rows(config) -> list[tuple[str, str]]:
-    """One row per device: who serves its managed arrays and why
-    (:func:`numba_pool.plugin.managed_memory.why_not_served`), creating no context on other devices.
+    """One row per device: who serves its managed arrays and why (:func:`why_not_served`); no context made elsewhere.
 
     :raises Failure: when the driver refuses a query."""
     cu = _driver.cu

@@ -1,11 +1,10 @@
-"""Configuration of the numba_pool EMM plugin: :class:`PoolConfig`, :data:`OPTIONS`, :func:`load`,
-composed from :mod:`.sizes` and :mod:`.values` (the parsers) and :mod:`.variables` (the names).
-
-Each option comes from its ``NUMBA_POOL_*`` variable (read at first initialization) or an
-:func:`numba_pool.install` keyword, which wins; unset, empty or ``None`` means the default.  Parsing never
-touches CUDA (``numba-pool info`` reports bad values without a GPU).  A bad value raises :class:`ConfigError`,
-one line naming the variable or ``install(<keyword>)``, the value and what is accepted; nothing falls back
-silently.  An unknown ``NUMBA_POOL_*`` variable gives a :class:`ConfigWarning` naming the closest one."""
+"""Configuration of the numba_pool EMM plugin: :class:`PoolConfig`, :data:`OPTIONS`, :func:`load`, composed from
+:mod:`.sizes` and :mod:`.values` (the parsers) and :mod:`.variables` (the names).  Each option comes from its
+:func:`numba_pool.install` keyword, else its ``NUMBA_POOL_*`` variable (read at first initialization); unset, empty
+or ``None`` is the default.  Parsing never touches CUDA (``numba-pool info`` reports bad values without a GPU).  A
+bad value raises a one-line :class:`ConfigError` naming the variable or ``install(<keyword>)``, the value and what
+is accepted; nothing falls back silently.  An unknown ``NUMBA_POOL_*`` variable warns (:class:`ConfigWarning`),
+naming the closest one."""
 
 from __future__ import annotations
 
@@ -32,12 +31,11 @@ __all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_S
 
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
-    """The configuration in effect for every numba_pool manager of a process; what each option means: README's
-    table of ``NUMBA_POOL_*`` variables.  Sizes in bytes; ``max_size`` is bytes or a fraction of device memory
-    (:meth:`max_size_bytes` resolves it); ``log`` an absolute path or None.  ``host`` is off by default
-    because a pinned block comes back only once the host observed its last use; ``managed`` is on (README,
-    "Managed memory").  ``oom_snapshot`` and ``leak_report`` start the allocation history.  Build it with
-    :func:`load`, which checks every value; the constructor checks nothing."""
+    """The configuration in effect for a process's managers; meanings: the README's ``NUMBA_POOL_*`` table.  Sizes in
+    bytes; ``max_size`` is bytes or a fraction of device memory (:meth:`max_size_bytes` resolves it); ``log`` an
+    absolute path or None.  ``host`` is off by default: a pinned block comes back only once the host saw its last
+    use; ``managed`` is on (README, "Managed memory").  ``oom_snapshot`` and ``leak_report`` start the allocation
+    history.  Build it with :func:`load`, which checks every value; the constructor checks nothing."""
 
     release_threshold: int = KEEP_ALL
     max_size: int | float | None = None
@@ -105,8 +103,7 @@ class PoolConfig:
 
 # -- the options ----------------------------------------------------------------------------
 
-#: option name -> (environment variable, parser)
-OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {  #: option name -> (environment variable, parser)
     "release_threshold": ("NUMBA_POOL_RELEASE_THRESHOLD", parse_release_threshold),
     "max_size": ("NUMBA_POOL_MAX_SIZE", parse_max_size),
     "initial_size": ("NUMBA_POOL_INITIAL_SIZE", parse_size),

@@ -17,8 +17,7 @@ PREFIX = "NUMBA_POOL_"
 #: (read by :mod:`numba_pool.cuda.frontend`, not a pool option).
 FRONTEND_VARIABLE = "NUMBA_POOL_FRONTEND"
 
-#: ``NUMBA_POOL_*`` variables of numba_pool's benchmark and test tools, not read by
-#: :func:`numba_pool.config.load`: never warned about.
+#: Variables of numba_pool's bench and test tools, not read by :func:`numba_pool.config.load`: never warned about.
 OTHER_VARIABLES = {
     "NUMBA_POOL_NOOP_FINALIZER": "numba_pool_tools.bench.noop: the no-op manager keeps (1) or drops (0) its finalizer",
     "NUMBA_POOL_BENCH_RMM": "set by numba-pool-tools bench in the child process that measures rmm",
@@ -54,8 +53,7 @@ def probable_typo(name: str, options: Iterable[str]) -> str | None:
     options = sorted(options)
     if name in options:
         return None
-    # Compared without the shared prefix, which would make every name look close.
-    tail = _squeezed(name)[len("NUMBAPOOL"):]
+    tail = _squeezed(name)[len("NUMBAPOOL"):]  # Compared without the shared prefix (all names would look close).
     close = _closest(tail, options) or _closest(tail, OTHER_VARIABLES)
     hint = f"did you mean {close}?" if close else f"known variables: {', '.join(options)}"
     return f"{name} is not a numba_pool variable and is ignored: {hint}"
@@ -78,10 +76,9 @@ def warn_unknown_variables(environ: Mapping[str, str], options: Iterable[str]) -
 
 
 def _between_frames() -> Callable[[str], bool]:
-    """Whether a file's frames lie between the user's line and a warning given while Numba
-    initializes the plugin: numba_pool's, the loaded Numba packages', and the standard library's
-    (``contextlib``, ``functools``), but not the installed packages' (``site-packages``, inside
-    the standard library's folder on a Python without a virtual environment)."""
+    """Whether a file's frames lie between the user's line and a warning given as Numba initializes the plugin:
+    numba_pool's, the loaded Numba packages', the standard library's (``contextlib``, ``functools``), but not the
+    installed packages' (``site-packages``, inside the standard library's folder without a virtual environment)."""
     paths = sysconfig.get_paths()
     folders = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # numba_pool/
     for name in ("numba", "numba_cuda", "numba_cuda_mlir"):

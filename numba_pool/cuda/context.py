@@ -6,14 +6,12 @@ from .driver import GONE, SUCCESS, check, warn
 
 
 class OwnerContext:
-    """The CUDA context a release must run in, pushed where it is not current.
-
-    A release runs in a finalizer, in any thread.  A thread with no current context fails every call
-    (``CUDA_ERROR_INVALID_CONTEXT``); one with another context current (another device's, or
-    PyCUDA's ``make_context``, ``cuCtxCreate``, a green context) has *that* context's legacy stream
-    (handle 0), which orders nothing of the owner's streams, and creates events there.  (Numba's
-    default manager is safe only because ``cuMemFree`` synchronizes.)  So a release that calls the
-    driver checks ``cuCtxGetCurrent`` and pushes the owner's (``cuCtxPushCurrent``) when needed.
+    """The CUDA context a release must run in, pushed where it is not current.  A release runs in a finalizer, in
+    any thread.  With no current context every call fails (``CUDA_ERROR_INVALID_CONTEXT``); with another current
+    (another device's, or PyCUDA's ``make_context``, ``cuCtxCreate``, a green context) it gets *that* context's
+    legacy stream (handle 0), which orders nothing of the owner's streams, and creates events there.  (Numba's
+    default manager is safe only because ``cuMemFree`` synchronizes.)  So a release calling the driver checks
+    ``cuCtxGetCurrent`` and pushes the owner's (``cuCtxPushCurrent``) if needed.
 
     :param cu: the driver object.
     :param handle: the owner's ``CUcontext`` (Numba's ``Context.handle``); None: never pushed."""

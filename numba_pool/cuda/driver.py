@@ -14,13 +14,11 @@ from typing import Any, Iterator
 from cuda.bindings import driver as cuda_driver
 from .errors import api_error
 
-#: The driver object new managers use: cuda-python's driver module unless :func:`use` swapped it.
-cu: Any = cuda_driver
+cu: Any = cuda_driver  #: The driver object new managers use: cuda-python's module unless :func:`use` swapped it.
 
 SUCCESS = cuda_driver.CUresult.CUDA_SUCCESS
 OUT_OF_MEMORY = cuda_driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY
-#: Errors a late call meets when the context or driver is already gone (interpreter exit,
-#: ``cuda.close()``): the memory went with the context, so there is nothing to report.
+#: Errors once the context (and its memory) or driver is gone (interpreter exit, ``cuda.close()``): not reported.
 GONE = frozenset({cuda_driver.CUresult.CUDA_ERROR_DEINITIALIZED, cuda_driver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED,
                   cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT})
 EVENT_FLAGS = cuda_driver.CUevent_flags.CU_EVENT_DISABLE_TIMING

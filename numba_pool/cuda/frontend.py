@@ -26,20 +26,16 @@ from . import errors, pointers, simulator
 
 NUMBA_CUDA = "numba-cuda"
 MLIR = "mlir"
-#: The frontends, in the order the tools prefer when both are installed and none is chosen.
-NAMES = (NUMBA_CUDA, MLIR)
-#: Each frontend's name in messages.
-TITLES = {NUMBA_CUDA: "numba-cuda", MLIR: "Numba-CUDA-MLIR"}
-#: The module a program imports ``cuda`` from.
-PACKAGES = {NUMBA_CUDA: "numba.cuda", MLIR: "numba_cuda_mlir.cuda"}
+NAMES = (NUMBA_CUDA, MLIR)  #: The frontends, the tools' preferred first when both are installed and none is chosen.
+TITLES = {NUMBA_CUDA: "numba-cuda", MLIR: "Numba-CUDA-MLIR"}  #: Each frontend's name in messages.
+PACKAGES = {NUMBA_CUDA: "numba.cuda", MLIR: "numba_cuda_mlir.cuda"}  #: The module a program imports ``cuda`` from.
 _DRIVERS = {NUMBA_CUDA: "numba.cuda.cudadrv", MLIR: "numba_cuda_mlir.numba_cuda.cudadrv"}
 _TOP_LEVEL = {NUMBA_CUDA: "numba_cuda", MLIR: "numba_cuda_mlir"}  # what find_spec looks for
 #: The distribution each frontend is installed as (its version: :func:`version`).
 DISTRIBUTIONS = {NUMBA_CUDA: "numba-cuda", MLIR: "numba-cuda-mlir"}
 #: How each is installed with numba_pool.
 EXTRAS = {NUMBA_CUDA: "pip install 'numba-pool[numba-cuda]'", MLIR: "pip install 'numba-pool[mlir]'"}
-#: The environment variable naming the tools' frontend and breaking a tie (Note [Which frontend ...]).
-VARIABLE = FRONTEND_VARIABLE
+VARIABLE = FRONTEND_VARIABLE  #: Names the tools' frontend and breaks ties (Note [Which frontend ...]).
 _SPELLINGS = {"numba-cuda": NUMBA_CUDA, "numba_cuda": NUMBA_CUDA, "numba.cuda": NUMBA_CUDA,
               "mlir": MLIR, "numba-cuda-mlir": MLIR, "numba_cuda_mlir": MLIR}
 
@@ -80,8 +76,7 @@ class Frontend:
         self.PooledManagedMemory = self.derive(pointers.PooledManagedMemory, *managed_bases)
 
     def derive(self, ours: type, *bases: type, **namespace: Any) -> type:
-        """numba_pool's mixin ``ours`` first on this frontend's ``bases`` (its methods win), with the class
-        attribute ``frontend``."""
+        """Mixin ``ours`` first on this frontend's ``bases`` (its methods win), with class attribute ``frontend``."""
         namespace.update(__module__=ours.__module__, __qualname__=ours.__qualname__, __doc__=ours.__doc__,
                          frontend=self)
         return type(ours.__name__, (ours, *bases), namespace)

@@ -1,8 +1,7 @@
-"""One device's CUDA stream-ordered memory pool (CUDA Driver API, "Stream Ordered Memory Allocator"): a private
-one (``cuMemPoolCreate``, optionally capped by ``CUmemPoolProps.maxSize``) or the device's default pool
-(``cuDeviceGetDefaultMemPool``, shared with CuPy's and PyTorch's ``cudaMallocAsync``).  Here: creation,
-attributes, trimming and
-destruction; the allocator calls ``cuMemAllocFromPoolAsync``/``cuMemFreeAsync`` on :attr:`MemPool.handle`."""
+"""One device's CUDA stream-ordered memory pool (CUDA Driver API, "Stream Ordered Memory Allocator"): a private one
+(``cuMemPoolCreate``, capped by ``CUmemPoolProps.maxSize`` if asked) or the device's default
+(``cuDeviceGetDefaultMemPool``, shared with CuPy's and PyTorch's ``cudaMallocAsync``).  Here: creation, attributes,
+trimming, destruction; the allocator calls ``cuMemAllocFromPoolAsync``/``cuMemFreeAsync`` on ``MemPool.handle``."""
 
 from __future__ import annotations
 

@@ -31,8 +31,7 @@ class PoolPointer:
     :param block: the block, or an adaptor's wrapper of it (:meth:`wrap_release`)."""
 
     _block = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
-    #: The id of the capture whose graph allocated this memory (rule 13 of numba_pool.allocator), else 0.
-    captured = 0
+    captured = 0  #: Id of the capture whose graph allocated this memory (rule 13 of numba_pool.allocator), else 0.
 
     def __init__(self, context, pointer, size: int, block):
         # MemoryPointer.__init__'s fields (Note [MemoryPointer's fields set directly]; a CI test checks them).

@@ -137,8 +137,7 @@ def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:
     """Migrate a managed array's memory to a device or the host in stream order (``cuMemPrefetchAsync``, as
     RMM's ``prefetch_resource_adaptor``); otherwise the first touch migrates pages on demand.
 
-    :param array: a managed array (or a view, or its ``ManagedMemory``), any shape and dtype;
-        ``nbytes`` from its first element.
+    :param array: a managed array, view or ``ManagedMemory`` (any shape, dtype); ``nbytes`` from its first element.
     :param device: an ordinal, ``Context`` or ``Device``; None: the current device; ``"cpu"``.
     :param stream: a Numba stream, ``CUstream``, int handle or ``__cuda_stream__``; 0 by default.
     :raises ValueError: when ``array`` is not managed memory, or ``device`` is another string.
@@ -258,9 +257,8 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
 
 
 def snapshot() -> dict:
-    """Every device's memory in the schema of PyTorch's ``torch.cuda.memory._snapshot()``
-    (``segments`` with their ``blocks``, and ``device_traces``); mapping in
-    :mod:`numba_pool.observe.snapshot`.  Frames and traces need :func:`record_history`."""
+    """Every device's memory in ``torch.cuda.memory._snapshot()``'s schema: ``segments`` with ``blocks``,
+    ``device_traces`` (mapping: :mod:`numba_pool.observe.snapshot`); frames, traces need :func:`record_history`."""
     return debugging.snapshot_of(managers())
 
 

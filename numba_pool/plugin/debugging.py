@@ -1,7 +1,6 @@
-"""Memory debugging across the process's managers: snapshots of every device, out-of-memory
-observers and ``NUMBA_POOL_OOM_SNAPSHOT``'s file, and ``NUMBA_POOL_LEAK_REPORT``'s report.  The
-history itself is :mod:`numba_pool.observe.history`'s; the registry of managers comes in as an
-argument, the recording and observers are the process state's."""
+"""Memory debugging across the process's managers: every device's snapshots, out-of-memory observers and
+``NUMBA_POOL_OOM_SNAPSHOT``'s file, ``NUMBA_POOL_LEAK_REPORT``'s report.  The managers' registry is an argument;
+the history itself is :mod:`numba_pool.observe.history`'s, the recording and observers the process state's."""
 
 from __future__ import annotations
 

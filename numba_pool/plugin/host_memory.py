@@ -12,9 +12,8 @@ from .state import process
 
 
 def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bool, wc: bool):
-    """``size`` bytes of page-locked host memory from ``host`` for ``manager``: a
-    ``PinnedMemory``, or with ``mapped`` the owned view of a ``MappedMemory``, whose release
-    gives the block back to the cache (held back inside ``defer_cleanup``).
+    """``size`` bytes of page-locked host memory from ``host`` for ``manager``: a ``PinnedMemory``, or with
+    ``mapped`` a ``MappedMemory``'s owned view; its release returns the block (held back inside ``defer_cleanup``).
 
     :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes."""
     block = host.allocate_block(size, LEGACY, host_flags(mapped, portable, wc))

@@ -22,8 +22,7 @@ class ManagedSource:
     whose release gives it back (held back inside ``defer_cleanup``).
 
     :param manager: the :class:`~numba_pool.plugin.manager.NumbaPoolManager`.
-    :param prefetch_to: the device each new array is prefetched to
-        (``NUMBA_POOL_MANAGED_PREFETCH``), or None."""
+    :param prefetch_to: the device each new array is prefetched to (``NUMBA_POOL_MANAGED_PREFETCH``), or None."""
 
     def __init__(self, manager, cache: HostBlocks, prefetch_to: int | None):
         self._cache = cache
@@ -60,9 +59,8 @@ class ManagedSource:
 def managed_cache(cu, device_id: int, context, config: _config.PoolConfig,
                   deferral=None) -> tuple[HostBlocks | None, str]:
     """The managed cache of a device (blocks from ``cuMemAllocManaged``: Note [Managed blocks are not from a
-    mempool]) and ``""``; or None and why not (switched off, or no concurrent managed access), Numba's
-    ``cuMemAllocManaged`` serving then.  ``deferral``: the manager's ``defer_cleanup`` state, which holds the
-    cache's releases back.
+    mempool]) and ``""``; or None and why not (off, or no concurrent managed access), Numba's ``cuMemAllocManaged``
+    serving.  ``deferral``: the manager's ``defer_cleanup`` state, holding the cache's releases back.
 
     :raises CudaAPIError: when the device attribute cannot be read."""
     why = why_not_served(cu, device_id, config)

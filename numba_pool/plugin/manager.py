@@ -48,18 +48,16 @@ from .state import process
 
 
 class NumbaPoolManager:
-    """EMM plugin: one instance per CUDA context (device and frontend; Note [One class for every
-    frontend]).  Device memory from the mempool; pinned/mapped host memory from the host cache with
-    ``NUMBA_POOL_HOST``; managed memory from the managed cache with ``NUMBA_POOL_MANAGED`` (default)
-    where the device has concurrent managed access; otherwise, and for ``mempin``, Numba's own.
+    """EMM plugin: one instance per CUDA context (device and frontend; Note [One class for every frontend]).
+    Device memory from the mempool; pinned/mapped host memory from the host cache with ``NUMBA_POOL_HOST``; managed
+    memory from the managed cache with ``NUMBA_POOL_MANAGED`` (default) where the device has concurrent managed
+    access; otherwise, and for ``mempin``, Numba's own.  Seams for tests and tools: :attr:`allocator` (None before
+    initialization and after a reset), :attr:`path`, :attr:`host`, :attr:`managed` (:attr:`managed_off_because`
+    when None), :attr:`log`, :attr:`config`.
 
-    :param config: this manager's options (tests, benchmark); None: the process's.
+    :param config: this manager's options (tests, benchmark); None: the process's."""
 
-    Seams for tests and tools: :attr:`allocator` (None before initialization and after a reset), :attr:`path`,
-    :attr:`host`, :attr:`managed` (:attr:`managed_off_because` when None), :attr:`log`, :attr:`config`."""
-
-    #: The frontend whose base classes this class derives from (None on this neutral base).
-    frontend: Frontend | None = None
+    frontend: Frontend | None = None  #: The frontend whose base classes this class derives from (None here).
 
     def __new__(cls, *args, **kwargs):
         if cls is NumbaPoolManager:  # Note [One class for every frontend]
@@ -193,10 +191,9 @@ class NumbaPoolManager:
         return host_memory(self, self.host, size, mapped, portable, wc)
 
     def memallocmanaged(self, size: int, attach_global: bool = True):
-        """``size`` bytes of managed memory, as Numba's ``ManagedMemory``: with ``NUMBA_POOL_MANAGED``,
-        globally attached memory (cuMemAllocManaged) from the managed cache under the host rule (rule 9 of
-        :mod:`numba_pool.allocator`); host-attached, 0 bytes or no concurrent managed access: Numba's
-        (``cuMemAllocManaged``).
+        """``size`` bytes of managed memory as Numba's ``ManagedMemory``: with ``NUMBA_POOL_MANAGED``, globally
+        attached memory from the managed cache under the host rule (rule 9 of :mod:`numba_pool.allocator`);
+        host-attached, 0 bytes or no concurrent managed access: Numba's (both ``cuMemAllocManaged``).
 
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes and its cap."""
         self.initialize()
@@ -225,10 +222,9 @@ class NumbaPoolManager:
                       process.leases)
 
     def reset(self) -> None:
-        """Free every allocation of this context and destroy the private pool (trim a shared one); safe
-        to repeat.  Live device arrays point to freed memory, their releases do nothing (Note
-        [Lifetimes across a reset]); pinned and managed ones stay valid until dropped.  Also
-        ``super().reset()``."""
+        """Free every allocation of this context and destroy the private pool (trim a shared one); safe to repeat.
+        Live device arrays point to freed memory, their releases do nothing (Note [Lifetimes across a reset]);
+        pinned and managed ones stay valid until dropped.  Also ``super().reset()``."""
         _note("reset", self.device_id)
         super().reset()
         if self.host is not None:

@@ -1,6 +1,5 @@
-"""The one place a device's allocation path is composed.
-
-What Numba's ``memalloc(size)`` runs, inside out (RMM's resource adaptors, stacked)::
+"""The one place a device's allocation path is composed: what Numba's ``memalloc(size)`` runs, inside out (RMM's
+resource adaptors, stacked)::
 
     recording adaptor     while numba_pool.record_history() is on                 (observe.history)
     counting adaptor      while a numba_pool.statistics() scope is open anywhere  (observe.scopes)
@@ -11,15 +10,14 @@ Numba's ``memallocmanaged(size, attach_global=True)`` runs the same adaptors on 
 (:class:`~numba_pool.plugin.managed_memory.ManagedSource`, the managed cache) when ``NUMBA_POOL_MANAGED`` is
 on and the device has concurrent managed access; its log rows say ``managed`` in the Kind column.
 
-The block source allocates and gives each pointer its release; an adaptor calls the layer below and puts its
-part in front of that pointer's release (Note [One pointer per allocation]).  No module patches another's
-objects; the manager binds the composed path as its ``memalloc`` (Note [The path is the manager's memalloc] in
-:mod:`numba_pool.plugin.manager`).  IPC leases are not in the path: an export registers a *hold* with the
-device allocator, consulted on the release's slow path only (rule 2).
-
-The path is composed again when an adaptor is switched on or off (the first statistics scope opening or the
-last closing, the history starting or stopping: :meth:`numba_pool.plugin.state.ProcessState.recompose`).  With
-no adaptor on, it is the block source's own ``allocate`` (Note [No frame between Numba and the source])."""
+The block source allocates and gives each pointer its release; an adaptor calls the layer below and puts its part
+in front of that pointer's release (Note [One pointer per allocation]).  No module patches another's objects; the
+manager binds the composed path as its ``memalloc`` (Note [The path is the manager's memalloc] in
+:mod:`numba_pool.plugin.manager`).  IPC leases are not in the path: an export registers a *hold* with the device
+allocator, consulted on the release's slow path only (rule 2).  The path is composed again when an adaptor is
+switched on or off (the first statistics scope opening or the last closing, the history starting or stopping:
+:meth:`numba_pool.plugin.state.ProcessState.recompose`).  With no adaptor on, it is the block source's own
+``allocate`` (Note [No frame between Numba and the source])."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ from ..observe.scopes import CountedAllocations
 
 @dataclass(frozen=True)
 class Path:
-    """A composed allocation path: ``allocate(size)`` (bytes -> pointer) and the names of its
-    layers, outermost first (``("counting", "log", "arena")``); ``allocate_managed(size)``, the
-    managed path through the same adaptors (None: managed memory is Numba's own)."""
+    """A composed path: ``allocate(size)`` (bytes -> pointer), the names of its layers, outermost first
+    (``("counting", "log", "arena")``); ``allocate_managed(size)``: managed path, same adaptors (None: Numba's)."""
 
     allocate: Callable[[int], PoolPointer]
     layers: tuple[str, ...]
@@ -46,9 +43,8 @@ class Path:
 
 @dataclass(frozen=True)
 class Recording:
-    """What the recording adaptor needs besides the allocation it wraps: the ``history``, the
-    ``device`` ordinal, the manager's ``deferral`` (``defer_cleanup``), ``device_free()`` (free
-    bytes, for an ``oom`` entry) and ``on_oom(device, size, error)``."""
+    """The recording adaptor's inputs: ``history``, ``device`` (ordinal), the manager's ``deferral``
+    (``defer_cleanup``), ``device_free()`` (free bytes, for ``oom`` entries), ``on_oom(device, size, error)``."""
 
     history: History
     device: int
@@ -59,9 +55,8 @@ class Recording:
 
 def compose(allocator: DeviceAllocator, *, managed: Callable[[int], PoolPointer] | None = None,
             log: AllocationLog | None = None, counting: bool = False, recording: Recording | None = None) -> Path:
-    """The allocation paths of ``allocator``'s device: its block source (and the managed source ``managed``,
-    when given), each wrapped by the logging adaptor when ``log`` is given, then by the counting adaptor when
-    ``counting``, then by the recording adaptor when ``recording``."""
+    """The allocation paths of ``allocator``'s device: its block source (and managed source ``managed``, if given),
+    each in the logging, counting and recording adaptors, inside out, per ``log``, ``counting``, ``recording``."""
     layers = ["arena" if allocator.arenas else "mempool"]
     layers += ["log"] * (log is not None) + ["counting"] * counting + ["history"] * (recording is not None)
     arena_limit = max((arena.max_block for arena in allocator.arenas), default=-1)

@@ -1,8 +1,8 @@
 """The cuda.core door: :class:`MemoryResource`, a cuda.core ``MemoryResource`` on a device's numba_pool
-allocator (rule 14 of :mod:`numba_pool.allocator`).  :func:`install` puts it on the ``cuda.core.Device``
-that Numba's context keeps, through which Numba's launches copy host arrays (docs/architecture.md, "The
-doors").  cuda.core is imported with this module, which nothing imports before its first use.
-"""
+allocator (rule 14 of :mod:`numba_pool.allocator`), and :class:`PinnedMemoryResource` and
+:class:`ManagedMemoryResource` on its pinned and managed caches (rule 9).  :func:`install` puts the first on
+the ``cuda.core.Device`` that Numba's context keeps, through which Numba's launches copy host arrays
+(docs/architecture.md, "The doors").  cuda.core is imported with this module, first used on demand."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from cuda.bindings import driver as _cu
 from cuda.core import Buffer, Stream
 from cuda.core import MemoryResource as _CoreResource
 
+from ..allocator.host_blocks import PORTABLE
 from ..cuda.streams import LEGACY, as_stream_ref
 from .serving import recorded, release, serving_manager
 
@@ -34,7 +35,7 @@ class MemoryResource(_CoreResource):
         self._device_id = manager.device_id if manager is not None else None if device_id is None else int(device_id)
         self._manager = manager
         self._lock = threading.Lock()  # guards finding the manager
-        self._blocks: dict[int, tuple] = {}  # address -> (Block, its allocator, history record): live; atomic operations
+        self._blocks: dict[int, tuple] = {}  # address -> (Block, its source, history record): live; atomic operations
 
     def allocate(self, size: int, stream=None) -> Buffer:
         """A ``Buffer`` of ``size`` bytes for work on ``stream`` (cuda.core's, Numba's, any ``__cuda_stream__``
@@ -48,9 +49,15 @@ class MemoryResource(_CoreResource):
         size = int(size)
         ref = LEGACY if stream is None else as_stream_ref(stream)
         manager = self._manager_now()
-        block = manager.allocate_block(size, ref)
-        self._blocks[block.address] = (block, manager.allocator, recorded(manager, block, "cuda.core"))
+        block, source = self._take(manager, size, ref)
+        self._blocks[block.address] = (block, source, recorded(manager, block, self._door))
         return Buffer.from_handle(block.address, size, mr=self, stream=_core_stream(stream, ref))
+
+    _door = "cuda.core"  # the history's kind for this door's allocations
+
+    def _take(self, manager, size: int, ref):
+        """``(Block, what deallocates it)`` of ``size`` bytes on stream ``ref``."""
+        return manager.allocate_block(size, ref), manager.allocator
 
     def deallocate(self, ptr, size: int, stream=None) -> None:
         """Give back the buffer at ``ptr`` (``size`` bytes), ordered on ``stream`` (None: its allocation
@@ -58,12 +65,12 @@ class MemoryResource(_CoreResource):
         held = self._blocks.pop(int(ptr), None)
         if held is None:
             return
-        block, allocator, record = held
+        block, source, record = held  # source: the allocator, or the pinned or managed cache
         named = None if stream is None else as_stream_ref(stream)
         if record is None:
-            allocator.deallocate(block, named)
+            source.deallocate(block, named)
         else:
-            release(record, lambda: allocator.deallocate(block, named))
+            release(record, lambda: source.deallocate(block, named))
 
     @property
     def is_device_accessible(self) -> bool:
@@ -90,7 +97,42 @@ class MemoryResource(_CoreResource):
         return manager
 
     def __repr__(self) -> str:
-        return f"numba_pool.MemoryResource(device {self.device_id}, {len(self._blocks)} live buffers)"
+        return f"numba_pool.{type(self).__name__}(device {self.device_id}, {len(self._blocks)} live buffers)"
+
+
+class PinnedMemoryResource(MemoryResource):
+    """cuda.core's ``MemoryResource`` on numba_pool's pinned cache of a device (``NUMBA_POOL_HOST=1``): page-locked
+    host memory (``cuMemHostAlloc``, portable), reachable from the device through unified addressing, handed out
+    again only once the host saw its last use finish (rule 9).  Parameters and errors: :class:`MemoryResource`'s;
+    ``allocate`` raises ``RuntimeError`` when the pinned cache is off."""
+
+    _door = "cuda.core pinned"
+
+    def _take(self, manager, size: int, ref):
+        return _host_block(manager.host, "NUMBA_POOL_HOST is off", PORTABLE, size, ref)
+
+    @property
+    def is_host_accessible(self) -> bool:
+        """True: page-locked host memory."""
+        return True
+
+
+class ManagedMemoryResource(PinnedMemoryResource):
+    """cuda.core's ``MemoryResource`` on numba_pool's managed cache of a device (``cuMemAllocManaged`` blocks, rule 9):
+    host and device reach it at one address.  ``allocate`` raises ``RuntimeError`` when numba_pool does not serve
+    managed memory on the device (``NUMBA_POOL_MANAGED=0``, no concurrent managed access)."""
+
+    _door = "cuda.core managed"
+
+    def _take(self, manager, size: int, ref):
+        return _host_block(manager.managed, manager.managed_off_because, 0, size, ref)
+
+
+def _host_block(cache, off_because: str, flags: int, size: int, ref):
+    # The caller may have no context current (cuda.core's threads): the allocation runs in the cache's owner's.
+    if cache is None:
+        raise RuntimeError(f"numba_pool: no cache serves this memory resource: {off_because}")
+    return cache.owner.call(cache.allocate_block, size, ref, flags), cache
 
 
 def _core_stream(stream, ref):

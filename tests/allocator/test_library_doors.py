@@ -168,3 +168,64 @@ def test_cupys_owner_gives_the_block_back_when_cupy_drops_it(programs, recording
     finally:
         numba_pool.record_history(False)
     assert_clean(p)
+
+
+def _cache_block_used_on_a_named_stream(p, mr, use) -> None:
+    """cuda.core's pinned or managed resource: a buffer allocated on stream A is used on B, deallocated naming
+    B (its last user); A's work is then seen complete, and the next buffer of the size is written by the host
+    at once.  (cuda.core's Buffer itself needs a driver: the resource's own steps are called here.)"""
+    from numba_pool.cuda.streams import LEGACY, StreamRef
+
+    a, b = _stream(p), _stream(p)
+    block, source = mr._take(p.mm, 4096, StreamRef(real_cu.CUstream(a)))
+    source.fences.fence_blocks = 1  # fence at the next allocation (else once 32 wait)
+    mr._blocks[block.address] = (block, source, None)
+    p.model.wait(b, a)
+    use(b, block.address)
+    mr.deallocate(block.address, 4096, b)
+    other, _ = mr._take(p.mm, 8192, LEGACY)  # records the released block's legacy-stream fence
+    for done in (a, LEGACY.value):  # the allocation stream and the fence are seen done; B may not be
+        assert p.model.cuStreamSynchronize(real_cu.CUstream(done))[0] == 0
+    again, _ = mr._take(p.mm, 4096, LEGACY)
+    p.model.host_use(again.address, 4096, "next owner")
+    source.deallocate(again)
+    source.deallocate(other)
+
+
+@pytest.mark.parametrize("kind", ["pinned", "managed"])
+def test_cuda_cores_pinned_and_managed_resources_wait_for_the_named_stream(programs, kind):
+    from numba_pool.allocator.host_blocks import HostBlocks
+    from numba_pool.plugin.resource import ManagedMemoryResource, PinnedMemoryResource
+
+    def use(p):
+        if kind == "pinned":
+            return lambda stream, address: p.model.copy_async(stream, address, 4096, "first")
+        return lambda stream, address: p.model.launch(stream, [(address, 4096, "first")])
+
+    cls = PinnedMemoryResource if kind == "pinned" else ManagedMemoryResource
+    control = programs(arena=False, host=kind == "pinned")
+    _cache_block_used_on_a_named_stream(control, cls(manager=control.mm), use(control))
+    assert_clean(control)
+
+    planted = programs(arena=False, host=kind == "pinned")
+    real = HostBlocks.deallocate
+
+    def forgets(self, block, stream=None):  # planted: the named stream ignored
+        real(self, block, None)
+
+    HostBlocks.deallocate = forgets
+    try:
+        _cache_block_used_on_a_named_stream(planted, cls(manager=planted.mm), use(planted))
+    finally:
+        HostBlocks.deallocate = real
+    assert any("unordered reuse" in v.kind for v in planted.model.violations), planted.model.violations
+    planted.model.violations.clear()
+
+
+def test_cuda_cores_cache_resources_say_why_in_one_line_when_the_cache_is_off(programs):
+    from numba_pool.cuda.streams import LEGACY
+    from numba_pool.plugin.resource import PinnedMemoryResource
+
+    p = programs(arena=False)  # NUMBA_POOL_HOST off: no pinned cache
+    with pytest.raises(RuntimeError, match="no cache serves this memory resource: NUMBA_POOL_HOST is off"):
+        PinnedMemoryResource(manager=p.mm)._take(p.mm, 4096, LEGACY)

@@ -158,6 +158,7 @@ class Program(Waits):
         self._stack.callback(lambda: [w.shutdown() for w in self.workers + [self.bare, self.foreign, self.resetter]])
         self.defer_scopes: list = []  # defer_cleanup blocks open across steps (open_defer)
         self.reliant: list[Family] = []  # dropped inside them unordered: the program syncs before the exit
+        self.used_by_dropped: set[int] = set()  # streams dropped legacy-stream arrays used (destroy_stream)
         self.inject: ResetInjection | None = None  # a reset to run inside the next call (inject_reset)
         self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
         self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
@@ -233,14 +234,19 @@ class Program(Waits):
         driver may give its handle to the next new stream."""
         return any(f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
 
-    def destroy_stream(self, handle: int) -> bool:
-        """Destroy a created stream that no live array needs (legal); False when one does."""
+    def destroy_stream(self, handle: int, synchronize_if_needed: bool = True) -> bool:
+        """Destroy a created stream that no live array needs (legal); False when one does.  Where a dropped
+        legacy-stream array used it, the program synchronizes first (``synchronize_if_needed``): the known
+        hole of tests/allocator/test_destroyed_stream.py."""
         self.release_pending()
         if self.in_use(handle):
             return False
         gc.collect()
         if self.in_use(handle):
             return False
+        if synchronize_if_needed and handle in self.used_by_dropped:
+            self.model.cuCtxSynchronize()
+        self.used_by_dropped.discard(handle)
         del self.streams[handle]
         del self.stream_objects[handle]  # a new stream with this handle gets a new object
         self.model.cuStreamDestroy(real_cu.CUstream(handle))
@@ -447,6 +453,8 @@ class Program(Waits):
             self.reliant.append(family)
         else:
             self._legalize(family, "record" if legalize == "scope" else legalize, thread)
+        if family.stream == LEGACY:  # its release waits for a later legacy fence (test_destroyed_stream.py)
+            self.used_by_dropped.update(stream for stream, _ in family.uses if stream not in (LEGACY, DESTROYED))
         del self.families[family.id]
         holder = [family.refs.pop()]  # the only reference left: dropped in `thread`
         with self.attributed("release", "managed" if family.managed else ""):
