@@ -12,11 +12,9 @@ no stream named: ordered on the allocation stream, as a Numba array's drop is; w
 
 from __future__ import annotations
 
-import numbers
-
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..allocator.host_blocks import host_flags
-from .serving import recorded, release, serving_manager
+from .serving import byte_count, cache_block, recorded, release, serving_manager
 
 
 class _DeviceOwner:
@@ -28,11 +26,7 @@ class _DeviceOwner:
         self.block, self.record = block, record
 
     def __del__(self):  # never raises (rule 8)
-        block = self.block
-        if self.record is None:
-            block.release(block)  # deallocate(block) with no stream named
-        else:
-            release(self.record, lambda: block.release(block))
+        release(self.record, self.block.release, self.block)  # deallocate(block) with no stream named
 
 
 class _PinnedOwner:
@@ -57,7 +51,7 @@ def cupy_allocator(nbytes: int):
     :raises ImportError: CuPy is not importable.
     :raises RuntimeError: numba_pool is not Numba's memory manager on the device.
     :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
-    size = _checked("cupy_allocator", nbytes)
+    size = byte_count(nbytes, "numba_pool.cupy_allocator", "nbytes", positive=False)
     cupy = _cupy("cupy_allocator")
     device_id = cupy.cuda.runtime.getDevice()
     if size == 0:
@@ -78,24 +72,13 @@ def cupy_pinned_allocator(nbytes: int):
     :raises ImportError: CuPy is not importable.
     :raises RuntimeError: numba_pool is not the memory manager, or its pinned cache is off.
     :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes."""
-    size = _checked("cupy_pinned_allocator", nbytes)
+    size = byte_count(nbytes, "numba_pool.cupy_pinned_allocator", "nbytes", positive=False)
     cupy = _cupy("cupy_pinned_allocator")
     manager = serving_manager(cupy.cuda.runtime.getDevice(), "numba_pool.cupy_pinned_allocator")
-    host = manager.host
-    if host is None:
-        raise RuntimeError("numba_pool.cupy_pinned_allocator: numba_pool's pinned cache is off: set "
-                           "NUMBA_POOL_HOST=1 (or install(host=True)) before Numba's first CUDA call")
-    # CuPy may ask before it made any context current (cuMemHostAlloc needs one): the owner's, pushed if so.
-    block = host.owner.call(host.allocate_block, max(size, 1), LEGACY, host_flags(False, True, False))
+    block, host = cache_block(manager.host, "numba_pool.cupy_pinned_allocator: numba_pool's pinned cache is off: "
+                              "set NUMBA_POOL_HOST=1 (or install(host=True)) before Numba's first CUDA call",
+                              max(size, 1), LEGACY, host_flags(False, True, False))
     return cupy.cuda.PinnedMemoryPointer(_PinnedOwner(block, host, size), 0)
-
-
-def _checked(name: str, nbytes) -> int:
-    if type(nbytes) is int and nbytes >= 0:
-        return nbytes
-    if not isinstance(nbytes, numbers.Integral) or isinstance(nbytes, bool) or nbytes < 0:
-        raise ValueError(f"numba_pool.{name}: nbytes must be a non-negative number of bytes, got {nbytes!r}")
-    return int(nbytes)
 
 
 def _cupy(name: str):

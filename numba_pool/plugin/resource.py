@@ -16,7 +16,9 @@ from cuda.core import MemoryResource as _CoreResource
 
 from ..allocator.host_blocks import PORTABLE
 from ..cuda.streams import LEGACY, as_stream_ref
-from .serving import recorded, release, serving_manager
+from .serving import byte_count, cache_block, recorded, release, serving_manager
+
+_OFF = "numba_pool: no cache serves this memory resource: "  # the pinned and managed resources' errors
 
 
 class MemoryResource(_CoreResource):
@@ -43,10 +45,7 @@ class MemoryResource(_CoreResource):
 
         :raises ValueError: ``size`` not a positive int (bytes).
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
-        if type(size) is not int and (not isinstance(size, numbers.Integral) or isinstance(size, bool)) or size <= 0:
-            raise ValueError(f"numba_pool.MemoryResource.allocate: size must be a positive number of bytes, "
-                             f"got {size!r}")
-        size = int(size)
+        size = byte_count(size, "numba_pool.MemoryResource.allocate", "size", positive=True)
         ref = LEGACY if stream is None else as_stream_ref(stream)
         manager = self._manager_now()
         block, source = self._take(manager, size, ref)
@@ -66,11 +65,7 @@ class MemoryResource(_CoreResource):
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
-        named = None if stream is None else as_stream_ref(stream)
-        if record is None:
-            source.deallocate(block, named)
-        else:
-            release(record, lambda: source.deallocate(block, named))
+        release(record, source.deallocate, block, None if stream is None else as_stream_ref(stream))
 
     @property
     def is_device_accessible(self) -> bool:
@@ -109,7 +104,7 @@ class PinnedMemoryResource(MemoryResource):
     _door = "cuda.core pinned"
 
     def _take(self, manager, size: int, ref):
-        return _host_block(manager.host, "NUMBA_POOL_HOST is off", PORTABLE, size, ref)
+        return cache_block(manager.host, f"{_OFF}NUMBA_POOL_HOST is off", size, ref, PORTABLE)
 
     @property
     def is_host_accessible(self) -> bool:
@@ -125,14 +120,7 @@ class ManagedMemoryResource(PinnedMemoryResource):
     _door = "cuda.core managed"
 
     def _take(self, manager, size: int, ref):
-        return _host_block(manager.managed, manager.managed_off_because, 0, size, ref)
-
-
-def _host_block(cache, off_because: str, flags: int, size: int, ref):
-    # The caller may have no context current (cuda.core's threads): the allocation runs in the cache's owner's.
-    if cache is None:
-        raise RuntimeError(f"numba_pool: no cache serves this memory resource: {off_because}")
-    return cache.owner.call(cache.allocate_block, size, ref, flags), cache
+        return cache_block(manager.managed, f"{_OFF}{manager.managed_off_because}", size, ref, 0)
 
 
 def _core_stream(stream, ref):

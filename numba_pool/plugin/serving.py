@@ -1,11 +1,14 @@
-"""What the doors other than Numba's EMM plugin share (the cuda.core memory resource, the CuPy and PyTorch
-allocators): the manager they allocate through (:func:`serving_manager`), and their allocations in the history
-(:func:`recorded`, :func:`release`), tagged with the door's name as their kind (``cuda.core``, ``cupy``,
-``torch``), so that snapshots and the leak report show them beside Numba's."""
+"""What the doors other than Numba's EMM plugin share (the cuda.core memory resources, the CuPy and PyTorch
+allocators): the size check (:func:`byte_count`), the manager they allocate through (:func:`serving_manager`), a
+pinned or managed cache's block (:func:`cache_block`), and their allocations in the history (:func:`recorded`,
+:func:`release`), tagged with the door's name as their kind (``cuda.core``, ``cupy``, ``torch``), so that
+snapshots and the leak report show them beside Numba's."""
 
 from __future__ import annotations
 
+import numbers
 import weakref
+from functools import partial
 from typing import Callable
 
 from ..cuda import frontend as frontends
@@ -52,11 +55,36 @@ def recorded(manager, block, door: str):
     return history, history.allocated(manager.device_id, block.address, block.size, block.stream.value, door, frames)
 
 
-def release(record, deallocate: Callable[[], None]) -> None:
-    """Run ``deallocate`` (the block's release), recording its ``free`` when its allocation was recorded.
+def release(record, deallocate: Callable[..., None], *args) -> None:
+    """Run ``deallocate(*args)`` (the block's release), recording its ``free`` when its allocation was recorded.
     Never raises (a finalizer)."""
     if record is None:
-        deallocate()
+        deallocate(*args)
         return
     history, event = record
-    history.release_recorded(None, event, deallocate)
+    history.release_recorded(None, event, partial(deallocate, *args))
+
+
+def byte_count(value, call: str, name: str, *, positive: bool) -> int:
+    """``value`` as a number of bytes (an int, or another integral number but a bool).
+
+    :raises ValueError: naming ``call``'s argument ``name`` and ``value``, when it is not one, or below 1
+        (``positive``) or 0."""
+    if type(value) is int and value >= positive:
+        return value
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < positive:
+        raise ValueError(f"{call}: {name} must be a {'positive' if positive else 'non-negative'} number of bytes, "
+                         f"got {value!r}")
+    return int(value)
+
+
+def cache_block(cache, unavailable: str, size: int, stream, flags: int):
+    """``(Block, cache)``: ``size`` bytes for work on ``stream`` (a ``StreamRef``) from a pinned or managed
+    cache (``HostBlocks``), allocated in the cache's owner context (a door's library may call with no context
+    current: ``cuMemHostAlloc`` needs one).
+
+    :raises RuntimeError: ``unavailable``, when the cache is off (None).
+    :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes."""
+    if cache is None:
+        raise RuntimeError(unavailable)
+    return cache.owner.call(cache.allocate_block, size, stream, flags), cache

@@ -51,10 +51,7 @@ class TorchDoor:
             block, allocator, record = held
             handle = stream or 0
             named = None if handle == block.stream.value else as_stream_ref(handle)
-            if record is None:
-                allocator.deallocate(block, named)
-            else:
-                release(record, lambda: allocator.deallocate(block, named))
+            release(record, allocator.deallocate, block, named)
 
 
 def torch_allocator():

@@ -296,12 +296,8 @@ class Program(Waits):
         def body():
             with self.using_stream(stream):
                 return self.mm.memallocmanaged(size, True)
-        try:
-            with self.attributed("allocation", "managed"):
-                pointer = self.run(thread, body)
-        except CudaAPIError as err:
-            assert err.code == OOM and "out of managed memory allocating" in str(err), str(err)
-            self.operations += 1
+        pointer = self._allocated(thread, body, "managed", "out of managed memory allocating")
+        if pointer is None:
             return None
         family = self._track(pointer, size, stream if stream is not None else LEGACY)
         family.managed = True
@@ -320,17 +316,24 @@ class Program(Waits):
         def body():
             block = self.mm.allocate_block(size, ref)
             return DoorBuffer(block, self.mm.allocator, ref)
-        try:
-            with self.attributed("allocation", "door"):
-                buffer = self.run(thread, body)
-        except CudaAPIError as err:
-            assert err.code == OOM and "out of memory allocating" in str(err), str(err)
-            self.operations += 1
+        buffer = self._allocated(thread, body, "door", "out of memory allocating")
+        if buffer is None:
             return None
         self.operations += 1
         family = self._track(buffer, size, handle)
         family.door = True
         return family
+
+    def _allocated(self, thread: int, body, kind: str, says: str):
+        """``body()`` run in host thread ``thread``, attributed to an allocation of ``kind``; None when it ran out
+        of memory, whose error must be numba_pool's, saying ``says``."""
+        try:
+            with self.attributed("allocation", kind):
+                return self.run(thread, body)
+        except CudaAPIError as err:
+            assert err.code == OOM and says in str(err), str(err)
+            self.operations += 1
+            return None
 
     @staticmethod
     def deallocation_stream(family: Family) -> int:

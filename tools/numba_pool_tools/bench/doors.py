@@ -113,7 +113,7 @@ def measure_torch(rounds: int, pairs: int) -> dict:
     names = ["numba_pool", OWN["torch"], "RMM pool"]
     out = {size: {name: [] for name in names} for size in SIZES}
     for turn in range(TURNS):
-        for name in names[turn % 3:] + names[:turn % 3]:
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
             child = subprocess.run([sys.executable, "-m", "numba_pool_tools.bench.doors", "--torch-child", name, "--rounds", str(rounds),
                                     "--pairs", str(pairs)], capture_output=True, text=True, timeout=300,
                                    env={**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
