@@ -39,7 +39,8 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
    for nothing, from a pool that never makes an allocation wait for another stream (internal dependencies
    off).  A released block may still be used on any blocking stream, so it waits (:class:`.release.Pending`:
    the arena's *quarantine*, the mempool blocks') until an allocation records a *fence* for the batch, a
-   legacy-stream event after all earlier work of every blocking stream (and of the ``record_stream`` streams);
+   legacy-stream event after all earlier work of every blocking stream, also one destroyed meanwhile (measured:
+   docs/perf-notes.md, "A destroyed stream and the legacy stream"), and of the ``record_stream`` streams;
    the batch is reused (or freed to the mempool on the private stream) once the host has seen it complete
    (``cuEventQuery``).  **The snapshot comes before the fence**: a fence covers only the blocks taken before
    it was recorded; barriers that synchronize (trim, out of memory, reset) snapshot first too.

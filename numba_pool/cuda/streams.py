@@ -24,10 +24,11 @@ class StreamRef:
 
     __slots__ = ("handle", "owner", "value", "key", "thread", "scratch")
 
-    def __init__(self, handle: cu.CUstream, owner: Any = None, *, key: Any = None, scratch: Any = None):
+    def __init__(self, handle: cu.CUstream, owner: Any = None, *, key: Any = None, scratch: Any = None,
+                 value: int | None = None):
         self.handle = handle
         self.owner = owner
-        self.value = int(handle)  # the handle as an int (the allocation log's Stream column)
+        self.value = int(handle) if value is None else value  # the handle as an int (the log's Stream column)
         self.key = key
         self.thread = threading.get_ident() if self.value == _PER_THREAD else None
         self.scratch = scratch  # the numba_pool.scratch block this thread bump-allocates from
@@ -61,23 +62,23 @@ def as_stream_ref(stream: Any) -> StreamRef:
     :raises TypeError: for anything else, naming its type."""
     if isinstance(stream, StreamRef):
         return stream
-    if isinstance(stream, cu.CUstream):
-        handle, owner = stream, stream
+    protocol = getattr(stream, "__cuda_stream__", None)  # first: cuda.core's ``handle`` makes a CUstream a call
+    if protocol is not None:
+        value = int((protocol() if callable(protocol) else protocol)[1])
+        handle, owner = None, stream
+    elif isinstance(stream, cu.CUstream):
+        value, handle, owner = int(stream), stream, stream
     elif isinstance(stream, int) and not isinstance(stream, bool):
-        handle, owner = cu.CUstream(stream), None
-    elif isinstance(getattr(stream, "handle", None), cu.CUstream):  # numba.cuda.cudadrv.driver.Stream
-        handle, owner = stream.handle, stream
-    elif getattr(stream, "__cuda_stream__", None) is not None:
-        protocol = stream.__cuda_stream__
-        info = protocol() if callable(protocol) else protocol
-        handle, owner = cu.CUstream(int(info[1])), stream
+        value, handle, owner = stream, None, None
+    elif isinstance(getattr(stream, "handle", None), cu.CUstream):  # a Numba stream without __cuda_stream__
+        value, handle, owner = int(stream.handle), stream.handle, stream
     else:
         raise TypeError(
             f"numba_pool: {type(stream).__name__} is not a CUDA stream: expected a Numba stream, a "
             "CUstream, an int handle or an object with __cuda_stream__")
-    if int(handle) in _LEGACY_HANDLES:
+    if value in _LEGACY_HANDLES:
         return LEGACY
-    return StreamRef(handle, owner)
+    return StreamRef(cu.CUstream(value) if handle is None else handle, owner, value=value)
 
 
 class _ThreadState(threading.local):

@@ -12,6 +12,8 @@ no stream named: ordered on the allocation stream, as a Numba array's drop is; w
 
 from __future__ import annotations
 
+import sys
+
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..allocator.host_blocks import host_flags
 from .serving import byte_count, cache_block, recorded, release, serving_manager
@@ -52,7 +54,7 @@ def cupy_allocator(nbytes: int):
     :raises RuntimeError: numba_pool is not Numba's memory manager on the device.
     :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
     size = byte_count(nbytes, "numba_pool.cupy_allocator", "nbytes", positive=False)
-    cupy = _cupy("cupy_allocator")
+    cupy = sys.modules.get("cupy") or _cupy("cupy_allocator")
     device_id = cupy.cuda.runtime.getDevice()
     if size == 0:
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device_id), 0)

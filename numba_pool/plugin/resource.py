@@ -65,7 +65,8 @@ class MemoryResource(_CoreResource):
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
-        release(record, source.deallocate, block, None if stream is None else as_stream_ref(stream))
+        named = None if stream is None or stream is block.stream.owner else as_stream_ref(stream)
+        release(record, source.deallocate, block, named)
 
     @property
     def is_device_accessible(self) -> bool:
@@ -125,7 +126,7 @@ class ManagedMemoryResource(PinnedMemoryResource):
 
 def _core_stream(stream, ref):
     # The Buffer's deallocation stream: cuda.core's own object where given one, else one naming the handle.
-    if isinstance(stream, Stream) or type(stream).__name__ == "GraphBuilder":
+    if type(stream) is Stream or isinstance(stream, Stream) or type(stream).__name__ == "GraphBuilder":
         return stream
     return Stream.from_handle(int(_cu.CU_STREAM_LEGACY) if ref is LEGACY else ref.value)
 

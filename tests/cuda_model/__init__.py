@@ -44,9 +44,11 @@ What is deliberately conservative (stricter than the driver), and why
 * Synchronizing one stream teaches the host only about that stream's work and what it was
   ordered after; synchronizing the legacy stream is not assumed to wait for blocking streams
   unless an operation on it did.
-* Work left on a destroyed stream still runs (its operations stay in the relation), but by
-  default later legacy-stream operations are *not* assumed to wait for it (the driver documents
-  no such ordering); ``CudaModel(legacy_waits_for_destroyed=True)`` assumes they do.
+* Work left on a destroyed stream still runs (its operations stay in the relation), and later
+  legacy-stream operations wait for it when it was a blocking stream, as the driver does
+  (measured: docs/perf-notes.md, "A destroyed stream and the legacy stream"; its documentation
+  says only that the stream's resources go once its work is done);
+  ``CudaModel(legacy_waits_for_destroyed=False)`` assumes they do not.
 * A handle reused for a new stream is a new stream: nothing on it is ordered after the old
   stream's work.
 

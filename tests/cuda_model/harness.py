@@ -107,6 +107,7 @@ class Program(Waits):
         default), to reach its out of memory.
     :param managed_release_threshold: cached managed bytes kept (beyond them, complete blocks go
         back to the driver, whose next cuMemAllocManaged may return them at once).
+    :param legacy_waits_for_destroyed: the model's (:class:`~cuda_model.model.CudaModel`).
     """
 
     def __init__(self, *, arena: bool, threads: int = 1, max_size: int | None = None,
@@ -114,13 +115,14 @@ class Program(Waits):
                  host: bool = False, host_max_size: int | None = None,
                  host_release_threshold: int | None = None, host_total: int = 1 << 30,
                  adaptors: bool = False, frontend: str | None = None, managed_max_size: int | None = None,
-                 managed_release_threshold: int | None = None):
+                 managed_release_threshold: int | None = None, legacy_waits_for_destroyed: bool = True):
         # Numba's import leaves a large heap that every full collection scans (about 60 ms
         # each): freeze it, so that the collections the programs run (the collector freeing
         # cycles is one of the fuzzed actions) scan only the objects the tests create.
         gc.collect()
         gc.freeze()
-        self.model = CudaModel(device_total=device_total, host_total=host_total)
+        self.model = CudaModel(device_total=device_total, host_total=host_total,
+                               legacy_waits_for_destroyed=legacy_waits_for_destroyed)
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(driver.use(self.model))
         options = {"arena": arena, "arena_max_block": 4096, "arena_slab_size": 16384}
@@ -158,7 +160,6 @@ class Program(Waits):
         self._stack.callback(lambda: [w.shutdown() for w in self.workers + [self.bare, self.foreign, self.resetter]])
         self.defer_scopes: list = []  # defer_cleanup blocks open across steps (open_defer)
         self.reliant: list[Family] = []  # dropped inside them unordered: the program syncs before the exit
-        self.used_by_dropped: set[int] = set()  # streams dropped legacy-stream arrays used (destroy_stream)
         self.inject: ResetInjection | None = None  # a reset to run inside the next call (inject_reset)
         self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
         self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
@@ -234,19 +235,14 @@ class Program(Waits):
         driver may give its handle to the next new stream."""
         return any(f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
 
-    def destroy_stream(self, handle: int, synchronize_if_needed: bool = True) -> bool:
-        """Destroy a created stream that no live array needs (legal); False when one does.  Where a dropped
-        legacy-stream array used it, the program synchronizes first (``synchronize_if_needed``): the known
-        hole of tests/allocator/test_destroyed_stream.py."""
+    def destroy_stream(self, handle: int) -> bool:
+        """Destroy a created stream that no live array needs (legal); False when one does."""
         self.release_pending()
         if self.in_use(handle):
             return False
         gc.collect()
         if self.in_use(handle):
             return False
-        if synchronize_if_needed and handle in self.used_by_dropped:
-            self.model.cuCtxSynchronize()
-        self.used_by_dropped.discard(handle)
         del self.streams[handle]
         del self.stream_objects[handle]  # a new stream with this handle gets a new object
         self.model.cuStreamDestroy(real_cu.CUstream(handle))
@@ -456,8 +452,6 @@ class Program(Waits):
             self.reliant.append(family)
         else:
             self._legalize(family, "record" if legalize == "scope" else legalize, thread)
-        if family.stream == LEGACY:  # its release waits for a later legacy fence (test_destroyed_stream.py)
-            self.used_by_dropped.update(stream for stream, _ in family.uses if stream not in (LEGACY, DESTROYED))
         del self.families[family.id]
         holder = [family.refs.pop()]  # the only reference left: dropped in `thread`
         with self.attributed("release", "managed" if family.managed else ""):

@@ -165,3 +165,47 @@ print(json.dumps({{"errors": errors}}))
     report = replay(parsed, slab_size=4 << 20, max_block=64 << 10)
     print(f"\nlog: {report.operations} operations replayed, {report.fragmentation:.4f}")
     assert report.operations == 4 * 300 * 5 * 2  # every allocation and its free
+
+
+def test_a_blocking_stream_destroyed_before_the_fence_still_orders_the_reuse():
+    """A default-stream array used on a blocking stream and dropped waits for a legacy-stream fence
+    (rule 4); the stream is destroyed before that fence is recorded.  The driver orders the fence
+    after the destroyed stream's remaining work (measured: docs/perf-notes.md, "A destroyed stream
+    and the legacy stream"), so the block is reused only once the reader is done, even by a
+    non-blocking stream's fill: the reader sees no poison.  Planted (the fence taken as complete at
+    once, ``PLANT_FENCE_DONE=1``): the reader sees the fill's poison."""
+    import os
+    from cuda.bindings import driver as cu
+
+    from gpu_helpers import POISON, read_after_delay
+
+    n = (16 << 20) // 4  # above the arena's largest block: the mempool's legacy path in both modes
+    fences = cuda.current_context().memory_manager.allocator.mempool_blocks.fences
+    saved = fences.fence_blocks, fences._query
+    if os.environ.get("PLANT_FENCE_DONE") == "1":
+        fences._query = lambda event: (cu.CUresult.CUDA_SUCCESS,)
+    hits = cuda.to_device(np.zeros(1, dtype=np.int64))
+    reused = 0
+    try:
+        with non_blocking_stream() as filler:
+            for _ in range(6):
+                handle = cu.cuStreamCreate(0)[1]  # blocking: ordered with the legacy stream
+                fences.fence_blocks = 1 << 20  # the drop's fence waits until after the destroy
+                a = cuda.device_array(n, dtype=np.float32)
+                fill_kernel[blocks(n), THREADS](a, np.float32(1.0))
+                cuda.synchronize()
+                read_after_delay[32, THREADS, cuda.external_stream(int(handle))](a, POISON, 20000, hits)
+                address = a.device_ctypes_pointer.value
+                del a
+                gc.collect()
+                assert cu.cuStreamDestroy(handle)[0] == cu.CUresult.CUDA_SUCCESS
+                fences.fence_blocks = 1
+                b = cuda.device_array(n // 2, dtype=np.float32)  # records the fence, after the destroy
+                c = cuda.device_array(n, dtype=np.float32)  # A's block once the fence completed
+                reused += c.device_ctypes_pointer.value == address
+                fill_kernel[blocks(n), THREADS, filler](c, POISON)
+                cuda.synchronize()
+                del b, c
+    finally:
+        fences.fence_blocks, fences._query = saved
+    assert int(hits.copy_to_host()[0]) == 0, f"reused {reused} of 6 times while the reader ran"
