@@ -1,6 +1,7 @@
 """The allocation log: every allocate and free in RMM's logging format (CSV).  Header
 ``Thread,Time,Action,Pointer,Size,Stream,Kind``: RMM's six columns (which RMM's readers take unchanged), then the
-memory's kind (``device``, ``managed``, ``graph`` for a capture's allocation node); actions ``allocate``, ``free``,
+memory's kind (``device``, ``managed``, ``graph`` for a capture's allocation node; device memory allocated through
+another door names it: ``cuda.core``, ``cupy``, ``torch``); actions ``allocate``, ``free``,
 ``allocate failure``; pointer and stream in hex; time as RMM's ``logging_resource_adaptor`` writes it
 (``%H:%M:%S.%f``).  Rows are buffered, written when the buffer fills, at :meth:`AllocationLog.flush` (``reset``
 calls it) and at exit.  The logging adaptor (:class:`LoggedAllocations`) is in the path only while a log is set."""
@@ -21,7 +22,9 @@ from ..cuda.streams import per_thread
 HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream", "Kind")
 ACTIONS = ("allocate", "free", "allocate failure")
 #: Kind values: device (Numba's ``memalloc``), managed (``memallocmanaged``), graph (``memalloc`` while capturing).
-KINDS = ("device", "managed", "graph")
+#: Device memory through the doors other than Numba's (numba_pool.MemoryResource, cupy_allocator, torch_allocator).
+DOOR_KINDS = ("cuda.core", "cupy", "torch")
+KINDS = ("device", "managed", "graph") + DOOR_KINDS
 GRAPH = "graph"
 #: Rows buffered before they are written.
 FLUSH_EVERY = 4096

@@ -16,7 +16,8 @@ from cuda.core import MemoryResource as _CoreResource
 
 from ..allocator.host_blocks import PORTABLE
 from ..cuda.streams import LEGACY, as_stream_ref
-from .serving import byte_count, cache_block, recorded, release, serving_manager
+from ..cuda.errors import CudaAPIError
+from .serving import byte_count, cache_block, recorded, refused, release, serving_manager
 
 _OFF = "numba_pool: no cache serves this memory resource: "  # the pinned and managed resources' errors
 
@@ -48,7 +49,11 @@ class MemoryResource(_CoreResource):
         size = byte_count(size, "numba_pool.MemoryResource.allocate", "size", positive=True)
         ref = LEGACY if stream is None else as_stream_ref(stream)
         manager = self._manager_now()
-        block, source = self._take(manager, size, ref)
+        try:
+            block, source = self._take(manager, size, ref)
+        except CudaAPIError:
+            refused(manager, size, ref, self._door)
+            raise
         self._blocks[block.address] = (block, source, recorded(manager, block, self._door))
         return Buffer.from_handle(block.address, size, mr=self, stream=_core_stream(stream, ref))
 

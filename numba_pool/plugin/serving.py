@@ -45,24 +45,54 @@ def _find(device_id: int, door: str):
     return manager
 
 
+#: The allocation log's Kind for a door's rows (:data:`numba_pool.observe.alloclog.KINDS`); None: not logged
+#: (pinned memory, as Numba's own pinned arrays).  Device memory's rows name the door.
+_LOG_KIND = {"cuda.core pinned": None, "cuda.core managed": "managed"}
+
+
 def recorded(manager, block, door: str):
-    """``(history, event)`` of ``block``'s allocation through ``door`` while :func:`numba_pool.record_history`
-    records (its stack from the door's caller), else None: one attribute load when off."""
-    history = process.recording
-    if history is None:
+    """What the release of ``block``, allocated through ``door``, must observe: None when neither
+    :func:`numba_pool.record_history` records nor ``NUMBA_POOL_LOG`` logs (two attribute loads), else
+    ``((history, event) or None, log row or None)``, the allocation recorded (its stack from the door's caller)
+    and logged."""
+    history, log = process.recording, manager.log
+    if history is None and log is None:
         return None
-    frames = history.capture(3)  # above capture, recorded and the door's allocate: from its caller
-    return history, history.allocated(manager.device_id, block.address, block.size, block.stream.value, door, frames)
+    event = None
+    if history is not None:
+        frames = history.capture(3)  # above capture, recorded and the door's allocate: from its caller
+        event = history, history.allocated(manager.device_id, block.address, block.size, block.stream.value, door,
+                                           frames)
+    kind = _LOG_KIND.get(door, door)
+    if log is None or kind is None:
+        return event, None
+    row = (block.address, block.size, block.stream.value, kind)
+    log.allocate(*row)
+    return event, (log, row)
+
+
+def refused(manager, size: int, stream, door: str) -> None:
+    """Log an ``allocate failure`` row of ``size`` bytes on ``stream`` (a ``StreamRef``) through ``door``."""
+    kind = _LOG_KIND.get(door, door)
+    if manager.log is not None and kind is not None:
+        manager.log.failure(size, stream.value, kind)
 
 
 def release(record, deallocate: Callable[..., None], *args) -> None:
-    """Run ``deallocate(*args)`` (the block's release), recording its ``free`` when its allocation was recorded.
-    Never raises (a finalizer)."""
+    """Run ``deallocate(*args)`` (the block's release), logging its ``free`` row first and recording its ``free``
+    event when its allocation was (``record``: :func:`recorded`'s).  Never raises (a finalizer)."""
     if record is None:
         deallocate(*args)
         return
-    history, event = record
-    history.release_recorded(None, event, partial(deallocate, *args))
+    event, logged = record
+    if logged is not None:
+        log, row = logged
+        log.free(*row)
+    if event is None:
+        deallocate(*args)
+        return
+    history, alloc = event
+    history.release_recorded(None, alloc, partial(deallocate, *args))
 
 
 def byte_count(value, call: str, name: str, *, positive: bool) -> int:

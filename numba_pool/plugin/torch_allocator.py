@@ -15,7 +15,8 @@ import ctypes
 import sys
 
 from ..cuda.streams import LEGACY, as_stream_ref
-from .serving import recorded, release, serving_manager
+from ..cuda.errors import CudaAPIError
+from .serving import recorded, refused, release, serving_manager
 from .state import process
 
 _MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
@@ -36,10 +37,14 @@ class TorchDoor:
     def _malloc(self, size: int, device: int, stream) -> int | None:
         if size == 0:
             return None
+        manager = None
         try:
             manager = serving_manager(device, "numba_pool.torch_allocator")
-            block = manager.allocate_block(size, LEGACY if not stream else as_stream_ref(int(stream)))
+            ref = LEGACY if not stream else as_stream_ref(int(stream))
+            block = manager.allocate_block(size, ref)
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
+            if isinstance(err, CudaAPIError):
+                refused(manager, size, ref, "torch")
             print(f"numba_pool.torch_allocator: {err}", file=sys.stderr)
             return None
         self._blocks[block.address] = (block, manager.allocator, recorded(manager, block, "torch"))

@@ -229,3 +229,33 @@ def test_cuda_cores_cache_resources_say_why_in_one_line_when_the_cache_is_off(pr
     p = programs(arena=False)  # NUMBA_POOL_HOST off: no pinned cache
     with pytest.raises(RuntimeError, match="no cache serves this memory resource: NUMBA_POOL_HOST is off"):
         PinnedMemoryResource(manager=p.mm)._take(p.mm, 4096, LEGACY)
+
+
+def test_a_door_allocation_is_logged_with_its_door_and_replays_as_device_memory(programs, monkeypatch, tmp_path):
+    # Issue 35, item 5: NUMBA_POOL_LOG's rows for a door's allocation, free and failure name the door in the Kind
+    # column; the replay tool reads them as device memory.
+    import csv
+
+    from numba_pool.observe.alloclog import AllocationLog
+    from numba_pool_tools.replay.log import read_log
+
+    p = programs(arena=False, max_size=1 << 20)
+    path = tmp_path / "doors.csv"
+    p.mm.log = AllocationLog(str(path))
+    try:
+        door = _door(p, monkeypatch)
+        ptr = door._malloc(4096, 0, 0)
+        door._free(ptr, 4096, 0, 0)
+        assert door._malloc(8 << 20, 0, 0) is None  # out of memory: a failure row
+        p.mm.log.flush()
+    finally:
+        p.mm.log.close()
+        p.mm.log = None
+    with path.open() as f:
+        rows = list(csv.reader(f))[1:]
+    assert [(r[2], r[3], r[4], r[6]) for r in rows] == [
+        ("allocate", f"{ptr:#x}", "4096", "torch"), ("free", f"{ptr:#x}", "4096", "torch"),
+        ("allocate failure", "0x0", str(8 << 20), "torch")]
+    parsed = read_log(path)
+    assert (len(parsed.operations), parsed.allocations, parsed.failures, parsed.managed) == (2, 1, 1, 0)
+    assert_clean(p)

@@ -87,8 +87,12 @@ def trial(record):
     s1.synchronize(); s2.synchronize()
     return reused, int(wrong.copy_to_host()[0])
 
-print(json.dumps({"recorded": trial(True), "planted": trial(False)}))
+out = {"recorded": trial(True), "planted": trial(False)}
+cupy.cuda.set_allocator(cupy.cuda.MemoryPool().malloc)  # for comparison: CuPy's own pool, as CuPy documents it
+out["cupy's MemoryPool"] = trial(False)
+print(json.dumps(out))
 """, ENV)
+    print(f"(reused, corrupted) of 8: {facts}")
     assert facts["recorded"][1] == 0, facts
     assert facts["planted"][0] > 0 and facts["planted"][1] > 0, facts  # the experiment sees a missed wait
 
@@ -142,3 +146,117 @@ print(json.dumps({"during": during, "ok": ok, "v": v, "after": numba_pool.stats(
 """, ENV)
     assert facts["during"] >= 4 << 20 and facts["ok"] and facts["v"] == 2000.0, facts
     assert facts["after"] == 0, facts
+
+
+TORCH_RACE = PRELUDE + """
+import torch
+which = sys.argv[1] if len(sys.argv) > 1 else "{which}"
+if which == "numba_pool":
+    torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
+s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+n = 1 << 16
+
+def trial(record):
+    wrong = cuda.to_device(np.zeros(1, dtype=np.int64))
+    reused = 0
+    for _ in range(8):
+        with torch.cuda.stream(s1):
+            a = torch.full((n,), 7.0, device="cuda")
+        s2.wait_stream(s1)
+        read_after_delay[32, THREADS, cuda.external_stream(s2.cuda_stream)](cuda.as_cuda_array(a), POISON, 2000, wrong)
+        if record:  # the documented use: PyTorch's own, or numba_pool's (Tensor.record_stream calls no allocator)
+            numba_pool.record_stream(a, s2.cuda_stream) if which == "numba_pool" else a.record_stream(s2)
+        address = a.data_ptr()
+        del a
+        with torch.cuda.stream(s1):
+            b = torch.full((n,), float(POISON), device="cuda")
+        reused += b.data_ptr() == address
+        del b
+    torch.cuda.synchronize()
+    return reused, int(wrong.copy_to_host()[0])
+
+print(json.dumps({"recorded": trial(True), "planted": trial(False)}))
+"""
+
+
+@needs_torch
+@pytest.mark.parametrize("which", ["numba_pool", "caching allocator"])
+def test_a_torch_block_used_on_another_stream_waits_for_it(which):
+    # As the CuPy test, with PyTorch's streams and tensors: with the documented record_stream the reader sees
+    # no POISON; without it (planted) it does.  PyTorch's own caching allocator runs the same program.
+    facts = run_json(TORCH_RACE.replace("{which}", which), ENV)
+    print(f"{which}: (reused, corrupted) of 8: {facts}")
+    assert facts["recorded"][1] == 0, facts
+    if which == "numba_pool":
+        assert facts["planted"][0] > 0 and facts["planted"][1] > 0, facts
+
+
+MIXED = PRELUDE + """
+import pickle, subprocess
+import cupy, torch
+cupy.cuda.set_allocator(numba_pool.cupy_allocator)
+torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
+cuda.current_context()
+numba_pool.record_history()
+before = numba_pool.stats()
+n = 1 << 16
+x = cuda.device_array(n, dtype=np.float32)  # site: numba
+fill_kernel[blocks(n), THREADS](x, np.float32(2.0))
+h = np.zeros(n, dtype=np.float32)
+fill_kernel[blocks(n), THREADS](h, np.float32(3.0))  # site: cuda.core
+c = cupy.arange(n, dtype=cupy.float32) * 2  # site: cupy
+t = torch.ones(n, device="cuda") + torch.as_tensor(x, device="cuda")  # site: torch
+cuda.synchronize()
+ok = {"numba": bool((x.copy_to_host() == 2).all()), "host": bool((h == 3).all()),
+      "cupy": bool((c == cupy.arange(n, dtype=cupy.float32) * 2).all()), "torch": bool((t == 3).all())}
+after = numba_pool.stats()
+snap = numba_pool.snapshot()
+traces = snap["device_traces"][cuda.get_current_device().id]
+allocs = [e for e in traces if e["action"] == "alloc"]
+live = numba_pool.live_allocations(None)
+by_kind = {}
+for _site, nbytes, _dev, _addr, kind in live:
+    by_kind[kind] = by_kind.get(kind, 0) + nbytes
+sites = {}
+for e in allocs:
+    sites.setdefault(e["kind"], set()).update((f["filename"], f["line"]) for f in e["frames"])
+numba_pool.dump_snapshot(sys.argv[1])
+viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "trace", sys.argv[1]], capture_output=True, text=True)
+print(json.dumps({
+    "ok": ok, "allocations": after.total_allocations - before.total_allocations, "alloc_events": len(allocs),
+    "in_use": after.bytes_in_use - before.bytes_in_use, "live_bytes": sum(by_kind.values()), "by_kind": by_kind,
+    "cupy_bytes": c.data.mem.size, "torch_bytes": t.untyped_storage().nbytes(), "numba_bytes": x.nbytes,
+    "sites": {k: sorted(v) for k, v in sites.items()}, "viz_rc": viz.returncode, "viz_err": viz.stderr[-500:],
+    "viz_lines": len(viz.stdout.splitlines())}))
+"""
+
+
+@needs_cupy
+@needs_torch
+def test_one_program_with_every_door_counts_and_names_each_librarys_allocations(tmp_path):
+    # Issue 35's mixed program: Numba kernels on Numba arrays and on host arrays (cuda.core's door), CuPy and
+    # PyTorch operations, every door installed: the results are right, stats() counts every allocation the
+    # history saw (and the bytes live), each library's live bytes are its objects', the snapshot names the
+    # program's line of each library's allocation, and PyTorch's viewer reads it.
+    program = tmp_path / "mixed.py"
+    program.write_text(MIXED)
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, str(program), str(tmp_path / "mixed.pickle")], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **ENV})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    facts = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    print({k: v for k, v in facts.items() if k != "sites"})
+    assert all(facts["ok"].values()), facts["ok"]
+    assert facts["allocations"] == facts["alloc_events"] > 0, facts
+    assert facts["in_use"] == facts["live_bytes"], facts
+    assert facts["by_kind"].get("cupy") == facts["cupy_bytes"], facts
+    assert facts["by_kind"].get("torch") == facts["torch_bytes"], facts
+    assert facts["by_kind"].get("device", 0) >= facts["numba_bytes"], facts
+    lines = MIXED.splitlines()
+    for kind in ("cuda.core", "cupy", "torch"):
+        line = 1 + next(i for i, text in enumerate(lines) if text.endswith(f"# site: {kind}"))
+        assert [str(program), line] in facts["sites"].get(kind, []), (kind, line, facts["sites"].get(kind))
+    numba_line = 1 + next(i for i, text in enumerate(lines) if text.endswith("# site: numba"))
+    assert any([str(program), numba_line] in v for v in facts["sites"].values()), facts["sites"]
+    assert facts["viz_rc"] == 0 and facts["viz_lines"] > 0, facts["viz_err"]

@@ -1,6 +1,7 @@
 """Reading an allocation log: RMM's logging format (what RMM's ``logging_resource_adaptor``
 writes: pointers and streams in hex with or without ``0x``), or ``NUMBA_POOL_LOG``'s, which adds
-a seventh column, Kind (``device``, ``managed`` or ``graph``); plain or gzip, validated line by line, held
+a seventh column, Kind (``device``, ``managed`` or ``graph``; device memory through numba_pool's other doors
+names the door, ``cuda.core``, ``cupy`` or ``torch``, and replays as ``device``); plain or gzip, validated line by line, held
 as compact columns (:class:`Operations`).  Replay is of device memory through the arena:
 managed rows are read, checked and counted (:attr:`ParsedLog.managed`), not replayed; nor are
 ``graph`` rows (allocation nodes of CUDA graphs, :attr:`ParsedLog.graph`).
