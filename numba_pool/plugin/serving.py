@@ -45,9 +45,12 @@ def _find(device_id: int, door: str):
     return manager
 
 
-#: The allocation log's Kind for a door's rows (:data:`numba_pool.observe.alloclog.KINDS`); None: not logged
-#: (pinned memory, as Numba's own pinned arrays).  Device memory's rows name the door.
-_LOG_KIND = {"cuda.core pinned": None, "cuda.core managed": "managed"}
+def _log_kind(door: str) -> str | None:
+    """The allocation log's Kind for ``door``'s rows (:data:`numba_pool.observe.alloclog.KINDS`): device memory's
+    name the door; None: not logged (pinned memory, as Numba's own pinned arrays)."""
+    if door == "cuda.core managed":
+        return "managed"
+    return None if door == "cuda.core pinned" else door
 
 
 def recorded(manager, block, door: str):
@@ -63,7 +66,7 @@ def recorded(manager, block, door: str):
         frames = history.capture(3)  # above capture, recorded and the door's allocate: from its caller
         event = history, history.allocated(manager.device_id, block.address, block.size, block.stream.value, door,
                                            frames)
-    kind = _LOG_KIND.get(door, door)
+    kind = _log_kind(door)
     if log is None or kind is None:
         return event, None
     row = (block.address, block.size, block.stream.value, kind)
@@ -73,7 +76,7 @@ def recorded(manager, block, door: str):
 
 def refused(manager, size: int, stream, door: str) -> None:
     """Log an ``allocate failure`` row of ``size`` bytes on ``stream`` (a ``StreamRef``) through ``door``."""
-    kind = _LOG_KIND.get(door, door)
+    kind = _log_kind(door)
     if manager.log is not None and kind is not None:
         manager.log.failure(size, stream.value, kind)
 
