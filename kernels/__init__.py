@@ -23,10 +23,10 @@ from __future__ import annotations
 import importlib
 import threading
 import types
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from numba_pool.cuda import frontend as frontends
-from numba_pool.cuda.frontend import Frontend
+if TYPE_CHECKING:  # numba_pool is imported at the first use, not here: a script first sets up how it warns
+    from numba_pool.cuda.frontend import Frontend
 
 # kernel -> module; distinct names, so that a kernel is never shadowed by its module.
 _KERNELS = {"fill_kernel": "fill", "increment_kernel": "increment", "sqrt_kernel": "sqrt"}
@@ -40,6 +40,8 @@ def frontend_of(frontend: str | Frontend | None = None) -> Frontend:
 
     :raises FrontendError: for a name that is no frontend, or one not installed.
     """
+    from numba_pool.cuda import frontend as frontends
+
     return frontends.named(frontend, "kernels: frontend")
 
 

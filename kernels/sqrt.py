@@ -15,7 +15,7 @@ if not __package__:  # run as a file (python kernels/NAME.py): the checkout's to
     sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kernels import Kernel
-from kernels._script import THREADS_PER_BLOCK, Window, blocks_for, parse_args, report
+from kernels._script import THREADS_PER_BLOCK, Window, blocks_for, parse_args, report, run
 
 #: The frontend's ``cuda`` in each frontend's copy of the kernel (Note [A kernel for each
 #: frontend] in :mod:`kernels`); none is imported here.
@@ -48,4 +48,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run(main))

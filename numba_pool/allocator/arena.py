@@ -39,12 +39,9 @@ from .release import gate
 from .sources import BlockSource
 from .waits import StreamWaits
 
-#: Quarantine at most this many blocks before a fence, whatever their bytes.
-QUARANTINE_BLOCKS = 256
-#: A legacy-stream ready-cache miss fences (refilling it) once this many blocks are quarantined (~1 fence per as many).
-REFILL_AT = 32
-#: Ready blocks kept per size in the cache in front of the legacy domain.
-CACHE_BLOCKS = 64
+QUARANTINE_BLOCKS = 256  #: Quarantine at most this many blocks before a fence, whatever their bytes.
+REFILL_AT = 32  #: A legacy ready-cache miss fences (refilling it) once this many blocks are quarantined.
+CACHE_BLOCKS = 64  #: Ready blocks kept per size in the cache in front of the legacy domain.
 
 
 @dataclass(frozen=True)
@@ -64,10 +61,8 @@ class ArenaStatistics:
 
 
 class ArenaBlocks(ArenaDoor, BlockSource):
-    """Blocks of up to ``max_block`` bytes carved out of mempool slabs (at most ``slab_size`` bytes), one
-    domain per stream.  ``release_threshold``: slab bytes kept (None: all); ``delegate``/``delegate_block``
-    serve the rest; ``return_stream`` returns non-legacy slabs.
-
+    """Blocks of up to ``max_block`` bytes in mempool slabs of ``slab_size`` bytes at most.  ``release_threshold``: slab
+    bytes kept (None: all); ``delegate``/``delegate_block`` serve the rest; ``return_stream`` returns non-legacy slabs.
     :raises ArenaError: for sizes not multiples of 256, or ``max_block`` > ``slab_size``."""
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,

@@ -1,6 +1,5 @@
-"""One device's allocator: its block sources, what their releases wait for, and the barriers that synchronize
-(trim, out of memory, reset).  A :class:`DeviceAllocator` lives for one *generation*: from initialization to reset,
-which drops it whole (a later release finds nothing to free); the plugin makes a new one at the next allocation."""
+"""One device's allocator (:class:`DeviceAllocator`) for one *generation*: from initialization to reset, which drops it
+whole (a later release finds nothing to free); the plugin makes a new one at the next allocation."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ class DeviceAllocator:
                 max_block=config.arena_max_block, release_threshold=release_limit(config.release_threshold),
                 delegate=self.mempool_blocks.allocate, delegate_block=self.mempool_blocks.allocate_block,
                 after_reset=after_reset, pointer=pointer, return_stream=self.private_streams[1], **shared))
-        #: The arena when it is on, else None (for readers: statistics, the replay, tests).
-        self.arena: ArenaBlocks | None = self.arenas[0] if self.arenas else None
+        self.arena: ArenaBlocks | None = self.arenas[0] if self.arenas else None  #: For statistics, the replay, tests.
         self.sources = [*self.arenas, self.mempool_blocks]  #: Every block source, the one requests start at first.
         self.source = self.sources[0]  #: Where requests start; its ``allocate(size)`` is the path with no adaptor.
         # Rule 13: captured allocations, and where allocations go while a capture is under way.
@@ -86,7 +84,6 @@ class DeviceAllocator:
     def allocate(self, nbytes: int, stream: StreamRef = LEGACY) -> Block:
         """A :class:`~.block.Block` of ``nbytes`` bytes for work on ``stream`` (RMM's, cuda.core's ``allocate``),
         freed by :meth:`deallocate`; the caller keeps ``stream`` alive until then.  No frontend or scope.
-
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met after synchronizing and
             trimming (:meth:`out_of_memory`); any other driver error (``cuMemAllocFromPoolAsync``) as returned."""
         return self.source.allocate_block(nbytes, stream)
@@ -119,7 +116,6 @@ class DeviceAllocator:
     def export_hold(self, address: int, hold: Hold) -> bool:
         """:meth:`hold`, then ``cuCtxSynchronize``: another process orders against nothing of ours, and the driver
         needs the allocation complete ("Stream Ordered Memory Allocator", IPC); False if no live block holds it.
-
         :raises CudaAPIError: when the synchronize fails.
         :raises RuntimeError: during a stream capture numba_pool knows of (rule 13)."""
         self.refuse_during_capture("an IPC export (it synchronizes the context)")
@@ -164,7 +160,6 @@ class DeviceAllocator:
 
     def refuse_during_capture(self, what: str) -> None:
         """Rule 13: a synchronize invalidates every capture under way.
-
         :raises RuntimeError: naming ``what`` and the stream, during a known capture."""
         if captures.underway and captures.refresh(self.cu):
             streams = ", ".join(f"{c.stream.value:#x}" for c in list(captures.underway))
@@ -205,9 +200,7 @@ class DeviceAllocator:
 
     def out_of_memory(self, size: int, retry: Callable):
         """An allocation of ``size`` bytes ran out of memory: make room, ``retry()`` once.
-
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with :meth:`describe_out_of_memory`'s line when the
-            retry fails too."""
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` if the retry fails, :meth:`describe_out_of_memory`'s line."""
         self._usage.count_oom(failed=False)
         if captures.underway:  # rule 13: no synchronize or trim during a capture
             self._usage.count_oom(failed=True)
@@ -226,7 +219,6 @@ class DeviceAllocator:
     def trim(self, keep_bytes: int) -> None:
         """Snapshot released blocks (rule 4), ``cuCtxSynchronize``, free them and empty slabs,
         synchronize again, then ``cuMemPoolTrimTo(keep_bytes)`` and ``cuDeviceGraphMemTrim``.
-
         :raises RuntimeError: during a stream capture (rule 13)."""
         self.refuse_during_capture("trim()")
         self.issue_frees()
@@ -245,9 +237,8 @@ class DeviceAllocator:
         trim_graph_memory(self.cu, self.pool.device_id)  # what no graph uses
 
     def reset(self) -> None:
-        """Free everything, snapshot before the synchronize; later finalizers find nothing and
-        allocations under way go to the next generation.  The pool is trimmed to 0 now and
-        destroyed once this generation is collected (an allocation may still name it)."""
+        """Free everything (snapshot, then synchronize): later finalizers find nothing, allocations under way go to the
+        next generation; the pool is trimmed to 0, destroyed with this generation (an allocation may still name it)."""
         releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
         pointers = self.mempool_blocks.take_all() + [block.ptr for block in self.mempool_blocks.take_released(releases)]
         for arena in self.arenas:
@@ -279,9 +270,8 @@ class DeviceAllocator:
 
 
 def segments(allocator: DeviceAllocator) -> list[dict]:
-    """A snapshot's segments: ``kind`` (``"arena slab"``, ``"scratch"``, ``"mempool"``, then
-    ``"mempool reserve"``: reserved minus the rest), ``address``, ``size`` (bytes), ``stream``
-    (0: legacy), ``blocks`` as ``(address, size, state)``, read from the :class:`Block` s."""
+    """Snapshot segments: ``kind`` (``"arena slab"``, ``"scratch"``, ``"mempool"``, ``"mempool reserve"``: reserved
+    minus the rest), ``address``, ``size`` (bytes), ``stream`` (0: legacy), ``blocks`` as ``(address, size, state)``."""
     allocator.issue_frees()
     out = []
     slab_starts = set()

@@ -1,9 +1,8 @@
-"""The arena's domains and their slabs: rules 1, 5 and 6 of :mod:`numba_pool.allocator`.  A *domain* holds one
-stream's free blocks (rule 1) as a heap of slabs (:class:`~.free_list.Heap`), a slab being a mempool allocation on
-the domain's stream (the legacy domain's on the private allocation stream: its heap's blocks are always idle, rule
-4).  Memory moves between streams only as wholly free slabs going back to the mempool: the legacy domain's on the
-allocation stream, others' on the private return stream after their domain's event (never the legacy stream, whose
-operations are barriers).  Every method runs under the arena's lock."""
+"""The arena's domains and their slabs: rules 1, 5 and 6 of :mod:`numba_pool.allocator`.  A *domain* holds one stream's
+free blocks as a heap of slabs (:class:`~.free_list.Heap`), a slab being a mempool allocation on the domain's stream
+(the legacy domain's on the private allocation stream: its heap's blocks are always idle, rule 4).  Memory moves between
+streams only as wholly free slabs going back to the mempool (:meth:`Domains.return_slab`), never on the legacy stream,
+whose operations are barriers.  Every method runs under the arena's lock."""
 
 from __future__ import annotations
 
@@ -13,10 +12,8 @@ from ..cuda.driver import EVENT_FLAGS, check
 from ..cuda.streams import LEGACY, StreamRef
 from .free_list import Heap
 
-#: The first slab's size (bytes), unless the largest slab is smaller.
-FIRST_SLAB = 64 << 10
-#: A new slab is ~1/GROWTH of the arena's reserve: slabs grow with it, the last, partly used one staying ~3% of it.
-GROWTH = 32
+FIRST_SLAB = 64 << 10  #: The first slab's size (bytes), unless the largest slab is smaller.
+GROWTH = 32  #: A new slab is ~1/GROWTH of the arena's reserve: slabs grow with it, the last, partly used one ~3% of it.
 #: A new slab holds at least this many blocks of its request: one block size does not fence (or add a slab) each time.
 BLOCKS_PER_SLAB = 64
 
@@ -72,7 +69,6 @@ class Domains:
 
     def add_slab(self, domain: Domain, stream: StreamRef | None, need: int) -> None:
         """A slab of at least ``need`` bytes for ``domain``, on ``stream`` (None: the private allocation stream).
-
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (or another driver error)."""
         size = self.next_slab_size(need)
         handle = self._alloc_stream.handle if stream is None else stream.handle

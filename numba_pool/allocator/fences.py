@@ -16,10 +16,8 @@ from collections import deque
 from ..cuda.driver import EVENT_FLAGS, SUCCESS, check, report_failure, warn
 from ..cuda.streams import LEGACY
 
-#: A fence is recorded once at least this many released blocks wait for one.
-FENCE_BLOCKS = 32
-#: ... or once they hold this fraction of the device's memory (Numba's ``CUDA_DEALLOCS_RATIO``).
-FENCE_FRACTION = 0.2
+FENCE_BLOCKS = 32  #: A fence is recorded once at least this many released blocks wait for one...
+FENCE_FRACTION = 0.2  #: ... or once they hold this fraction of the device's memory (Numba's ``CUDA_DEALLOCS_RATIO``).
 
 
 class Fences:
@@ -44,7 +42,6 @@ class Fences:
 
     def record(self, batch) -> None:
         """One legacy-stream event after ``batch``, which :meth:`completed` returns later.
-
         :raises CudaAPIError: when the event cannot be made or recorded (nothing kept)."""
         cu = self._cu
         releases = take_list(self.after_fence)  # before the waits: their events were queued first
@@ -131,7 +128,6 @@ class PrivateStream:
     @property
     def handle(self):
         """The stream (``CUstream``), made now if it was not yet.
-
         :raises CudaAPIError: when the driver refuses to make it."""
         if self._handle is None:
             flags = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
@@ -140,7 +136,6 @@ class PrivateStream:
 
     def complete(self) -> None:
         """Return once the stream's work is done (``cuStreamQuery``, else ``cuStreamSynchronize``), before any reuse.
-
         :raises CudaAPIError: when the synchronize fails."""
         cu, handle = self._cu, self.handle
         if cu.cuStreamQuery(handle)[0] != SUCCESS:

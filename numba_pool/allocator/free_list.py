@@ -1,8 +1,7 @@
-"""The arena's free list, in plain Python (no CUDA, streams or threads): a :class:`Heap` knows only which bytes of
-a domain's slabs are free; the arena (:mod:`.arena`) decides reuse and serializes every call.  Blocks are 256-byte
-aligned (as ``cuMemAlloc``'s), sizes rounded by :func:`round_up`.  :meth:`Heap.allocate` takes the best fit from
-size bins, splitting it; :meth:`Heap.free` coalesces with slab neighbours.  The *top* (dlmalloc's "top chunk")
-stays out of the bins: common requests are cut off its front cheaply."""
+"""The arena's free list, plain Python (no CUDA, streams or threads): a :class:`Heap` knows only which bytes of a
+domain's slabs are free; the arena (:mod:`.arena`) decides reuse and serializes calls.  Blocks are 256-byte aligned as
+``cuMemAlloc``'s (sizes: :func:`round_up`).  :meth:`Heap.allocate` splits the best fit from size bins; :meth:`Heap.free`
+coalesces slab neighbours.  The *top* (dlmalloc's "top chunk") stays unbinned, cut cheaply for common requests."""
 
 from __future__ import annotations
 
@@ -54,7 +53,6 @@ class Heap:
 
     def remove_slab(self, start: int) -> int:
         """Take a wholly free slab out of the heap; returns its size.
-
         :raises ArenaError: when ``start`` is not a wholly free slab."""
         size = self.slabs.get(start)
         if size is None:

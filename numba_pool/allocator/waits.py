@@ -4,10 +4,9 @@ streams and *holds* (IPC leases, :class:`Hold`) registered on it (:meth:`StreamW
 ``defer_cleanup``, or when its stream needs care, the release gate takes :meth:`StreamWaits.release`.
 
 Note [A release made free later orders now]
-    A release made free later (``defer_cleanup``, a hold) orders *at the drop*, while its streams live: the
-    allocation stream waits for the recorded streams, ``settle`` runs, an event is recorded on it.  Made free, only
-    that event is named, by the fence (a legacy-stream operation then is a barrier, rule 4).  No stream handle is
-    used after the drop: the driver may reuse it.
+    A release made free later (``defer_cleanup``, a hold) orders *at the drop*, while its streams live: its stream waits
+    for the recorded ones, ``settle`` runs, an event is recorded on it.  Made free, the fence names only that event (a
+    legacy-stream operation then is a barrier, rule 4); no stream handle outlives the drop (the driver may reuse it).
 
 Note [The legacy stream recorded]
     A block of stream S whose release must wait for the legacy stream would need a legacy-stream operation at
@@ -102,13 +101,10 @@ class StreamWaits:
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.deferral = deferral if deferral is not None else Deferral()
         self._lock = threading.Lock()  # held by add_wait: two registrations at once both count
-        # Atomic operations only: events the next fence waits for (rule 4), releases made free after it
-        # (Note [The legacy stream recorded]).
-        self.fence_waits: list = []
-        self.after_fence: list = []
+        self.fence_waits: list = []  # events the next fence waits for (rule 4); atomic operations only
+        self.after_fence: list = []  # releases made free after it (Note [The legacy stream recorded]); likewise
         self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
-        # Block -> (event or None, publish) of a release a hold keeps.
-        self.held = Held()
+        self.held = Held()  # Block -> (event or None, publish) of a release a hold keeps
 
     def add_wait(self, block: Block, what: StreamRef | Hold) -> None:
         """Make the release of ``block`` wait for ``what`` (a stream, or a hold)."""

@@ -1,8 +1,10 @@
-"""The command line's one-line errors (``Error: ...``, no traceback) and the checks that raise them before a
-command does anything; ``numba-pool-tools`` uses them too.  Exit status 2: bad configuration, options or input
-files (:class:`Failure`); 3: no CUDA GPU here, or only the simulator (:class:`NoGpu`)."""
+"""The command line's one-line errors (``Error: ...``, no traceback) and warnings (``numba-pool: warning: ...``), and
+the checks before a command does anything; ``numba-pool-tools``' too.  Exit status 2: bad configuration, options or
+input files (:class:`Failure`); 3: no CUDA GPU here, or only the simulator (:class:`NoGpu`)."""
 
 from __future__ import annotations
+
+import warnings
 
 import click
 
@@ -27,8 +29,8 @@ class NoGpu(Failure):
 
 
 class OneLineErrors(click.Group):
-    """Usage errors as one line, ``Error: ...``, without Click's usage lines; the class of every group
-    of commands (``numba-pool``, ``numba-pool-tools`` and its ``snapshot``)."""
+    """Usage errors as one line, ``Error: ...``, without Click's usage lines, and a command's warnings as one line
+    naming the command, not a frame of Click's; the class of every group (``numba-pool``, ``numba-pool-tools``...)."""
 
     def make_context(self, info_name, args, parent=None, **extra):
         if not args:  # the command, or a group such as `numba-pool-tools snapshot`, alone: its help, exit status 0
@@ -40,17 +42,18 @@ class OneLineErrors(click.Group):
             raise
 
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as err:  # from the subcommand's arguments
-            err.ctx = None
-            raise
+        with warnings.catch_warnings():  # the display restored after: a command may run inside a program (a test's)
+            warnings.showwarning = lambda message, *_: click.echo(f"{ctx.find_root().info_name}: warning: {message}",
+                                                                  err=True)
+            try:
+                return super().invoke(ctx)
+            except click.UsageError as err:  # from the subcommand's arguments
+                err.ctx = None
+                raise
 
 
 def load_config() -> _config.PoolConfig:
-    """The configuration of the ``NUMBA_POOL_*`` environment.
-
-    :raises Failure: naming the variable and its value, for a bad one."""
+    """The ``NUMBA_POOL_*`` environment's configuration.  :raises Failure: naming a bad variable and its value."""
     try:
         return _config.load()
     except _config.ConfigError as err:
@@ -58,8 +61,7 @@ def load_config() -> _config.PoolConfig:
 
 
 def tools_frontend():
-    """The frontend the commands use (:func:`~numba_pool.cuda.frontend.for_tools`), imported now.
-
+    """The commands' frontend (:func:`~numba_pool.cuda.frontend.for_tools`), imported now.
     :raises Failure: when none is installed, or ``NUMBA_POOL_FRONTEND`` names none."""
     try:
         return frontends.for_tools()
@@ -69,15 +71,13 @@ def tools_frontend():
 
 def gpu_available() -> bool:
     """Whether the tools' frontend has a real CUDA GPU here (the simulator's ``is_available()`` is true too).
-
     :raises Failure: as :func:`tools_frontend`."""
     frontend = tools_frontend()
     return not frontend.simulator and frontend.cuda.is_available()
 
 
 def require_gpu() -> None:
-    """:raises NoGpu: when the tools' frontend has no CUDA GPU here, or only the CUDA simulator, saying which.
-    :raises Failure: as :func:`tools_frontend`."""
+    """:raises NoGpu: the tools' frontend has no CUDA GPU here, or only the simulator; Failure: as tools_frontend."""
     frontend = tools_frontend()
     if frontend.simulator:  # where cuda.is_available() is True
         raise NoGpu(simulator.NO_GPU)

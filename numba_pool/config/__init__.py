@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from functools import partial
 import os
 from typing import Any, Callable, Mapping
 
@@ -121,7 +122,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {  #: option name ->
     "managed_max_size": ("NUMBA_POOL_MANAGED_MAX_SIZE", parse_managed_max_size),
     "managed_release_threshold": ("NUMBA_POOL_MANAGED_RELEASE_THRESHOLD", parse_release_threshold),
     "managed_prefetch": ("NUMBA_POOL_MANAGED_PREFETCH", parse_bool),
-    "oom_snapshot": ("NUMBA_POOL_OOM_SNAPSHOT", parse_path),
+    "oom_snapshot": ("NUMBA_POOL_OOM_SNAPSHOT", partial(parse_path, what="a snapshot (pickle)")),
     "leak_report": ("NUMBA_POOL_LEAK_REPORT", parse_bool),
     "cuda_core": ("NUMBA_POOL_CUDA_CORE", parse_bool),
 }
@@ -143,7 +144,8 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
         hints = []
         for name in unknown:
             retired = RETIRED.get(f"NUMBA_POOL_{name.upper()}")
-            close = difflib.get_close_matches(name, list(OPTIONS), n=1)
+            bare = name.lower().removeprefix("numba_pool_")  # install(NUMBA_POOL_ARENA=1): the variable's name
+            close = [bare] if bare in OPTIONS else difflib.get_close_matches(name, list(OPTIONS), n=1)
             hints.append(f"{name!r}" + (f" (no longer read: {retired})" if retired else
                                         f" (did you mean {close[0]!r}?)" if close else ""))
         raise ConfigError(f"install(): unknown option(s) {', '.join(hints)}: expected some of {', '.join(OPTIONS)}")

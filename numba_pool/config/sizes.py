@@ -122,12 +122,12 @@ def parse_release_threshold(value: Any, source: str) -> int:
 
 def parse_max_size(value: Any, source: str) -> int | float | None:
     """The private pool's cap: bytes (:func:`parse_size`), or a fraction of device memory (a float in
-    [0.01, 1], ``"0.5"``, ``"50%"``); ``None``: no cap.  A bare number below 1 MiB (:data:`MIN_BARE_CAP`) or a
+    [0.01, 1], ``"0.5"``, ``"50%"``); ``None``/``none``: no cap.  A bare number below 1 MiB (:data:`MIN_BARE_CAP`) or a
     fraction below 1 % is refused with a suggestion (docs/architecture.md, "Sizes"); a unit allows it.
 
     :raises ConfigError: for a fraction outside [0.01, 1], 0 bytes, a bare number below 1 MiB, or
         what :func:`parse_size` refuses."""
-    if value is None:
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):  # as the cache caps
         return None
     fraction = None
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
@@ -140,7 +140,7 @@ def parse_max_size(value: Any, source: str) -> int | float | None:
             fraction = float(text)
     if fraction is not None:
         return _checked_fraction(fraction, value, source)
-    nbytes = _cap_bytes(value, source, "a pool", "or a fraction of device memory such as 0.5 or 50%")
+    nbytes = _cap_bytes(value, source, "a pool", "or a fraction of device memory such as 0.5 or 50%, or 'none' for no cap")
     bare = not isinstance(value, str) or _PLAIN_NUMBER.match(value)
     if bare and nbytes < MIN_BARE_CAP:
         meant = ["'1.0' (100 %)"] if nbytes == 1 else [f"'{nbytes}%'"] if nbytes <= 100 else []

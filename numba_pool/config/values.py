@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import stat
 from typing import Any
@@ -18,9 +19,9 @@ def parse_bool(value: Any, source: str) -> bool:
     """``True``/``False``, ``0``/``1``, or one of the words in :data:`BOOL_HELP` (case-insensitive).
 
     :raises ConfigError: for anything else (``"maybe"``, ``2``)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
+    if isinstance(value, bool) or getattr(value, "dtype", None) == bool:  # also NumPy's bool_
+        return bool(value)
+    if isinstance(value, numbers.Integral) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
         word = value.strip().lower()
@@ -50,22 +51,22 @@ def _in_pseudo_fs(path: str) -> bool:
     return any(real == top or real.startswith(top + "/") for top in _PSEUDO_FS)
 
 
-def parse_path(value: Any, source: str) -> str:
-    """The allocation log's absolute path (``~`` expanded), checked now, creating nothing: not a folder; an existing
-    file writable, regular, outside ``/proc`` and ``/sys``; a new file's folder existing and writable.
+def parse_path(value: Any, source: str, what: str = "a CSV file") -> str:
+    """The absolute path (``~`` expanded) of ``what`` to write, checked now, creating nothing: not a folder; an
+    existing file writable, regular, outside ``/proc`` and ``/sys``; a new file's folder existing and writable.
 
     :raises ConfigError: for an empty value, a non-path, or a failed check."""
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        raise ConfigError(f"{source}={value!r} is not a file path: expected the path of a CSV file to write")
+        raise ConfigError(f"{source}={value!r} is not a file path: expected the path of {what} to write")
     text = os.fspath(value).strip() if isinstance(value, str) else os.fspath(value)  # " a.csv": a.csv
     if isinstance(text, bytes):
         raise ConfigError(f"{source}={value!r} is not a file path: expected a str path")
     if "\0" in text:
-        raise ConfigError(f"{source}={value!r} contains a NUL character: expected the path of a CSV file to write")
+        raise ConfigError(f"{source}={value!r} contains a NUL character: expected the path of {what} to write")
     path = os.path.abspath(os.path.expanduser(text))
 
     def bad(problem: str) -> ConfigError:
-        return ConfigError(f"{source}={value!r} {problem}: expected the path of a CSV file to write")
+        return ConfigError(f"{source}={value!r} {problem}: expected the path of {what} to write")
 
     if text.endswith(("/", os.sep)) or os.path.isdir(path):
         raise bad("is a folder")
@@ -77,7 +78,7 @@ def parse_path(value: Any, source: str) -> str:
         if not stat.S_ISREG(mode):
             raise bad("is not a regular file (a device, pipe or socket)")
         if _in_pseudo_fs(path):
-            raise bad(f"is a kernel interface file ({os.path.realpath(path)}), not a log file")
+            raise bad(f"is a kernel interface file ({os.path.realpath(path)})")
         if not os.access(path, os.W_OK):
             raise bad("is not writable")
         return path
@@ -85,7 +86,28 @@ def parse_path(value: Any, source: str) -> str:
     if not os.path.isdir(folder):
         raise bad(f"is in folder {folder!r}, which " + ("is not a folder" if os.path.lexists(folder) else "does not exist"))
     if _in_pseudo_fs(folder):
-        raise bad(f"is in a kernel interface folder ({folder}), not a place for a log file")
+        raise bad(f"is in a kernel interface folder ({folder})")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise bad(f"is in folder {folder!r}, which is not writable")
     return path
+
+
+def switch(value: Any, call: str, name: str) -> bool:
+    """A public function's on/off argument: a bool (NumPy's too).
+
+    :raises TypeError: for anything else (``'off'`` is truthy: refused), naming ``call``'s ``name`` and the value."""
+    if isinstance(value, bool) or getattr(value, "dtype", None) == bool:
+        return bool(value)
+    raise TypeError(f"{call}: {name}={value!r} must be True or False")
+
+
+def byte_count(value: Any, call: str, name: str, *, positive: bool) -> int:
+    """``value`` as a number of bytes: an integral number (NumPy's too) but a bool, below 2**64.
+
+    :raises ValueError: naming ``call``'s ``name`` and ``value``, for anything else or below 1 (``positive``) or 0."""
+    if type(value) is int and positive <= value < 1 << 64:
+        return value
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not positive <= value < 1 << 64:
+        raise ValueError(f"{call}: {name}={value!r} must be a {'positive' if positive else 'non-negative'} number of "
+                         "bytes below 2**64")
+    return int(value)

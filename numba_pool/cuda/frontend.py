@@ -1,15 +1,13 @@
-"""The Numba CUDA frontends numba_pool serves, found, never assumed: the only module that imports one
-(docs/architecture.md, "Two frontends").  Both keep Numba's EMM plugin interface, version 1: ``numba-cuda``
-(``numba.cuda``) and ``mlir``, its successor Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``), which depends on
-neither numba nor numba-cuda.  A :class:`Frontend` holds what numba_pool takes from one and its classes on it,
-imported only when in use (:func:`load`): loading numba_pool, owning an object a public function is given, or
-named to a tool.  Under numba-cuda's simulator, :mod:`numba_pool.cuda.simulator` provides the EMM stand-ins.
+"""The Numba CUDA frontends numba_pool serves (docs/architecture.md, "Two frontends"), found, never assumed; the only
+module importing one.  Both keep Numba's EMM plugin interface, version 1: ``numba-cuda`` (``numba.cuda``) and its
+successor ``mlir``, Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``, without numba or numba-cuda).  A :class:`Frontend` holds
+what numba_pool takes from one and its classes on it, imported only in use (:func:`load`): loading numba_pool, owning a
+public function's argument, or named to a tool.  numba-cuda's simulator gets EMM stand-ins from :mod:`.simulator`.
 
 Note [Which frontend a call acts on]
-    Each frontend has its own contexts, hence managers.  A public function (:func:`resolve`) acts on the
-    frontend named by ``frontend=``; else that of the object it is given; else the only one imported; else,
-    both imported, the only one whose contexts have a numba_pool manager; else ``NUMBA_POOL_FRONTEND``'s;
-    otherwise the call says in one line that it is ambiguous.  Neither imported: :func:`for_tools`'s choice."""
+    Each frontend has its own contexts, hence managers.  A public function (:func:`resolve`) acts on the one named by
+    ``frontend=``, else its object's, else the only one imported; both imported: the only one with numba_pool managers,
+    else ``NUMBA_POOL_FRONTEND``'s, else a one-line error: ambiguous.  None imported: :func:`for_tools`'s choice."""
 
 from __future__ import annotations
 
@@ -31,10 +29,10 @@ TITLES = {NUMBA_CUDA: "numba-cuda", MLIR: "Numba-CUDA-MLIR"}  #: Each frontend's
 PACKAGES = {NUMBA_CUDA: "numba.cuda", MLIR: "numba_cuda_mlir.cuda"}  #: The module a program imports ``cuda`` from.
 _DRIVERS = {NUMBA_CUDA: "numba.cuda.cudadrv", MLIR: "numba_cuda_mlir.numba_cuda.cudadrv"}
 _TOP_LEVEL = {NUMBA_CUDA: "numba_cuda", MLIR: "numba_cuda_mlir"}  # what find_spec looks for
-#: The distribution each frontend is installed as (its version: :func:`version`).
-DISTRIBUTIONS = {NUMBA_CUDA: "numba-cuda", MLIR: "numba-cuda-mlir"}
+DISTRIBUTIONS = {NUMBA_CUDA: "numba-cuda", MLIR: "numba-cuda-mlir"}  #: Each one's distribution, for :func:`version`.
 #: How each is installed with numba_pool.
-EXTRAS = {NUMBA_CUDA: "pip install 'numba-pool[numba-cuda]'", MLIR: "pip install 'numba-pool[mlir]'"}
+EXTRAS = {NUMBA_CUDA: "pip install '.[numba-cuda]' in a numba-pool checkout",
+          MLIR: "pip install '.[mlir]' in a numba-pool checkout"}
 VARIABLE = FRONTEND_VARIABLE  #: Names the tools' frontend and breaks ties (Note [Which frontend ...]).
 _SPELLINGS = {"numba-cuda": NUMBA_CUDA, "numba_cuda": NUMBA_CUDA, "numba.cuda": NUMBA_CUDA,
               "mlir": MLIR, "numba-cuda-mlir": MLIR, "numba_cuda_mlir": MLIR}
@@ -83,7 +81,6 @@ class Frontend:
 
     def current_context(self, device: int | None = None):
         """This frontend's context of ``device`` (None: current), made if needed (``cuda.current_context``).
-
         :raises CudaSupportError: (the frontend's) where there is no CUDA GPU."""
         return self.cuda.current_context() if device is None else self.cuda.current_context(device)
 
@@ -105,7 +102,6 @@ _serving: set[str] = set()  # frontends that made a numba_pool manager for a con
 
 def load(name: str) -> Frontend:
     """The frontend ``name`` (``"numba-cuda"`` or ``"mlir"``), imported at the first call.
-
     :raises FrontendError: when it is not installed, naming the command that installs it."""
     with _lock:
         found = _loaded.get(name)
@@ -165,7 +161,6 @@ def installed() -> list[str]:
 
 def parse_name(value: str, culprit: str) -> str:
     """A frontend's name from a user's spelling (``numba-cuda``, ``mlir``, ``numba-cuda-mlir`` ...; any case).
-
     :raises FrontendError: naming ``culprit`` and the value, for anything else."""
     name = _SPELLINGS.get(str(value).strip().lower())
     if name is None:
@@ -176,7 +171,6 @@ def parse_name(value: str, culprit: str) -> str:
 
 def from_environment(environ=os.environ) -> str | None:
     """``NUMBA_POOL_FRONTEND``'s frontend, or None when it is unset or empty.
-
     :raises FrontendError: for a value that names no frontend."""
     value = environ.get(VARIABLE, "").strip()
     return parse_name(value, VARIABLE) if value else None
@@ -193,7 +187,6 @@ def version(distribution: str) -> str | None:
 def tools_choice(environ=os.environ) -> tuple[str | None, str]:
     """Which frontend the tools use and why, importing nothing: ``NUMBA_POOL_FRONTEND``'s, else the
     one imported, else the one installed (numba-cuda first); ``(None, why)`` when none is.
-
     :raises FrontendError: when the variable names no frontend."""
     name = from_environment(environ)
     if name is not None:
@@ -210,7 +203,6 @@ def tools_choice(environ=os.environ) -> tuple[str | None, str]:
 
 def for_tools(environ=os.environ) -> Frontend:
     """The frontend of the command line, kernels, benchmark and Dask workers (:func:`tools_choice`), imported.
-
     :raises FrontendError: when none is installed, or the variable is bad."""
     name, why = tools_choice(environ)
     if name is None:
@@ -221,9 +213,7 @@ def for_tools(environ=os.environ) -> Frontend:
 def named(frontend: "str | Frontend | None" = None, culprit: str = "frontend") -> Frontend:
     """The frontend a tool was told to use: a :class:`Frontend`, a name in any spelling
     :func:`parse_name` reads, or None for :func:`for_tools`'s choice; imported now.
-
-    :raises FrontendError: for a name that is no frontend (naming ``culprit``), one not
-        installed, or a bad ``NUMBA_POOL_FRONTEND``."""
+    :raises FrontendError: for a bad name (naming ``culprit``), one not installed, or a bad ``NUMBA_POOL_FRONTEND``."""
     if frontend is None:
         return for_tools()
     if isinstance(frontend, Frontend):
@@ -239,7 +229,6 @@ def note_serving(frontend: Frontend) -> None:
 
 def resolve(call: str, *objects: Any, name: str | None = None) -> Frontend:
     """The frontend a public function acts on (Note [Which frontend a call acts on]).
-
     :param call: the function, as the user wrote it (``"numba_pool.stats()"``), for messages.
     :param objects: what the call was given (arrays, streams, contexts, pointers; None skipped).
     :param name: the frontend the caller named (``frontend=``), if any.
@@ -269,7 +258,6 @@ def resolve(call: str, *objects: Any, name: str | None = None) -> Frontend:
 
 
 def of_caller(depth: int) -> str | None:
-    """The frontend of the module ``depth`` frames above the caller, or None: how a class Numba
-    instantiates without a context learns which frontend did."""
+    """The frontend of the module ``depth`` frames above the caller, or None; for classes made context-less."""
     frame = sys._getframe(depth + 1)
     return name_of_module(frame.f_globals.get("__name__"))

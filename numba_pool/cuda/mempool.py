@@ -21,9 +21,8 @@ _ATTR = cuda_driver.CUmemPool_attribute
 
 @dataclass(frozen=True)
 class PoolUsage:
-    """The pool's accounting (``CU_MEMPOOL_ATTR_*``), in bytes: *reserved* (mapped by the pool),
-    *used* (handed out, not yet freed; stream-ordered frees count once issued), and their high
-    watermarks since creation or :meth:`MemPool.reset_high_watermarks`."""
+    """The pool's accounting in bytes (``CU_MEMPOOL_ATTR_*``): *reserved* (mapped), *used* (handed out until a
+    stream-ordered free is issued) and their high watermarks since creation or :meth:`MemPool.reset_high_watermarks`."""
 
     reserved: int
     reserved_high: int
@@ -33,7 +32,6 @@ class PoolUsage:
 
 class MemPool:
     """The mempool serving one device.
-
     :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
     :param device_id: CUDA device ordinal.
     :param config: the options; ``use_default_pool``, ``max_size`` and ``release_threshold`` apply here.
@@ -95,9 +93,7 @@ class MemPool:
         return peers
 
     def export_fd(self) -> int:
-        """The pool's POSIX file descriptor for other processes
-        (``cuMemPoolExportToShareableHandle``), made once and kept open with the pool.
-
+        """The pool's POSIX file descriptor for other processes (``cuMemPoolExportToShareableHandle``), one per pool.
         :raises RuntimeError: when the pool is not exportable (the reason is in the message)."""
         if not self.exportable:
             raise RuntimeError(f"numba_pool: device {self.device_id}'s mempool cannot be shared with other "
@@ -194,7 +190,6 @@ def is_managed(pointer: int, cu=None) -> bool:
 def prefetch(cu, address: int, nbytes: int, device: int | None, stream) -> None:
     """Migrate managed memory ``[address, address + nbytes)`` to ``device`` (an ordinal) or the host
     (None), in order on ``stream``: ``cuMemPrefetchAsync``, CUDA 13's ``CUmemLocation`` form.
-
     :raises CudaAPIError: when the driver refuses (not managed: ``CUDA_ERROR_INVALID_VALUE``; no
         concurrent managed access: ``CUDA_ERROR_INVALID_DEVICE``)."""
     location = cu.CUmemLocation()
@@ -218,8 +213,7 @@ def read_write_access(cu, device: int):
 
 
 def device_memory_info(cu=None) -> tuple[int, int]:
-    """(free, total) bytes of the current context's device (``cuMemGetInfo``); ``cu``: the driver object, by
-    default the one in effect (:data:`numba_pool.cuda.driver.cu`)."""
+    """(free, total) bytes of the current context's device (``cuMemGetInfo``); ``cu`` defaults to :data:`.driver.cu`."""
     cu = _driver.cu if cu is None else cu
     return check(cu.cuMemGetInfo(), "cuMemGetInfo")
 

@@ -152,7 +152,11 @@ def data_address(array) -> int:
     :raises TypeError: for anything else, naming its type."""
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is not None:
-        return int(interface["data"][0])
+        data = interface.get("data") if isinstance(interface, dict) else None
+        if not isinstance(data, tuple) or not data or not isinstance(data[0], int) or isinstance(data[0], bool):
+            raise TypeError(f"numba_pool: {type(array).__name__}.__cuda_array_interface__ has data={data!r:.80}: "
+                            "expected a (pointer, read_only) tuple")
+        return data[0]
     pointer = getattr(array, "device_pointer_value", None)
     if pointer is not None:
         return int(pointer)

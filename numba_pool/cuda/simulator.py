@@ -12,6 +12,7 @@ import sys
 import warnings
 from collections import namedtuple
 
+from ..config import ConfigError, load
 from ..config.variables import user_stacklevel
 
 #: Why nothing is replaced; the tail of every message given under the simulator.
@@ -43,7 +44,12 @@ def warn_install() -> None:
 
 def warn_scope() -> None:
     """Warn (:class:`SimulatorWarning`), as :func:`warn_install`, that a statistics scope counts nothing."""
-    _note(f"numba_pool.statistics() counts nothing: {NO_MEMORY_MANAGER}")
+    note_nothing("numba_pool.statistics()", "counts")
+
+
+def note_nothing(call: str, verb: str = "records") -> None:
+    """Warn (:class:`SimulatorWarning`), as :func:`warn_install`, that ``call`` sees no allocation here."""
+    _note(f"{call} {verb} nothing: {NO_MEMORY_MANAGER}")
 
 
 def _note(message: str) -> None:
@@ -64,13 +70,18 @@ def requested(environ=os.environ) -> bool:
 
 def note_environment(environ=os.environ) -> None:
     """Warn once per process when ``NUMBA_CUDA_MEMORY_MANAGER`` names numba_pool (or
-    ``numba_pool_tools.bench.noop``) under the simulator, which ignores it.  Never raises."""
+    ``numba_pool_tools.bench.noop``) under the simulator, which ignores it, and of a bad ``NUMBA_POOL_*`` value.
+    Never raises."""
     global _environment_noted
     value = environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip()
     if _environment_noted or not (value == "numba_pool" or value.startswith(("numba_pool.", "numba_pool_tools."))):
         return
     _environment_noted = True
     _note(f"NUMBA_CUDA_MEMORY_MANAGER={value} is ignored: {NO_MEMORY_MANAGER}")
+    try:  # the variables are still checked: a bad value is told now, not on the first GPU
+        load(environ)
+    except ConfigError as err:
+        _note(str(err))
 
 
 #: The command line's one line (exit status 2) for a command that needs a GPU under the simulator.

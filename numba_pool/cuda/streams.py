@@ -64,11 +64,12 @@ def as_stream_ref(stream: Any) -> StreamRef:
         return stream
     protocol = getattr(stream, "__cuda_stream__", None)  # first: cuda.core's ``handle`` makes a CUstream a call
     if protocol is not None:
-        value = int((protocol() if callable(protocol) else protocol)[1])
-        handle, owner = None, stream
+        value, handle, owner = _protocol_handle(stream, protocol), None, stream
     elif isinstance(stream, cu.CUstream):
         value, handle, owner = int(stream), stream, stream
     elif isinstance(stream, int) and not isinstance(stream, bool):
+        if not 0 <= stream < 1 << 64:
+            raise ValueError(f"numba_pool: stream handle {stream} is not a CUDA stream: expected 0 <= handle < 2**64")
         value, handle, owner = stream, None, None
     elif isinstance(getattr(stream, "handle", None), cu.CUstream):  # a Numba stream without __cuda_stream__
         value, handle, owner = int(stream.handle), stream.handle, stream
@@ -79,6 +80,18 @@ def as_stream_ref(stream: Any) -> StreamRef:
     if value in _LEGACY_HANDLES:
         return LEGACY
     return StreamRef(cu.CUstream(value) if handle is None else handle, owner, value=value)
+
+
+def _protocol_handle(stream: Any, protocol: Any) -> int:
+    """The handle in a ``__cuda_stream__`` answer, ``(version, handle)``.
+
+    :raises TypeError: for any other answer, naming the object's type and the answer."""
+    info = protocol() if callable(protocol) else protocol
+    if (isinstance(info, tuple) and len(info) == 2 and isinstance(info[1], int) and not isinstance(info[1], bool)
+            and 0 <= info[1] < 1 << 64):
+        return info[1]
+    raise TypeError(f"numba_pool: {type(stream).__name__}.__cuda_stream__ gave {info!r:.80}: expected a (version, "
+                    "handle) tuple, handle an int below 2**64")
 
 
 class _ThreadState(threading.local):

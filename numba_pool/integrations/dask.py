@@ -1,8 +1,7 @@
-"""numba_pool on Dask workers: :class:`NumbaPoolPlugin` (a ``distributed.WorkerPlugin``) installs numba_pool
-on every worker; :func:`stats`, :func:`record_history` and :func:`snapshots` ask the workers now
-(``client.run``).  Nothing here raises into a worker or the scheduler (a failure becomes
-``{"status": "error", "message": ...}``).  Usage, setup outcomes, caveats (register before Numba's first CUDA
-use; not with RMM's ``rmm.allocators.numba``, which also sets Numba's memory manager): docs/guide.md, "Dask"::
+"""numba_pool on Dask workers: :class:`NumbaPoolPlugin` (a ``distributed.WorkerPlugin``) installs numba_pool on every
+worker; :func:`stats`, :func:`record_history` and :func:`snapshots` ask the workers now (``client.run``).  Nothing here
+raises into a worker or the scheduler (a failure becomes ``{"status": "error", "message": ...}``).  Usage, outcomes,
+caveats (register before Numba's first CUDA use; not with RMM's ``rmm.allocators.numba``): docs/guide.md, "Dask"::
 
     client.register_plugin(npd.NumbaPoolPlugin(arena=True))  # frontend="mlir" for Numba-CUDA-MLIR
     npd.stats(client)  # {worker address: {"status": "ok", "frontend": "numba-cuda", ...}}"""
@@ -12,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 from typing import Any
 
 try:
@@ -19,7 +19,8 @@ try:
 except ImportError as err:  # the missing one is distributed itself, not one of its needs
     if err.name not in ("distributed", "dask"):
         raise
-    raise ImportError("numba_pool.integrations.dask needs Dask's distributed: pip install 'numba-pool[dask]'") from None
+    raise ImportError("numba_pool.integrations.dask needs Dask's distributed: pip install '.[dask]' in a numba-pool "
+                      "checkout (or pip install distributed)") from None
 
 from .. import config as _config
 from ..cuda import frontend as frontends
@@ -32,28 +33,26 @@ from ..plugin.api import record_history as _record_history
 from ..plugin.manager import NumbaPoolManager, managers
 from ..plugin.state import process
 
-#: A child of the worker's logger, so that ``client.get_worker_logs()`` shows its lines.
-logger = logging.getLogger("distributed.worker.numba_pool")
-
-#: The key of numba_pool's statistics in ``worker.metrics`` and the plugin's name.
-METRIC = "numba_pool"
+logger = logging.getLogger("distributed.worker.numba_pool")  # the worker's logger's child: client.get_worker_logs()
+METRIC = "numba_pool"  # the key of numba_pool's statistics in ``worker.metrics``, and the plugin's name
 
 
 class NumbaPoolPlugin(WorkerPlugin):
     """Runs :func:`numba_pool.install` on each worker (joiners too); publishes ``worker.metrics["numba_pool"]``.
 
     :param frontend: ``"numba-cuda"``, ``"mlir"``, or None: each worker's choice (:func:`.frontend.for_tools`).
-    :param options: :func:`numba_pool.install`'s, overriding the workers' ``NUMBA_POOL_*``; leave
-        ``log`` to the workers' environment (one path would be shared on a host).
-    :raises ConfigError: on the client, for an unknown option or a bad value.
-    :raises FrontendError: on the client, for a ``frontend`` that names none."""
+    :param options: :func:`numba_pool.install`'s, over the workers' ``NUMBA_POOL_*`` (not ``log``: a host's path).
+    :raises ConfigError: on the client, for an unknown option or a bad value; FrontendError: for a bad ``frontend``."""
 
     name = METRIC
     idempotent = False  # registering again with other options replaces the plugin (and tries them)
 
     def __init__(self, *, frontend: str | None = None, **options: Any):
-        # Bad options fail here, not on every worker; the log's path is checked where it is written.
+        # Bad options fail here, not on every worker; the log's path is checked where it is written (its type here).
         _config.load(environ={}, **{k: v for k, v in options.items() if k != "log"})
+        if not isinstance(options.get("log", ""), (str, os.PathLike)) and options["log"] is not None:
+            raise _config.ConfigError(f"NumbaPoolPlugin(log)={options['log']!r} is not a file path: expected the path "
+                                      "of a CSV file to write (on each worker)")
         self.frontend = None if frontend is None else frontends.parse_name(frontend, "NumbaPoolPlugin(frontend)")
         self.options = options
         self.status = "not set up"
@@ -61,10 +60,8 @@ class NumbaPoolPlugin(WorkerPlugin):
         self.frontend_used: str | None = None  # on a worker: the frontend its setup chose
 
     def setup(self, worker) -> None:
-        """Install numba_pool on ``worker``; without a GPU, only a warning in its log.
-
-        :raises RuntimeError: when the frontend already used CUDA there under another manager or
-            other options, or is not installed there (``client.register_plugin`` raises it)."""
+        """Install numba_pool on ``worker``; without a GPU, only a warning in its log.  :raises RuntimeError: when the
+        frontend used CUDA there under another manager or options, or is not installed (register_plugin raises it)."""
         worker.metrics[METRIC] = self.metric
         where = f"worker {getattr(worker, 'address', '?')}"
         status, message, self.frontend_used = _install(self.options, self.frontend)
@@ -92,8 +89,7 @@ class NumbaPoolPlugin(WorkerPlugin):
 
 
 def _install(options: dict, frontend: str | None) -> tuple[str, str | None, str | None]:
-    """Install numba_pool here: ``(status, message, frontend's name)``, status ``"installed"``,
-    ``"no GPU"`` or ``"not installed"`` (the message says why)."""
+    """Install numba_pool here: ``(status, message, frontend's name)``; status installed, no GPU or not installed."""
     try:
         chosen = frontends.named(frontend, "NumbaPoolPlugin(frontend)")
     except frontends.FrontendError as err:
@@ -164,8 +160,7 @@ def _context_statistics(dev_id: int, context, frontend) -> dict:
     if mm.allocator is None:  # not initialized (or reset): statistics() would create the pool
         return {"status": "not initialized", **about,
                 "message": f"numba_pool has no pool on device {dev_id} yet (nothing allocated since start or reset)"}
-    # On the worker's event loop thread, where no context is current: the pool queries need one.
-    context.push()
+    context.push()  # none is current on the worker's event loop thread; the pool queries need one
     try:
         statistics = mm.statistics()
     finally:
@@ -191,9 +186,18 @@ def _run_statistics(dask_worker=None) -> dict:
 
 
 def stats(client) -> dict[str, dict]:
-    """Every worker's :func:`worker_statistics` now, ``{worker address: dict}``; a worker that could
-    not answer gets ``{"status": "error", ...}``.  Asynchronous client: an awaitable."""
-    return _then(client.run(_run_statistics, on_error="return"), _checked)
+    """Every worker's :func:`worker_statistics` now, ``{worker address: dict}``; a worker that could not answer gets
+    ``{"status": "error", ...}``.  Asynchronous client: an awaitable.  :raises TypeError: as :func:`_client`."""
+    return _then(_client(client, "stats").run(_run_statistics, on_error="return"), _checked)
+
+
+def _client(client, call: str):
+    """``client``; :raises TypeError: for no Dask client (no ``client.run``), naming ``call``'s argument."""
+    if not callable(getattr(client, "run", None)):  # else an AttributeError from deep inside
+        hint = f": connect first, Client({client!r:.120})" if isinstance(client, str) else ""
+        raise TypeError(f"numba_pool.integrations.dask.{call}: client={client!r:.120} ({type(client).__name__}) is not "
+                        f"a Dask client (distributed.Client){hint}")
+    return client
 
 
 def _then(results, finish):
@@ -214,11 +218,10 @@ def _checked(results: dict) -> dict[str, dict]:
 
 def record_history(client, enabled: bool = True, stacks: str = "python",
                    max_entries: int = _history.DEFAULT_MAX_ENTRIES) -> dict[str, dict]:
-    """:func:`numba_pool.record_history` on every worker now; joiners do not record until it is
-    called again.  Returns ``{worker address: recording()}``; asynchronous client: an awaitable.
-
-    :raises ValueError: (a worker's) for another ``stacks`` or ``max_entries`` < 1."""
-    return _then(client.run(_record_history_here, enabled, stacks, max_entries), dict)
+    """:func:`numba_pool.record_history` on every worker now; joiners do not record until it is called again.
+    Returns ``{worker address: recording()}``; asynchronous client: an awaitable.
+    :raises ValueError: (a worker's) for another ``stacks`` or ``max_entries`` < 1; TypeError: as :func:`_client`."""
+    return _then(_client(client, "record_history").run(_record_history_here, enabled, stacks, max_entries), dict)
 
 
 def _record_history_here(enabled: bool, stacks: str, max_entries: int) -> dict:
@@ -262,9 +265,9 @@ def failed_snapshot(message: str) -> dict:
 
 
 def snapshots(client) -> dict[str, dict]:
-    """Each worker's :func:`worker_snapshot` now, ``{worker address: snapshot}`` (pickle it for PyTorch's
-    viewer); a worker failing gets :func:`failed_snapshot`.  Asynchronous client: an awaitable."""
-    return _then(client.run(worker_snapshot, on_error="return"), _snapshots_checked)
+    """Each worker's :func:`worker_snapshot` now, ``{worker address: snapshot}`` (pickle it for PyTorch's viewer); a
+    worker failing gets :func:`failed_snapshot`.  Asynchronous client: an awaitable.  TypeError: as :func:`_client`."""
+    return _then(_client(client, "snapshots").run(worker_snapshot, on_error="return"), _snapshots_checked)
 
 
 def _snapshots_checked(results: dict) -> dict[str, dict]:

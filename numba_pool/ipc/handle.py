@@ -137,7 +137,6 @@ class PoolIpcHandle:
 
     def open_direct(self, context):
         """Import into ``context`` (its device must reach the source): a ``MemoryPointer`` of ``size`` bytes.
-
         :raises ValueError: in the exporting process, or when already open (Numba's messages)."""
         if self.base is not None:
             raise ValueError("opening IpcHandle from original process")
@@ -150,9 +149,7 @@ class PoolIpcHandle:
         return opened.memory.own().view(self.offset)
 
     def open_staged(self, context):
-        """Import on the source device, copy ``size`` bytes into new memory of ``context``,
-        free the import: for devices that cannot reach each other.
-
+        """Without peer access: import on the source, copy ``size`` bytes to new ``context`` memory, free the import.
         :raises ValueError: when already open."""
         cuda, numba_driver = self.frontend.cuda, self.frontend.driver
         self._sentry_source_info()
@@ -173,7 +170,6 @@ class PoolIpcHandle:
 
     def close(self) -> None:
         """Free the imported memory (after work on the legacy stream that uses it) and give the lease back.
-
         :raises ValueError: when not open (Numba's message)."""
         if self._impl is None:
             raise ValueError("IpcHandle not opened")

@@ -1,13 +1,12 @@
 """Allocation history: the bounded ring :func:`numba_pool.record_history` records, after PyTorch's
-``_record_memory_history`` and its trace entries (whose viewer reads :func:`numba_pool.dump_snapshot`'s files).
-Per allocation: address, requested size, stream, device, kind (``device``, ``arena``, ``scratch``, ``pinned``,
-``managed``), thread, time, Python stack.  Events: ``alloc``, ``free_requested``, ``free_completed`` (reusable at
-once or at the holding ``defer_cleanup``'s exit), ``oom``, ``trim``, ``reset``; a release reusable at once is one
-``free`` (Note [History entries]).  The ring is a ``deque`` with ``maxlen``; live allocations are kept apart, so
-snapshots name every live block's frames.  Off, it costs nothing (:class:`RecordedAllocations` is in the path only
-while on); stacks are ``(code, offset)`` pairs named at snapshot time (:func:`resolve`; Note [Stack walks]).
-Threads: no lock; each step is atomic (:mod:`numba_pool.allocator`, "Threads"): ``deque.append``, ``dict`` set and
-``pop`` on the live table (keyed by device and ``CUdeviceptr``/host address)."""
+``_record_memory_history`` and its trace entries (whose viewer reads :func:`numba_pool.dump_snapshot`'s files).  Per
+allocation: address, requested size, stream, device, kind (``device``, ``arena``, ``scratch``, ``pinned``, ``managed``),
+thread, time, Python stack.  Events: ``alloc``, ``free_requested``, ``free_completed`` (reusable at once or at the
+holding ``defer_cleanup``'s exit), ``oom``, ``trim``, ``reset``; a release reusable at once is one ``free``
+(Note [History entries]).  The ring is a ``deque`` with ``maxlen``; live allocations are kept apart, so snapshots name
+every live block's frames.  Off, it costs nothing (:class:`RecordedAllocations` is in the path only while on); stacks
+are ``(code, offset)`` pairs named at snapshot time (:func:`resolve`; Note [Stack walks]).  Threads: no lock; each step
+is atomic (:mod:`numba_pool.allocator`, "Threads"): ``deque.append``, ``dict`` set and ``pop`` on the live table."""
 
 from __future__ import annotations
 
@@ -25,10 +24,8 @@ from ..cuda.errors import CudaAPIError, api_error
 from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, per_thread, scopes_entered
 
-#: Events kept by default (each a few hundred bytes with its frames).
-DEFAULT_MAX_ENTRIES = 100_000
-#: Frames kept per allocation at most (the innermost ones).
-MAX_FRAMES = 64
+DEFAULT_MAX_ENTRIES = 100_000  #: Events kept by default (each a few hundred bytes with its frames).
+MAX_FRAMES = 64  #: Frames kept per allocation at most (the innermost ones).
 STACKS = ("python", "none")
 
 
@@ -125,7 +122,6 @@ class History:
 
 def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python") -> History:
     """A new, empty recording, its arguments checked.
-
     :raises ValueError: for ``max_entries`` < 1 or ``stacks`` other than ``"python"``/``"none"``."""
     if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
         raise ValueError(f"numba_pool.record_history: max_entries={max_entries!r} must be a positive number of events")
@@ -136,11 +132,10 @@ def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python"
 
 class RecordedAllocations:
     """The recording adaptor over ``upstream`` (bytes -> ``PoolPointer``): allocations (with stacks), releases and
-    out-of-memory errors into ``history``; an out-of-memory message names the largest holders, then
-    ``on_oom(device, size, error)`` runs.  ``kind``: ``"device"`` (per allocation ``scratch``, or ``arena`` up to
-    ``arena_limit`` bytes, -1: no arena) or ``"managed"``; ``deferral``: the manager's ``defer_cleanup`` state;
-    ``device_free``: ``() -> free bytes`` of the device, for ``oom`` entries; ``skip``: numba_pool frames above
-    this adaptor (1 from Numba, 2 through ``memallocmanaged``)."""
+    out-of-memory errors (then ``on_oom(device, size, error)``) into ``history``.  ``kind``: ``"device"`` (per
+    allocation ``scratch``, or ``arena`` up to ``arena_limit`` bytes, -1: no arena) or ``"managed"``; ``deferral``: the
+    manager's ``defer_cleanup`` state; ``device_free``: ``() -> free bytes`` of the device, for ``oom`` entries;
+    ``skip``: numba_pool frames above this adaptor (1 from Numba, 2 through ``memallocmanaged``)."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer], history: History, device: int, kind: str, *,
                  arena_limit: int = -1, deferral=None,
@@ -158,7 +153,6 @@ class RecordedAllocations:
 
     def allocate(self, size: int) -> PoolPointer:
         """``size`` bytes from upstream, recorded with the caller's stack.
-
         :raises CudaAPIError: upstream's; out of memory with the largest holders named."""
         history = self._history
         # History.capture, inlined: a method call less on every recorded allocation (Note [Stack walks]).
@@ -218,8 +212,7 @@ def skipped_dirs() -> tuple[str, ...]:
 #: Path parts that mark a frame as Numba's or numba_pool's in a dump from any machine.
 PACKAGE_FOLDERS = tuple(f"{os.sep}{package}{os.sep}" for package in ("numba", "numba_cuda", "numba_cuda_mlir",
                                                                       "numba_pool"))
-#: numba_pool's example kernels and scripts: user code, for the purpose of naming a site.
-_EXAMPLES = f"{os.sep}numba_pool{os.sep}kernels{os.sep}"
+_EXAMPLES = f"{os.sep}numba_pool{os.sep}kernels{os.sep}"  #: Example kernels and scripts: user code when naming a site.
 
 
 def is_library_frame(filename: str) -> bool:

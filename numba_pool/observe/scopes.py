@@ -24,12 +24,10 @@ from .history import is_library_frame
 
 
 class _ThreadScopes(threading.local):
-    # The thread's open scopes, outermost first: a tuple, replaced, never mutated (a release keeps its allocation's).
-    scopes: tuple = ()
+    scopes: tuple = ()  # outermost first; a tuple replaced, never mutated (a release keeps its allocation's)
 
 
-#: The calling thread's open scopes, a hot-path latch (docs/architecture.md, "Module-level state").
-_local = _ThreadScopes()
+_local = _ThreadScopes()  #: The thread's open scopes, a hot-path latch (docs/architecture.md, "Module-level state").
 
 
 class _Discard:
@@ -60,7 +58,6 @@ class ScopedStatistics:
 
     def __enter__(self) -> "ScopedStatistics":
         """Start counting the calling thread's allocations.
-
         :raises RuntimeError: when this scope was entered before."""
         if self._state != "new":
             raise RuntimeError("numba_pool.statistics: a scope can be entered only once; make a new one")
@@ -71,7 +68,6 @@ class ScopedStatistics:
 
     def __exit__(self, *exc_info) -> None:
         """Stop counting and freeze the figures.
-
         :raises RuntimeError: when not open, or exited by another thread than the entering one."""
         if self._state != "open":
             raise RuntimeError(f"numba_pool.statistics: exiting a scope that is {self._state}, not open")
@@ -135,7 +131,6 @@ class ScopedStatistics:
     @property
     def sites(self) -> dict[tuple[str, int, str], tuple[int, int]]:
         """``(file, line, function) -> (allocations, bytes)`` per call site (a copy).
-
         :raises RuntimeError: without ``profile=True``."""
         if self._sites is None:
             raise RuntimeError("numba_pool.statistics: call sites are recorded only with profile=True")
@@ -143,7 +138,6 @@ class ScopedStatistics:
 
     def report(self, limit: int | None = None) -> str:
         """A table of the call sites, most bytes first (``limit`` rows at most).
-
         :raises RuntimeError: without ``profile=True``."""
         import humanfriendly
         from tabulate import tabulate

@@ -1,25 +1,22 @@
 """Snapshots in the schema of PyTorch's ``torch.cuda.memory._snapshot()``, which its memory viewer reads
 (pytorch.org/memory_viz, ``python -m torch.cuda._memory_viz``); the mapping (docs/guide.md, "Snapshots", for users):
 
-=========================  ==================================================================================
+=========================  =============================================================================================
 PyTorch                    numba_pool
-=========================  ==================================================================================
-segment                    an arena slab; a mempool allocation (one block: the driver's pool is opaque below
-                           it); a scratch block (its carved arrays as blocks, from the history); the mempool's
-                           reserve that no allocation holds (reserved minus the rest, the driver's rounding
-                           included: one free block at address 0); a pinned or managed block (one block)
-segment ``kind``           numba_pool's own key: ``arena slab``, ``mempool``, ``scratch``,
-                           ``mempool reserve``, ``pinned``, ``managed``
+=========================  =============================================================================================
+segment                    an arena slab; a mempool allocation (one block; the pool is opaque below); a scratch block
+                           (its carved arrays from the history); the mempool reserve (reserved minus the rest, with the
+                           driver's rounding: one free block at address 0); a pinned or managed block (one block)
+segment ``kind``           ours: ``arena slab``, ``mempool``, ``scratch``, ``mempool reserve``, ``pinned``, ``managed``
 block ``active_allocated`` an array holds it (or ``defer_cleanup`` holds it back)
-``active_awaiting_free``   released, not yet reusable: an arena block waiting for its fence or an IPC hold, a
-                           cached pinned or managed block whose events the host has not seen complete
+``active_awaiting_free``   released, not yet reusable: an arena block waiting for its fence or an IPC hold, a cached
+                           pinned or managed block whose events the host has not seen complete
 ``inactive``               free: reusable now
 block ``requested_size``   the size Numba asked for (from the history; without it, the block)
 block ``frames``           the stack at the allocation (from the history; empty without it)
-``device_traces[d]``       the history's events on device ``d`` (``alloc``, ``free_requested``,
-                           ``free_completed``, ``oom``, ``trim``, ``reset``), oldest first, with
-                           numba_pool's ``kind`` and ``thread`` (0 on the two free entries)
-=========================  ==================================================================================
+``device_traces[d]``       the history's events on device ``d`` (``alloc``, ``free_requested``, ``free_completed``,
+                           ``oom``, ``trim``, ``reset``), oldest first, with our ``kind`` and ``thread`` (0 on a free)
+=========================  =============================================================================================
 
 Totals: segments sum to the mempool's reserved bytes plus the caches' (:class:`~.statistics.PoolStatistics`);
 with the history, active blocks' requested sizes sum to the bytes in use (a scratch block's: its carved arrays)."""
@@ -34,15 +31,13 @@ from .history import History, is_library_frame, resolve
 
 #: numba_pool's block states -> PyTorch's.
 STATES = {"allocated": "active_allocated", "awaiting_free": "active_awaiting_free", "free": "inactive"}
-#: PyTorch's split between small and large segments (bytes).
-LARGE = 1 << 20
+LARGE = 1 << 20  #: PyTorch's split between small and large segments (bytes).
 
 
 def build(segments_by_device: dict[int, list[dict]], history: History | None) -> dict:
-    """The snapshot dict: ``segments`` (tagged ``device``), ``device_traces`` (a list per ordinal to the highest),
-    from ``segments_by_device`` (device ordinal -> segments as the allocator and the caches give them: ``kind``,
-    ``address``, ``size``, ``stream``, ``blocks`` of ``(address, size, state)``) and ``history`` (the recording, or
-    None: no frames, no traces, requested sizes = block sizes)."""
+    """The snapshot dict (``segments`` tagged ``device``; ``device_traces``, a list per ordinal to the highest) from
+    ``segments_by_device`` (ordinal -> segments: ``kind``, ``address``, ``size``, ``stream``, ``blocks`` of
+    ``(address, size, state)``) and ``history`` (or None: no frames or traces; requested sizes = block sizes)."""
     live = dict(history.live) if history is not None else {}
     segments = [_segment(device, segment, live) for device, segs in sorted(segments_by_device.items())
                 for segment in segs]

@@ -16,16 +16,14 @@ from ..cuda.capture import graph_memory, relaxed
 class PoolStatistics:
     """One device's numba_pool memory, in bytes and counts; bytes as Numba requested them, but for ``pool_*``,
     ``arena_*``, ``host_*``, ``managed_*``, ``graph_*``.  ``bytes_in_use``/``blocks_in_use`` (peaks since start or
-    :func:`numba_pool.reset_peak`); ``total_allocations``, ``total_frees``, ``total_bytes`` since start (RMM's
-    names: :attr:`current_bytes`, :attr:`current_count`, :attr:`peak_bytes`, :attr:`peak_count`,
-    :attr:`total_bytes`, :attr:`total_count`).  ``pool_*``: the mempool's attributes; ``pool_released_bytes``: used
-    bytes of dropped arrays' blocks awaiting their fence (rule 4 of :mod:`numba_pool.allocator`).  ``oom_retries``:
-    allocations retried after synchronizing and trimming; ``oom_errors``: those failing again.  ``arena_*`` (zero,
-    ``arena_on`` false, when off): slabs reserved, live blocks (rounded to 256 B), free blocks, the largest, bytes
-    cached, quarantined and free, the slabs. ``host_*``/``managed_*`` (likewise ``*_on``): bytes reserved (powers
-    of two), in arrays, cached, blocks. ``graph_*``: device graph memory (``cuDeviceGetGraphMemAttribute``, apart
-    from the mempools), high watermarks, our live captured arrays; ``releases_held_for_capture``: releases a
-    capture holds back (rule 13)."""
+    :func:`numba_pool.reset_peak`); ``total_allocations``, ``total_frees``, ``total_bytes`` since start (RMM's names:
+    :data:`RMM_KEYS`).  ``pool_*``: the mempool's attributes; ``pool_released_bytes``: used bytes of dropped arrays'
+    blocks awaiting their fence (rule 4 of :mod:`numba_pool.allocator`).  ``oom_retries``: allocations retried after
+    synchronizing and trimming; ``oom_errors``: those failing again.  ``arena_*`` (zero, ``arena_on`` false, when off):
+    slabs reserved, live blocks (rounded to 256 B), free blocks, the largest, bytes cached, quarantined and free, the
+    slabs. ``host_*``/``managed_*`` (likewise ``*_on``): bytes reserved (powers of two), in arrays, cached, blocks.
+    ``graph_*``: device graph memory (``cuDeviceGetGraphMemAttribute``, apart from the mempools), high watermarks, our
+    live captured arrays; ``releases_held_for_capture``: releases a capture holds back (rule 13)."""
 
     bytes_in_use: int
     peak_bytes_in_use: int

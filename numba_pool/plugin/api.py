@@ -5,6 +5,8 @@ one line (:class:`~numba_pool.cuda.frontend.FrontendError`) where that is ambigu
 from __future__ import annotations
 
 import contextlib
+import numbers
+import warnings
 from typing import Any, Iterator
 
 from .. import config as _config
@@ -12,6 +14,8 @@ from ..allocator import threads
 from ..allocator.captures import note_if_capturing
 from ..allocator.scratch import ScratchBlock
 from ..config import PoolConfig
+from ..config.values import byte_count, switch
+from ..config.variables import user_stacklevel
 from ..cuda import frontend as frontends
 from ..cuda import driver, simulator
 from ..cuda import mempool
@@ -58,6 +62,10 @@ def install(frontend: str | None = None, **options: Any) -> PoolConfig:
     settings.set_config(config)
     for target in targets:
         target.cuda.set_memory_manager(manager_class(target))
+    if not any(getattr(target.cuda, "is_available", lambda: True)() for target in targets):
+        warnings.warn("numba_pool.install(): no CUDA GPU is available here, so Numba's CUDA calls will fail; "
+                      "NUMBA_ENABLE_CUDASIM=1 runs kernels without one (docs/guide.md, \"Without a GPU\")",
+                      RuntimeWarning, stacklevel=user_stacklevel())
     return config
 
 
@@ -89,9 +97,15 @@ def manager_of(device: Any = None, *, frontend: str | None = None, of: Any = Non
 
 
 def _ordinal(device: Any, call: str) -> int | None:
-    """A device ordinal from what a public function's ``device`` was given."""
-    if device is None or isinstance(device, int) and not isinstance(device, bool):
-        return device
+    """A device ordinal from what a public function's ``device`` was given (NumPy integers too).
+
+    :raises ValueError: for a negative ordinal.  :raises TypeError: for what is no device."""
+    if device is None:
+        return None
+    if isinstance(device, numbers.Integral) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"{call}: device={device!r} is not a device ordinal: expected an int >= 0")
+        return int(device)
     owner = getattr(device, "device", device)  # a Context's device, or the Device itself
     ordinal = getattr(owner, "id", None)
     if isinstance(ordinal, int):
@@ -117,6 +131,7 @@ def reset_peak(device: Any = None, *, frontend: str | None = None) -> None:
 def trim(keep_bytes: int = 0, device: Any = None, *, frontend: str | None = None) -> None:
     """Synchronize the device and release cached memory beyond ``keep_bytes`` bytes (``cuMemPoolTrimTo``; the
     arena's empty slabs; completed pinned blocks, ``cuMemFreeHost``).  Arguments as for :func:`stats`."""
+    keep_bytes = byte_count(keep_bytes, "numba_pool.trim", "keep_bytes", positive=False)
     manager_of(device, frontend=frontend, call="numba_pool.trim()").trim(keep_bytes)
 
 
@@ -129,6 +144,7 @@ def record_stream(array: Any, stream: Any) -> bool:
     :returns: True when the memory is a live numba_pool allocation (recorded), False when it is not (nothing
         to do: its owner frees it; a pinned array Numba made itself, with ``NUMBA_POOL_HOST=0``).
     :raises TypeError: when ``stream`` is not a stream, or ``array`` none of the above."""
+    as_stream_ref(stream)  # a bad stream is told before the GPU is needed
     of = array if frontends.name_of(array) is not None else stream
     return manager_of(of=of, call="numba_pool.record_stream()").record_stream(array, stream)
 
@@ -143,7 +159,7 @@ def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:
     :raises ValueError: when ``array`` is not managed memory, or ``device`` is another string.
     :raises TypeError: when ``array`` or ``stream`` is neither of the above.
     :raises CudaAPIError: when the driver refuses the prefetch."""
-    address = data_address(array)
+    address, ref = data_address(array), as_stream_ref(stream)  # checked before the GPU is needed
     nbytes = int(getattr(array, "nbytes", getattr(array, "size", 0)))
     if isinstance(device, str):
         if device.strip().lower() != "cpu":
@@ -152,18 +168,24 @@ def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:
     else:
         ordinal = _ordinal(device, "numba_pool.prefetch()")
         target = ordinal if ordinal is not None else manager_of(of=array, call="numba_pool.prefetch()").device_id
-    if not mempool.is_managed(address, driver.cu):
+    try:
+        managed = mempool.is_managed(address, driver.cu)
+    except RuntimeError as err:  # cuda-pathfinder's DynamicLibNotFoundError: no driver here
+        raise RuntimeError(f"numba_pool.prefetch: no CUDA GPU is available here ({err})") from None
+    if not managed:
         raise ValueError(f"numba_pool.prefetch: {type(array).__name__} at {address:#x} is not managed memory "
                          "(cuda.managed_array); device and pinned arrays stay where they are")
     if nbytes > 0:
-        mempool.prefetch(driver.cu, address, nbytes, target, as_stream_ref(stream).handle)
+        mempool.prefetch(driver.cu, address, nbytes, target, ref.handle)
 
 
 def memory_summary(device: Any = None, *, frontend: str | None = None) -> str:
     """A printable table of the device's numba_pool memory (allocations, the pool, the arena, this thread's
     scratch block, out-of-memory retries); sizes in binary units and bytes.  Arguments as for :func:`stats`.
 
-    :raises RuntimeError: as :func:`manager_of`."""
+    :raises RuntimeError: as :func:`manager_of` (under the simulator, the one line saying why is returned)."""
+    if simulator.active():
+        return f"numba_pool: no memory summary: {simulator.NO_MEMORY_MANAGER}"
     manager = manager_of(device, frontend=frontend, call="numba_pool.memory_summary()")
     scratch = current_stream().scratch
     if scratch is not None and getattr(scratch.block, "context", None) is not manager.context:
@@ -193,8 +215,7 @@ def scratch(nbytes: int, *, manager=None, frontend: str | None = None) -> Iterat
     :raises ValueError: for ``nbytes`` <= 0.
     :raises RuntimeError: as :func:`manager_of`.
     :raises CudaAPIError: when the block cannot be reserved."""
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-        raise ValueError(f"numba_pool.scratch: nbytes={nbytes!r} must be a positive number of bytes")
+    nbytes = byte_count(nbytes, "numba_pool.scratch", "nbytes", positive=True)
     manager = manager_of(frontend=frontend, call="numba_pool.scratch()") if manager is None else manager
     with manager.scratch(nbytes) as block:
         yield block
@@ -237,6 +258,7 @@ def statistics(*, profile: bool = False) -> ScopedStatistics:
     counts: :class:`~numba_pool.observe.scopes.ScopedStatistics`).  Scopes nest, per thread; free
     while none is open.  ``profile``: also per call site (``s.report()``), walking the stack.
     Under the simulator it warns (:class:`numba_pool.SimulatorWarning`) that it counts nothing."""
+    profile = switch(profile, "numba_pool.statistics", "profile")
     if simulator.active():
         simulator.warn_scope()
     return _ProcessScope(profile=profile)
@@ -252,7 +274,11 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
     :param enabled: False stops and drops the recording.
     :param stacks: ``"python"`` or ``"none"`` (events only).
     :param max_entries: events kept, oldest dropped first (live allocations are kept apart).
-    :raises ValueError: for another ``stacks`` or ``max_entries`` < 1."""
+    :raises ValueError: for another ``stacks`` or ``max_entries`` < 1.  :raises TypeError: ``enabled`` not a bool.
+    Under the simulator it warns that nothing is recorded."""
+    enabled = switch(enabled, "numba_pool.record_history", "enabled")
+    if enabled and simulator.active():
+        simulator.note_nothing("numba_pool.record_history()")
     process.set_recording(_history.new_recording(max_entries, stacks) if enabled else None)
 
 
@@ -266,8 +292,15 @@ def dump_snapshot(path) -> None:
     """Pickle :func:`snapshot` to ``path`` (for pytorch.org/memory_viz, ``torch.cuda._memory_viz`` or
     ``numba-pool-tools snapshot summarize``).
 
-    :raises OSError: when the file cannot be written."""
-    _snapshot.dump(snapshot(), path)
+    :raises ConfigError: (a ValueError) ``path`` is no file path one can write, before anything is written.
+    :raises OSError: when writing fails (one line naming the path)."""
+    path = _config.parse_path(path, "numba_pool.dump_snapshot(path)", what="a snapshot (pickle)")
+    if simulator.active():
+        simulator.note_nothing("numba_pool.dump_snapshot()")
+    try:
+        _snapshot.dump(snapshot(), path)
+    except OSError as err:
+        raise OSError(f"numba_pool.dump_snapshot: {path!r} could not be written ({err.strerror or err})") from None
 
 
 def on_out_of_memory(callback) -> None:
@@ -283,5 +316,5 @@ def live_allocations(group_by: str | None = "site", device: int | None = None) -
     (``group_by="site"``), or ``(site, bytes, device, address, kind)`` per allocation (None).
 
     :raises RuntimeError: when no history is recorded.
-    :raises ValueError: for another ``group_by``."""
-    return debugging.live_allocations(group_by, device)
+    :raises ValueError: for another ``group_by`` or a negative ``device``.  :raises TypeError: ``device`` no ordinal."""
+    return debugging.live_allocations(group_by, _ordinal(device, "numba_pool.live_allocations"))

@@ -5,6 +5,7 @@ the history itself is :mod:`numba_pool.observe.history`'s, the recording and obs
 from __future__ import annotations
 
 import atexit
+import inspect
 import sys
 from typing import Callable, Iterable
 
@@ -45,6 +46,13 @@ def add_observer(callback: Callable) -> None:
     in the allocating thread, before the error is raised."""
     if not callable(callback):
         raise TypeError(f"numba_pool.on_out_of_memory: {callback!r} is not callable")
+    try:
+        inspect.signature(callback).bind(0, 0, {})
+    except TypeError:
+        raise TypeError(f"numba_pool.on_out_of_memory: {callback!r:.80} cannot be called as callback(device, size, "
+                        "snapshot)") from None
+    except ValueError:  # no signature to read (some builtins): taken as given
+        pass
     process.add_observer(callback)
     ensure_recording()
 

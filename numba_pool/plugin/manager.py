@@ -1,6 +1,5 @@
-"""numba_pool's EMM plugin: a thin class.  :meth:`NumbaPoolManager.initialize` makes the device's
-mempool and allocator (:mod:`numba_pool.allocator`, which owns the stream rule) and composes the
-allocation path (:mod:`numba_pool.plugin.path`); the rest forwards.
+"""The EMM plugin, a thin class: :meth:`NumbaPoolManager.initialize` makes the device's mempool and allocator (the
+stream rule, :mod:`numba_pool.allocator`) and composes the path (:mod:`numba_pool.plugin.path`); the rest forwards.
 
 Note [The path is the manager's memalloc]
     :meth:`NumbaPoolManager._bind` (the only code that sets or removes it) makes the composed path the
@@ -48,13 +47,11 @@ from .state import process
 
 
 class NumbaPoolManager:
-    """EMM plugin: one instance per CUDA context (device and frontend; Note [One class for every frontend]).
-    Device memory from the mempool; pinned/mapped host memory from the host cache with ``NUMBA_POOL_HOST``; managed
-    memory from the managed cache with ``NUMBA_POOL_MANAGED`` (default) where the device has concurrent managed
-    access; otherwise, and for ``mempin``, Numba's own.  Seams for tests and tools: :attr:`allocator` (None before
-    initialization and after a reset), :attr:`path`, :attr:`host`, :attr:`managed` (:attr:`managed_off_because`
-    when None), :attr:`log`, :attr:`config`.
-
+    """EMM plugin: one instance per CUDA context (device and frontend; Note [One class for every frontend]).  Device
+    memory from the mempool; pinned/mapped memory from the host cache with ``NUMBA_POOL_HOST``; managed from the managed
+    cache with ``NUMBA_POOL_MANAGED`` (default) given concurrent managed access; otherwise, and for ``mempin``, Numba's
+    own.  Seams (tests, tools): :attr:`allocator` (None before initialization and after a reset), :attr:`path`,
+    :attr:`host`, :attr:`managed` (:attr:`managed_off_because` when None), :attr:`log`, :attr:`config`.
     :param config: this manager's options (tests, benchmark); None: the process's."""
 
     frontend: Frontend | None = None  #: The frontend whose base classes this class derives from (None here).
@@ -98,7 +95,6 @@ class NumbaPoolManager:
     def initialize(self) -> None:
         """Create the device's mempool and allocator with the configuration, pre-reserve
         ``initial_size`` bytes and compose the path; idempotent (Numba calls it at each context push).
-
         :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad.
         :raises RuntimeError: without the GIL (:func:`numba_pool.allocator.threads.require_gil`).
         :raises CudaAPIError: when the driver refuses to create or configure the pool."""
@@ -158,7 +154,6 @@ class NumbaPoolManager:
     def memalloc(self, size: int) -> PoolPointer:
         """Allocate ``size`` bytes, stream-ordered on the thread's allocation stream, released by the
         stream rule when the pointer is dropped (Note [The path is the manager's memalloc]).
-
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after synchronizing and trimming (with the
             pool's and device's sizes); any other driver error as returned."""
         self.initialize()
@@ -183,7 +178,6 @@ class NumbaPoolManager:
         """``size`` bytes of page-locked host memory, as Numba's (``PinnedMemory``, or with ``mapped`` a
         ``MappedMemory`` view, ``cuMemHostGetDevicePointer``); with ``NUMBA_POOL_HOST`` from the cache of
         ``cuMemHostAlloc`` blocks, else (and for 0 bytes) Numba's.
-
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes."""
         self.initialize()
         if self.host is None or size <= 0:
@@ -194,7 +188,6 @@ class NumbaPoolManager:
         """``size`` bytes of managed memory as Numba's ``ManagedMemory``: with ``NUMBA_POOL_MANAGED``, globally
         attached memory from the managed cache under the host rule (rule 9 of :mod:`numba_pool.allocator`);
         host-attached, 0 bytes or no concurrent managed access: Numba's (both ``cuMemAllocManaged``).
-
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes and its cap."""
         self.initialize()
         path = self.path
@@ -212,7 +205,6 @@ class NumbaPoolManager:
 
     def get_ipc_handle(self, memory):
         """An IPC handle for ``memory`` (``cuMemPoolExportPointer``; lifetimes: :mod:`numba_pool.ipc`).
-
         :raises ValueError: when ``memory`` is not in a live numba_pool allocation.
         :raises RuntimeError: when the pool cannot be exported, with the reason."""
         from ..ipc import export  # multiprocessing's reduction and the lease files: imported at the first export
@@ -244,10 +236,9 @@ class NumbaPoolManager:
 
     @contextlib.contextmanager
     def defer_cleanup(self):
-        """Hold back the memory of arrays dropped inside; release it at the outermost exit, ordered
-        after their streams' work and every blocking stream's (Note [A release made free later orders
-        now] in :mod:`numba_pool.allocator.waits`).  Other non-blocking streams must be synchronized
-        inside.  Stays open across a :meth:`reset`; also ``super()``'s."""
+        """Hold back the memory of arrays dropped inside, released at the outermost exit after their streams' work and
+        every blocking stream's (Note [A release made free later orders now] in :mod:`numba_pool.allocator.waits`);
+        synchronize other non-blocking streams inside.  Stays open across a :meth:`reset`; also ``super()``'s."""
         self.initialize()
         with super().defer_cleanup(), self.deferral.holding_back():
             yield
@@ -257,7 +248,6 @@ class NumbaPoolManager:
     def record_stream(self, array, stream) -> bool:
         """:func:`numba_pool.record_stream` on this manager: True when the array's memory is a live allocation
         of this manager (the use is recorded), False when it is not (nothing to order: its owner frees it).
-
         :raises TypeError: when ``stream`` is not a stream, or ``array`` not an array."""
         ref = as_stream_ref(stream)
         address = data_address(array)

@@ -6,11 +6,11 @@ snapshots and the leak report show them beside Numba's."""
 
 from __future__ import annotations
 
-import numbers
 import weakref
 from functools import partial
 from typing import Callable
 
+from ..config.values import byte_count  # noqa: F401 - the doors' size check
 from ..cuda import frontend as frontends
 from .state import process
 
@@ -96,19 +96,6 @@ def release(record, deallocate: Callable[..., None], *args) -> None:
         return
     history, alloc = event
     history.release_recorded(None, alloc, partial(deallocate, *args))
-
-
-def byte_count(value, call: str, name: str, *, positive: bool) -> int:
-    """``value`` as a number of bytes (an int, or another integral number but a bool).
-
-    :raises ValueError: naming ``call``'s argument ``name`` and ``value``, when it is not one, or below 1
-        (``positive``) or 0."""
-    if type(value) is int and value >= positive:
-        return value
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < positive:
-        raise ValueError(f"{call}: {name} must be a {'positive' if positive else 'non-negative'} number of bytes, "
-                         f"got {value!r}")
-    return int(value)
 
 
 def cache_block(cache, unavailable: str, size: int, stream, flags: int):

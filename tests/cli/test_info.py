@@ -230,3 +230,15 @@ def test_info_lists_the_doors_onto_the_pool(monkeypatch):
     assert rows["door cupy"] == "cupy-cuda13x not installed"
     assert rows["door torch"] == ("torch 2.11.0: a program calls "
                                   "torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())")
+
+
+def test_a_variable_typo_is_one_warning_line_naming_the_command(monkeypatch):
+    """Not ``click/core.py:911: ConfigWarning: ...`` and its source line: the frame Python names is Click's."""
+    monkeypatch.setenv("NUMBA_POOL_ARNEA", "1")
+    monkeypatch.setenv("NUMBA_POOL_INITIAL_SIZE", "a lot")  # stops info before any GPU question
+    result = CliRunner().invoke(main, ["info"], prog_name="numba-pool")
+    assert result.exit_code == 2 and "Traceback" not in result.stderr, result.stderr
+    warning, error = result.stderr.splitlines()
+    assert warning == ("numba-pool: warning: NUMBA_POOL_ARNEA is not a numba_pool variable and is ignored: did you "
+                       "mean NUMBA_POOL_ARENA?")
+    assert error.startswith("Error: NUMBA_POOL_INITIAL_SIZE='a lot' is not a size"), error

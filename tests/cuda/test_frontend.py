@@ -262,7 +262,7 @@ except frontend.FrontendError as err:
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ("numba_pool: the Numba-CUDA-MLIR frontend (numba_cuda_mlir.cuda) is not installed: "
-                                   "pip install 'numba-pool[mlir]'")
+                                   "pip install '.[mlir]' in a numba-pool checkout")
 
 
 def test_importing_numba_pool_imports_no_frontend():

@@ -195,7 +195,7 @@ def test_the_summary_option_says_in_one_line_why_there_is_none():
                       "runpy.run_module('kernels.sqrt', run_name='__main__')", SIM_WITH_PLUGIN, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == (
-        "no memory summary: numba_pool is not the memory manager: the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): "
+        "numba_pool: no memory summary: the CUDA simulator is on (NUMBA_ENABLE_CUDASIM=1): "
         "it keeps device arrays in host memory and has no memory manager for numba_pool to replace")
 
 

@@ -161,6 +161,9 @@ def test_bad_options_fail_on_the_client():
         npd.NumbaPoolPlugin(arena_size=1)
     with pytest.raises(numba_pool.ConfigError, match="max_size"):
         npd.NumbaPoolPlugin(max_size="lots")
+    with pytest.raises(numba_pool.ConfigError, match=r"NumbaPoolPlugin\(log\)=123 is not a file path"):
+        npd.NumbaPoolPlugin(log=123)  # issue 36: was accepted, to fail on every worker
+    assert npd.NumbaPoolPlugin(log="alloc.csv", arena=True).options["log"] == "alloc.csv"
     assert npd.NumbaPoolPlugin(max_size="50%", arena=True).options == {"max_size": "50%", "arena": True}
 
 
@@ -169,7 +172,8 @@ def test_missing_distributed_is_one_clear_line(monkeypatch):
     monkeypatch.delitem(sys.modules, "numba_pool.integrations.dask")
     with pytest.raises(ImportError) as caught:
         importlib.import_module("numba_pool.integrations.dask")
-    assert str(caught.value) == "numba_pool.integrations.dask needs Dask's distributed: pip install 'numba-pool[dask]'"
+    assert str(caught.value) == ("numba_pool.integrations.dask needs Dask's distributed: pip install '.[dask]' in a "
+                                 "numba-pool checkout (or pip install distributed)")  # numba-pool is not on PyPI
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
@@ -519,3 +523,19 @@ def test_a_workers_snapshot_reaches_the_client_through_dask():
     assert out["recording"] == [{"recording": True, "stacks": "python", "max_entries": 100}]
     assert out["blocks"] == [[1000, "main"]] and out["traces"] == ["alloc"]
     assert out["off"] == [{"recording": False}]
+
+
+@pytest.mark.parametrize("call, client, line", [
+    ("stats", None, "numba_pool.integrations.dask.stats: client=None (NoneType) is not a Dask client "
+                    "(distributed.Client)"),
+    ("snapshots", "tcp://127.0.0.1:8786", "numba_pool.integrations.dask.snapshots: client='tcp://127.0.0.1:8786' "
+                                          "(str) is not a Dask client (distributed.Client): connect first, "
+                                          "Client('tcp://127.0.0.1:8786')"),
+    ("record_history", 3, "numba_pool.integrations.dask.record_history: client=3 (int) is not a Dask client "
+                          "(distributed.Client)"),
+])
+def test_a_helper_given_no_client_says_so_in_one_line(call, client, line):
+    """Not ``AttributeError: 'NoneType' object has no attribute 'run'`` (issue 36)."""
+    with pytest.raises(TypeError) as caught:
+        getattr(npd, call)(client)
+    assert str(caught.value) == line

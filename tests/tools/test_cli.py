@@ -219,6 +219,8 @@ def fake_gpu_bench(monkeypatch):
 
 def test_bench_hands_its_options_to_the_parts_and_writes_their_report(fake_gpu_bench, tmp_path):
     core = min(os.sched_getaffinity(0))
+    (tmp_path / "numba_pool").mkdir()
+    (tmp_path / "numba_pool" / "__init__.py").write_text("")  # a baseline: another numba_pool
     result = CliRunner().invoke(main, ["bench", "--no-anchors", "--with-rmm", "--part", "end-to-end", "--rounds", "3",
                                        "--core", str(core), "--baseline", str(tmp_path), "--json",
                                        str(tmp_path / "out.json")])
@@ -260,3 +262,57 @@ def test_the_command_alone_prints_its_help():
     proc = numba_pool_cli()
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stdout.startswith("Usage: numba-pool-tools") and "replay" in proc.stdout
+
+
+# -- bench: what the user gave, checked before the GPU (issue 36) -----------------------------------
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["--core", "99999"], "--core 99999: not a CPU core this process may run on"),
+    (["--json", "/nonexistent/x.json"], "--json='/nonexistent/x.json' is in folder '/nonexistent', which does not exist"),
+    (["--json", "{tmp}/missing/x.json"], "--json='{tmp}/missing/x.json' is in folder '{tmp}/missing', which does not"),
+    (["--baseline", "{tmp}"], "--baseline '{tmp}': no numba_pool/__init__.py in it"),
+])
+def test_bench_arguments_are_checked_before_the_gpu(argv, culprit, tmp_path, monkeypatch):
+    """Exit status 2 naming the option, on any machine: the GPU check (3) comes after."""
+    from numba_pool.cli.errors import NoGpu
+    from numba_pool_tools.cli import bench
+
+    def no_gpu():
+        raise NoGpu("no CUDA GPU here (the test's)")
+
+    monkeypatch.setattr(bench, "require_gpu", no_gpu)
+    result = CliRunner().invoke(main, ["bench", *(a.format(tmp=tmp_path) for a in argv)])
+    assert result.exit_code == 2, result.output
+    check_one_line_error(result.stderr, result.stdout, culprit.format(tmp=tmp_path))
+
+
+# -- warnings: one line naming the command, not a frame of Click's or runpy's (issue 36) --------------
+
+def test_a_variable_typo_is_one_warning_line_naming_the_command():
+    """Not ``click/core.py:911: ConfigWarning: ...`` and its source line: the frame Python found was Click's."""
+    proc = numba_pool_cli("bench", "--core", "99999", env={"NUMBA_POOL_ARNEA": "1"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "numba-pool-tools: warning: NUMBA_POOL_ARNEA is not a numba_pool variable and is ignored: did you mean "
+        "NUMBA_POOL_ARENA?", "Error: --core 99999: not a CPU core this process may run on (allowed: "
+        f"{', '.join(map(str, sorted(os.sched_getaffinity(0))))})"]
+
+
+def test_the_simulators_import_warning_is_one_line_naming_the_command(tmp_path):
+    """numba_pool warns as it is imported, before the command runs: once ``<frozen runpy>:112: SimulatorWarning``."""
+    log = tmp_path / "trace.csv"
+    log.write_bytes(GOOD)
+    proc = numba_pool_cli("replay", str(log), env={"NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
+    assert proc.returncode == 0 and "operations" in proc.stdout, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "numba-pool-tools: warning: NUMBA_CUDA_MEMORY_MANAGER=numba_pool is ignored: the CUDA simulator is on "
+        "(NUMBA_ENABLE_CUDASIM=1): it keeps device arrays in host memory and has no memory manager for numba_pool to "
+        "replace"]
+
+
+def test_the_commands_warning_display_is_restored_after_it():
+    import warnings
+
+    before = warnings.showwarning
+    CliRunner().invoke(main, ["replay", "--help"])
+    assert warnings.showwarning is before

@@ -29,12 +29,12 @@ def run_script(module: str, *args: str, env: dict | None = None) -> subprocess.C
                           cwd=PACKAGE_PARENT, capture_output=True, text=True, timeout=300)
 
 
-def check_script_error(proc: subprocess.CompletedProcess, script: str, *culprits: str) -> str:
-    """Assert that a kernel script failed as its bad options do: exit status 2, one line on
-    standard error, ``SCRIPT.py: ...`` naming each culprit, nothing on standard output, no
-    traceback; return the line.  (``helpers.check_one_line_error`` is the command line's
-    ``Error: ...`` form.)"""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+def check_script_error(proc: subprocess.CompletedProcess, script: str, *culprits: str, status: int = 2) -> str:
+    """Assert that a kernel script failed as its bad options do: exit status ``status`` (2, bad
+    input; 3, no GPU), one line on standard error, ``SCRIPT.py: ...`` naming each culprit, nothing
+    on standard output, no traceback; return the line.  (``helpers.check_one_line_error`` is the
+    command line's ``Error: ...`` form.)"""
+    assert proc.returncode == status, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -64,7 +64,7 @@ def test_a_frontend_that_is_not_installed_is_one_line_saying_how_to_install_it()
             "runpy.run_module('kernels.sqrt', run_name='__main__')")
     proc = run_python(code)
     check_script_error(proc, "sqrt", "the Numba-CUDA-MLIR frontend (numba_cuda_mlir.cuda) is not installed",
-                       "pip install 'numba-pool[mlir]'")
+                       "pip install '.[mlir]' in a numba-pool checkout")
 
 
 @pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
@@ -73,7 +73,7 @@ def test_without_gpu_the_line_names_the_frontend_chosen(script, frontend_name):
     # NUMBA_POOL_FRONTEND names the other frontend: --frontend wins over it.
     other = [name for name in NAMES if name != frontend_name][0]
     proc = run_script(script, "--frontend", frontend_name, env={"NUMBA_POOL_FRONTEND": other})
-    line = check_script_error(proc, script)
+    line = check_script_error(proc, script, status=3)
     assert line == (f"{script}.py: no CUDA GPU is available here ({PACKAGES[frontend_name]}.is_available() is False): "
                     "this script runs kernels on one")
 
@@ -81,7 +81,7 @@ def test_without_gpu_the_line_names_the_frontend_chosen(script, frontend_name):
 @pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
 def test_the_variable_chooses_the_scripts_frontend_when_the_option_is_absent(frontend_name):
     proc = run_script("sqrt", env={"NUMBA_POOL_FRONTEND": frontend_name})
-    check_script_error(proc, "sqrt", f"({PACKAGES[frontend_name]}.is_available() is False)")
+    check_script_error(proc, "sqrt", f"({PACKAGES[frontend_name]}.is_available() is False)", status=3)
 
 
 @pytest.mark.skipif(GPU, reason="checks the behaviour without a GPU")
@@ -91,7 +91,7 @@ def test_a_script_under_mlir_imports_no_numba():
             "try:\n    sqrt.main(['--frontend', 'mlir'])\nexcept SystemExit as exit:\n"
             "    print(exit.code, 'numba' in sys.modules, 'numba_cuda_mlir' in sys.modules)\n")
     proc = run_python(code, UNCHOSEN)
-    assert proc.stdout.split() == ["2", "False", "True"], proc.stderr
+    assert proc.stdout.split() == ["3", "False", "True"], proc.stderr  # 3: no GPU
 
 
 # -- the kernels, compiled once per frontend ----------------------------------------------------------
@@ -239,10 +239,10 @@ def test_info_names_a_frontend_that_is_not_installed_then_fails_in_one_line():
     out = run_json(code, {"NUMBA_POOL_FRONTEND": "mlir"})
     assert out["exit"] == 2, out
     rows = info_rows(out["stdout"])
-    assert rows["frontend mlir"] == "not installed (pip install 'numba-pool[mlir]')"
+    assert rows["frontend mlir"] == "not installed (pip install '.[mlir]' in a numba-pool checkout)"
     assert rows["frontend in use"] == "mlir (Numba-CUDA-MLIR): NUMBA_POOL_FRONTEND=mlir"
     assert out["stderr"].strip() == ("Error: numba_pool: the Numba-CUDA-MLIR frontend (numba_cuda_mlir.cuda) is not "
-                                     "installed: pip install 'numba-pool[mlir]'")
+                                     "installed: pip install '.[mlir]' in a numba-pool checkout")
 
 
 def test_info_refuses_a_bad_frontend_variable_in_one_line_before_anything():

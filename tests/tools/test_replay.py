@@ -271,7 +271,7 @@ def test_plot_in_human_units(tmp_path):
     pytest.importorskip("matplotlib")
     from numba_pool_tools.replay.figure import figure
 
-    path = write(tmp_path, "1,t,allocate,0x20,3000000,0x1\n1,t,free,0x20,8,0x1\n")
+    path = write(tmp_path, "1,t,allocate,0x20,3000000,0x1\n1,t,free,0x20,3000000,0x1\n")
     axes = figure(replay(path)).axes[0]
     assert axes.get_ylabel() == "MiB" and "peak 2.86 MiB" in axes.get_legend_handles_labels()[1][1]
 

@@ -141,3 +141,40 @@ def test_a_bad_slab_size_gets_a_positive_suggestion(value, suggestion):
     with pytest.raises(ValueError) as err:
         offline_replay.check_options(value, 256)
     assert str(err.value).endswith(suggestion)
+
+
+# -- the Python API given something that is no log (issue 36) ---------------------------------
+
+@pytest.mark.parametrize("call, argument, culprit", [
+    ("read_log", 123, "read_log: path=123 (int) is not a file path"),  # not file descriptor 123
+    ("read_log", None, "read_log: path=None (NoneType) is not a file path"),
+    ("replay", None, "replay: log=None (NoneType) is not a file path: expected a ParsedLog (read_log's) or a file path"),
+    ("replay", 3.5, "replay: log=3.5 (float) is not a file path"),
+    ("parse_log", None, "parse_log: lines=None (NoneType) is not an iterable of lines"),
+    ("parse_log", 123, "parse_log: lines=123 (int) is not an iterable of lines"),
+])
+def test_the_api_names_an_argument_that_is_no_log(call, argument, culprit):
+    with pytest.raises(TypeError) as err:
+        getattr(offline_replay, call)(argument)
+    message = str(err.value)
+    assert message.startswith(culprit) and "\n" not in message, message
+
+
+# -- a free whose size is not its allocation's ------------------------------------------------
+
+MISSIZED = HEADER + "1,t,allocate,0x20,256,0x1\n1,t,free,0x20,512,0x1\n"
+
+
+def test_a_free_of_another_size_is_a_bad_line_naming_both_sizes(tmp_path):
+    problem = "line 3: '1,t,free,0x20,512,0x1': free of 0x20 with size 512, but it was allocated with size 256"
+    with pytest.raises(offline_replay.LogError) as err:
+        offline_replay.parse_log(MISSIZED.splitlines())
+    assert str(err.value) == f"log: {problem}"
+    assert one_error(log_file(tmp_path, MISSIZED)).endswith(problem)
+
+
+def test_a_free_of_another_size_is_skipped_and_counted_with_skip_bad_lines(tmp_path):
+    log = offline_replay.parse_log((MISSIZED + "1,t,allocate,0x40,256,0x1\n").splitlines(), skip_bad_lines=True)
+    assert log.skipped == {"free size differs from its allocation's": 1} and len(log.operations) == 2
+    status, output = cli(log_file(tmp_path, MISSIZED + "1,t,allocate,0x40,256,0x1\n"), "--skip-bad-lines")
+    assert status == 0 and "skipped: free size differs from its allocation's  1" in output, output

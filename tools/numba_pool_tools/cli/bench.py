@@ -20,6 +20,7 @@ import os
 
 import click
 
+from numba_pool import config as _config
 from numba_pool.cli.errors import Failure, load_config, require_gpu
 from numba_pool.cuda import frontend as frontends
 
@@ -132,10 +133,14 @@ def _frontend_variable(name: str):
 def _bench(frontend: str, json_path: str | None, *, anchors: bool, no_arena: bool, rounds: int, runs: int,
            warm_up: int, turns: bool, core: int | None, baseline: str | None, part: str, plain_pool: bool,
            host_rows: bool, managed_rows: bool, device_rows: bool) -> None:
-    """The command, under ``NUMBA_POOL_FRONTEND=frontend``."""
+    """The command, under ``NUMBA_POOL_FRONTEND=frontend``: everything the user gave is checked before the GPU
+    (exit status 2 before 3), so that a bad value is learnt on any machine, not only on a GPU."""
     load_config()
+    bench_core = _bench_core(frontend)  # imports the frontend, which needs no GPU
+    core = _checked_core(core)
+    json_path = _checked_json_path(json_path)
+    _check_baseline(baseline)
     require_gpu()
-    bench_core = _bench_core(frontend)
     from ..bench import checks
     from ..bench import report as bench_report
 
@@ -171,20 +176,46 @@ def _bench_core(frontend: str):
     return bench_core
 
 
-def _setting(core: int | None, cuda, frontend: str):
-    """Where and when the bench runs (:class:`numba_pool_tools.bench.report.Setting`): the current
-    device's name (``cuda``: the frontend's module), today's date, ``core`` (``--core``), else the
-    lowest CPU core this process may use, and ``frontend``.
+def _checked_core(core: int | None) -> int:
+    """``--core``'s CPU core, else the lowest this process may use.
 
     :raises Failure: for a core this process may not run on, naming the ones it may.
     """
-    from ..bench.report import Setting
     from ..bench.timing import chosen_core
 
     try:
-        core = chosen_core(core, os.sched_getaffinity(0))
+        return chosen_core(core, os.sched_getaffinity(0))
     except ValueError as err:
         raise Failure(str(err)) from None
+
+
+def _checked_json_path(path: str | None) -> str | None:
+    """``--json``'s file, tried now (:func:`numba_pool.config.parse_path`, creating nothing), not after a
+    bench of minutes.
+
+    :raises Failure: naming ``--json`` and the path, for a folder, a missing or unwritable folder, a file
+        that is not regular or not writable.
+    """
+    if path is None:
+        return None
+    try:
+        return _config.parse_path(path, "--json", "a JSON report")
+    except _config.ConfigError as err:
+        raise Failure(str(err)) from None
+
+
+def _check_baseline(folder: str | None) -> None:
+    """:raises Failure: when ``--baseline``'s folder holds no ``numba_pool`` package (what its rows import)."""
+    if folder is not None and not os.path.isfile(os.path.join(folder, "numba_pool", "__init__.py")):
+        raise Failure(f"--baseline {folder!r}: no numba_pool/__init__.py in it: expected a folder holding another "
+                      "installed numba_pool")
+
+
+def _setting(core: int, cuda, frontend: str):
+    """Where and when the bench runs (:class:`numba_pool_tools.bench.report.Setting`): the current
+    device's name (``cuda``: the frontend's module), today's date, ``core`` (checked) and ``frontend``."""
+    from ..bench.report import Setting
+
     name = cuda.get_current_device().name
     return Setting(device=name.decode() if isinstance(name, bytes) else name, date=datetime.date.today().isoformat(),
                    core=core, frontend=frontend)

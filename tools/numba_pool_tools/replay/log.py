@@ -274,12 +274,17 @@ def _parse(lines: Iterator[bytes], source: str, skip_bad_lines: bool,
                 allocations += 1
                 actions(ALLOCATE)
             else:
-                size = get(pointer)
-                if size is None or size < 0:
-                    reason = "free of a pointer never allocated" if size is None else "double free"
+                allocated = get(pointer)
+                if allocated is None or allocated < 0:
+                    reason = "free of a pointer never allocated" if allocated is None else "double free"
                     bad(line, raw, f"{reason} ({pointer:#x})", reason)
                     continue
-                # The free's own size field is informational: the allocation's size is what counts.
+                # RMM and NUMBA_POOL_LOG write a free's size equal to its allocation's: another size
+                # means a damaged or misordered log, whose replay would count the wrong bytes.
+                if size != allocated:
+                    bad(line, raw, f"free of {pointer:#x} with size {size}, but it was allocated with size {allocated}",
+                        "free size differs from its allocation's")
+                    continue
                 state[pointer] = -1
                 actions(FREE)
             pointers(pointer)
@@ -316,6 +321,22 @@ def _check_header(first: bytes | None, source: str) -> tuple[str, ...]:
     return header
 
 
+def _shown(value) -> str:
+    """``value`` for a message: its type and its repr, cut to :data:`_SHOWN` characters."""
+    text = repr(value)
+    return f"{text[:_SHOWN]}{'...' * (len(text) > _SHOWN)} ({type(value).__name__})"
+
+
+def checked_path(path, what: str, expected: str = "a str or os.PathLike") -> str:
+    """``path`` as a ``str``, for messages and ``open``.
+
+    :raises TypeError: for anything but a ``str``, ``bytes`` or ``os.PathLike`` (``open`` takes an
+        int as a file descriptor), naming ``what`` and the value, and saying ``expected``."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"{what}={_shown(path)} is not a file path: expected {expected}")
+    return os.fsdecode(path)  # a bytes path too, so that messages show it as text
+
+
 def parse_log(lines: Iterable[str] | Iterable[bytes], skip_bad_lines: bool = False, source: str = "log") -> ParsedLog:
     """Parse and validate a log from its lines.
 
@@ -325,17 +346,22 @@ def parse_log(lines: Iterable[str] | Iterable[bytes], skip_bad_lines: bool = Fal
     :param source: the file's name, for messages.
     :raises LogError: naming ``source``, the line number and its content, for a missing header,
         a line that does not parse, a free of a pointer never allocated or already freed, or
-        an allocation of a pointer that is still live.  A missing header is an error even with
-        ``skip_bad_lines``.
+        an allocation of a pointer that is still live, a free whose size is not its allocation's.
+        A missing header is an error even with ``skip_bad_lines``.
     :raises TypeError: for a single string or bytes object (a log's whole text: pass
-        ``text.splitlines()``), or lines that are neither ``str`` nor ``bytes``, naming the type.
+        ``text.splitlines()``), no iterable at all, or lines that are neither ``str`` nor ``bytes``,
+        naming the type.
     """
     if isinstance(lines, (str, bytes, bytearray)):
         raise TypeError(f"parse_log takes the log's lines, not one {type(lines).__name__} "
                         f"(pass text.splitlines(), or a file opened in text or binary mode)")
     if not isinstance(skip_bad_lines, bool):
         raise TypeError(f"skip_bad_lines must be True or False, not {skip_bad_lines!r}")
-    it = iter(lines)
+    try:
+        it = iter(lines)
+    except TypeError:  # iter()'s own words, "'NoneType' object is not iterable", name no argument
+        raise TypeError(f"parse_log: lines={_shown(lines)} is not an iterable of lines: pass text.splitlines(), "
+                        "or a file opened in text or binary mode") from None
     first = next(it, None)
     if first is not None and not isinstance(first, (str, bytes, bytearray)):
         raise TypeError(f"parse_log: line 1 of {source} is a {type(first).__name__} ({first!r}), not str or bytes")
@@ -358,11 +384,12 @@ def read_log(path: str | os.PathLike, skip_bad_lines: bool = False,
         line 1, and the offending byte), UTF-16 text, or a damaged gzip file (its name and the
         line reached).
     :raises OSError: when the file cannot be opened or read.
-    :raises TypeError: when ``skip_bad_lines`` is not True or False.
+    :raises TypeError: when ``path`` is not a file path (an int would be taken as an open file
+        descriptor), or ``skip_bad_lines`` is not True or False.
     """
+    source = checked_path(path, "read_log: path")
     if not isinstance(skip_bad_lines, bool):
         raise TypeError(f"skip_bad_lines must be True or False, not {skip_bad_lines!r}")
-    source = os.fspath(path)
     with open(source, "rb") as raw:
         f = gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
         lines = iter(f)

@@ -19,7 +19,7 @@ from numba_pool.config import (ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA
                       parse_size, release_limit)
 from numba_pool.cuda.pointers import PoolPointer
 from numba_pool.cuda.streams import LEGACY, StreamRef, as_stream_ref
-from .log import ALLOCATE, LEGACY_KEY, PROGRESS_EVERY, LogError, ParsedLog, read_log
+from .log import ALLOCATE, LEGACY_KEY, PROGRESS_EVERY, LogError, ParsedLog, checked_path, read_log
 
 _OK = (cuda_driver.CUresult.CUDA_SUCCESS,)
 
@@ -176,12 +176,14 @@ def replay(log: ParsedLog | str | os.PathLike, *, slab_size: int | str = DEFAULT
     :raises LogError: when the log has nothing to replay (no allocation or free left), naming
         its source and what was skipped; as :func:`read_log` when ``log`` is a path.
     :raises OSError: when ``log`` is a path, as :func:`read_log`.
+    :raises TypeError: when ``log`` is neither a :class:`ParsedLog` nor a file path, naming it.
     """
     slab_size, max_block = (_size(value, name) for value, name in ((slab_size, "slab_size"), (max_block, "max_block")))
     release_threshold = release_limit(parse_release_threshold(release_threshold, "release_threshold"))
     check_options(slab_size, max_block, release_threshold)
     if not isinstance(log, ParsedLog):
-        log = read_log(log)
+        # Checked here, so that the message names replay's argument, not read_log's.
+        log = read_log(checked_path(log, "replay: log", "a ParsedLog (read_log's) or a file path"))
     _check_not_empty(log)
     ops = log.operations
     space = AddressSpace()
