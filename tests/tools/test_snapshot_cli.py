@@ -310,9 +310,9 @@ BAD = {
                                                          "or PyTorch's): no 'segments' key (its keys: 'device_traces')"),
     "segment-without-blocks": (pickle.dumps({"segments": [{"device": 0, "total_size": 4}]}), "segments[0] has no 'blocks' key"),
     "block-without-state": (pickle.dumps({"segments": [{"device": 0, "total_size": 4, "blocks": [
-        {"size": 4, "requested_size": 4, "frames": []}]}]}), "segments[0]['blocks'][0] has no 'state' key"),
+        {"size": 4, "requested_size": 4, "frames": []}]}]}), "segments[0].blocks[0] has no 'state' key"),
     "size-not-a-number": (pickle.dumps({"segments": [{"device": 0, "total_size": "4", "blocks": []}]}),
-                          "segments[0]['total_size'] is a str ('4'), not a whole number"),
+                          "segments[0].total_size is a str ('4'), not a whole number"),
     "a-class": (pickle.dumps(OrderedDict(segments=[])), ": not a snapshot: it names collections.OrderedDict"),
 }
 

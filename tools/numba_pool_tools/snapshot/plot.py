@@ -19,6 +19,8 @@ from ..replay.figure import PlotError, binary_unit, checked_path
 from . import load
 from .timeline import MARKED, OTHER, timelines
 
+#: The longest site label in a legend.
+LABEL_CHARS = 60
 #: How the marked events are drawn.
 MARK_STYLES = {"oom": dict(color="red", linestyle="--"), "trim": dict(color="gray", linestyle=":"),
                "reset": dict(color="black", linestyle="-.")}
@@ -98,10 +100,15 @@ def _panel(ax, line, scale: int, unit: str) -> None:
 
 def _short(site: str, sites: list[str]) -> str:
     """``file.py:line`` for a site ``/path/to/file.py:line``, unless two sites of the device
-    would read the same."""
+    would read the same; at most :data:`LABEL_CHARS` characters, its middle left out (a file name
+    can have thousands, and the legend would make the figure as wide)."""
     short = os.path.basename(site)
     same = [s for s in sites if os.path.basename(s) == short]
-    return short if len(same) == 1 else site
+    label = short if len(same) == 1 else site
+    if len(label) <= LABEL_CHARS:
+        return label
+    end = LABEL_CHARS * 2 // 3  # the end names the file and the line
+    return f"{label[:LABEL_CHARS - end - 3]}...{label[-end:]}"
 
 
 def _human(nbytes: int) -> str:

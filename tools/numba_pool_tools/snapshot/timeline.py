@@ -81,6 +81,9 @@ def _changes(events: list[dict]) -> tuple[list[list[tuple[str, int]]], dict[str,
     total = peak_total = allocations = 0
     changes = []
     for event in events:
+        if "addr" not in event:  # PyTorch's oom events have device_free in its place, and change nothing
+            changes.append([])
+            continue
         action, address = event["action"], event["addr"]
         change = []
         if action in ("alloc", "free_completed") and address in held:
