@@ -20,7 +20,7 @@ from ..cuda import frontend as frontends
 from ..cuda import driver, simulator
 from ..cuda import mempool
 from ..cuda.pointers import data_address
-from ..cuda.streams import StreamRef, as_stream_ref, current_stream, enter_scope, leave_scope
+from ..cuda.streams import LEGACY, StreamRef, as_stream_ref, current_stream, enter_scope, leave_scope
 from ..observe.scopes import ScopedStatistics
 from ..observe.statistics import PoolStatistics
 from ..observe.summary import format_summary
@@ -229,6 +229,10 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
 
     :raises TypeError: when ``stream`` is not a stream (:func:`numba_pool.cuda.streams.as_stream_ref`)."""
     # cuda.streams.using_stream's body, the capture check called directly (no hook call in between).
+    if simulator.active() and type(stream).__module__.startswith("numba.cuda.simulator"):
+        simulator.note_nothing("numba_pool.using_stream()", "orders")  # its streams have no handle; nothing to order
+        yield LEGACY
+        return
     ref = as_stream_ref(stream)
     note_if_capturing(ref)
     previous = enter_scope(ref)

@@ -119,3 +119,13 @@ def test_install_without_a_gpu_says_so_at_the_callers_line():
                       {"NUMBA_ENABLE_CUDASIM": "0"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "<string>:3: RuntimeWarning: numba_pool.install(): no CUDA GPU is available here" in proc.stderr, proc.stderr
+
+
+def test_using_stream_with_a_simulator_stream_says_it_orders_nothing():
+    from helpers import run_python
+    proc = run_python("import warnings; warnings.simplefilter('always'); from numba import cuda; import numba_pool\n"
+                      "with numba_pool.using_stream(cuda.stream()):\n    a = cuda.device_array(4)\nprint(a.size)",
+                      {"NUMBA_ENABLE_CUDASIM": "1"})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "numba_pool.using_stream() orders nothing: the CUDA simulator is on" in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == "4"
