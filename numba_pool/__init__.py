@@ -45,7 +45,16 @@ def __getattr__(name: str):
         return torch_allocator
     raise AttributeError(f"module 'numba_pool' has no attribute {name!r}")
 
-if _simulator.requested():  # numba-cuda's simulator ignores NUMBA_CUDA_MEMORY_MANAGER: say so, once
+import sys as _sys
+
+
+def _command_starting() -> bool:
+    # `numba-pool` or `python -m numba_pool`: no frame of the user's to point at; the command says it in one line.
+    argv = getattr(_sys, "orig_argv", _sys.argv)
+    return _sys.argv[0].endswith("numba-pool") or "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["numba_pool"]
+
+
+if _simulator.requested() and not _command_starting():  # the simulator ignores NUMBA_CUDA_MEMORY_MANAGER: say so
     _simulator.note_environment()
 
 #: Numba's contract for ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool``, read by either frontend: the

@@ -68,7 +68,6 @@ def _size_error(value: Any, source: str, problem: str) -> ConfigError:
 
 def parse_size(value: Any, source: str) -> int:
     """Parse a size in bytes in this module's syntax, scaled exactly (``"1.5 GiB"`` is 1610612736).
-
     :param source: what the value came from (a variable or ``install(name)``), quoted in the error.
     :returns: bytes, from 0 to :data:`MAX_BYTES`.
     :raises ConfigError: for other types (floats and bools too), unknown or bits units, digit
@@ -110,7 +109,6 @@ def parse_size(value: Any, source: str) -> int:
 
 def parse_release_threshold(value: Any, source: str) -> int:
     """A size in bytes (:func:`parse_size`), or ``all``/``max``/``None`` for :data:`KEEP_ALL`.
-
     :raises ConfigError: for anything else."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("all", "max")):
         return KEEP_ALL
@@ -124,7 +122,6 @@ def parse_max_size(value: Any, source: str) -> int | float | None:
     """The private pool's cap: bytes (:func:`parse_size`), or a fraction of device memory (a float in
     [0.01, 1], ``"0.5"``, ``"50%"``); ``None``/``none``: no cap.  A bare number below 1 MiB (:data:`MIN_BARE_CAP`) or a
     fraction below 1 % is refused with a suggestion (docs/architecture.md, "Sizes"); a unit allows it.
-
     :raises ConfigError: for a fraction outside [0.01, 1], 0 bytes, a bare number below 1 MiB, or
         what :func:`parse_size` refuses."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):  # as the cache caps
@@ -153,7 +150,6 @@ def parse_max_size(value: Any, source: str) -> int | float | None:
 
 def _checked_fraction(fraction: float, value: Any, source: str) -> float:
     """``fraction`` of device memory, when in [:data:`MIN_FRACTION`, 1].
-
     :raises ConfigError: otherwise, saying what is accepted."""
     if not 0 < fraction <= 1:
         raise ConfigError(f"{source}={value!r} is not a fraction of device memory in (0, 1]: expected e.g. 0.5 or "
@@ -166,7 +162,6 @@ def _checked_fraction(fraction: float, value: Any, source: str) -> float:
 
 def parse_arena_size(value: Any, source: str) -> int:
     """An arena block or slab size (:func:`parse_size`): a positive multiple of 256 bytes, the alignment.
-
     :raises ConfigError: for a size that is not, or anything :func:`parse_size` refuses."""
     nbytes = parse_size(value, source)
     if nbytes < ALIGNMENT or nbytes % ALIGNMENT:
@@ -181,14 +176,12 @@ def parse_arena_size(value: Any, source: str) -> int:
 def parse_host_max_size(value: Any, source: str) -> int | None:
     """The pinned host cache's cap in bytes; ``None``/``none``: no cap.  :func:`parse_max_size`'s
     small-cap rule, and below :data:`MIN_CACHE_BLOCK` refused however spelt.
-
     :raises ConfigError: for 0 bytes, a bare number < 1 MiB, a cap < 512 bytes, or what :func:`parse_size` refuses."""
     return _optional_cap(value, source, "a host cache")
 
 
 def parse_managed_max_size(value: Any, source: str) -> int | None:
     """The managed cache's cap: as :func:`parse_host_max_size`.
-
     :raises ConfigError: as :func:`parse_host_max_size`."""
     return _optional_cap(value, source, "a managed memory cache")
 
@@ -213,7 +206,6 @@ def _optional_cap(value: Any, source: str, what: str) -> int | None:
 
 def _cap_bytes(value: Any, source: str, what: str, otherwise: str) -> int:
     """A cap in bytes (:func:`parse_size`), not 0.
-
     :raises ConfigError: for 0 bytes or what :func:`parse_size` refuses, adding ``otherwise`` (what else it takes)."""
     try:
         nbytes = parse_size(value, source)

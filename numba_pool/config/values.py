@@ -17,7 +17,6 @@ _FALSE = {"0", "false", "no", "off"}
 
 def parse_bool(value: Any, source: str) -> bool:
     """``True``/``False``, ``0``/``1``, or one of the words in :data:`BOOL_HELP` (case-insensitive).
-
     :raises ConfigError: for anything else (``"maybe"``, ``2``)."""
     if isinstance(value, bool) or getattr(value, "dtype", None) == bool:  # also NumPy's bool_
         return bool(value)
@@ -34,7 +33,6 @@ def parse_bool(value: Any, source: str) -> bool:
 
 def parse_peer_access(value: Any, source: str) -> str:
     """``all`` (devices reaching the pool's device may use its memory, ``cuMemPoolSetAccess``) or ``none``, any case.
-
     :raises ConfigError: for anything else."""
     word = value.strip().lower() if isinstance(value, str) else value
     if word in ("all", "none"):
@@ -54,7 +52,6 @@ def _in_pseudo_fs(path: str) -> bool:
 def parse_path(value: Any, source: str, what: str = "a CSV file") -> str:
     """The absolute path (``~`` expanded) of ``what`` to write, checked now, creating nothing: not a folder; an
     existing file writable, regular, outside ``/proc`` and ``/sys``; a new file's folder existing and writable.
-
     :raises ConfigError: for an empty value, a non-path, or a failed check."""
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise ConfigError(f"{source}={value!r} is not a file path: expected the path of {what} to write")
@@ -94,7 +91,6 @@ def parse_path(value: Any, source: str, what: str = "a CSV file") -> str:
 
 def switch(value: Any, call: str, name: str) -> bool:
     """A public function's on/off argument: a bool (NumPy's too).
-
     :raises TypeError: for anything else (``'off'`` is truthy: refused), naming ``call``'s ``name`` and the value."""
     if isinstance(value, bool) or getattr(value, "dtype", None) == bool:
         return bool(value)
@@ -103,7 +99,6 @@ def switch(value: Any, call: str, name: str) -> bool:
 
 def byte_count(value: Any, call: str, name: str, *, positive: bool) -> int:
     """``value`` as a number of bytes: an integral number (NumPy's too) but a bool, below 2**64.
-
     :raises ValueError: naming ``call``'s ``name`` and ``value``, for anything else or below 1 (``positive``) or 0."""
     if type(value) is int and positive <= value < 1 << 64:
         return value

@@ -58,7 +58,6 @@ def as_stream_ref(stream: Any) -> StreamRef:
     """A :class:`StreamRef` for a Numba stream (``cuda.stream()``, ``external_stream``, ``default_stream()``...), a
     ``CUstream``, an int handle, or a ``__cuda_stream__`` object (CuPy, PyTorch, cuda.core's ``Stream`` and
     ``GraphBuilder``: the captured stream); handle 0 and ``CU_STREAM_LEGACY`` give :data:`LEGACY`.
-
     :raises TypeError: for anything else, naming its type."""
     if isinstance(stream, StreamRef):
         return stream
@@ -84,7 +83,6 @@ def as_stream_ref(stream: Any) -> StreamRef:
 
 def _protocol_handle(stream: Any, protocol: Any) -> int:
     """The handle in a ``__cuda_stream__`` answer, ``(version, handle)``.
-
     :raises TypeError: for any other answer, naming the object's type and the answer."""
     info = protocol() if callable(protocol) else protocol
     if (isinstance(info, tuple) and len(info) == 2 and isinstance(info[1], int) and not isinstance(info[1], bool)
@@ -127,7 +125,6 @@ def current_stream() -> StreamRef:
 @contextlib.contextmanager
 def using_stream(stream: Any, on_entry: Callable[[StreamRef], None] | None = None) -> Iterator[StreamRef]:
     """:func:`numba_pool.using_stream`'s semantics (stated there), without the capture check.
-
     :param on_entry: called with the scope's stream before the thread enters it (rule 13's check).
     :raises TypeError: when ``stream`` is not a stream."""
     ref = as_stream_ref(stream)

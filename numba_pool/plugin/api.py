@@ -37,7 +37,6 @@ def install(frontend: str | None = None, **options: Any) -> PoolConfig:
     (``"numba-cuda"`` or ``"mlir"``); else every one imported; else ``NUMBA_POOL_FRONTEND``'s, or the one
     installed (numba-cuda when both are).  Options: the keys of :data:`numba_pool.config.OPTIONS` (``None``:
     the default; units and meaning: the README's table; sizes: :mod:`numba_pool.config.sizes`).
-
     :returns: the configuration in effect.
     :raises ConfigError: for an unknown option, a bad value or contradicting options (one line).
     :raises RuntimeError: when a CUDA context of the frontend already exists, or the interpreter
@@ -72,7 +71,6 @@ def install(frontend: str | None = None, **options: Any) -> PoolConfig:
 def manager_of(device: Any = None, *, frontend: str | None = None, of: Any = None,
                call: str = "numba_pool") -> NumbaPoolManager:
     """The numba_pool manager of the current (or given) device's context in the frontend meant.
-
     :param device: an ordinal, or a frontend's ``Context`` or ``Device``; None: the current device.
     :param of: an array, stream or pointer whose frontend is meant.
     :param call: the public function asking, for messages.
@@ -98,7 +96,6 @@ def manager_of(device: Any = None, *, frontend: str | None = None, of: Any = Non
 
 def _ordinal(device: Any, call: str) -> int | None:
     """A device ordinal from what a public function's ``device`` was given (NumPy integers too).
-
     :raises ValueError: for a negative ordinal.  :raises TypeError: for what is no device."""
     if device is None:
         return None
@@ -117,7 +114,6 @@ def _ordinal(device: Any, call: str) -> int | None:
 def stats(device: Any = None, *, frontend: str | None = None) -> PoolStatistics:
     """Statistics of the current (or given) device's manager.  ``device``: as for
     :func:`manager_of`; ``frontend``: needed only when two frontends use numba_pool.
-
     :raises RuntimeError: as :func:`manager_of`."""
     return manager_of(device, frontend=frontend, call="numba_pool.stats()").statistics()
 
@@ -140,7 +136,6 @@ def record_stream(array: Any, stream: Any) -> bool:
     CuPy array, a PyTorch tensor or a cuda.core ``Buffer``) as used on ``stream``: its memory is not reused until
     the work queued there by the time it is freed has finished (an event; the host never waits).  PyTorch's
     ``Tensor.record_stream``; as there, a no-op on memory the allocator does not own.
-
     :returns: True when the memory is a live numba_pool allocation (recorded), False when it is not (nothing
         to do: its owner frees it; a pinned array Numba made itself, with ``NUMBA_POOL_HOST=0``).
     :raises TypeError: when ``stream`` is not a stream, or ``array`` none of the above."""
@@ -152,7 +147,6 @@ def record_stream(array: Any, stream: Any) -> bool:
 def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:
     """Migrate a managed array's memory to a device or the host in stream order (``cuMemPrefetchAsync``, as
     RMM's ``prefetch_resource_adaptor``); otherwise the first touch migrates pages on demand.
-
     :param array: a managed array, view or ``ManagedMemory`` (any shape, dtype); ``nbytes`` from its first element.
     :param device: an ordinal, ``Context`` or ``Device``; None: the current device; ``"cpu"``.
     :param stream: a Numba stream, ``CUstream``, int handle or ``__cuda_stream__``; 0 by default.
@@ -182,7 +176,6 @@ def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:
 def memory_summary(device: Any = None, *, frontend: str | None = None) -> str:
     """A printable table of the device's numba_pool memory (allocations, the pool, the arena, this thread's
     scratch block, out-of-memory retries); sizes in binary units and bytes.  Arguments as for :func:`stats`.
-
     :raises RuntimeError: as :func:`manager_of` (under the simulator, the one line saying why is returned)."""
     if simulator.active():
         return f"numba_pool: no memory summary: {simulator.NO_MEMORY_MANAGER}"
@@ -210,7 +203,6 @@ def reserved_bytes(device: Any = None, *, frontend: str | None = None) -> int:
 def scratch(nbytes: int, *, manager=None, frontend: str | None = None) -> Iterator[ScratchBlock]:
     """Bump-allocate this thread's device allocations inside the block from one reserved block of
     ``nbytes`` bytes (:mod:`numba_pool.allocator.scratch`); 256-byte granules.
-
     :param manager: the manager to reserve from; by default the current context's.
     :raises ValueError: for ``nbytes`` <= 0.
     :raises RuntimeError: as :func:`manager_of`.
@@ -226,7 +218,6 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
     """Allocate this thread's arrays inside the block on ``stream`` and free them there, even after the block
     exits; the caller orders other streams after it (and uses :func:`record_stream`).  Scopes nest, per host
     thread.  A capturing stream is noted before its first allocation (rule 13 of :mod:`numba_pool.allocator`).
-
     :raises TypeError: when ``stream`` is not a stream (:func:`numba_pool.cuda.streams.as_stream_ref`)."""
     # cuda.streams.using_stream's body, the capture check called directly (no hook call in between).
     if simulator.active() and type(stream).__module__.startswith("numba.cuda.simulator"):
@@ -274,7 +265,6 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
     """Record every allocation's Python stack and the events (allocate, free, out of memory, trim, reset) of
     every device and kind in a ring of ``max_entries`` (PyTorch's ``_record_memory_history``).  Free while
     off; the cost on: Note [Stack walks].  Starting again drops the recording.
-
     :param enabled: False stops and drops the recording.
     :param stacks: ``"python"`` or ``"none"`` (events only).
     :param max_entries: events kept, oldest dropped first (live allocations are kept apart).
@@ -295,7 +285,6 @@ def snapshot() -> dict:
 def dump_snapshot(path) -> None:
     """Pickle :func:`snapshot` to ``path`` (for pytorch.org/memory_viz, ``torch.cuda._memory_viz`` or
     ``numba-pool-tools snapshot summarize``).
-
     :raises ConfigError: (a ValueError) ``path`` is no file path one can write, before anything is written.
     :raises OSError: when writing fails (one line naming the path)."""
     path = _config.parse_path(path, "numba_pool.dump_snapshot(path)", what="a snapshot (pickle)")
@@ -310,7 +299,6 @@ def dump_snapshot(path) -> None:
 def on_out_of_memory(callback) -> None:
     """Call ``callback(device, size, snapshot)`` at each out-of-memory error, after the retry, before
     raising; starts :func:`record_history`.  The callback's exception becomes a warning.
-
     :raises TypeError: when ``callback`` is not callable."""
     debugging.add_observer(callback)
 
@@ -318,7 +306,6 @@ def on_out_of_memory(callback) -> None:
 def live_allocations(group_by: str | None = "site", device: int | None = None) -> list[tuple]:
     """What is held now, from the history: ``(site, bytes, arrays)`` per site, most bytes first
     (``group_by="site"``), or ``(site, bytes, device, address, kind)`` per allocation (None).
-
     :raises RuntimeError: when no history is recorded.
     :raises ValueError: for another ``group_by`` or a negative ``device``.  :raises TypeError: ``device`` no ordinal."""
     return debugging.live_allocations(group_by, _ordinal(device, "numba_pool.live_allocations"))

@@ -48,7 +48,6 @@ def cupy_allocator(nbytes: int):
     """``nbytes`` bytes of device memory for CuPy (``cupy.cuda.set_allocator(numba_pool.cupy_allocator)``),
     from the numba_pool allocator of CuPy's current device, stream-ordered on CuPy's current stream
     (``cuMemAllocFromPoolAsync``, or an arena block).
-
     :returns: a ``cupy.cuda.MemoryPointer`` over a ``cupy.cuda.UnownedMemory`` that owns the block.
     :raises ValueError: ``nbytes`` not a non-negative int (bytes).
     :raises ImportError: CuPy is not importable.
@@ -74,7 +73,6 @@ def cupy_pinned_allocator(nbytes: int):
     """``nbytes`` bytes of page-locked host memory for CuPy (``cupy.cuda.set_pinned_memory_allocator``), from
     numba_pool's pinned cache of CuPy's current device (``NUMBA_POOL_HOST=1``; ``cuMemHostAlloc`` blocks,
     handed out again only once the host saw their last use finish).
-
     :returns: a ``cupy.cuda.PinnedMemoryPointer``.
     :raises ValueError: ``nbytes`` not a non-negative int (bytes).
     :raises ImportError: CuPy is not importable.

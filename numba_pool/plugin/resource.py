@@ -25,7 +25,6 @@ _OFF = "numba_pool: no cache serves this memory resource: "  # the pinned and ma
 class MemoryResource(_CoreResource):
     """cuda.core's ``MemoryResource`` on numba_pool's pool (and arena) of a device: ``Buffer``s counted
     in ``numba_pool.stats()``, under ``NUMBA_POOL_MAX_SIZE`` and its out-of-memory retry.
-
     :param device_id: the device (None: the current context's, else 0).
     :param manager: the numba_pool manager (None: the one serving ``device_id``, at the first allocation).
     :raises ValueError: ``device_id`` not a device ordinal (an int >= 0)."""
@@ -43,7 +42,6 @@ class MemoryResource(_CoreResource):
     def allocate(self, size: int, stream=None) -> Buffer:
         """A ``Buffer`` of ``size`` bytes for work on ``stream`` (cuda.core's, Numba's, any ``__cuda_stream__``
         object or handle; None: the legacy stream), stream-ordered (``cuMemAllocFromPoolAsync``).
-
         :raises ValueError: ``size`` not a positive int (bytes).
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
         size = byte_count(size, "numba_pool.MemoryResource.allocate", "size", positive=True)

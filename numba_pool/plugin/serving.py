@@ -19,7 +19,6 @@ def serving_manager(device_id: int, door: str):
     """The numba_pool manager serving device ``device_id`` (an ordinal): the one the doors used last while it
     lives (a weak reference: Numba dropping its context lets it go), else this process's, else that of
     Numba's context for it, made current for the device first; ``door`` names the caller in messages.
-
     :raises RuntimeError: Numba's memory manager on the device is not numba_pool's."""
     ref = process.door_managers.get(device_id)
     manager = ref() if ref is not None else None
@@ -102,7 +101,6 @@ def cache_block(cache, unavailable: str, size: int, stream, flags: int):
     """``(Block, cache)``: ``size`` bytes for work on ``stream`` (a ``StreamRef``) from a pinned or managed
     cache (``HostBlocks``), allocated in the cache's owner context (a door's library may call with no context
     current: ``cuMemHostAlloc`` needs one).
-
     :raises RuntimeError: ``unavailable``, when the cache is off (None).
     :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes."""
     if cache is None:

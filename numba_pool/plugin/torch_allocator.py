@@ -62,7 +62,6 @@ class TorchDoor:
 def torch_allocator():
     """The process's PyTorch allocator on numba_pool (one per process; PyTorch accepts it before its first CUDA
     allocation only): ``torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())``.
-
     :returns: a ``torch.cuda.memory._CUDAAllocator`` over ``torch._C._cuda_customAllocator``.
     :raises ImportError: torch is not installed (``pip install torch``).
     A failed allocation (out of memory: one line on standard error, with the pool's sizes) returns a null

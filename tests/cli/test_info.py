@@ -244,3 +244,15 @@ def test_a_variable_typo_is_one_warning_line_naming_the_command(monkeypatch):
     assert warning == (f"numba-pool: warning: {TYPO} is not a numba_pool variable and is ignored: did you "
                        "mean NUMBA_POOL_ARENA?")
     assert error.startswith("Error: NUMBA_POOL_INITIAL_SIZE='a lot' is not a size"), error
+
+
+def test_the_simulator_warning_of_python_m_numba_pool_is_one_line_naming_the_command():
+    """Not ``<frozen runpy>:112: SimulatorWarning: ...``: numba_pool leaves the import-time note to the command."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "numba_pool", "info"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert "runpy" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[0].startswith("numba-pool: warning: NUMBA_CUDA_MEMORY_MANAGER=numba_pool is "
+                                                  "ignored"), proc.stderr
