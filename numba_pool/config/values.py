@@ -18,7 +18,7 @@ _FALSE = {"0", "false", "no", "off"}
 def parse_bool(value: Any, source: str) -> bool:
     """``True``/``False``, ``0``/``1``, or one of the words in :data:`BOOL_HELP` (case-insensitive).
     :raises ConfigError: for anything else (``"maybe"``, ``2``)."""
-    if isinstance(value, bool) or getattr(value, "dtype", None) == bool:  # also NumPy's bool_
+    if _is_bool(value):
         return bool(value)
     if isinstance(value, numbers.Integral) and value in (0, 1):
         return bool(value)
@@ -92,9 +92,13 @@ def parse_path(value: Any, source: str, what: str = "a CSV file") -> str:
 def switch(value: Any, call: str, name: str) -> bool:
     """A public function's on/off argument: a bool (NumPy's too).
     :raises TypeError: for anything else (``'off'`` is truthy: refused), naming ``call``'s ``name`` and the value."""
-    if isinstance(value, bool) or getattr(value, "dtype", None) == bool:
+    if _is_bool(value):
         return bool(value)
     raise TypeError(f"{call}: {name}={value!r} must be True or False")
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or getattr(value, "dtype", None) == bool  # also NumPy's bool_
 
 
 def byte_count(value: Any, call: str, name: str, *, positive: bool) -> int:

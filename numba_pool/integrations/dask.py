@@ -50,9 +50,10 @@ class NumbaPoolPlugin(WorkerPlugin):
     def __init__(self, *, frontend: str | None = None, **options: Any):
         # Bad options fail here, not on every worker; the log's path is checked where it is written (its type here).
         _config.load(environ={}, **{k: v for k, v in options.items() if k != "log"})
-        if not isinstance(options.get("log", ""), (str, os.PathLike)) and options["log"] is not None:
-            raise _config.ConfigError(f"NumbaPoolPlugin(log)={options['log']!r} is not a file path: expected the path "
-                                      "of a CSV file to write (on each worker)")
+        log = options.get("log")
+        if log is not None and not isinstance(log, (str, os.PathLike)):
+            raise _config.ConfigError(f"NumbaPoolPlugin(log)={log!r} is not a file path: expected the path of a CSV "
+                                      "file to write (on each worker)")
         self.frontend = None if frontend is None else frontends.parse_name(frontend, "NumbaPoolPlugin(frontend)")
         self.options = options
         self.status = "not set up"

@@ -139,9 +139,9 @@ def record_stream(array: Any, stream: Any) -> bool:
     :returns: True when the memory is a live numba_pool allocation (recorded), False when it is not (nothing
         to do: its owner frees it; a pinned array Numba made itself, with ``NUMBA_POOL_HOST=0``).
     :raises TypeError: when ``stream`` is not a stream, or ``array`` none of the above."""
-    as_stream_ref(stream)  # a bad stream is told before the GPU is needed
+    ref = as_stream_ref(stream)  # a bad stream is told before the GPU is needed
     of = array if frontends.name_of(array) is not None else stream
-    return manager_of(of=of, call="numba_pool.record_stream()").record_stream(array, stream)
+    return manager_of(of=of, call="numba_pool.record_stream()").record_stream(array, ref)
 
 
 def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:

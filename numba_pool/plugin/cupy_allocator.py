@@ -16,8 +16,8 @@ import sys
 
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..allocator.host_blocks import host_flags
-from ..cuda.errors import CudaAPIError
-from .serving import byte_count, cache_block, recorded, refused, release, serving_manager
+from ..config.values import byte_count
+from .serving import allocated, cache_block, recorded, release, serving_manager
 
 
 class _DeviceOwner:
@@ -59,12 +59,7 @@ def cupy_allocator(nbytes: int):
     if size == 0:
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device_id), 0)
     manager = serving_manager(device_id, "numba_pool.cupy_allocator")
-    stream = _stream_ref(cupy.cuda.get_current_stream())
-    try:
-        block = manager.allocate_block(size, stream)
-    except CudaAPIError:
-        refused(manager, size, stream, "cupy")
-        raise
+    block = allocated(manager, "cupy", manager.allocate_block, size, _stream_ref(cupy.cuda.get_current_stream()))
     owner = _DeviceOwner(block, recorded(manager, block, "cupy"))
     return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.address, size, owner, device_id), 0)
 

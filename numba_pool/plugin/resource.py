@@ -16,8 +16,8 @@ from cuda.core import MemoryResource as _CoreResource
 
 from ..allocator.host_blocks import PORTABLE
 from ..cuda.streams import LEGACY, as_stream_ref
-from ..cuda.errors import CudaAPIError
-from .serving import byte_count, cache_block, recorded, refused, release, serving_manager
+from ..config.values import byte_count
+from .serving import allocated, cache_block, recorded, release, serving_manager
 
 _OFF = "numba_pool: no cache serves this memory resource: "  # the pinned and managed resources' errors
 
@@ -47,18 +47,14 @@ class MemoryResource(_CoreResource):
         size = byte_count(size, "numba_pool.MemoryResource.allocate", "size", positive=True)
         ref = LEGACY if stream is None else as_stream_ref(stream)
         manager = self._manager_now()
-        try:
-            block, source = self._take(manager, size, ref)
-        except CudaAPIError:
-            refused(manager, size, ref, self._door)
-            raise
+        block, source = allocated(manager, self._door, self._take, size, ref, manager)
         self._blocks[block.address] = (block, source, recorded(manager, block, self._door))
         return Buffer.from_handle(block.address, size, mr=self, stream=_core_stream(stream, ref))
 
     _door = "cuda.core"  # the history's kind for this door's allocations
 
-    def _take(self, manager, size: int, ref):
-        """``(Block, what deallocates it)`` of ``size`` bytes on stream ``ref``."""
+    def _take(self, size: int, ref, manager):
+        """``(Block, what deallocates it)`` of ``size`` bytes on stream ``ref`` from ``manager``."""
         return manager.allocate_block(size, ref), manager.allocator
 
     def deallocate(self, ptr, size: int, stream=None) -> None:
@@ -107,7 +103,7 @@ class PinnedMemoryResource(MemoryResource):
 
     _door = "cuda.core pinned"
 
-    def _take(self, manager, size: int, ref):
+    def _take(self, size: int, ref, manager):
         return cache_block(manager.host, f"{_OFF}NUMBA_POOL_HOST is off", size, ref, PORTABLE)
 
     @property
@@ -123,13 +119,13 @@ class ManagedMemoryResource(PinnedMemoryResource):
 
     _door = "cuda.core managed"
 
-    def _take(self, manager, size: int, ref):
+    def _take(self, size: int, ref, manager):
         return cache_block(manager.managed, f"{_OFF}{manager.managed_off_because}", size, ref, 0)
 
 
 def _core_stream(stream, ref):
     # The Buffer's deallocation stream: cuda.core's own object where given one, else one naming the handle.
-    if type(stream) is Stream or isinstance(stream, Stream) or type(stream).__name__ == "GraphBuilder":
+    if isinstance(stream, Stream) or type(stream).__name__ == "GraphBuilder":
         return stream
     return Stream.from_handle(int(_cu.CU_STREAM_LEGACY) if ref is LEGACY else ref.value)
 

@@ -1,5 +1,5 @@
 """What the doors other than Numba's EMM plugin share (the cuda.core memory resources, the CuPy and PyTorch
-allocators): the size check (:func:`byte_count`), the manager they allocate through (:func:`serving_manager`), a
+allocators): the manager they allocate through (:func:`serving_manager`), a
 pinned or managed cache's block (:func:`cache_block`), and their allocations in the history (:func:`recorded`,
 :func:`release`), tagged with the door's name as their kind (``cuda.core``, ``cupy``, ``torch``), so that
 snapshots and the leak report show them beside Numba's."""
@@ -10,8 +10,8 @@ import weakref
 from functools import partial
 from typing import Callable
 
-from ..config.values import byte_count  # noqa: F401 - the doors' size check
 from ..cuda import frontend as frontends
+from ..cuda.errors import CudaAPIError
 from .state import process
 
 
@@ -73,11 +73,16 @@ def recorded(manager, block, door: str):
     return event, (log, row)
 
 
-def refused(manager, size: int, stream, door: str) -> None:
-    """Log an ``allocate failure`` row of ``size`` bytes on ``stream`` (a ``StreamRef``) through ``door``."""
-    kind = _log_kind(door)
-    if manager.log is not None and kind is not None:
-        manager.log.failure(size, stream.value, kind)
+def allocated(manager, door: str, allocate: Callable, size: int, stream, *args):
+    """``allocate(size, stream, *args)`` for ``door``; when it raises ``CudaAPIError`` (out of memory), an
+    ``allocate failure`` row of ``size`` bytes on ``stream`` (a ``StreamRef``) is logged first."""
+    try:
+        return allocate(size, stream, *args)
+    except CudaAPIError:
+        kind = _log_kind(door)
+        if manager.log is not None and kind is not None:
+            manager.log.failure(size, stream.value, kind)
+        raise
 
 
 def release(record, deallocate: Callable[..., None], *args) -> None:

@@ -15,8 +15,7 @@ import ctypes
 import sys
 
 from ..cuda.streams import LEGACY, as_stream_ref
-from ..cuda.errors import CudaAPIError
-from .serving import recorded, refused, release, serving_manager
+from .serving import allocated, recorded, release, serving_manager
 from .state import process
 
 _MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
@@ -37,14 +36,11 @@ class TorchDoor:
     def _malloc(self, size: int, device: int, stream) -> int | None:
         if size == 0:
             return None
-        manager = None
         try:
             manager = serving_manager(device, "numba_pool.torch_allocator")
             ref = LEGACY if not stream else as_stream_ref(int(stream))
-            block = manager.allocate_block(size, ref)
+            block = allocated(manager, "torch", manager.allocate_block, size, ref)
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
-            if isinstance(err, CudaAPIError):
-                refused(manager, size, ref, "torch")
             print(f"numba_pool.torch_allocator: {err}", file=sys.stderr)
             return None
         self._blocks[block.address] = (block, manager.allocator, recorded(manager, block, "torch"))

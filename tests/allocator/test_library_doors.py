@@ -177,16 +177,16 @@ def _cache_block_used_on_a_named_stream(p, mr, use) -> None:
     from numba_pool.cuda.streams import LEGACY, StreamRef
 
     a, b = _stream(p), _stream(p)
-    block, source = mr._take(p.mm, 4096, StreamRef(real_cu.CUstream(a)))
+    block, source = mr._take(4096, StreamRef(real_cu.CUstream(a)), p.mm)
     source.fences.fence_blocks = 1  # fence at the next allocation (else once 32 wait)
     mr._blocks[block.address] = (block, source, None)
     p.model.wait(b, a)
     use(b, block.address)
     mr.deallocate(block.address, 4096, b)
-    other, _ = mr._take(p.mm, 8192, LEGACY)  # records the released block's legacy-stream fence
+    other, _ = mr._take(8192, LEGACY, p.mm)  # records the released block's legacy-stream fence
     for done in (a, LEGACY.value):  # the allocation stream and the fence are seen done; B may not be
         assert p.model.cuStreamSynchronize(real_cu.CUstream(done))[0] == 0
-    again, _ = mr._take(p.mm, 4096, LEGACY)
+    again, _ = mr._take(4096, LEGACY, p.mm)
     p.model.host_use(again.address, 4096, "next owner")
     source.deallocate(again)
     source.deallocate(other)
@@ -228,7 +228,7 @@ def test_cuda_cores_cache_resources_say_why_in_one_line_when_the_cache_is_off(pr
 
     p = programs(arena=False)  # NUMBA_POOL_HOST off: no pinned cache
     with pytest.raises(RuntimeError, match="no cache serves this memory resource: NUMBA_POOL_HOST is off"):
-        PinnedMemoryResource(manager=p.mm)._take(p.mm, 4096, LEGACY)
+        PinnedMemoryResource(manager=p.mm)._take(4096, LEGACY, p.mm)
 
 
 def test_a_door_allocation_is_logged_with_its_door_and_replays_as_device_memory(programs, monkeypatch, tmp_path):
@@ -259,3 +259,17 @@ def test_a_door_allocation_is_logged_with_its_door_and_replays_as_device_memory(
     parsed = read_log(path)
     assert (len(parsed.operations), parsed.allocations, parsed.failures, parsed.managed) == (2, 1, 1, 0)
     assert_clean(p)
+
+
+def test_a_cuda_error_finding_the_manager_returns_null_and_says_why_in_one_line(monkeypatch, capsys):
+    # The callback's failure path once logged the failure through the manager it had not found (None): an
+    # AttributeError out of a C callback.  The failure row needs a manager; without one, the line alone.
+    from numba_pool.cuda.errors import CudaAPIError
+
+    def no_manager(device_id, door):
+        raise CudaAPIError(2, "cuMemPoolCreate failed: out of memory")
+
+    monkeypatch.setattr(torch_allocator, "serving_manager", no_manager)
+    assert TorchDoor()._malloc(4096, 0, 0) is None
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("numba_pool.torch_allocator: ") and "cuMemPoolCreate failed" in err and "\n" not in err, err
