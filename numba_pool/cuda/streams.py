@@ -59,12 +59,15 @@ def as_stream_ref(stream: Any) -> StreamRef:
     ``CUstream``, an int handle, or a ``__cuda_stream__`` object (CuPy, PyTorch, cuda.core's ``Stream`` and
     ``GraphBuilder``: the captured stream); handle 0 and ``CU_STREAM_LEGACY`` give :data:`LEGACY`.
     :raises TypeError: for anything else, naming its type."""
+    protocol = getattr(stream, "__cuda_stream__", None)  # first: cuda.core's ``handle`` makes a CUstream a call
+    if protocol is not None:  # the doors' case, on their hot path: no further frame
+        value = handle_of_protocol(stream, protocol)
+        if value in _LEGACY_HANDLES:
+            return LEGACY
+        return StreamRef(cu.CUstream(value), stream, value=value)
     if isinstance(stream, StreamRef):
         return stream
-    protocol = getattr(stream, "__cuda_stream__", None)  # first: cuda.core's ``handle`` makes a CUstream a call
-    if protocol is not None:
-        value, handle, owner = _protocol_handle(stream, protocol), None, stream
-    elif isinstance(stream, cu.CUstream):
+    if isinstance(stream, cu.CUstream):
         value, handle, owner = int(stream), stream, stream
     elif isinstance(stream, int) and not isinstance(stream, bool):
         if not 0 <= stream < 1 << 64:
@@ -81,13 +84,15 @@ def as_stream_ref(stream: Any) -> StreamRef:
     return StreamRef(cu.CUstream(value) if handle is None else handle, owner, value=value)
 
 
-def _protocol_handle(stream: Any, protocol: Any) -> int:
-    """The handle in a ``__cuda_stream__`` answer, ``(version, handle)``.
+def handle_of_protocol(stream: Any, protocol: Any) -> int:
+    """The handle in a ``__cuda_stream__`` answer, ``(version, handle)`` (``protocol``: the attribute).
     :raises TypeError: for any other answer, naming the object's type and the answer."""
     info = protocol() if callable(protocol) else protocol
+    if type(info) is tuple and len(info) == 2 and type(info[1]) is int and 0 <= info[1] < 1 << 64:
+        return info[1]
     if (isinstance(info, tuple) and len(info) == 2 and isinstance(info[1], int) and not isinstance(info[1], bool)
             and 0 <= info[1] < 1 << 64):
-        return info[1]
+        return int(info[1])
     raise TypeError(f"numba_pool: {type(stream).__name__}.__cuda_stream__ gave {info!r:.80}: expected a (version, "
                     "handle) tuple, handle an int below 2**64")
 

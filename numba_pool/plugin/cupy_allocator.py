@@ -17,7 +17,9 @@ import sys
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..allocator.host_blocks import host_flags
 from ..config.values import byte_count
-from .serving import allocated, cache_block, recorded, release, serving_manager
+from ..cuda.errors import CudaAPIError
+from .serving import cache_block, failed, recorded, release, serving_manager
+from .state import process
 
 
 class _DeviceOwner:
@@ -29,7 +31,11 @@ class _DeviceOwner:
         self.block, self.record = block, record
 
     def __del__(self):  # never raises (rule 8)
-        release(self.record, self.block.release, self.block)  # deallocate(block) with no stream named
+        block = self.block
+        if self.record is None:  # the common case without a frame: deallocate(block) with no stream named
+            block.release(block)
+        else:
+            release(self.record, block.release, block)
 
 
 class _PinnedOwner:
@@ -53,15 +59,23 @@ def cupy_allocator(nbytes: int):
     :raises ImportError: CuPy is not importable.
     :raises RuntimeError: numba_pool is not Numba's memory manager on the device.
     :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
-    size = byte_count(nbytes, "numba_pool.cupy_allocator", "nbytes", positive=False)
-    cupy = sys.modules.get("cupy") or _cupy("cupy_allocator")
-    device_id = cupy.cuda.runtime.getDevice()
+    size = nbytes
+    if type(size) is not int or not 0 < size < 1 << 64:  # the common case checked inline: no frame
+        size = byte_count(nbytes, "numba_pool.cupy_allocator", "nbytes", positive=False)
+    cuda = (sys.modules.get("cupy") or _cupy("cupy_allocator")).cuda
+    device_id = cuda.runtime.getDevice()
     if size == 0:
-        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device_id), 0)
+        return cuda.MemoryPointer(cuda.UnownedMemory(0, 0, None, device_id), 0)
     manager = serving_manager(device_id, "numba_pool.cupy_allocator")
-    block = allocated(manager, "cupy", manager.allocate_block, size, _stream_ref(cupy.cuda.get_current_stream()))
-    owner = _DeviceOwner(block, recorded(manager, block, "cupy"))
-    return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.address, size, owner, device_id), 0)
+    stream = cuda.get_current_stream()
+    ref = LEGACY if stream.ptr == 0 else _stream_ref(stream)
+    try:
+        block = manager.allocate_block(size, ref)
+    except CudaAPIError:
+        failed(manager, "cupy", size, ref)
+        raise
+    record = None if process.recording is None and manager.log is None else recorded(manager, block, "cupy")
+    return cuda.MemoryPointer(cuda.UnownedMemory(block.address, size, _DeviceOwner(block, record), device_id), 0)
 
 
 def cupy_pinned_allocator(nbytes: int):
@@ -91,5 +105,5 @@ def _cupy(name: str):
 
 
 def _stream_ref(stream):
-    # CuPy's null stream (ptr 0) is the legacy stream; another is named by its object, kept weakly by the block.
-    return LEGACY if stream.ptr == 0 else as_stream_ref(stream if hasattr(stream, "__cuda_stream__") else stream.ptr)
+    # A stream other than CuPy's null stream (ptr 0, the legacy stream), named by its object, which the block keeps.
+    return as_stream_ref(stream if hasattr(stream, "__cuda_stream__") else stream.ptr)

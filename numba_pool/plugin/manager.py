@@ -2,8 +2,9 @@
 stream rule, :mod:`numba_pool.allocator`) and composes the path (:mod:`numba_pool.plugin.path`); the rest forwards.
 
 Note [The path is the manager's memalloc]
-    :meth:`NumbaPoolManager._bind` (the only code that sets or removes it) makes the composed path the
-    instance's ``memalloc`` (no forwarding call per allocation).  The class's method runs only when none is
+    :meth:`NumbaPoolManager._bind` (the only code that sets or removes them) makes the composed path the
+    instance's ``memalloc``, and the block source's ``allocate_block`` its ``allocate_block`` (the doors'), so
+    that no forwarding call runs per allocation.  The class's method runs only when none is
     bound (before initialization; after a reset, Numba calls no ``initialize``) and initializes first.
 
 Note [One class for every frontend]
@@ -111,7 +112,7 @@ class NumbaPoolManager:
             pool.reserve(config.initial_size)
             allocator = DeviceAllocator(cu, pool, self.context, self._usage, config,
                                         before_retry=self.deallocations.clear, deferral=self.deferral,
-                                        after_reset=self.allocate_block, pointer=self.frontend.PoolPointer)
+                                        after_reset=partial(NumbaPoolManager.allocate_block, self), pointer=self.frontend.PoolPointer)
             self.config = config
             if self.context_proxy is None:
                 self.context_proxy = _proxy(self.context)
@@ -141,9 +142,11 @@ class NumbaPoolManager:
         if allocator is None:
             self.path = None
             self.__dict__.pop("memalloc", None)
+            self.__dict__.pop("allocate_block", None)
             return
         self.path = _compose(self, allocator)
         self.memalloc = self.path.allocate
+        self.allocate_block = allocator.source.allocate_block
 
     def recompose(self) -> None:
         """Compose the allocation path again, for the adaptors switched on now."""

@@ -15,9 +15,11 @@ from cuda.core import Buffer, Stream
 from cuda.core import MemoryResource as _CoreResource
 
 from ..allocator.host_blocks import PORTABLE
-from ..cuda.streams import LEGACY, as_stream_ref
+from ..cuda.streams import LEGACY, as_stream_ref, handle_of_protocol
 from ..config.values import byte_count
-from .serving import allocated, cache_block, recorded, release, serving_manager
+from ..cuda.errors import CudaAPIError
+from .serving import cache_block, failed, recorded, release, serving_manager
+from .state import process
 
 _OFF = "numba_pool: no cache serves this memory resource: "  # the pinned and managed resources' errors
 
@@ -44,12 +46,21 @@ class MemoryResource(_CoreResource):
         object or handle; None: the legacy stream), stream-ordered (``cuMemAllocFromPoolAsync``).
         :raises ValueError: ``size`` not a positive int (bytes).
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
-        size = byte_count(size, "numba_pool.MemoryResource.allocate", "size", positive=True)
+        if type(size) is not int or not 0 < size < 1 << 64:  # the common case checked inline: no frame
+            size = byte_count(size, "numba_pool.MemoryResource.allocate", "size", positive=True)
         ref = LEGACY if stream is None else as_stream_ref(stream)
-        manager = self._manager_now()
-        block, source = allocated(manager, self._door, self._take, size, ref, manager)
-        self._blocks[block.address] = (block, source, recorded(manager, block, self._door))
-        return Buffer.from_handle(block.address, size, mr=self, stream=_core_stream(stream, ref))
+        manager = self._manager or self._manager_now()
+        try:
+            block, source = self._take(size, ref, manager)
+        except CudaAPIError:
+            failed(manager, self._door, size, ref)
+            raise
+        address = block.address
+        self._blocks[address] = (block, source, None if process.recording is None and manager.log is None
+                                 else recorded(manager, block, self._door))
+        if stream is not None and not isinstance(stream, Stream):
+            stream = _core_stream(stream, ref)
+        return Buffer.from_handle(address, size, mr=self, stream=stream)
 
     _door = "cuda.core"  # the history's kind for this door's allocations
 
@@ -60,12 +71,16 @@ class MemoryResource(_CoreResource):
     def deallocate(self, ptr, size: int, stream=None) -> None:
         """Give back the buffer at ``ptr`` (``size`` bytes), ordered on ``stream`` (None: its allocation
         stream; rule 14).  Nothing for a buffer it does not hold (a zero-byte one)."""
-        held = self._blocks.pop(int(ptr), None)
+        held = self._blocks.pop(ptr if type(ptr) is int else int(ptr), None)
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
-        named = None if stream is None or stream is block.stream.owner else as_stream_ref(stream)
-        release(record, source.deallocate, block, named)
+        named = None if stream is None or stream is block.stream.owner or _same_stream(stream, block.stream) else \
+            as_stream_ref(stream)
+        if record is None:  # the common case without a frame
+            source.deallocate(block, named)
+        else:
+            release(record, source.deallocate, block, named)
 
     @property
     def is_device_accessible(self) -> bool:
@@ -124,10 +139,20 @@ class ManagedMemoryResource(PinnedMemoryResource):
 
 
 def _core_stream(stream, ref):
-    # The Buffer's deallocation stream: cuda.core's own object where given one, else one naming the handle.
-    if isinstance(stream, Stream) or type(stream).__name__ == "GraphBuilder":
+    # The Buffer's deallocation stream for a stream not cuda.core's: a GraphBuilder as it is; None for the legacy
+    # stream (the Buffer records cuda.core's default stream: no Stream made per Buffer); else one naming the handle.
+    if type(stream).__name__ == "GraphBuilder":
         return stream
-    return Stream.from_handle(int(_cu.CU_STREAM_LEGACY) if ref is LEGACY else ref.value)
+    return None if ref is LEGACY else Stream.from_handle(ref.value)
+
+
+def _same_stream(stream, ref) -> bool:
+    # Whether ``stream`` (cuda.core's: a new object per Buffer closed) names ``ref``'s stream, without a StreamRef.
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if protocol is None:
+        return False
+    value = handle_of_protocol(stream, protocol)
+    return value == ref.value or (value == 0 and ref is LEGACY)
 
 
 def _current_device() -> int:

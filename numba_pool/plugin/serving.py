@@ -11,7 +11,6 @@ from functools import partial
 from typing import Callable
 
 from ..cuda import frontend as frontends
-from ..cuda.errors import CudaAPIError
 from .state import process
 
 
@@ -57,7 +56,7 @@ def recorded(manager, block, door: str):
     :func:`numba_pool.record_history` records nor ``NUMBA_POOL_LOG`` logs (two attribute loads), else
     ``((history, event) or None, log row or None)``, the allocation recorded (its stack from the door's caller)
     and logged."""
-    history, log = process.recording, manager.log
+    history, log = process.recording, manager.log  # the doors test both before calling: no frame when neither
     if history is None and log is None:
         return None
     event = None
@@ -73,16 +72,12 @@ def recorded(manager, block, door: str):
     return event, (log, row)
 
 
-def allocated(manager, door: str, allocate: Callable, size: int, stream, *args):
-    """``allocate(size, stream, *args)`` for ``door``; when it raises ``CudaAPIError`` (out of memory), an
-    ``allocate failure`` row of ``size`` bytes on ``stream`` (a ``StreamRef``) is logged first."""
-    try:
-        return allocate(size, stream, *args)
-    except CudaAPIError:
-        kind = _log_kind(door)
-        if manager.log is not None and kind is not None:
-            manager.log.failure(size, stream.value, kind)
-        raise
+def failed(manager, door: str, size: int, stream) -> None:
+    """Log the ``allocate failure`` row of ``size`` bytes on ``stream`` (a ``StreamRef``) through ``door``, whose
+    allocation raised ``CudaAPIError`` (out of memory); the door re-raises."""
+    kind = _log_kind(door)
+    if manager.log is not None and kind is not None:
+        manager.log.failure(size, stream.value, kind)
 
 
 def release(record, deallocate: Callable[..., None], *args) -> None:

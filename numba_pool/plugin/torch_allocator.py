@@ -15,7 +15,8 @@ import ctypes
 import sys
 
 from ..cuda.streams import LEGACY, as_stream_ref
-from .serving import allocated, recorded, release, serving_manager
+from ..cuda.errors import CudaAPIError
+from .serving import failed, recorded, release, serving_manager
 from .state import process
 
 _MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
@@ -39,11 +40,16 @@ class TorchDoor:
         try:
             manager = serving_manager(device, "numba_pool.torch_allocator")
             ref = LEGACY if not stream else as_stream_ref(int(stream))
-            block = allocated(manager, "torch", manager.allocate_block, size, ref)
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
-            print(f"numba_pool.torch_allocator: {err}", file=sys.stderr)
-            return None
-        self._blocks[block.address] = (block, manager.allocator, recorded(manager, block, "torch"))
+            return _say(err)
+        try:
+            block = manager.allocate_block(size, ref)
+        except Exception as err:  # noqa: BLE001 - as above
+            if isinstance(err, CudaAPIError):  # out of memory: logged too
+                failed(manager, "torch", size, ref)
+            return _say(err)
+        record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
+        self._blocks[block.address] = (block, manager.allocator, record)
         return block.address
 
     def _free(self, ptr, size: int, device: int, stream) -> None:
@@ -51,8 +57,17 @@ class TorchDoor:
         if held is not None:  # never raises
             block, allocator, record = held
             handle = stream or 0
-            named = None if handle == block.stream.value else as_stream_ref(handle)
-            release(record, allocator.deallocate, block, named)
+            named = None if handle == block.stream.value or (block.stream is LEGACY and not handle) else \
+                as_stream_ref(handle)
+            if record is None and named is None:  # the common case without a frame
+                block.release(block)
+            else:
+                release(record, allocator.deallocate, block, named)
+
+
+def _say(err: Exception) -> None:
+    # A failed allocation's one line on standard error; PyTorch gets NULL (None).
+    print(f"numba_pool.torch_allocator: {err}", file=sys.stderr)
 
 
 def torch_allocator():

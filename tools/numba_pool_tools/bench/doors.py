@@ -52,23 +52,42 @@ def _take_turns(pairs_by_name: dict, rounds: int, pairs: int, synchronize) -> di
     return out
 
 
-def measure_cuda_core(rounds: int, pairs: int) -> dict:
-    """numba_pool's ``MemoryResource`` against cuda.core's ``DeviceMemoryResource``, on one stream."""
+def measure_cuda_core(rounds: int, pairs: int, named: bool = True) -> dict:
+    """numba_pool's ``MemoryResource`` against cuda.core's ``DeviceMemoryResource``, on one stream made for
+    the run (``named``), else on the device's default stream (where Numba's launches on the default stream
+    allocate); and the floor of any Python resource: one that hands out a fixed address and frees nothing."""
     from .core import cuda
-    from cuda.core import Device, DeviceMemoryResource
+    from cuda.core import Buffer, Device, DeviceMemoryResource, MemoryResource
     import numba_pool
+
+    class Floor(MemoryResource):
+        """cuda.core's cost of a ``Buffer`` from a resource written in Python, with no allocator behind it."""
+
+        def allocate(self, size, stream=None):
+            return Buffer.from_handle(0x1000, size, mr=self, stream=stream)
+
+        def deallocate(self, ptr, size, stream=None):
+            pass
+
+        is_device_accessible, is_host_accessible, device_id = True, False, 0
 
     cuda.current_context()  # numba_pool is the memory manager from here
     device = Device(0)
     device.set_current()
-    stream = device.create_stream()
+    stream = device.create_stream() if named else device.default_stream
 
     def pair_of(resource):
         def pair(size):
             resource.allocate(size, stream=stream).close(stream)
         return pair
     return _take_turns({"numba_pool": pair_of(numba_pool.MemoryResource(0)),
-                        OWN["cuda.core"]: pair_of(DeviceMemoryResource(0))}, rounds, pairs, stream.sync)
+                        OWN["cuda.core"]: pair_of(DeviceMemoryResource(0)),
+                        "floor: a Python resource allocating nothing": pair_of(Floor())}, rounds, pairs, device.sync)
+
+
+def measure_cuda_core_default(rounds: int, pairs: int) -> dict:
+    """:func:`measure_cuda_core` on cuda.core's default stream."""
+    return measure_cuda_core(rounds, pairs, named=False)
 
 
 def measure_cupy(rounds: int, pairs: int) -> dict:
@@ -97,6 +116,8 @@ def measure_torch_child(which: str, rounds: int, pairs: int) -> dict:
     if which == "numba_pool":
         import numba_pool
         torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
+    elif which == TORCH_FLOOR:
+        keep = _install_torch_floor(torch)  # noqa: F841 - its callbacks and memory live while the child runs
     elif which == "RMM pool":
         import rmm
         from rmm.allocators.torch import rmm_torch_allocator
@@ -109,8 +130,28 @@ def measure_torch_child(which: str, rounds: int, pairs: int) -> dict:
     return {size: statistics.median(values[which]) for size, values in out.items()}
 
 
+#: PyTorch's cost of a pluggable allocator whose ``ctypes`` callbacks do nothing: one address for every tensor.
+TORCH_FLOOR = "floor: ctypes callbacks allocating nothing"
+
+
+def _install_torch_floor(torch):
+    """PyTorch's allocator made :data:`TORCH_FLOOR`: a pair of ``ctypes`` callbacks handing out one device address
+    (a Numba array bigger than any size measured; one tensor lives at a time); returns what must stay alive."""
+    import ctypes
+
+    from .core import cuda
+    memory = cuda.device_array(max(SIZES), dtype="u1")
+    address = memory.device_ctypes_pointer.value
+    malloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(lambda *_: address)
+    free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(lambda *_: None)
+    made = torch._C._cuda_customAllocator(ctypes.cast(malloc, ctypes.c_void_p).value,
+                                          ctypes.cast(free, ctypes.c_void_p).value)
+    torch.cuda.memory.change_current_allocator(torch.cuda.memory._CUDAAllocator(made))
+    return memory, malloc, free
+
+
 def measure_torch(rounds: int, pairs: int) -> dict:
-    names = ["numba_pool", OWN["torch"], "RMM pool"]
+    names = ["numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR]
     out = {size: {name: [] for name in names} for size in SIZES}
     for turn in range(TURNS):
         for name in names[turn % len(names):] + names[:turn % len(names)]:
@@ -147,7 +188,9 @@ def main(argv=None) -> int:
         print(json.dumps(measure_torch_child(args.torch_child, args.rounds, args.pairs)))
         return 0
     os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_pool"
-    for library, measure in (("cuda.core", measure_cuda_core), ("cupy", measure_cupy), ("torch", measure_torch)):
+    for library, measure in (("cuda.core, a stream of its own", measure_cuda_core),
+                             ("cuda.core, the default stream", measure_cuda_core_default),
+                             ("cupy", measure_cupy), ("torch", measure_torch)):
         try:
             figures = measure(args.rounds, args.pairs)
         except ImportError as err:
