@@ -10,9 +10,8 @@
 * Threads: releases take no lock; everything else runs under ``_lock``.
 
 Note [A ready block is its Block]
-    A carved block's one :class:`~.block.Block` stays in :attr:`ArenaBlocks.taken` until it goes back into a
-    heap; the ready cache holds it, and an allocation hands the popped record out again: no ``Block()`` nor
-    ``CUdeviceptr`` per allocation, and the address -> record table costs the hot path nothing."""
+    A carved block's :class:`~.block.Block` stays in :attr:`ArenaBlocks.taken` until back in a heap, reused from the
+    ready cache: no ``Block()`` or ``CUdeviceptr`` per allocation; the address table costs the hot path nothing."""
 
 from __future__ import annotations
 

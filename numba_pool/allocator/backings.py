@@ -1,11 +1,8 @@
-"""Where the blocks of a host-rule cache (:class:`~.host_blocks.HostBlocks`) come from and go back: the two
-kinds of memory whose next owner may be the CPU (rule 9 of :mod:`numba_pool.allocator`).  A backing knows
-nothing of events or reuse: the cache decides when a block may go back.
+"""Where a host-rule cache's blocks (:class:`~.host_blocks.HostBlocks`) come from and go: the two memories whose next
+owner may be the CPU (rule 9 of :mod:`numba_pool.allocator`).  Backings know nothing of events or reuse.
 
-* :class:`PinnedBacking`: page-locked host memory, ``cuMemHostAlloc`` / ``cuMemFreeHost``
-  (``NUMBA_POOL_HOST``), mapped into the device's address space on request.
-* :class:`ManagedBacking`: managed (unified) memory, ``cuMemAllocManaged`` / ``cuMemFree`` (``NUMBA_POOL_MANAGED``),
-  capped by the cache (``NUMBA_POOL_MANAGED_MAX_SIZE``)."""
+* :class:`PinnedBacking`: pinned host memory (``NUMBA_POOL_HOST``; mappable), ``cuMemHostAlloc`` / ``cuMemFreeHost``.
+* :class:`ManagedBacking`: managed (unified) memory (``NUMBA_POOL_MANAGED``), ``cuMemAllocManaged`` / ``cuMemFree``."""
 
 from __future__ import annotations
 
@@ -13,17 +10,15 @@ from cuda.bindings import driver as _cuda
 
 from ..cuda.driver import OUT_OF_MEMORY, SUCCESS, check, report_failure
 
-#: ``cuMemHostAlloc`` flag that maps a pinned block into the device's address space.
-DEVICEMAP = int(_cuda.CU_MEMHOSTALLOC_DEVICEMAP)
+DEVICEMAP = int(_cuda.CU_MEMHOSTALLOC_DEVICEMAP)  #: ``cuMemHostAlloc`` flag mapping a pinned block for the device.
 #: ``cuMemAllocManaged`` flag: the memory may be accessed from any stream of any device (Numba's default).
 ATTACH_GLOBAL = int(_cuda.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL)
 
 
 class PinnedBacking:
-    """Pinned host blocks: ``cuMemHostAlloc(size, flags)`` and ``cuMemFreeHost``; a mapped block
-    (``CU_MEMHOSTALLOC_DEVICEMAP``) gets its device address from ``cuMemHostGetDevicePointer``.
-    A block still in use at a reset is freed by its release (:attr:`frees_orphans`), as Numba
-    frees its own: its host memory stays valid until the array goes."""
+    """Pinned host blocks: ``cuMemHostAlloc(size, flags)``, ``cuMemFreeHost``; a mapped one
+    (``CU_MEMHOSTALLOC_DEVICEMAP``) has its device address from ``cuMemHostGetDevicePointer``.  A block in use at a
+    reset is freed by its release (:attr:`frees_orphans`), as Numba's are: valid until its array goes."""
 
     kind = "pinned"
     prefix = "host"  # of the statistics' keys (host_reserved_bytes ...)
@@ -35,7 +30,6 @@ class PinnedBacking:
 
     def allocate(self, rounded: int, flags: int) -> tuple[int, int | None] | None:
         """A new block of ``rounded`` bytes, ``(host, device address or None)``; None if out of pinned memory.
-
         :raises CudaAPIError: any other driver error."""
         err, host = self._cu.cuMemHostAlloc(rounded, flags)
         if err == OUT_OF_MEMORY:
@@ -64,21 +58,18 @@ class PinnedBacking:
 
 
 class ManagedBacking:
-    """Managed blocks of one device: ``cuMemAllocManaged(rounded, CU_MEM_ATTACH_GLOBAL)``, the same address on host
-    and device, and ``cuMemFree``, as Numba's own managed arrays (Note [Managed blocks are not from a mempool]).
-    The allocation is synchronous, so the host may write the block at once; the cache gives back only idle blocks
-    (rule 9).  A block in use at a reset stays in use, back to the cache when its array goes (:attr:`frees_orphans`
-    is false): freeing the memory of a live NumPy array would crash the host at its next access.
+    """Managed blocks of one device: ``cuMemAllocManaged(rounded, CU_MEM_ATTACH_GLOBAL)``, one address on host and
+    device, and ``cuMemFree``, as Numba does (Note [Managed blocks are not from a mempool]).  Allocation is synchronous
+    (the host may write at once); only idle blocks go back (rule 9).  A block live at a reset comes back when its array
+    goes (:attr:`frees_orphans` false): freeing a live NumPy array's memory would crash at its next host access.
+    :param cu: the driver object.  :param device_id: the device (for messages).
 
     Note [Managed blocks are not from a mempool]
         A managed mempool (``CU_MEM_ALLOCATION_TYPE_MANAGED``) allocates in 4 µs against ``cuMemAllocManaged``'s
         25, but on driver 580 what it hands out again after a free is pathological: a 4 GiB range freed, trimmed
         and reallocated took 8.9 s for a device memset after a host read (0.6 s on fresh memory), and its pages'
         device memory stayed taken after ``cuMemPoolTrimTo(0)`` (4 GiB of 4; H200, 2026-11-27, docs/perf-notes.md,
-        "Managed memory").  The cache's own reuse is the fast path; a miss costs what Numba's default does.
-
-    :param cu: the driver object.
-    :param device_id: the device (for messages)."""
+        "Managed memory").  The cache's own reuse is the fast path; a miss costs what Numba's default does."""
 
     kind = "managed"
     prefix = "managed"
@@ -90,10 +81,8 @@ class ManagedBacking:
         self.device_id = device_id
 
     def allocate(self, rounded: int, flags: int) -> tuple[int, int] | None:
-        """A new managed block of ``rounded`` bytes, ``(address, address)``; None when the driver is out of memory.
-        Beside a capture the caller is in relaxed capture mode (rule 13), where ``cuMemAllocManaged`` is allowed.
-
-        :raises CudaAPIError: any other driver error."""
+        """A new managed ``rounded``-byte block, ``(address, address)``; None if out of memory.  Beside a capture the
+        caller is in relaxed mode (rule 13), allowing ``cuMemAllocManaged``.  :raises CudaAPIError: other errors."""
         err, ptr = self._cu.cuMemAllocManaged(rounded, ATTACH_GLOBAL)
         if err == OUT_OF_MEMORY:
             return None

@@ -1,14 +1,13 @@
-"""Rule 13 of :mod:`numba_pool.allocator`: stream capture (CUDA graphs).
+"""Rule 13 of :mod:`numba_pool.allocator`: stream capture (CUDA graphs).  A capture is known from its stream's first
+allocation or ``using_stream`` entry (before: CUDA's rules, :mod:`.cuda.capture`).  Threads: :data:`underway`, deferred
+releases atomic only; :data:`_lock` guards changes.
 
 * **Captured allocations** (:class:`~.graph_blocks.GraphBlocks`): on a capturing stream (``using_stream(s)``, or
   outside any scope in the capturing thread), an allocation node (``cuMemAllocFromPoolAsync``, non-exportable
   pool), released as a free node during the capture, after it by ``cuMemFreeAsync`` on the capture stream.
 * **While a capture is under way** (:data:`underway`): no legacy-stream use, no synchronize, other calls in relaxed
   mode; other streams' allocations come from the mempool (no arena), the legacy stream's from a synchronized side
-  stream; releases wait (:func:`defer`) and run in order once none is (:func:`refresh`).
-
-A capture is known from its stream's first allocation or ``using_stream`` entry (before: CUDA's rules,
-:mod:`.cuda.capture`).  Threads: :data:`underway`, deferred releases atomic only; :data:`_lock` guards changes."""
+  stream; releases wait (:func:`defer`) and run in order once none is (:func:`refresh`)."""
 
 from __future__ import annotations
 
@@ -37,10 +36,8 @@ class Capture:
     thread: int
 
 
-#: The known captures under way; almost always empty (hot paths test its truth).
-underway: list[Capture] = []
-#: Releases held back while a capture is under way, run by :func:`refresh` (atomic operations).
-_deferred = Held()
+underway: list[Capture] = []  #: The known captures under way; almost always empty (hot paths test its truth).
+_deferred = Held()  #: Releases held back while a capture is under way, run by :func:`refresh` (atomic operations).
 _lock = threading.Lock()  # guards changes of `underway` (never taken by a release)
 
 
@@ -116,8 +113,7 @@ def capture_of_thread() -> Capture | None:
 
 
 class CaptureRouter:
-    """Where an allocation goes during a capture: a graph node, ``normal``, ``on_stream``
-    (an uncaptured stream's mempool block) or ``beside`` (the legacy stream's)."""
+    """During a capture: a graph node, ``normal``, ``on_stream`` (uncaptured stream) or ``beside`` (legacy stream)."""
 
     def __init__(self, cu, graph_blocks, normal: Callable, on_stream: Callable, beside: Callable):
         self._cu = cu

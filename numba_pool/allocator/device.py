@@ -61,8 +61,7 @@ class DeviceAllocator:
         self.arena: ArenaBlocks | None = self.arenas[0] if self.arenas else None  #: For statistics, the replay, tests.
         self.sources = [*self.arenas, self.mempool_blocks]  #: Every block source, the one requests start at first.
         self.source = self.sources[0]  #: Where requests start; its ``allocate(size)`` is the path with no adaptor.
-        # Rule 13: captured allocations, and where allocations go while a capture is under way.
-        self._config = config
+        self._config = config  # rule 13: captured allocations, and where allocations go while a capture is under way
         self._capture_pool: MemPool | None = None
         self.graph_blocks = GraphBlocks(cu, self._pool_for_captures, self.waits)
         router = CaptureRouter(cu, self.graph_blocks, self.source.allocate_block, self.mempool_blocks.allocate_on,
@@ -89,8 +88,7 @@ class DeviceAllocator:
         return self.source.allocate_block(nbytes, stream)
 
     def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
-        """Give ``block`` back (RMM's and cuda.core's ``deallocate``); a ``stream`` other than
-        ``block.stream`` is waited for first (rule 2).  Once per block; never raises (rule 8)."""
+        """Give ``block`` back (RMM, cuda.core), after a differing ``stream`` (rule 2); once, never raising (rule 8)."""
         if stream is not None and stream.value != block.stream.value:
             self.waits.add_wait(block, stream)
         block.release(block)
@@ -105,8 +103,7 @@ class DeviceAllocator:
         return None
 
     def record_stream(self, address: int, stream: StreamRef) -> bool:
-        """Rule 2 for the block holding ``address``; False when none does.  In a scratch block
-        the carved array applies it when dropped (:meth:`StreamWaits.order_now`)."""
+        """Rule 2 for the block at ``address`` (False if none); a carved scratch array applies it when dropped."""
         return self._add_wait(address, stream)
 
     def hold(self, address: int, hold: Hold) -> bool:
@@ -116,8 +113,7 @@ class DeviceAllocator:
     def export_hold(self, address: int, hold: Hold) -> bool:
         """:meth:`hold`, then ``cuCtxSynchronize``: another process orders against nothing of ours, and the driver
         needs the allocation complete ("Stream Ordered Memory Allocator", IPC); False if no live block holds it.
-        :raises CudaAPIError: when the synchronize fails.
-        :raises RuntimeError: during a stream capture numba_pool knows of (rule 13)."""
+        :raises CudaAPIError: if the synchronize fails.  :raises RuntimeError: during a known capture (rule 13)."""
         self.refuse_during_capture("an IPC export (it synchronizes the context)")
         if not self.hold(address, hold):
             return False
@@ -159,16 +155,14 @@ class DeviceAllocator:
         self.mempool_blocks.free_completed()
 
     def refuse_during_capture(self, what: str) -> None:
-        """Rule 13: a synchronize invalidates every capture under way.
-        :raises RuntimeError: naming ``what`` and the stream, during a known capture."""
+        """Rule 13: a synchronize breaks captures.  :raises RuntimeError: during one, naming ``what`` and the stream."""
         if captures.underway and captures.refresh(self.cu):
             streams = ", ".join(f"{c.stream.value:#x}" for c in list(captures.underway))
             raise RuntimeError(f"numba_pool: {what} cannot run while stream {streams} is being captured: "
                                "it would invalidate the capture; call it after cuStreamEndCapture")
 
     def memory_info(self) -> tuple[int, int]:
-        """``(free, total)`` bytes: ``cuMemGetInfo``'s free plus what the pool and arena hold
-        unused; with a cap, total is the cap and free at most cap minus used."""
+        """``(free, total)`` bytes: ``cuMemGetInfo`` free + unused pool/arena; with a cap: (<= cap - used, cap)."""
         self.issue_frees()
         free, total = device_memory_info(self.cu)
         usage = self.pool.usage()
@@ -217,9 +211,8 @@ class DeviceAllocator:
             raise api_error(err.code, self.describe_out_of_memory(size)) from None
 
     def trim(self, keep_bytes: int) -> None:
-        """Snapshot released blocks (rule 4), ``cuCtxSynchronize``, free them and empty slabs,
-        synchronize again, then ``cuMemPoolTrimTo(keep_bytes)`` and ``cuDeviceGraphMemTrim``.
-        :raises RuntimeError: during a stream capture (rule 13)."""
+        """Snapshot released blocks (rule 4), ``cuCtxSynchronize``, free them and empty slabs, synchronize again,
+        ``cuMemPoolTrimTo(keep_bytes)``, ``cuDeviceGraphMemTrim``.  :raises RuntimeError: during a capture (rule 13)."""
         self.refuse_during_capture("trim()")
         self.issue_frees()
         releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
@@ -306,8 +299,7 @@ def destroy_now(pool: MemPool, owner: OwnerContext) -> None:
 
 
 def _destroy_private(streams, fences, owner: OwnerContext) -> None:
-    # A reset generation's private streams and fence events, once nothing can reach them.
-    def destroy(*_):
+    def destroy(*_):  # a reset generation's private streams and fence events, once nothing can reach them
         for stream in streams:
             stream.destroy()
         for each in fences:
@@ -316,8 +308,7 @@ def _destroy_private(streams, fences, owner: OwnerContext) -> None:
 
 
 def _destroy_pool(pool: MemPool, owner: OwnerContext) -> None:
-    # A reset generation's pool, once its allocator is collected, in the owner's context.
-    def destroy(*_):
+    def destroy(*_):  # a reset generation's pool, once its allocator is collected, in the owner's context
         with contextlib.suppress(CudaAPIError):
             pool.destroy()
     owner.enter(destroy)

@@ -1,8 +1,7 @@
-"""The arena's domains and their slabs: rules 1, 5 and 6 of :mod:`numba_pool.allocator`.  A *domain* holds one stream's
-free blocks as a heap of slabs (:class:`~.free_list.Heap`), a slab being a mempool allocation on the domain's stream
-(the legacy domain's on the private allocation stream: its heap's blocks are always idle, rule 4).  Memory moves between
-streams only as wholly free slabs going back to the mempool (:meth:`Domains.return_slab`), never on the legacy stream,
-whose operations are barriers.  Every method runs under the arena's lock."""
+"""The arena's domains and slabs (rules 1, 5, 6 of :mod:`numba_pool.allocator`).  A *domain* is one stream's heap of
+slabs (:class:`~.free_list.Heap`), each a mempool allocation on its stream (the legacy domain's on the private
+allocation stream: always idle, rule 4).  Memory moves between streams only as wholly free slabs back to the mempool
+(:meth:`Domains.return_slab`), never on the legacy stream (barriers).  All methods run under the arena's lock."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from .free_list import Heap
 
 FIRST_SLAB = 64 << 10  #: The first slab's size (bytes), unless the largest slab is smaller.
 GROWTH = 32  #: A new slab is ~1/GROWTH of the arena's reserve: slabs grow with it, the last, partly used one ~3% of it.
-#: A new slab holds at least this many blocks of its request: one block size does not fence (or add a slab) each time.
-BLOCKS_PER_SLAB = 64
+BLOCKS_PER_SLAB = 64  #: A new slab fits >= this many of its request: one size does not fence (or add a slab) each time.
 
 
 class Domain:
@@ -50,8 +48,7 @@ class Domains:
         return iter(list(self._by_key.values()))
 
     def of_stream(self, stream: StreamRef) -> Domain:
-        """The domain of ``stream`` (not the legacy one), made at its first use with the event
-        of rule 5; keyed by the driver's stream id, never the handle's value (rule 6)."""
+        """``stream``'s domain (not legacy), made at first use with rule 5's event; key: ``cuStreamGetId`` (rule 6)."""
         key = stream.key
         if key is None:
             key = stream.key = check(self._cu.cuStreamGetId(stream.handle), "cuStreamGetId")
@@ -117,9 +114,8 @@ class Domains:
                 self.return_slab(domain, start)
 
     def drop_all(self) -> list[tuple[int, int]]:
-        """Forget every domain (for a reset): returns the slabs as (start, size) for the caller to free.  A release
-        that checked that its arena was not dropped may still record its domain's event: the events are destroyed
-        once no release can reach them (this object, which only its arena holds, is collected)."""
+        """Forget every domain (reset); returns the slabs (start, size) to free.  A release that saw it undropped may
+        still record its domain's event: events go when this object (only its arena's) is collected."""
         slabs = [slab for domain in self for slab in domain.heap.slabs.items()]
         events = [domain.event for domain in self if domain.event is not None]
         weakref.finalize(self, _destroy_events, self._cu, events).atexit = False

@@ -1,12 +1,11 @@
-"""Rule 4 of :mod:`numba_pool.allocator`: a legacy-stream owner's released block is reused only once the host saw a
-later fence complete.  A release makes no driver call (a legacy-stream operation is a barrier: a kernel waiting for
-a later copy on another stream would hang); an allocation records **one fence** (a legacy-stream event) per
-:data:`FENCE_BLOCKS` blocks or :attr:`Fences.fence_bytes` bytes (as Numba's ``CUDA_DEALLOCS_COUNT``,
-``CUDA_DEALLOCS_RATIO``), never in ``defer_cleanup``; the batch is idle once seen done (``cuEventQuery``) or
-synchronized.  :class:`PrivateStream`: legacy owners' new memory comes from a non-blocking stream of ours that
-waits for nothing (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off: only idle memory), each allocation
-seen complete before hand-out (:meth:`PrivateStream.complete`; else a legacy-stream memset on a fresh managed block
-was lost).  Threads: releases append atomically; allocations take :attr:`Fences.lock` if free."""
+"""Rule 4 of :mod:`numba_pool.allocator`: a legacy-stream owner's released block is reused once the host saw a later
+fence complete.  A release makes no driver call (a legacy-stream operation is a barrier: a kernel waiting for a later
+copy on another stream would hang); an allocation records **one fence**, a legacy-stream event, per :data:`FENCE_BLOCKS`
+blocks or :attr:`Fences.fence_bytes` bytes (as Numba's ``CUDA_DEALLOCS_COUNT``, ``CUDA_DEALLOCS_RATIO``), never in
+``defer_cleanup``; the batch is idle once seen done (``cuEventQuery``) or synchronized.  :class:`PrivateStream`: legacy
+owners' new memory is from our own non-blocking stream (``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off: only
+idle memory), each allocation complete before hand-out (:meth:`PrivateStream.complete`; else a legacy-stream memset on a
+fresh managed block was lost).  Threads: releases append atomically; allocations take :attr:`Fences.lock` if free."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ class Fences:
         return (blocks >= self.fence_blocks or (blocks and nbytes >= self.fence_bytes)) and not deferral.depth
 
     def record(self, batch) -> None:
-        """One legacy-stream event after ``batch``, which :meth:`completed` returns later.
-        :raises CudaAPIError: when the event cannot be made or recorded (nothing kept)."""
+        """A legacy-stream event after ``batch``, for :meth:`completed`.  :raises CudaAPIError: if not made/recorded."""
         cu = self._cu
         releases = take_list(self.after_fence)  # before the waits: their events were queued first
         waits_for = self.waits_for
@@ -117,8 +115,7 @@ def run_releases(releases: list) -> None:
 
 
 class PrivateStream:
-    """A non-blocking stream of our own, made at first use in the owner's context: for legacy owners' new memory,
-    other streams' slab returns, or rule 13's side stream (``what``)."""
+    """Our non-blocking stream (made at first use, as owner) for legacy new memory, slab returns, rule 13 (``what``)."""
 
     def __init__(self, cu, what: str):
         self._cu = cu
@@ -127,16 +124,14 @@ class PrivateStream:
 
     @property
     def handle(self):
-        """The stream (``CUstream``), made now if it was not yet.
-        :raises CudaAPIError: when the driver refuses to make it."""
+        """The stream (``CUstream``), made at first use.  :raises CudaAPIError: when the driver refuses to make it."""
         if self._handle is None:
             flags = int(self._cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
             self._handle = check(self._cu.cuStreamCreate(flags), f"cuStreamCreate ({self._what})")
         return self._handle
 
     def complete(self) -> None:
-        """Return once the stream's work is done (``cuStreamQuery``, else ``cuStreamSynchronize``), before any reuse.
-        :raises CudaAPIError: when the synchronize fails."""
+        """Wait out the stream (``cuStreamQuery``, else ``cuStreamSynchronize``).  :raises CudaAPIError: on failure."""
         cu, handle = self._cu, self.handle
         if cu.cuStreamQuery(handle)[0] != SUCCESS:
             check(cu.cuStreamSynchronize(handle), f"cuStreamSynchronize ({self._what})")
@@ -185,8 +180,7 @@ class HostFences:
             self.unfenced.remove(block)
 
     def fence_if_due(self, capturing: bool) -> None:
-        """A fence once :attr:`fence_blocks` blocks or :attr:`fence_bytes` bytes wait, never while a
-        ``defer_cleanup`` is open or a capture is under way (rule 13)."""
+        """Fence at :attr:`fence_blocks` blocks or :attr:`fence_bytes` bytes; never in ``defer_cleanup`` or capture."""
         unfenced = self.unfenced
         if not unfenced or capturing or (self.deferral is not None and self.deferral.depth):
             return

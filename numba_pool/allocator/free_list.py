@@ -52,8 +52,7 @@ class Heap:
         return [(start, size) for start, size in self.free_blocks() if self.slabs.get(start) == size]
 
     def remove_slab(self, start: int) -> int:
-        """Take a wholly free slab out of the heap; returns its size.
-        :raises ArenaError: when ``start`` is not a wholly free slab."""
+        """Take a wholly free slab out of the heap, returning its size.  :raises ArenaError: if ``start`` is not one."""
         size = self.slabs.get(start)
         if size is None:
             raise ArenaError(f"{start:#x} is not a slab of this heap")

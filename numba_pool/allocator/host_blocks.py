@@ -1,10 +1,11 @@
-"""Blocks whose next owner may be the CPU: pinned and mapped host memory (``NUMBA_POOL_HOST``) and managed memory
-(``NUMBA_POOL_MANAGED``), from a cache under **the host rule** (rule 9 of :mod:`numba_pool.allocator`).  Numba's
-``memhostalloc`` (``pinned_array``, ``mapped_array``, ``pinned()``) and ``memallocmanaged`` (``managed_array``)
-allocate and free per buffer (``cuMemHostAlloc``/``cuMemFreeHost``, or ``cuMemAllocManaged``/``cuMemFree``, about
-25 µs a pair whose free synchronizes the device: Note [Managed blocks are not from a mempool]).
-:class:`HostBlocks` caches freed blocks, as PyTorch's ``CachingHostAllocator`` and CuPy's ``PinnedMemoryPool`` do;
-new blocks come from its *backing* (:mod:`.backings`):
+"""Blocks whose next owner may be the CPU: pinned/mapped host memory (``NUMBA_POOL_HOST``) and managed memory
+(``NUMBA_POOL_MANAGED``), cached under **the host rule** (rule 9 of :mod:`numba_pool.allocator`).  Numba's
+``memhostalloc`` (``pinned_array``, ``mapped_array``, ``pinned()``) and ``memallocmanaged`` (``managed_array``) allocate
+and free per buffer (``cuMemHostAlloc``/``cuMemFreeHost``, ``cuMemAllocManaged``/``cuMemFree``: ~25 µs a pair, the free
+synchronizing the device: Note [Managed blocks are not from a mempool]).  Contract and release gate: the device blocks'
+(:mod:`.block`, ``ref`` the :class:`HostBlock`; :mod:`.release`).  Threads: releases take no lock; allocation, trim and
+reset bin and fence the released blocks under the lock.  :class:`HostBlocks` caches freed blocks (as PyTorch's
+``CachingHostAllocator``, CuPy's ``PinnedMemoryPool``), new ones from its *backing* (:mod:`.backings`):
 
 * n bytes take a block of the next power of two (at least :data:`MIN_BLOCK` bytes) from a bin keyed by
   ``(flags, rounded size)``: mapped (``CU_MEMHOSTALLOC_DEVICEMAP``), portable and write-combined blocks never
@@ -17,15 +18,11 @@ new blocks come from its *backing* (:mod:`.backings`):
   the sizes; beyond ``NUMBA_POOL_{HOST,MANAGED}_RELEASE_THRESHOLD`` cached bytes, completed blocks go back.
 
 Note [A release records nothing on the legacy stream]
-    A block allocated outside ``using_stream`` may be used on any blocking stream, so only a legacy-stream
-    operation or a synchronize orders its release; one per release was a barrier between all streams and
-    deadlocked cross-stream waits (issue 33).  So a release makes no driver call: the block goes to
-    :attr:`HostBlocks.released` unfenced, and an allocation records one legacy-stream fence for the batch once
-    :data:`~.fences.FENCE_BLOCKS` blocks or :data:`~.fences.HOST_FENCE_BYTES` bytes wait outside
-    ``defer_cleanup`` (:class:`~.fences.HostFences`), as rule 4 does; a synchronize (trim, reset) idles them.
-
-Contract and release gate: the device blocks' (:mod:`.block`, ``ref`` the :class:`HostBlock`; :mod:`.release`).
-Threads: releases take no lock; allocation, trim and reset bin and fence the released blocks under the lock."""
+    A block allocated outside ``using_stream`` may be used on any blocking stream: only a legacy-stream operation or a
+    synchronize orders its release, and one per release was a barrier that deadlocked cross-stream waits (issue 33).  So
+    a release makes no driver call: the block joins :attr:`HostBlocks.released` unfenced; an allocation records one
+    legacy-stream fence per batch once :data:`~.fences.FENCE_BLOCKS` blocks or :data:`~.fences.HOST_FENCE_BYTES` bytes
+    wait outside ``defer_cleanup`` (:class:`~.fences.HostFences`, rule 4); a synchronize (trim, reset) idles them."""
 
 from __future__ import annotations
 
@@ -70,8 +67,7 @@ def block_size(size: int) -> int:
 
 @dataclass(eq=False)
 class HostBlock:
-    """One block of a host-rule cache: host and device address (mapped and managed blocks),
-    size in bytes (rounded), ``cuMemHostAlloc`` flags (0 if managed), release events and order."""
+    """A cached block: host/device address (mapped, managed), rounded bytes, ``cuMemHostAlloc`` flags, events, order."""
 
     host: int
     device: int | None
@@ -88,9 +84,8 @@ class HostBlock:
 
 
 class HostBlocks:
-    """The cache of one manager's blocks of one kind (pinned, or managed), under the host rule.
-    ``max_size`` caps reserved bytes, ``release_threshold`` the cached bytes kept (None: no limit);
-    ``deferral``: the manager's ``defer_cleanup`` state, which holds releases back."""
+    """One manager's cache of pinned or managed blocks (the host rule): ``max_size`` caps reserved bytes,
+    ``release_threshold`` the cached bytes kept (None: no limit); ``deferral``: its ``defer_cleanup`` state."""
 
     def __init__(self, cu, *, max_size: int | None = None, release_threshold: int | None = None,
                  owner: OwnerContext | None = None, backing=None, deferral: Deferral | None = None):
@@ -122,20 +117,17 @@ class HostBlocks:
         """The core's contract (:mod:`.block`): a :class:`~.block.Block` of ``size`` bytes (``ptr``: the host
         address, an int; ``ref``: its :class:`HostBlock`, rounded up) with ``cuMemHostAlloc`` ``flags`` (0 for
         managed blocks), whose release waits for its allocation ``stream`` and (the host rule) the host.
-
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` (one line with the sizes) when the cap or the
             backing cannot give the block even after freeing every cached block; any other driver error."""
         rounded = block_size(size)
         if captures.underway and captures.refresh(self._cu):
-            # Rule 13: beside a capture, in relaxed mode; nothing goes back to the backing until it ends.
-            with relaxed(self._cu), self._lock:
+            with relaxed(self._cu), self._lock:  # rule 13: relaxed mode; nothing goes back to the backing until it ends
                 return self._allocate(size, rounded, flags, stream)
         with self._lock:  # Note [A lock without nullcontext]
             return self._allocate(size, rounded, flags, stream)
 
     def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
-        """Give ``block`` back; a ``stream`` other than ``block.stream`` is waited for first
-        (rule 2).  Once per block; never raises (rule 8)."""
+        """Give ``block`` back, after ``stream`` if not ``block.stream`` (rule 2); once, never raising (rule 8)."""
         if stream is not None and stream.value != block.stream.value:
             self.record_stream(block.ptr, stream)
         block.release(block)
@@ -220,12 +212,10 @@ class HostBlocks:
         return sorted((b for bin_ in self.bins.values() for b in bin_), key=lambda b: b.order)
 
     def _free_oldest(self, down_to: int) -> None:
-        """Wait for (``cuEventSynchronize``) and free the oldest cached blocks until reserved bytes <=
-        ``down_to``; unfenced ones are fenced first."""
+        """Fence, then free the oldest cached blocks after ``cuEventSynchronize`` down to ``down_to`` reserved bytes."""
         deferral = self.fences.deferral
         if self.fences.unfenced and (deferral is None or not deferral.depth):
-            # Over the cap, a barrier (never inside defer_cleanup): the unfenced blocks were
-            # binned before it, so their owners' work is done after it.
+            # Over the cap, a barrier (never in defer_cleanup): unfenced blocks, binned before it, are idle after it.
             check(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (host cache over its cap)")
             self.fences.synchronized()
         for block in self._cached_oldest_first():
@@ -263,10 +253,8 @@ class HostBlocks:
         block.fenced = False
 
     def trim(self) -> int:
-        """Free every completed cached block, then trim the backing; return the bytes freed.  Unfenced blocks
-        are binned first and the context synchronized (``cuCtxSynchronize``), so they are freed too.
-
-        :raises CudaAPIError: when a synchronize or the backing's trim fails."""
+        """Free every completed cached block, the unfenced too (binned, then ``cuCtxSynchronize``), and trim the
+        backing; return the bytes freed.  :raises CudaAPIError: when a synchronize or the backing's trim fails."""
         with self._lock:
             self._take_released()
             if self.fences.unfenced:  # the snapshot before the synchronize (rule 4)
@@ -277,9 +265,8 @@ class HostBlocks:
             return freed
 
     def reset(self) -> None:
-        """Free every cached block after ``cuCtxSynchronize``, in the owner's context (rule 10),
-        snapshot first (rule 4).  Live blocks become orphans freed at release (pinned), or come
-        back at release (managed): freeing under a live NumPy array would crash the process."""
+        """Free cached blocks after ``cuCtxSynchronize`` as the owner (rule 10), snapshot first (rule 4); live blocks
+        are orphans freed at release (pinned) or come back (managed): freeing under a live NumPy array crashes."""
         self.owner.enter(self._reset)
 
     def _reset(self, retry: bool) -> None:  # OwnerContext.enter's signature
@@ -305,8 +292,7 @@ class HostBlocks:
     # -- release (no lock: finalizers) ---------------------------------------------------------
 
     def record_stream(self, address: int, stream: StreamRef) -> bool:
-        """Make the release of the live block holding host or device ``address`` wait for
-        ``stream``'s work; False when no live block holds it."""
+        """Make the release of the live block at host or device ``address`` wait for ``stream``; False if none."""
         for block in list(self.live.values()):
             cached = block.ref
             for base in (cached.host,) if cached.device in (None, cached.host) else (cached.host, cached.device):
@@ -331,8 +317,7 @@ class HostBlocks:
         self.owner.enter(self._record_release, block, streams)  # rule 10
 
     def _orphaned(self, block: Block) -> bool:
-        # Rule 12: a reset marked it (before or after the gate's pop): freed as Numba does.
-        if not block.ref.orphan:
+        if not block.ref.orphan:  # rule 12: a reset marked it (before or after the gate's pop): freed as Numba does
             return False
         self._free_orphan(block.ref, True)
         return True
@@ -366,8 +351,7 @@ class HostBlocks:
         if not self.deferral.defer(partial(self._put_back, block)):
             self._put_back(block)
 
-    def _put_back(self, block: Block) -> None:
-        # Into ``released``, awaiting free (and no longer held, where defer_cleanup held it).
+    def _put_back(self, block: Block) -> None:  # into ``released``, awaiting free (unheld, if defer_cleanup held it)
         self.held.let_go(block)
         block.state = AWAITING_FREE
         self.released.append(block)
@@ -386,9 +370,8 @@ class HostBlocks:
         return event
 
     def segments(self) -> list[dict]:
-        """One snapshot segment per reserved block: ``kind``, ``address``, ``size`` (bytes),
-        ``stream`` 0, ``blocks`` ``[(address, size, state)]``, state ``"allocated"`` (live or
-        deferred), ``"awaiting_free"`` or ``"free"``.  Takes the lock."""
+        """Snapshot segments, one per reserved block: ``kind``, ``address``, ``size`` (bytes), ``stream`` 0, ``blocks``
+        ``[(address, size, state)]`` (``"allocated"``: live or deferred, ``"awaiting_free"``, ``"free"``); locks."""
         with self._lock:
             self._take_released()
             live = [(b, "allocated") for b in [*live_now(self), *held_now(self)]]
@@ -398,8 +381,7 @@ class HostBlocks:
                      "blocks": [(b.host, b.size, state)]} for b, state in live + cached]
 
     def check_invariants(self) -> None:
-        """in use + cached + released == reserved (bytes); no block both live and cached, or
-        cached twice.  :raises AssertionError: otherwise."""
+        """in use + cached + released == reserved; no block live and cached, or twice.  :raises AssertionError: else."""
         with self._lock:
             self._take_released()
             cached = [b for bin_ in self.bins.values() for b in bin_]
@@ -447,8 +429,7 @@ def held_now(cache: HostBlocks) -> list[HostBlock]:
 
 
 def statistics(cache: HostBlocks) -> dict:
-    """``<prefix>_reserved_bytes``, ``_in_use_bytes`` (incl. deferred), ``_cached_bytes`` (incl.
-    unbinned) and ``_blocks``; prefix ``host`` or ``managed``."""
+    """``{host,managed}_reserved_bytes``, ``_in_use_bytes`` (+deferred), ``_cached_bytes`` (+unbinned), ``_blocks``."""
     live = live_now(cache) + held_now(cache)
     pending = sum(b.ref.size for b in list(cache.released))
     cached_blocks = sum(len(b) for b in list(cache.bins.values())) + len(cache.released)

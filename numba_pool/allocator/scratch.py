@@ -1,10 +1,9 @@
 """A linear pool (one block, bump-allocated, freed at once) for allocate-everything-then-drop-everything: inside
-``with numba_pool.scratch(n):`` each device allocation of the thread takes the next 256-byte-aligned piece of the
-block reserved on entry; what does not fit takes the normal path.  The block (one mempool allocation) goes back,
-stream-ordered, once the scope has exited *and* every carved array is gone: arrays may outlive the scope.  Carved
-arrays never share memory, so the stream rule needs nothing more.  A carved array's ``record_stream`` streams are
-waited for at its drop (the block goes later, when they may be gone); an IPC export of one holds the block until
-the last importer.  The allocation log (``NUMBA_POOL_LOG``) records the arrays, not the block."""
+``with numba_pool.scratch(n):`` each device allocation of the thread takes the next 256-byte-aligned piece of the block
+reserved on entry, or the normal path if too big.  The block (one mempool allocation) goes back, stream-ordered, once
+the scope has exited *and* every carved array is gone.  Carved arrays never share memory: the stream rule needs nothing
+more.  A carved array's ``record_stream`` streams are waited for at its drop (they may be gone when the block goes); an
+IPC export holds the block until the last importer.  ``NUMBA_POOL_LOG`` logs the arrays, not the block."""
 
 from __future__ import annotations
 
@@ -22,10 +21,9 @@ from .waits import split_waiting
 
 
 class ScratchBlock:
-    """One reserved ``block`` (from the device's block source) and its bump offset (bytes) on ``stream``, the
-    scope's allocation stream; ``allocator``: the :class:`~.device.DeviceAllocator` it came from (scratch-block
-    registry, release ordering); ``overflow`` serves what does not fit (bytes -> pointer) on ``stream``: the
-    device's block source, no adaptor (the path around us logs and counts the call)."""
+    """One reserved ``block`` and its bump offset (bytes) on ``stream``, the scope's allocation stream; ``allocator``:
+    its :class:`~.device.DeviceAllocator` (registry, release ordering); ``overflow``: the device's block source, no
+    adaptor (the path around us logs and counts the call), for what does not fit (bytes -> pointer) on ``stream``."""
 
     def __init__(self, block: PoolPointer, stream: StreamRef, allocator, overflow):
         self.block = block  # our reference keeps the block allocated
@@ -65,10 +63,9 @@ class ScratchBlock:
         return type(self.block)(self.block.context, block.ptr, size, block)
 
     def _dropped(self) -> bool:
-        # After the carve is registered: a reset marks the mempool blocks dropped before it snapshots the ledger
-        # that holds this block, so a carve that sees no mark here completed before the reset (which frees it as a
-        # live array), and one that sees it is served by the next generation.  The block's own check is too early:
-        # the reset forgets the scratch blocks only after its snapshot.
+        # After registering the carve: a reset marks mempool blocks dropped before snapshotting this block's ledger, so
+        # a carve seeing no mark completed before the reset (freeing it as a live array); one seeing it is served by the
+        # next generation.  Not the block's check (too early): the reset forgets scratch blocks after its snapshot.
         allocator = self._allocator
         return allocator is None or allocator.mempool_blocks.dropped
 
@@ -93,16 +90,14 @@ class ScratchBlock:
         self._allocator = None
 
     def _drop(self, carved: Block) -> None:
-        # Release of a carved-out array: any thread, must not raise.  Its recorded streams are waited for now,
-        # while they are alive; its holds pass to the block, whose release orders at once and is made free when
-        # they let go (Note [A release made free later orders now]).
+        # Release of a carved array (any thread, never raising; Note [A release made free later orders now]): recorded
+        # streams are waited for now, while alive; holds pass to the block, which orders at once, free once they let go.
         address = carved.start
         streams, holds = split_waiting(take_waits(carved))
         allocator = self._allocator
         if allocator is not None:
             if self.stream is not LEGACY and any(ref is LEGACY for ref in streams):
-                # The block's release waits for the legacy stream through the next fence: never an operation
-                # there now (Note [The legacy stream recorded] in .waits).
+                # Via the next fence, not a legacy-stream operation now (Note [The legacy stream recorded] in .waits).
                 allocator.waits.add_wait(self._parent, LEGACY)
                 streams = [ref for ref in streams if ref is not LEGACY]
             if streams:  # ordered now, before the block's release on self.stream
@@ -140,10 +135,8 @@ def _on_stream(stream: StreamRef) -> Iterator[None]:
 
 @contextlib.contextmanager
 def scratch_scope(allocator, nbytes: int, allocate) -> Iterator[ScratchBlock]:
-    """The calling thread's scratch scope on ``allocator`` (a :class:`~.device.DeviceAllocator`): a block of
-    ``nbytes`` bytes on the thread's allocation stream from ``allocate`` (the block source, no adaptor: unlike its
-    carved arrays, the block is neither logged nor counted), which also serves what does not fit.
-
+    """The thread's scratch scope on ``allocator``: ``nbytes`` bytes on its allocation stream from ``allocate``, which
+    also serves what does not fit (no adaptor: unlike its arrays, the block is not logged or counted).
     :raises CudaAPIError: when the block cannot be reserved."""
     current = per_thread.stream
     plain = current.scratch.stream if current.scratch is not None else current

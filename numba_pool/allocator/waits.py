@@ -56,8 +56,7 @@ def run_when_released(holds: list[Hold], release: Callable[[], None]) -> None:
 
 
 class Deferral:
-    """``defer_cleanup``'s state, the manager's across generations (a reset leaves it open, as
-    Numba's counter does).  ``depth`` changes under ``_lock``; ``held_back`` is atomic only."""
+    """``defer_cleanup``'s state across resets (as Numba's counter); ``depth`` under ``_lock``, ``held_back`` atomic."""
 
     def __init__(self):
         self.depth = 0  # open defer_cleanup blocks; guarded by _lock
@@ -242,7 +241,6 @@ class StreamWaits:
                      f"({err}); synchronized the device instead")
 
     def _wait_on_streams(self, recorded: list[StreamRef], stream: StreamRef) -> None:
-        # A legacy-stream block's streams are waited for by its fence (rule 4).
         cu = self._cu
         for ref in recorded:
             if ref.belongs_to_another_thread():
@@ -252,7 +250,7 @@ class StreamWaits:
             event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
             try:
                 check(cu.cuEventRecord(event, ref.handle), "cuEventRecord (record_stream)")
-                if stream is LEGACY:
+                if stream is LEGACY:  # a legacy-stream block's streams are waited for by its fence (rule 4)
                     self.fence_waits.append(event)
                     event = None
                 else:
@@ -279,8 +277,7 @@ class StreamWaits:
 
 
 def _after_the_next_fence(after_fence: list, publish, on: StreamRef | None) -> None:
-    # Note [The legacy stream recorded]: made free, idle, once the next fence completes.
-    after_fence.append(partial(publish, None))
+    after_fence.append(partial(publish, None))  # Note [The legacy stream recorded]: idle once the next fence completes
 
 
 def _no_settle(stream: StreamRef) -> None:
@@ -288,5 +285,4 @@ def _no_settle(stream: StreamRef) -> None:
 
 
 def _after_synchronize(block: Block, publish, on: StreamRef | None) -> None:
-    # Ordering fell back to a synchronize at the drop: no stream to name now.
-    StreamWaits._publish_synchronized(block, publish)
+    StreamWaits._publish_synchronized(block, publish)  # ordering fell back to a synchronize: no stream to name

@@ -20,7 +20,7 @@ from .errors import ConfigError, ConfigWarning
 from .sizes import (ALIGNMENT, DEFAULT_ARENA_MAX_BLOCK, DEFAULT_ARENA_SLAB_SIZE, KEEP_ALL, MAX_BYTES, MIN_BARE_CAP,
                     SIZE_HELP, parse_arena_size, parse_host_max_size, parse_managed_max_size, parse_max_size,
                     parse_release_threshold, parse_size, release_limit)
-from .values import BOOL_HELP, parse_bool, parse_path, parse_peer_access
+from .values import BOOL_HELP, parse_bool, parse_optional_path, parse_path, parse_peer_access
 from .variables import FRONTEND_VARIABLE, OTHER_VARIABLES, RETIRED, user_stacklevel, warn_unknown_variables
 
 __all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_SLAB_SIZE", "FRONTEND_VARIABLE", "KEEP_ALL",
@@ -112,7 +112,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {  #: option name ->
     "arena": ("NUMBA_POOL_ARENA", parse_bool),
     "arena_max_block": ("NUMBA_POOL_ARENA_MAX_BLOCK", parse_arena_size),
     "arena_slab_size": ("NUMBA_POOL_ARENA_SLAB_SIZE", parse_arena_size),
-    "log": ("NUMBA_POOL_LOG", parse_path),
+    "log": ("NUMBA_POOL_LOG", parse_optional_path),
     "ipc": ("NUMBA_POOL_IPC", parse_bool),
     "peer_access": ("NUMBA_POOL_PEER_ACCESS", parse_peer_access),
     "host": ("NUMBA_POOL_HOST", parse_bool),
@@ -122,7 +122,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {  #: option name ->
     "managed_max_size": ("NUMBA_POOL_MANAGED_MAX_SIZE", parse_managed_max_size),
     "managed_release_threshold": ("NUMBA_POOL_MANAGED_RELEASE_THRESHOLD", parse_release_threshold),
     "managed_prefetch": ("NUMBA_POOL_MANAGED_PREFETCH", parse_bool),
-    "oom_snapshot": ("NUMBA_POOL_OOM_SNAPSHOT", partial(parse_path, what="a snapshot (pickle)")),
+    "oom_snapshot": ("NUMBA_POOL_OOM_SNAPSHOT", partial(parse_optional_path, what="a snapshot (pickle)")),
     "leak_report": ("NUMBA_POOL_LEAK_REPORT", parse_bool),
     "cuda_core": ("NUMBA_POOL_CUDA_CORE", parse_bool),
 }

@@ -1,5 +1,4 @@
-"""Sizes in bytes at every entry point, whole from 0 to 2**64 - 1 (the driver's ``cuuint64_t``; docs/architecture.md,
-"Sizes: one syntax, and small caps refused"):
+"""Byte sizes, whole, 0..2**64 - 1 (``cuuint64_t``; docs/architecture.md, "Sizes: one syntax, and small caps refused"):
 
 * an ``int`` (numpy integers too): bytes.  Floats never (except :func:`parse_max_size`'s fraction);
 * a string: a decimal number of bytes (``"1048576"``), or one with a unit (``"64 MiB"``, ``"1.5 GiB"``),
@@ -18,25 +17,18 @@ from typing import Any
 
 from .errors import ConfigError
 
-#: Release threshold meaning "keep every byte cached" (``UINT64_MAX``), the seeds' point: a
-#: mempool that never gives memory back on synchronization serves each allocation from cache.
+#: Release threshold "keep every byte cached" (``UINT64_MAX``), the seeds' point: no memory goes back at a synchronize.
 KEEP_ALL = 2**64 - 1
-#: The largest size accepted anywhere (bytes): the driver's attributes are 64-bit unsigned.
-MAX_BYTES = 2**64 - 1
-#: The alignment (bytes) of every block numba_pool hands out, as ``cuMemAlloc``'s; arena sizes are multiples.
-ALIGNMENT = 256
+MAX_BYTES = 2**64 - 1  #: The largest size accepted anywhere (bytes): the driver's attributes are 64-bit unsigned.
+ALIGNMENT = 256  #: Alignment (bytes) of every block handed out, as ``cuMemAlloc``'s; arena sizes are multiples.
 
-#: Default largest block served by the arena (bytes): docs/guide.md, "The arena", says why.
-DEFAULT_ARENA_MAX_BLOCK = 64 << 10
-#: Default slab the arena takes from the mempool (bytes); see docs/guide.md, the arena.
-DEFAULT_ARENA_SLAB_SIZE = 4 << 20
+DEFAULT_ARENA_MAX_BLOCK = 64 << 10  #: Default largest arena block (bytes): docs/guide.md, "The arena", says why.
+DEFAULT_ARENA_SLAB_SIZE = 4 << 20  #: Default slab the arena takes from the mempool (bytes); docs/guide.md, the arena.
 
-#: A pool cap given as a bare number (no unit) below this many bytes is refused; see :func:`parse_max_size`.
-MIN_BARE_CAP = 1 << 20
+MIN_BARE_CAP = 1 << 20  #: A bare-number pool cap (no unit) under this many bytes is refused (:func:`parse_max_size`).
 #: The pinned/managed caches' smallest block, bytes (= ``host_blocks.MIN_BLOCK``, tested): a smaller cap serves nothing.
 MIN_CACHE_BLOCK = 512
-#: The smallest pool cap given as a fraction of device memory (1 %); see :func:`parse_max_size`.
-MIN_FRACTION = 0.01
+MIN_FRACTION = 0.01  #: The smallest pool cap given as a fraction of device memory (1 %); see :func:`parse_max_size`.
 
 SIZE_HELP = "bytes (e.g. 1048576) or a number with a unit: KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)"
 
@@ -108,8 +100,7 @@ def parse_size(value: Any, source: str) -> int:
 
 
 def parse_release_threshold(value: Any, source: str) -> int:
-    """A size in bytes (:func:`parse_size`), or ``all``/``max``/``None`` for :data:`KEEP_ALL`.
-    :raises ConfigError: for anything else."""
+    """Bytes (:func:`parse_size`), or ``all``/``max``/``None``: :data:`KEEP_ALL`.  :raises ConfigError: otherwise."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("all", "max")):
         return KEEP_ALL
     try:
@@ -122,8 +113,7 @@ def parse_max_size(value: Any, source: str) -> int | float | None:
     """The private pool's cap: bytes (:func:`parse_size`), or a fraction of device memory (a float in
     [0.01, 1], ``"0.5"``, ``"50%"``); ``None``/``none``: no cap.  A bare number below 1 MiB (:data:`MIN_BARE_CAP`) or a
     fraction below 1 % is refused with a suggestion (docs/architecture.md, "Sizes"); a unit allows it.
-    :raises ConfigError: for a fraction outside [0.01, 1], 0 bytes, a bare number below 1 MiB, or
-        what :func:`parse_size` refuses."""
+    :raises ConfigError: for a fraction outside [0.01, 1], 0 bytes, bare < 1 MiB, or what :func:`parse_size` refuses."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "none"):  # as the cache caps
         return None
     fraction = None
@@ -149,8 +139,7 @@ def parse_max_size(value: Any, source: str) -> int | float | None:
 
 
 def _checked_fraction(fraction: float, value: Any, source: str) -> float:
-    """``fraction`` of device memory, when in [:data:`MIN_FRACTION`, 1].
-    :raises ConfigError: otherwise, saying what is accepted."""
+    """``fraction`` if in [:data:`MIN_FRACTION`, 1].  :raises ConfigError: otherwise, saying what is accepted."""
     if not 0 < fraction <= 1:
         raise ConfigError(f"{source}={value!r} is not a fraction of device memory in (0, 1]: expected e.g. 0.5 or "
                           "50%, or a size such as 8 GiB")
@@ -174,15 +163,13 @@ def parse_arena_size(value: Any, source: str) -> int:
 
 
 def parse_host_max_size(value: Any, source: str) -> int | None:
-    """The pinned host cache's cap in bytes; ``None``/``none``: no cap.  :func:`parse_max_size`'s
-    small-cap rule, and below :data:`MIN_CACHE_BLOCK` refused however spelt.
-    :raises ConfigError: for 0 bytes, a bare number < 1 MiB, a cap < 512 bytes, or what :func:`parse_size` refuses."""
+    """The pinned host cache's cap in bytes; ``None``/``none``: no cap.  :raises ConfigError: for 0, a bare number < 1
+    MiB (as :func:`parse_max_size`), < :data:`MIN_CACHE_BLOCK` however spelt, or what :func:`parse_size` refuses."""
     return _optional_cap(value, source, "a host cache")
 
 
 def parse_managed_max_size(value: Any, source: str) -> int | None:
-    """The managed cache's cap: as :func:`parse_host_max_size`.
-    :raises ConfigError: as :func:`parse_host_max_size`."""
+    """The managed cache's cap: as :func:`parse_host_max_size`.  :raises ConfigError: as :func:`parse_host_max_size`."""
     return _optional_cap(value, source, "a managed memory cache")
 
 
@@ -205,8 +192,7 @@ def _optional_cap(value: Any, source: str, what: str) -> int | None:
 
 
 def _cap_bytes(value: Any, source: str, what: str, otherwise: str) -> int:
-    """A cap in bytes (:func:`parse_size`), not 0.
-    :raises ConfigError: for 0 bytes or what :func:`parse_size` refuses, adding ``otherwise`` (what else it takes)."""
+    """A nonzero cap in bytes.  :raises ConfigError: for 0 or what :func:`parse_size` refuses, adding ``otherwise``."""
     try:
         nbytes = parse_size(value, source)
     except ConfigError as err:

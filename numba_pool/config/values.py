@@ -49,6 +49,14 @@ def _in_pseudo_fs(path: str) -> bool:
     return any(real == top or real.startswith(top + "/") for top in _PSEUDO_FS)
 
 
+def parse_optional_path(value: Any, source: str, what: str = "a CSV file") -> str | None:
+    """:func:`parse_path`, or None (no file) for a word that means off (``off``, ``none``, ``0``, ``false``, ``no``:
+    the README's default, not a file's name)."""
+    if isinstance(value, str) and value.strip().lower() in ("off", "none", "0", "false", "no"):
+        return None
+    return parse_path(value, source, what)
+
+
 def parse_path(value: Any, source: str, what: str = "a CSV file") -> str:
     """The absolute path (``~`` expanded) of ``what`` to write, checked now, creating nothing: not a folder; an
     existing file writable, regular, outside ``/proc`` and ``/sys``; a new file's folder existing and writable.

@@ -38,8 +38,9 @@ _SPELLINGS = {"numba-cuda": NUMBA_CUDA, "numba_cuda": NUMBA_CUDA, "numba.cuda": 
               "mlir": MLIR, "numba-cuda-mlir": MLIR, "numba_cuda_mlir": MLIR}
 
 
-class FrontendError(RuntimeError):
-    """No frontend can be used, or which one is meant is ambiguous: one line saying why and what to do."""
+class FrontendError(ValueError, RuntimeError):
+    """A value that names no frontend (a ``ValueError``), no frontend that can be used, or an ambiguous choice:
+    one line saying why and what to do."""
 
 
 class Frontend:
@@ -164,8 +165,9 @@ def parse_name(value: str, culprit: str) -> str:
     :raises FrontendError: naming ``culprit`` and the value, for anything else."""
     name = _SPELLINGS.get(str(value).strip().lower())
     if name is None:
-        raise FrontendError(f"numba_pool: {culprit}={value!r} is not a frontend: expected 'numba-cuda' (numba.cuda) "
-                            "or 'mlir' (numba_cuda_mlir.cuda)")
+        prefix = "" if culprit.startswith("numba_pool") else "numba_pool: "
+        raise FrontendError(f"{prefix}{culprit}={value!r} is not a frontend: expected 'numba-cuda' (numba.cuda) or "
+                            "'mlir' (numba_cuda_mlir.cuda)")
     return name
 
 
@@ -219,6 +221,12 @@ def named(frontend: "str | Frontend | None" = None, culprit: str = "frontend") -
     if isinstance(frontend, Frontend):
         return frontend
     return load(parse_name(frontend, culprit))
+
+
+def no_gpu(err: Exception) -> RuntimeError:
+    """numba_pool's one line for a frontend's ``CudaSupportError`` ``err`` (several lines, some bare ``:``)."""
+    cause = " ".join(part.strip(" :") for part in str(err).splitlines() if part.strip(" :"))
+    return RuntimeError(f"numba_pool: no CUDA GPU is available here ({cause or type(err).__name__})")
 
 
 def note_serving(frontend: Frontend) -> None:

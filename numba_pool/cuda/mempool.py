@@ -31,11 +31,9 @@ class PoolUsage:
 
 
 class MemPool:
-    """The mempool serving one device.
-    :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
-    :param device_id: CUDA device ordinal.
+    """The mempool serving one device.  :param cu: the driver object (:mod:`numba_pool.cuda.driver`).
+    :param device_id: CUDA device ordinal.  :param device_total: total memory (bytes, for a fractional ``max_size``).
     :param config: the options; ``use_default_pool``, ``max_size`` and ``release_threshold`` apply here.
-    :param device_total: the device's total memory in bytes (for a fractional ``max_size``).
     :raises CudaAPIError: when the driver refuses to create or configure the pool."""
 
     def __init__(self, cu, device_id: int, config: PoolConfig, device_total: int):
@@ -61,9 +59,8 @@ class MemPool:
         self.peers = self.grant_peer_access() if config.peer_access == "all" else []
 
     def _handle_types(self, wanted: bool):
-        """``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`` when IPC is wanted and the device's
-        mempools support it (``CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES``; not on
-        WSL2), else ``CU_MEM_HANDLE_TYPE_NONE``; sets :attr:`exportable` and why not."""
+        """Sets :attr:`exportable`, why not: ``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`` if IPC is wanted and supported
+        (``CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES``; not WSL2), else ``CU_MEM_HANDLE_TYPE_NONE``."""
         cu = self._cu
         kinds = cu.CUmemAllocationHandleType
         if not wanted:
@@ -111,15 +108,13 @@ class MemPool:
         return self._export_fd
 
     def set_release_threshold(self, nbytes: int) -> None:
-        """Bytes of reserved memory the pool keeps when a stream, event or context synchronizes
-        (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); ``config.KEEP_ALL`` keeps everything."""
+        """Reserved bytes kept at a synchronize (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``; ``config.KEEP_ALL``: all)."""
         check(self._cu.cuMemPoolSetAttribute(self.handle, _ATTR.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, self._cu.cuuint64_t(nbytes)),
               "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")
 
     def forbid_internal_dependencies(self) -> None:
-        """Turn ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off (reuse policies): the pool never makes
-        an allocation wait for another stream's work, so the private allocation stream gets idle memory (rule 4
-        of :mod:`numba_pool.allocator`); on the default pool, for every library using it."""
+        """Turn ``CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES`` off: allocations never wait for other streams'
+        work, so the private allocation stream gets idle memory (rule 4); on the default pool, for all its users."""
         check(self._cu.cuMemPoolSetAttribute(self.handle, _ATTR.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 0),
               "cuMemPoolSetAttribute(REUSE_ALLOW_INTERNAL_DEPENDENCIES)")
 
@@ -144,13 +139,11 @@ class MemPool:
             check(self._cu.cuMemPoolSetAttribute(self.handle, attr, self._cu.cuuint64_t(0)), f"cuMemPoolSetAttribute({attr.name})")
 
     def trim(self, keep_bytes: int = 0) -> None:
-        """Release reserved, unused memory down to ``keep_bytes`` (``cuMemPoolTrimTo``); memory whose
-        stream-ordered free has not completed stays (synchronize first)."""
+        """Trim to ``keep_bytes`` (``cuMemPoolTrimTo``), keeping what incomplete frees hold (synchronize first)."""
         check(self._cu.cuMemPoolTrimTo(self.handle, keep_bytes), "cuMemPoolTrimTo")
 
     def reserve(self, nbytes: int) -> None:
-        """Grow the pool's reserve to at least ``nbytes`` (the seeds' pre-allocation): allocate
-        that much, free it, and wait, so the memory stays reserved under the release threshold."""
+        """Grow the reserve to >= ``nbytes`` (seeds' pre-allocation): allocate, free, wait; kept under the threshold."""
         if nbytes <= 0:
             return
         cu = self._cu
@@ -160,8 +153,7 @@ class MemPool:
         check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
     def destroy(self) -> None:
-        """Destroy a private pool (``cuMemPoolDestroy``; the driver releases its memory once
-        every allocation from it is freed) or trim the shared default pool to 0."""
+        """Destroy a private pool (``cuMemPoolDestroy``: freed after its allocations) or trim the default to 0."""
         if self._export_fd is not None:
             os.close(self._export_fd)
             self._export_fd = None
@@ -188,10 +180,9 @@ def is_managed(pointer: int, cu=None) -> bool:
 
 
 def prefetch(cu, address: int, nbytes: int, device: int | None, stream) -> None:
-    """Migrate managed memory ``[address, address + nbytes)`` to ``device`` (an ordinal) or the host
-    (None), in order on ``stream``: ``cuMemPrefetchAsync``, CUDA 13's ``CUmemLocation`` form.
-    :raises CudaAPIError: when the driver refuses (not managed: ``CUDA_ERROR_INVALID_VALUE``; no
-        concurrent managed access: ``CUDA_ERROR_INVALID_DEVICE``)."""
+    """Migrate managed memory ``[address, address + nbytes)`` to ``device`` (an ordinal) or the host (None), in order on
+    ``stream``: ``cuMemPrefetchAsync``, CUDA 13's ``CUmemLocation`` form.  :raises CudaAPIError: when the driver refuses
+    (not managed: ``CUDA_ERROR_INVALID_VALUE``; no concurrent managed access: ``CUDA_ERROR_INVALID_DEVICE``)."""
     location = cu.CUmemLocation()
     if device is None:
         location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST

@@ -1,18 +1,15 @@
-"""The pointers numba_pool hands to Numba, released from ``__del__``: :class:`PoolPointer` (device, a
-``MemoryPointer``), :class:`PooledPinnedMemory` (host cache, a ``PinnedMemory``), :class:`PooledManagedMemory`
-(a ``ManagedMemory`` that is also a buffer).  Mixins, subclassed per frontend
-(:meth:`numba_pool.cuda.frontend.Frontend.derive`; ``isinstance(p, PoolPointer)`` holds for both).
+"""Pointers handed to Numba, released from ``__del__``: :class:`PoolPointer` (device, a ``MemoryPointer``),
+:class:`PooledPinnedMemory` (host cache, a ``PinnedMemory``), :class:`PooledManagedMemory` (a ``ManagedMemory``, also a
+buffer): mixins, subclassed per frontend (``Frontend.derive``; ``isinstance(p, PoolPointer)`` holds for both).
 
 Note [No weakref.finalize]
-    Numba wraps a pointer's ``finalizer=`` in ``weakref.finalize`` (a process-wide registry, a weak
-    reference with a callback, an atexit record), which costs more than numba_pool's whole allocation path
-    (docs/perf-notes.md); ``__del__`` runs at the same moment (last reference, or the collector freeing a
-    cycle, PEP 442) for a fraction.  What finalize gave is covered: an early ``free()``
-    (:meth:`PoolPointer.free` runs the release once, whichever comes first); running before module teardown
-    at exit (``__del__`` releases nothing once the interpreter is finalizing, ``sys.is_finalizing`` bound
-    early; the memory goes with the context, as in cuda-python #973 and CuPy #2809); one finalizer shared by
-    copies (a plain copy would release ``_block`` twice, so :meth:`PoolPointer.__copy__` and
-    ``__deepcopy__`` return a non-owning view keeping the original alive, as Numba's ``MemoryPointer.view``)."""
+    Numba wraps a pointer's ``finalizer=`` in ``weakref.finalize`` (registry, weakref callback, atexit record), costlier
+    than numba_pool's whole allocation path (docs/perf-notes.md); ``__del__`` runs at the same moment (last reference,
+    or a collected cycle, PEP 442) for a fraction.  What finalize gave is covered: an early ``free()`` (one release,
+    whichever comes first); running before module teardown at exit (``__del__`` releases nothing once the interpreter
+    finalizes, ``sys.is_finalizing`` bound early; the memory goes with the context, as in cuda-python #973, CuPy #2809);
+    one finalizer shared by copies (a plain copy would release ``_block`` twice: :meth:`PoolPointer.__copy__`,
+    ``__deepcopy__`` return a non-owning view keeping the original alive, as ``MemoryPointer.view``)."""
 
 from __future__ import annotations
 
@@ -24,11 +21,8 @@ from typing import Callable
 class PoolPointer:
     """Mixin for a frontend's ``MemoryPointer``: the EMM door of the core (:mod:`numba_pool.allocator.block`).
     Releases its block once, ``block.release(block)`` (must not raise), on :meth:`free` or collection.
-
-    :param context: the Numba context (kept for Numba's interface).
-    :param pointer: the device address (``CUdeviceptr``).
-    :param size: bytes requested.
-    :param block: the block, or an adaptor's wrapper of it (:meth:`wrap_release`)."""
+    :param context: Numba's context (for its interface).  :param pointer: the device address (``CUdeviceptr``).
+    :param size: bytes requested.  :param block: the block, or an adaptor's wrapper of it (:meth:`wrap_release`)."""
 
     _block = None  # until __init__ ran: __del__ of an object made by __new__ alone releases nothing
     captured = 0  #: Id of the capture whose graph allocated this memory (rule 13 of numba_pool.allocator), else 0.
@@ -50,9 +44,7 @@ class PoolPointer:
         return block.block if type(block) is _Adapted else block
 
     def free(self) -> None:
-        """Release the memory now (Numba's ``MemoryPointer.free``).
-
-        :raises RuntimeError: "Freeing dead memory" (Numba's message) when already released."""
+        """Release now (``MemoryPointer.free``).  :raises RuntimeError: "Freeing dead memory" if already released."""
         block = self._block
         if block is None:
             raise RuntimeError("Freeing dead memory")
@@ -62,7 +54,6 @@ class PoolPointer:
     def wrap_release(self, adaptor: Callable[..., None], *args) -> None:
         """Releasing now calls ``adaptor(*args, release)``, which runs the former ``release`` after its part
         (:mod:`numba_pool.plugin.path`); Numba keeps the one pointer (Note [One pointer per allocation]).
-
         :raises RuntimeError: "Freeing dead memory" when already released."""
         block = self._block
         if block is None:
@@ -84,8 +75,7 @@ class PoolPointer:
 
 
 class _Adapted:
-    """A block whose release an adaptor wraps (:meth:`PoolPointer.wrap_release`): releasing it
-    runs ``chain()``, the adaptors' parts and then the block's own release."""
+    """A block an adaptor wraps (:meth:`PoolPointer.wrap_release`); releasing runs ``chain()``, adaptors first."""
 
     __slots__ = ("block", "chain")
 
@@ -99,9 +89,8 @@ class _Adapted:
 
 
 class PooledManagedMemory(PoolPointer):
-    """Mixin for a frontend's ``ManagedMemory`` (with ``mviewbuf.MemAlloc``, the buffer NumPy reads) for a
-    managed cache block; a :class:`PoolPointer` otherwise.  Numba's is a ``ManagedOwnedPointer`` over a
-    ``ManagedMemory``, two ``weakref.finalize``; this is one object (Note [No weakref.finalize])."""
+    """A frontend's ``ManagedMemory`` mixin (a ``mviewbuf.MemAlloc`` buffer) for a managed cache block, else a
+    :class:`PoolPointer`; one object, not Numba's two ``weakref.finalize`` (Note [No weakref.finalize])."""
 
     def __init__(self, context, pointer, size: int, block):
         # ManagedMemory.__init__'s attributes beyond MemoryPointer's (a CI test checks the list).
@@ -112,14 +101,10 @@ class PooledManagedMemory(PoolPointer):
 
 
 class PooledPinnedMemory:
-    """Mixin for a frontend's ``PinnedMemory`` (``cuda.pinned_array``'s; ``mempin`` keeps Numba's) for
-    a block of the host cache: calls ``release()`` (must not raise) once, at collection, never at
-    exit (Note [No weakref.finalize]).  Numba's has no ``free()``; a copy returns the object itself.
-
-    :param context: the Numba context (a weak proxy, as ``memhostalloc`` passes).
-    :param pointer: the host address (int).
-    :param size: bytes requested.
-    :param release: gives the block back to the host cache."""
+    """A frontend's ``PinnedMemory`` mixin (``cuda.pinned_array``'s, not ``mempin``'s) for a host cache block: calls
+    ``release()`` (must not raise) once at collection, not at exit (Note [No weakref.finalize]); no ``free()``.
+    :param context: the Numba context (a weak proxy, as ``memhostalloc`` passes).  :param size: bytes requested.
+    :param pointer: the host address (int).  :param release: gives the block back to the host cache."""
 
     _release = None  # until __init__ ran
 
@@ -146,10 +131,8 @@ class PooledPinnedMemory:
 
 
 def data_address(array) -> int:
-    """The address of an array's first byte (CUDA Array Interface, or NumPy's for pinned host memory)
-    or of a ``MemoryPointer`` / ``PinnedMemory`` / cuda.core ``Buffer``.
-
-    :raises TypeError: for anything else, naming its type."""
+    """The address of an array's first byte (CUDA or NumPy array interface: pinned host memory) or of a
+    ``MemoryPointer`` / ``PinnedMemory`` / cuda.core ``Buffer``.  :raises TypeError: otherwise, naming its type."""
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is not None:
         data = interface.get("data") if isinstance(interface, dict) else None

@@ -64,8 +64,12 @@ _environment_noted = False
 
 
 def requested(environ=os.environ) -> bool:
-    """Whether ``NUMBA_ENABLE_CUDASIM`` is set and not 0; imports nothing."""
-    return active() or environ.get("NUMBA_ENABLE_CUDASIM", "").strip() not in ("", "0")
+    """Whether ``NUMBA_ENABLE_CUDASIM`` is an integer other than 0, as Numba reads it (a value it cannot
+    parse, such as ``false``, leaves the simulator off); imports nothing."""
+    try:
+        return active() or int(environ.get("NUMBA_ENABLE_CUDASIM", "0")) != 0
+    except ValueError:
+        return False
 
 
 def note_environment(environ=os.environ) -> None:

@@ -6,6 +6,7 @@ ones).  What is done with it: :mod:`numba_pool.allocator`."""
 from __future__ import annotations
 
 import contextlib
+import numbers
 import threading
 from typing import Any, Callable, Iterator
 
@@ -69,10 +70,10 @@ def as_stream_ref(stream: Any) -> StreamRef:
         return stream
     if isinstance(stream, cu.CUstream):
         value, handle, owner = int(stream), stream, stream
-    elif isinstance(stream, int) and not isinstance(stream, bool):
+    elif isinstance(stream, numbers.Integral) and not isinstance(stream, bool):  # NumPy's integers too
         if not 0 <= stream < 1 << 64:
             raise ValueError(f"numba_pool: stream handle {stream} is not a CUDA stream: expected 0 <= handle < 2**64")
-        value, handle, owner = stream, None, None
+        value, handle, owner = int(stream), None, None
     elif isinstance(getattr(stream, "handle", None), cu.CUstream):  # a Numba stream without __cuda_stream__
         value, handle, owner = int(stream.handle), stream.handle, stream
     else:

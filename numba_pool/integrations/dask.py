@@ -39,7 +39,6 @@ METRIC = "numba_pool"  # the key of numba_pool's statistics in ``worker.metrics`
 
 class NumbaPoolPlugin(WorkerPlugin):
     """Runs :func:`numba_pool.install` on each worker (joiners too); publishes ``worker.metrics["numba_pool"]``.
-
     :param frontend: ``"numba-cuda"``, ``"mlir"``, or None: each worker's choice (:func:`.frontend.for_tools`).
     :param options: :func:`numba_pool.install`'s, over the workers' ``NUMBA_POOL_*`` (not ``log``: a host's path).
     :raises ConfigError: on the client, for an unknown option or a bad value; FrontendError: for a bad ``frontend``."""
@@ -49,7 +48,10 @@ class NumbaPoolPlugin(WorkerPlugin):
 
     def __init__(self, *, frontend: str | None = None, **options: Any):
         # Bad options fail here, not on every worker; the log's path is checked where it is written (its type here).
-        _config.load(environ={}, **{k: v for k, v in options.items() if k != "log"})
+        try:
+            _config.load(environ={}, **{k: v for k, v in options.items() if k != "log"})
+        except _config.ConfigError as err:  # the user called NumbaPoolPlugin, not install()
+            raise _config.ConfigError(str(err).replace("install(", "NumbaPoolPlugin(")) from None
         log = options.get("log")
         if log is not None and not isinstance(log, (str, os.PathLike)):
             raise _config.ConfigError(f"NumbaPoolPlugin(log)={log!r} is not a file path: expected the path of a CSV "

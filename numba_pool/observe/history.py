@@ -11,6 +11,7 @@ is atomic (:mod:`numba_pool.allocator`, "Threads"): ``deque.append``, ``dict`` s
 from __future__ import annotations
 
 import bisect
+import numbers
 import os
 import sys
 import threading
@@ -122,12 +123,13 @@ class History:
 
 def new_recording(max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python") -> History:
     """A new, empty recording, its arguments checked.
-    :raises ValueError: for ``max_entries`` < 1 or ``stacks`` other than ``"python"``/``"none"``."""
-    if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
-        raise ValueError(f"numba_pool.record_history: max_entries={max_entries!r} must be a positive number of events")
+    :raises ValueError: for ``max_entries`` outside [1, 2**63) (NumPy integers taken) or ``stacks`` another string."""
+    if not isinstance(max_entries, numbers.Integral) or isinstance(max_entries, bool) or not 0 < max_entries < 1 << 63:
+        raise ValueError(f"numba_pool.record_history: max_entries={max_entries!r} must be a positive number of events "
+                         "below 2**63")
     if stacks not in STACKS:
         raise ValueError(f"numba_pool.record_history: stacks={stacks!r} must be one of {', '.join(map(repr, STACKS))}")
-    return History(max_entries, stacks)
+    return History(int(max_entries), stacks)
 
 
 class RecordedAllocations:

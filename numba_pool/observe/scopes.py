@@ -13,6 +13,7 @@ path").  It appends an event per open scope of the thread (:data:`_local`) to th
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 import threading
@@ -137,8 +138,12 @@ class ScopedStatistics:
         return dict(self._sites)
 
     def report(self, limit: int | None = None) -> str:
-        """A table of the call sites, most bytes first (``limit`` rows at most).
-        :raises RuntimeError: without ``profile=True``."""
+        """A table of the call sites, most bytes first (``limit`` rows at most: None or a positive int).
+        :raises RuntimeError: without ``profile=True``.  :raises TypeError, ValueError: for another ``limit``."""
+        whole = isinstance(limit, numbers.Integral) and not isinstance(limit, bool)
+        if limit is not None and not (whole and limit > 0):
+            raise (ValueError if whole else TypeError)(
+                f"numba_pool.statistics().report: limit={limit!r:.80} must be None or a positive int")
         import humanfriendly
         from tabulate import tabulate
 

@@ -1,6 +1,5 @@
-"""A device's statistics: :class:`PoolStatistics`, collected by :func:`collect` from the allocator's usage events
-(:mod:`.allocator.usage`), the mempool's attributes (``CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}``,
-the driver's rounding included), the arena and the host and managed caches."""
+"""A device's statistics (:class:`PoolStatistics`, :func:`collect`) from usage events (:mod:`.allocator.usage`), mempool
+attributes (``CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}``), the arena and caches."""
 
 from __future__ import annotations
 
@@ -14,16 +13,15 @@ from ..cuda.capture import graph_memory, relaxed
 
 @dataclass(frozen=True)
 class PoolStatistics:
-    """One device's numba_pool memory, in bytes and counts; bytes as Numba requested them, but for ``pool_*``,
-    ``arena_*``, ``host_*``, ``managed_*``, ``graph_*``.  ``bytes_in_use``/``blocks_in_use`` (peaks since start or
-    :func:`numba_pool.reset_peak`); ``total_allocations``, ``total_frees``, ``total_bytes`` since start (RMM's names:
-    :data:`RMM_KEYS`).  ``pool_*``: the mempool's attributes; ``pool_released_bytes``: used bytes of dropped arrays'
-    blocks awaiting their fence (rule 4 of :mod:`numba_pool.allocator`).  ``oom_retries``: allocations retried after
-    synchronizing and trimming; ``oom_errors``: those failing again.  ``arena_*`` (zero, ``arena_on`` false, when off):
-    slabs reserved, live blocks (rounded to 256 B), free blocks, the largest, bytes cached, quarantined and free, the
-    slabs. ``host_*``/``managed_*`` (likewise ``*_on``): bytes reserved (powers of two), in arrays, cached, blocks.
-    ``graph_*``: device graph memory (``cuDeviceGetGraphMemAttribute``, apart from the mempools), high watermarks, our
-    live captured arrays; ``releases_held_for_capture``: releases a capture holds back (rule 13)."""
+    """One device's numba_pool figures; bytes as requested, but for ``pool_*``, ``arena_*``, ``host_*``, ``managed_*``,
+    ``graph_*``.  ``bytes_in_use``/``blocks_in_use`` (peaks since start or :func:`numba_pool.reset_peak`);
+    ``total_allocations``, ``total_frees``, ``total_bytes`` since start.  ``pool_*``: mempool attributes;
+    ``pool_released_bytes``: dropped arrays' used bytes awaiting their fence (rule 4).  ``oom_retries``/``oom_errors``:
+    allocations retried after synchronizing and trimming / failing again.  ``arena_*`` (0, ``arena_on`` false, when
+    off): slabs reserved, live blocks (rounded to 256 B), free blocks, the largest, bytes cached, quarantined and free,
+    the slabs.  ``host_*``/``managed_*`` (likewise ``*_on``): bytes reserved (powers of two), in arrays, cached, blocks.
+    ``graph_*``: device graph memory (``cuDeviceGetGraphMemAttribute``, not the mempools'), high watermarks, our live
+    captured arrays; ``releases_held_for_capture``: held back by a capture (rule 13)."""
 
     bytes_in_use: int
     peak_bytes_in_use: int

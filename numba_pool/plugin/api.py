@@ -14,7 +14,7 @@ from ..allocator import threads
 from ..allocator.captures import note_if_capturing
 from ..allocator.scratch import ScratchBlock
 from ..config import PoolConfig
-from ..config.values import byte_count, switch
+from ..config.values import byte_count, parse_bool, switch
 from ..config.variables import user_stacklevel
 from ..cuda import frontend as frontends
 from ..cuda import driver, simulator
@@ -82,8 +82,7 @@ def manager_of(device: Any = None, *, frontend: str | None = None, of: Any = Non
     try:
         context = chosen.current_context(ordinal)
     except chosen.CudaSupportError as err:
-        cause = " ".join(part.strip(" :") for part in str(err).splitlines() if part.strip(" :"))
-        raise RuntimeError(f"numba_pool: no CUDA GPU is available here ({cause or type(err).__name__})") from None
+        raise frontends.no_gpu(err) from None
     mm = getattr(context, "memory_manager", None)  # None under the CUDA simulator
     if not isinstance(mm, NumbaPoolManager):
         if chosen.simulator:
@@ -95,13 +94,13 @@ def manager_of(device: Any = None, *, frontend: str | None = None, of: Any = Non
 
 
 def _ordinal(device: Any, call: str) -> int | None:
-    """A device ordinal from what a public function's ``device`` was given (NumPy integers too).
-    :raises ValueError: for a negative ordinal.  :raises TypeError: for what is no device."""
+    """A device ordinal from what a public function's ``device`` was given (NumPy integers too), a C int.
+    :raises ValueError: for an ordinal outside [0, 2**31).  :raises TypeError: for what is no device."""
     if device is None:
         return None
     if isinstance(device, numbers.Integral) and not isinstance(device, bool):
-        if device < 0:
-            raise ValueError(f"{call}: device={device!r} is not a device ordinal: expected an int >= 0")
+        if not 0 <= device < 1 << 31:
+            raise ValueError(f"{call}: device={device!r} is not a device ordinal (0 <= ordinal < 2**31)")
         return int(device)
     owner = getattr(device, "device", device)  # a Context's device, or the Device itself
     ordinal = getattr(owner, "id", None)
@@ -139,7 +138,13 @@ def record_stream(array: Any, stream: Any) -> bool:
     :returns: True when the memory is a live numba_pool allocation (recorded), False when it is not (nothing
         to do: its owner frees it; a pinned array Numba made itself, with ``NUMBA_POOL_HOST=0``).
     :raises TypeError: when ``stream`` is not a stream, or ``array`` none of the above."""
-    ref = as_stream_ref(stream)  # a bad stream is told before the GPU is needed
+    if _simulator_stream(stream, "numba_pool.record_stream()"):
+        return False
+    ref = as_stream_ref(stream)  # a bad stream, then array, is told before the GPU is needed
+    try:
+        data_address(array)
+    except TypeError as err:
+        raise TypeError(f"numba_pool.record_stream: array={array!r:.80}: {str(err).partition(': ')[2]}") from None
     of = array if frontends.name_of(array) is not None else stream
     return manager_of(of=of, call="numba_pool.record_stream()").record_stream(array, ref)
 
@@ -177,7 +182,10 @@ def memory_summary(device: Any = None, *, frontend: str | None = None) -> str:
     """A printable table of the device's numba_pool memory (allocations, the pool, the arena, this thread's
     scratch block, out-of-memory retries); sizes in binary units and bytes.  Arguments as for :func:`stats`.
     :raises RuntimeError: as :func:`manager_of` (under the simulator, the one line saying why is returned)."""
-    if simulator.active():
+    if simulator.active():  # the arguments checked all the same, as manager_of does
+        _ordinal(device, "numba_pool.memory_summary()")
+        if frontend is not None:
+            frontends.parse_name(frontend, "numba_pool.memory_summary(): frontend")
         return f"numba_pool: no memory summary: {simulator.NO_MEMORY_MANAGER}"
     manager = manager_of(device, frontend=frontend, call="numba_pool.memory_summary()")
     scratch = current_stream().scratch
@@ -204,10 +212,12 @@ def scratch(nbytes: int, *, manager=None, frontend: str | None = None) -> Iterat
     """Bump-allocate this thread's device allocations inside the block from one reserved block of
     ``nbytes`` bytes (:mod:`numba_pool.allocator.scratch`); 256-byte granules.
     :param manager: the manager to reserve from; by default the current context's.
-    :raises ValueError: for ``nbytes`` <= 0.
+    :raises ValueError: for ``nbytes`` <= 0.  :raises TypeError: for a ``manager`` without ``scratch``.
     :raises RuntimeError: as :func:`manager_of`.
     :raises CudaAPIError: when the block cannot be reserved."""
     nbytes = byte_count(nbytes, "numba_pool.scratch", "nbytes", positive=True)
+    if manager is not None and not callable(getattr(manager, "scratch", None)):
+        raise TypeError(f"numba_pool.scratch: manager={manager!r:.80} is not a manager (no scratch method) or None")
     manager = manager_of(frontend=frontend, call="numba_pool.scratch()") if manager is None else manager
     with manager.scratch(nbytes) as block:
         yield block
@@ -220,8 +230,7 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
     thread.  A capturing stream is noted before its first allocation (rule 13 of :mod:`numba_pool.allocator`).
     :raises TypeError: when ``stream`` is not a stream (:func:`numba_pool.cuda.streams.as_stream_ref`)."""
     # cuda.streams.using_stream's body, the capture check called directly (no hook call in between).
-    if simulator.active() and type(stream).__module__.startswith("numba.cuda.simulator"):
-        simulator.note_nothing("numba_pool.using_stream()", "orders")  # its streams have no handle; nothing to order
+    if _simulator_stream(stream, "numba_pool.using_stream()"):
         yield LEGACY
         return
     ref = as_stream_ref(stream)
@@ -231,6 +240,20 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
         yield ref
     finally:
         leave_scope(previous)
+
+
+def _simulator_stream(stream: Any, call: str) -> bool:
+    """Whether ``stream`` is the CUDA simulator's (no handle: nothing to order), noted once as ``call``'s."""
+    if simulator.active() and type(stream).__module__.startswith("numba.cuda.simulator"):
+        simulator.note_nothing(call, "orders")
+        return True
+    return False
+
+
+def _switch(value: Any, call: str, name: str) -> bool:
+    """An on/off argument as :func:`install` takes one, words aside (``'off'`` is truthy).  :raises TypeError: else."""
+    whole = isinstance(value, numbers.Integral) and value in (0, 1)  # 0/1, NumPy's too: as parse_bool takes them
+    return parse_bool(value, f"{call}: {name}") if whole else switch(value, call, name)
 
 
 class _ProcessScope(ScopedStatistics):
@@ -252,8 +275,9 @@ def statistics(*, profile: bool = False) -> ScopedStatistics:
     """Count this thread's device allocations inside ``with numba_pool.statistics() as s:`` (bytes and
     counts: :class:`~numba_pool.observe.scopes.ScopedStatistics`).  Scopes nest, per thread; free
     while none is open.  ``profile``: also per call site (``s.report()``), walking the stack.
-    Under the simulator it warns (:class:`numba_pool.SimulatorWarning`) that it counts nothing."""
-    profile = switch(profile, "numba_pool.statistics", "profile")
+    Under the simulator it warns (:class:`numba_pool.SimulatorWarning`) that it counts nothing.
+    :raises TypeError: when ``profile`` is not a switch (:func:`_switch`)."""
+    profile = _switch(profile, "numba_pool.statistics", "profile")
     if simulator.active():
         simulator.warn_scope()
     return _ProcessScope(profile=profile)
@@ -268,12 +292,13 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
     :param enabled: False stops and drops the recording.
     :param stacks: ``"python"`` or ``"none"`` (events only).
     :param max_entries: events kept, oldest dropped first (live allocations are kept apart).
-    :raises ValueError: for another ``stacks`` or ``max_entries`` < 1.  :raises TypeError: ``enabled`` not a bool.
+    :raises ValueError: for another ``stacks`` or ``max_entries`` not in [1, 2**63).  :raises TypeError: ``enabled``.
     Under the simulator it warns that nothing is recorded."""
-    enabled = switch(enabled, "numba_pool.record_history", "enabled")
+    enabled = _switch(enabled, "numba_pool.record_history", "enabled")
+    recording = _history.new_recording(max_entries, stacks)  # checked whether on or off
     if enabled and simulator.active():
         simulator.note_nothing("numba_pool.record_history()")
-    process.set_recording(_history.new_recording(max_entries, stacks) if enabled else None)
+    process.set_recording(recording if enabled else None)
 
 
 def snapshot() -> dict:
@@ -307,5 +332,5 @@ def live_allocations(group_by: str | None = "site", device: int | None = None) -
     """What is held now, from the history: ``(site, bytes, arrays)`` per site, most bytes first
     (``group_by="site"``), or ``(site, bytes, device, address, kind)`` per allocation (None).
     :raises RuntimeError: when no history is recorded.
-    :raises ValueError: for another ``group_by`` or a negative ``device``.  :raises TypeError: ``device`` no ordinal."""
+    :raises ValueError: for another ``group_by`` or ``device`` not in [0, 2**31).  :raises TypeError: no ordinal."""
     return debugging.live_allocations(group_by, _ordinal(device, "numba_pool.live_allocations"))

@@ -2,16 +2,14 @@
 stream rule, :mod:`numba_pool.allocator`) and composes the path (:mod:`numba_pool.plugin.path`); the rest forwards.
 
 Note [The path is the manager's memalloc]
-    :meth:`NumbaPoolManager._bind` (the only code that sets or removes them) makes the composed path the
-    instance's ``memalloc``, and the block source's ``allocate_block`` its ``allocate_block`` (the doors'), so
-    that no forwarding call runs per allocation.  The class's method runs only when none is
-    bound (before initialization; after a reset, Numba calls no ``initialize``) and initializes first.
+    :meth:`NumbaPoolManager._bind` (alone setting or removing them) makes the composed path the instance's ``memalloc``
+    and the block source's ``allocate_block`` its ``allocate_block`` (the doors'): no forwarding call per allocation.
+    Unbound (before initialization; after a reset, Numba calls no ``initialize``), the class's methods initialize first.
 
 Note [One class for every frontend]
-    Each frontend (numba-cuda, Numba-CUDA-MLIR) has its own EMM base classes: :func:`manager_class` puts
-    :class:`NumbaPoolManager` on its ``HostOnlyCUDAMemoryManager``.  The neutral base's ``__new__`` builds the
-    class of the given context's frontend, or, context-less (``set_memory_manager`` reading the interface
-    version), the calling module's; ``isinstance(m, NumbaPoolManager)`` holds for both.
+    Each frontend has EMM bases: :func:`manager_class` puts :class:`NumbaPoolManager` on its
+    ``HostOnlyCUDAMemoryManager``; ``isinstance(m, NumbaPoolManager)`` holds for all.  The neutral base's ``__new__``
+    builds it for the context's frontend, else (``set_memory_manager`` asking the interface version) the caller's.
 
 Note [Lifetimes across a reset]
     An array may outlive :meth:`NumbaPoolManager.reset`; its release must neither raise nor free memory a
@@ -94,11 +92,9 @@ class NumbaPoolManager:
         return 1
 
     def initialize(self) -> None:
-        """Create the device's mempool and allocator with the configuration, pre-reserve
-        ``initial_size`` bytes and compose the path; idempotent (Numba calls it at each context push).
-        :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad.
-        :raises RuntimeError: without the GIL (:func:`numba_pool.allocator.threads.require_gil`).
-        :raises CudaAPIError: when the driver refuses to create or configure the pool."""
+        """Make the device's mempool and allocator, reserve ``initial_size`` bytes, compose the path; idempotent (Numba
+        calls it at each context push).  :raises ConfigError: for a bad ``NUMBA_POOL_*`` variable.
+        :raises RuntimeError: without the GIL (``require_gil``).  :raises CudaAPIError: if the pool is refused."""
         if self.allocator is not None:
             return
         with self._init_lock:
@@ -155,10 +151,9 @@ class NumbaPoolManager:
                 self._bind(self.allocator)
 
     def memalloc(self, size: int) -> PoolPointer:
-        """Allocate ``size`` bytes, stream-ordered on the thread's allocation stream, released by the
-        stream rule when the pointer is dropped (Note [The path is the manager's memalloc]).
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after synchronizing and trimming (with the
-            pool's and device's sizes); any other driver error as returned."""
+        """``size`` bytes, ordered on the thread's allocation stream, released by the stream rule once dropped
+        (Note [The path is the manager's memalloc]).  :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after
+        synchronizing and trimming (pool's and device's sizes); other driver errors as returned."""
         self.initialize()
         return self.memalloc(size)
 
@@ -178,19 +173,17 @@ class NumbaPoolManager:
         return scratch_scope(self.allocator, nbytes, self.allocate_unadapted)
 
     def memhostalloc(self, size: int, mapped: bool = False, portable: bool = False, wc: bool = False):
-        """``size`` bytes of page-locked host memory, as Numba's (``PinnedMemory``, or with ``mapped`` a
-        ``MappedMemory`` view, ``cuMemHostGetDevicePointer``); with ``NUMBA_POOL_HOST`` from the cache of
-        ``cuMemHostAlloc`` blocks, else (and for 0 bytes) Numba's.
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes."""
+        """``size`` bytes of page-locked host memory as Numba's (``PinnedMemory``; ``mapped``: a ``MappedMemory`` view,
+        ``cuMemHostGetDevicePointer``): with ``NUMBA_POOL_HOST`` from the ``cuMemHostAlloc`` block cache, else (and for
+        0 bytes) Numba's.  :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes."""
         self.initialize()
         if self.host is None or size <= 0:
             return super().memhostalloc(size, mapped, portable, wc)
         return host_memory(self, self.host, size, mapped, portable, wc)
 
     def memallocmanaged(self, size: int, attach_global: bool = True):
-        """``size`` bytes of managed memory as Numba's ``ManagedMemory``: with ``NUMBA_POOL_MANAGED``, globally
-        attached memory from the managed cache under the host rule (rule 9 of :mod:`numba_pool.allocator`);
-        host-attached, 0 bytes or no concurrent managed access: Numba's (both ``cuMemAllocManaged``).
+        """``size`` bytes as Numba's ``ManagedMemory``: global ones, with ``NUMBA_POOL_MANAGED``, from the managed cache
+        (rule 9); host-attached, 0 bytes or no concurrent managed access: Numba's (both ``cuMemAllocManaged``).
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes and its cap."""
         self.initialize()
         path = self.path
@@ -208,8 +201,7 @@ class NumbaPoolManager:
 
     def get_ipc_handle(self, memory):
         """An IPC handle for ``memory`` (``cuMemPoolExportPointer``; lifetimes: :mod:`numba_pool.ipc`).
-        :raises ValueError: when ``memory`` is not in a live numba_pool allocation.
-        :raises RuntimeError: when the pool cannot be exported, with the reason."""
+        :raises ValueError: ``memory`` in no live allocation.  :raises RuntimeError: pool not exportable (why)."""
         from ..ipc import export  # multiprocessing's reduction and the lease files: imported at the first export
 
         self.initialize()
@@ -217,9 +209,8 @@ class NumbaPoolManager:
                       process.leases)
 
     def reset(self) -> None:
-        """Free every allocation of this context and destroy the private pool (trim a shared one); safe to repeat.
-        Live device arrays point to freed memory, their releases do nothing (Note [Lifetimes across a reset]);
-        pinned and managed ones stay valid until dropped.  Also ``super().reset()``."""
+        """Free all allocations, destroy the private pool (trim a shared one), ``super().reset()``; repeatable.  Live
+        device arrays, then dangling, release nothing (Note [Lifetimes across a reset]); pinned/managed stay valid."""
         _note("reset", self.device_id)
         super().reset()
         if self.host is not None:
@@ -249,9 +240,8 @@ class NumbaPoolManager:
     # -- numba_pool extensions ------------------------------------------------------------
 
     def record_stream(self, array, stream) -> bool:
-        """:func:`numba_pool.record_stream` on this manager: True when the array's memory is a live allocation
-        of this manager (the use is recorded), False when it is not (nothing to order: its owner frees it).
-        :raises TypeError: when ``stream`` is not a stream, or ``array`` not an array."""
+        """:func:`numba_pool.record_stream` here: True if the array is this manager's live allocation (use recorded),
+        else False (its owner frees it).  :raises TypeError: for a non-stream ``stream`` or non-array ``array``."""
         ref = as_stream_ref(stream)
         address = data_address(array)
         self.initialize()
@@ -271,8 +261,7 @@ class NumbaPoolManager:
         self.allocator.pool.reset_high_watermarks()
 
     def trim(self, keep_bytes: int = 0) -> None:
-        """:func:`numba_pool.trim`: empty slabs back, synchronize, ``cuMemPoolTrimTo(keep_bytes)``; the
-        host and managed caches free their completed blocks."""
+        """Trim: empty slabs back, synchronize, ``cuMemPoolTrimTo(keep_bytes)``; caches free completed blocks."""
         self.initialize()
         _note("trim", self.device_id)
         self.allocator.trim(keep_bytes)

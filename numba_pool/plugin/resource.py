@@ -29,13 +29,17 @@ class MemoryResource(_CoreResource):
     in ``numba_pool.stats()``, under ``NUMBA_POOL_MAX_SIZE`` and its out-of-memory retry.
     :param device_id: the device (None: the current context's, else 0).
     :param manager: the numba_pool manager (None: the one serving ``device_id``, at the first allocation).
-    :raises ValueError: ``device_id`` not a device ordinal (an int >= 0)."""
+    :raises TypeError: ``device_id`` not an int, or ``manager`` not a numba_pool manager.
+    :raises ValueError: ``device_id`` not a device ordinal (0 <= ordinal < 2**31)."""
 
     def __init__(self, device_id: int | None = None, *, manager=None):
-        if device_id is not None and (not isinstance(device_id, numbers.Integral) or isinstance(device_id, bool)
-                                      or device_id < 0):
-            raise ValueError(f"numba_pool.MemoryResource: device_id must be a device ordinal (an int >= 0), "
-                             f"got {device_id!r}")
+        call = f"numba_pool.{type(self).__name__}"
+        if device_id is not None and (not isinstance(device_id, numbers.Integral) or isinstance(device_id, bool)):
+            raise TypeError(f"{call}: device_id={device_id!r} is not a device ordinal (an int)")
+        if device_id is not None and not 0 <= device_id < 1 << 31:
+            raise ValueError(f"{call}: device_id={device_id!r} is not a device ordinal (0 <= ordinal < 2**31)")
+        if manager is not None and not hasattr(manager, "allocate_block"):
+            raise TypeError(f"{call}: manager={manager!r:.80} is not a numba_pool manager (None: the device's)")
         self._device_id = manager.device_id if manager is not None else None if device_id is None else int(device_id)
         self._manager = manager
         self._lock = threading.Lock()  # guards finding the manager
@@ -44,10 +48,10 @@ class MemoryResource(_CoreResource):
     def allocate(self, size: int, stream=None) -> Buffer:
         """A ``Buffer`` of ``size`` bytes for work on ``stream`` (cuda.core's, Numba's, any ``__cuda_stream__``
         object or handle; None: the legacy stream), stream-ordered (``cuMemAllocFromPoolAsync``).
-        :raises ValueError: ``size`` not a positive int (bytes).
+        :raises ValueError: ``size`` not a positive int (bytes).  :raises RuntimeError: no GPU, or another manager.
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
         if type(size) is not int or not 0 < size < 1 << 64:  # the common case checked inline: no frame
-            size = byte_count(size, "numba_pool.MemoryResource.allocate", "size", positive=True)
+            size = byte_count(size, f"numba_pool.{type(self).__name__}.allocate", "size", positive=True)
         ref = LEGACY if stream is None else as_stream_ref(stream)
         manager = self._manager or self._manager_now()
         try:
@@ -71,7 +75,7 @@ class MemoryResource(_CoreResource):
     def deallocate(self, ptr, size: int, stream=None) -> None:
         """Give back the buffer at ``ptr`` (``size`` bytes), ordered on ``stream`` (None: its allocation
         stream; rule 14).  Nothing for a buffer it does not hold (a zero-byte one)."""
-        held = self._blocks.pop(ptr if type(ptr) is int else int(ptr), None)
+        held = self._blocks.pop(ptr if type(ptr) is int else _address(ptr, type(self).__name__), None)
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
@@ -102,7 +106,7 @@ class MemoryResource(_CoreResource):
         if manager is None:
             with self._lock:
                 if self._manager is None:
-                    self._manager = serving_manager(self.device_id, "numba_pool.MemoryResource")
+                    self._manager = serving_manager(self.device_id, f"numba_pool.{type(self).__name__}")
                 manager = self._manager
         return manager
 
@@ -156,8 +160,19 @@ def _same_stream(stream, ref) -> bool:
 
 
 def _current_device() -> int:
-    err, device = _cu.cuCtxGetDevice()
+    try:  # no driver: cuda-pathfinder raises (a repr must not)
+        err, device = _cu.cuCtxGetDevice()
+    except Exception:  # noqa: BLE001 - the documented 0
+        return 0
     return int(device) if err == _cu.CUresult.CUDA_SUCCESS else 0
+
+
+def _address(ptr, name: str) -> int:
+    # A pointer cuda.core passes (an int-like object); anything else is told in one line.
+    try:
+        return int(ptr)
+    except (TypeError, ValueError):
+        raise TypeError(f"numba_pool.{name}.deallocate: ptr={ptr!r:.80} is not a device address (an int)") from None
 
 
 def install(manager) -> None:

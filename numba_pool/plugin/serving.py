@@ -32,9 +32,12 @@ def _find(device_id: int, door: str):
     for manager in process.managers():
         if manager.context is not None and manager.device_id == device_id:
             return manager
-    cuda = frontends.resolve(door).cuda
-    with cuda.gpus[device_id]:
-        manager = cuda.current_context().memory_manager
+    chosen = frontends.resolve(door)
+    try:
+        with chosen.cuda.gpus[device_id]:
+            manager = chosen.cuda.current_context().memory_manager
+    except chosen.CudaSupportError as err:
+        raise frontends.no_gpu(err) from None
     if not hasattr(manager, "allocate_block"):
         raise RuntimeError(f"{door}: Numba's memory manager on device {device_id} is {type(manager).__name__}, not "
                            "numba_pool's: set NUMBA_CUDA_MEMORY_MANAGER=numba_pool or call numba_pool.install() before "

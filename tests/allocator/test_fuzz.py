@@ -425,8 +425,12 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                 p.launch(data.draw(st.sampled_from(streams)), [data.draw(st.sampled_from(usable))],
                          data.draw(st.integers(0, 7)))
         elif step == "other drop":
+            # A door's drop orders its uses by the program's own events first (Harness._deallocate): where one is on
+            # the legacy stream, beside a blocking stream's capture, an illegal program (no legacy-stream use then).
             droppable = [f for f in p.families.values() if f.id not in p.busy and f.stream != stream
-                         and all(u == LEGACY or u in p.streams for u, _ in f.uses)]
+                         and all(u == LEGACY or u in p.streams for u, _ in f.uses)
+                         and not (blocking and f.door and LEGACY in (p.deallocation_stream(f), *(u for u, _ in
+                                                                                                 f.uses)))]
             if droppable:
                 legalize = "record" if blocking else data.draw(st.sampled_from(["record", "wait"]))
                 if legalize == "wait" and (any(f.stream == LEGACY for f in droppable)):

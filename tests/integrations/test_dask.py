@@ -157,8 +157,10 @@ def test_under_the_simulator_nothing_is_installed():  # numba-cuda's simulator
 
 
 def test_bad_options_fail_on_the_client():
-    with pytest.raises(numba_pool.ConfigError, match="unknown option"):
+    with pytest.raises(numba_pool.ConfigError, match=r"^NumbaPoolPlugin\(\): unknown option"):
         npd.NumbaPoolPlugin(arena_size=1)
+    with pytest.raises(numba_pool.ConfigError, match=r"^NumbaPoolPlugin\(arena\)='maybe' is not a switch"):
+        npd.NumbaPoolPlugin(arena="maybe")  # the user called NumbaPoolPlugin, not install()
     with pytest.raises(numba_pool.ConfigError, match="max_size"):
         npd.NumbaPoolPlugin(max_size="lots")
     with pytest.raises(numba_pool.ConfigError, match=r"NumbaPoolPlugin\(log\)=123 is not a file path"):
@@ -343,8 +345,8 @@ def test_the_plugin_takes_the_managed_options_and_hands_them_to_install(monkeypa
 
 
 @pytest.mark.parametrize("options, culprit", [
-    ({"managed": "maybe"}, "install(managed)='maybe' is not a switch"),
-    ({"managed_max_size": "lots"}, "install(managed_max_size)='lots' is not a size"),
+    ({"managed": "maybe"}, "NumbaPoolPlugin(managed)='maybe' is not a switch"),
+    ({"managed_max_size": "lots"}, "NumbaPoolPlugin(managed_max_size)='lots' is not a size"),
     ({"managed_initial_size": "2 MiB"}, "'managed_initial_size' (no longer read: managed blocks come from cuMemAllocManaged"),
     ({"managed_prefetsh": True}, "did you mean 'managed_prefetch'?"),
 ])

@@ -21,5 +21,18 @@ def test_the_shipped_sample_snapshot_is_summarized():
 
 def test_the_readme_names_the_sample_snapshot():
     readme = (Path(PACKAGE_PARENT) / "README.md").read_text()
-    assert "numba-pool-tools snapshot summarize\ndocs/sample-snapshot.pickle" in readme or \
-        "snapshot summarize docs/sample-snapshot.pickle" in readme.replace("\n", " ")
+    assert "`numba-pool-tools snapshot summarize snap.pickle`" in readme.replace("\n", " ")
+    assert "made on a GPU: `docs/sample-snapshot.pickle`" in readme.replace("\n", " ")
+
+
+def test_a_snapshot_made_without_a_gpu_is_summarized_as_the_readme_says(tmp_path):
+    import subprocess
+    import sys
+    demo = Path(PACKAGE_PARENT) / "tests" / "cuda_model" / "snapshot_demo.py"
+    made = subprocess.run([sys.executable, str(demo), str(tmp_path / "snap.pickle")], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert made.returncode == 0 and "wrote" in made.stdout, made.stderr[-2000:]
+    result = CliRunner().invoke(main, ["snapshot", "summarize", str(tmp_path / "snap.pickle")])
+    assert result.exit_code == 0, result.output
+    assert "snapshot_demo.py:27" in result.output and "4194304 bytes" in result.output, result.output
+    assert "python tests/cuda_model/snapshot_demo.py" in (Path(PACKAGE_PARENT) / "README.md").read_text()

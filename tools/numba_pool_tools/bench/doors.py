@@ -117,7 +117,7 @@ def measure_torch_child(which: str, rounds: int, pairs: int) -> dict:
         import numba_pool
         torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
     elif which == TORCH_FLOOR:
-        keep = _install_torch_floor(torch)  # noqa: F841 - its callbacks and memory live while the child runs
+        keep = _install_torch_floor()  # noqa: F841 - its callbacks and memory live while the child runs
     elif which == "RMM pool":
         import rmm
         from rmm.allocators.torch import rmm_torch_allocator
@@ -134,19 +134,21 @@ def measure_torch_child(which: str, rounds: int, pairs: int) -> dict:
 TORCH_FLOOR = "floor: ctypes callbacks allocating nothing"
 
 
-def _install_torch_floor(torch):
+def _install_torch_floor():
     """PyTorch's allocator made :data:`TORCH_FLOOR`: a pair of ``ctypes`` callbacks handing out one device address
     (a Numba array bigger than any size measured; one tensor lives at a time); returns what must stay alive."""
     import ctypes
+
+    from torch._C import _cuda_customAllocator
+    from torch.cuda.memory import _CUDAAllocator, change_current_allocator
 
     from .core import cuda
     memory = cuda.device_array(max(SIZES), dtype="u1")
     address = memory.device_ctypes_pointer.value
     malloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(lambda *_: address)
     free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(lambda *_: None)
-    made = torch._C._cuda_customAllocator(ctypes.cast(malloc, ctypes.c_void_p).value,
-                                          ctypes.cast(free, ctypes.c_void_p).value)
-    torch.cuda.memory.change_current_allocator(torch.cuda.memory._CUDAAllocator(made))
+    made = _cuda_customAllocator(ctypes.cast(malloc, ctypes.c_void_p).value, ctypes.cast(free, ctypes.c_void_p).value)
+    change_current_allocator(_CUDAAllocator(made))
     return memory, malloc, free
 
 

@@ -45,9 +45,12 @@ except ImportError:  # Windows: no fork either
 #: numba_pool or PyTorch snapshot takes about 10 bytes of memory for each byte of its pickle.
 MEMORY_FLOOR = 128 << 20
 MEMORY_PER_BYTE = 32
-#: The child's time, for any file, and per byte of the file: a snapshot unpickles at 25 to 60 MB/s.
+#: The child's CPU time, for any file, and per byte of the file: a snapshot unpickles at 25 to 60 MB/s.
 SECONDS_FLOOR = 1.0
 BYTES_PER_SECOND = 4 << 20
+#: The parent's wait, in seconds of wall-clock time per second of the child's CPU time: on a loaded machine the
+#: child may wait for a CPU; its CPU limit (``RLIMIT_CPU``), not the clock, stops a pickle that computes.
+WALL_PER_CPU_SECOND = 3
 #: The child's exit statuses: it finished unpickling (the data, or an exception), ran out of memory, or
 #: failed before it began (a bug here).
 _FINISHED, _OUT_OF_MEMORY, _NOT_BEGUN = 0, 3, 4
@@ -100,8 +103,8 @@ def _unpickled(data: bytes):
 
 
 def _try_in_a_child(data: bytes, memory: int, seconds: float) -> None:
-    """Unpickle ``data`` in a forked child limited to ``memory`` more bytes and ``seconds``; raise
-    :class:`Unbounded` unless it finished."""
+    """Unpickle ``data`` in a forked child limited to ``memory`` more bytes and ``seconds`` of CPU time (the wall
+    clock: :data:`WALL_PER_CPU_SECOND` times that); raise :class:`Unbounded` unless it finished."""
     read_end, write_end = os.pipe()  # its write end closes when the child ends, however it ends
     try:
         with warnings.catch_warnings():
@@ -121,7 +124,7 @@ def _try_in_a_child(data: bytes, memory: int, seconds: float) -> None:
     try:
         with selectors.DefaultSelector() as selector:  # not select.select: it refuses descriptors above 1023
             selector.register(read_end, selectors.EVENT_READ)
-            ended = bool(selector.select(seconds))
+            ended = bool(selector.select(seconds * WALL_PER_CPU_SECOND))
     finally:
         os.close(read_end)
         if not ended:
@@ -173,9 +176,9 @@ def _silenced(write_end: int) -> None:
 
 def _limited(memory: int, seconds: float) -> None:
     """Limit this process's address space to its size now plus ``memory`` (where Linux says its size),
-    its CPU time to ``seconds`` and one more, should the parent not be there to kill it, and its core
+    its CPU time to ``seconds`` (rounded up to whole seconds: ``SIGXCPU`` then), and its core
     dumps to none (a crash here is expected, and a core of a large process slow to write).  A limit
-    that cannot be set is left as it is: the parent still bounds the time."""
+    that cannot be set is left as it is: the parent still bounds the wall-clock time."""
     def lower(limit: int, value: int) -> None:
         soft, hard = resource.getrlimit(limit)
         value = min([value, *(v for v in (soft, hard) if v != resource.RLIM_INFINITY)])
@@ -185,7 +188,7 @@ def _limited(memory: int, seconds: float) -> None:
             pass
 
     lower(resource.RLIMIT_CORE, 0)
-    lower(resource.RLIMIT_CPU, math.ceil(seconds) + 1)
+    lower(resource.RLIMIT_CPU, math.ceil(seconds))
     try:
         with open("/proc/self/statm") as f:
             address_space = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
