@@ -1,7 +1,7 @@
 """A snapshot made without a GPU: a small program run by numba-pool's real allocator on the CUDA model the tests
 use (this folder: CUDA's stream ordering and memory simulated, no driver), written in PyTorch's snapshot format for
-``numba-pool-tools snapshot summarize``/``plot`` and PyTorch's viewer.  From the checkout, after
-``pip install ".[test]"``::
+``numba-pool-tools snapshot summarize``/``plot`` and PyTorch's viewer.  From the checkout, numba-pool
+installed (no GPU, driver or test extra needed)::
 
     python tests/cuda_model/snapshot_demo.py snap.pickle
 
