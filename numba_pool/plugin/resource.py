@@ -11,7 +11,7 @@ import threading
 import warnings
 
 from cuda.bindings import driver as _cu
-from cuda.core import Buffer, Stream
+from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Stream
 from cuda.core import MemoryResource as _CoreResource
 
 from ..allocator.host_blocks import PORTABLE
@@ -62,9 +62,8 @@ class MemoryResource(_CoreResource):
         address = block.address
         self._blocks[address] = (block, source, None if process.recording is None and manager.log is None
                                  else recorded(manager, block, self._door))
-        if stream is not None and not isinstance(stream, Stream):
-            stream = _core_stream(stream, ref)
-        return Buffer.from_handle(address, size, mr=self, stream=stream)
+        return Buffer.from_handle(address, size, mr=self,
+                                  stream=stream if isinstance(stream, Stream) else _core_stream(stream, ref))
 
     _door = "cuda.core"  # the history's kind for this door's allocations
 
@@ -143,11 +142,12 @@ class ManagedMemoryResource(PinnedMemoryResource):
 
 
 def _core_stream(stream, ref):
-    # The Buffer's deallocation stream for a stream not cuda.core's: a GraphBuilder as it is; None for the legacy
-    # stream (the Buffer records cuda.core's default stream: no Stream made per Buffer); else one naming the handle.
+    # The Buffer's deallocation stream for a stream not cuda.core's: a GraphBuilder as it is; for the legacy stream
+    # cuda.core's shared LEGACY_DEFAULT_STREAM (not None: that records cuda.core's default stream, per-thread under
+    # CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1; nor a Stream made per Buffer: 7-11 us); else one for the handle.
     if type(stream).__name__ == "GraphBuilder":
         return stream
-    return None if ref is LEGACY else Stream.from_handle(ref.value)
+    return LEGACY_DEFAULT_STREAM if ref is LEGACY else Stream.from_handle(ref.value)
 
 
 def _same_stream(stream, ref) -> bool:

@@ -77,10 +77,14 @@ def recorded(manager, block, door: str):
 
 def failed(manager, door: str, size: int, stream) -> None:
     """Log the ``allocate failure`` row of ``size`` bytes on ``stream`` (a ``StreamRef``) through ``door``, whose
-    allocation raised ``CudaAPIError`` (out of memory); the door re-raises."""
+    allocation raised ``CudaAPIError`` (out of memory); the door re-raises that.  Never raises (a full disk under
+    the log must not replace the error)."""
     kind = _log_kind(door)
     if manager.log is not None and kind is not None:
-        manager.log.failure(size, stream.value, kind)
+        try:
+            manager.log.failure(size, stream.value, kind)
+        except Exception:  # noqa: BLE001 - the log's own error; the allocation's is the one to tell
+            pass
 
 
 def release(record, deallocate: Callable[..., None], *args) -> None:

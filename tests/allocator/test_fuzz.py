@@ -392,6 +392,13 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             self._launch_graph(entry, data.draw(st.sampled_from([stream] + self.streams)), data)
         p.operations += 3
 
+    def _door_drop_uses_legacy(self, family) -> bool:
+        """Whether a door's drop would order a use on the legacy stream by the program's own event first
+        (``Harness._deallocate``): beside a blocking stream's capture, an illegal program (no legacy-stream use)."""
+        p, on = self.p, self.p.deallocation_stream(family)
+        return not family.zombie and any(LEGACY in (on, used) and not p.model.would_follow(on, op)
+                                         for used, op in family.uses)
+
     def _capture_step(self, data, step, stream, blocking, T, captured):
         p = self.p
         if step not in ("alloc", "kernel", "drop captured") and not any(
@@ -425,12 +432,9 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                 p.launch(data.draw(st.sampled_from(streams)), [data.draw(st.sampled_from(usable))],
                          data.draw(st.integers(0, 7)))
         elif step == "other drop":
-            # A door's drop orders its uses by the program's own events first (Harness._deallocate): where one is on
-            # the legacy stream, beside a blocking stream's capture, an illegal program (no legacy-stream use then).
             droppable = [f for f in p.families.values() if f.id not in p.busy and f.stream != stream
                          and all(u == LEGACY or u in p.streams for u, _ in f.uses)
-                         and not (blocking and f.door and LEGACY in (p.deallocation_stream(f), *(u for u, _ in
-                                                                                                 f.uses)))]
+                         and not (blocking and f.door and self._door_drop_uses_legacy(f))]
             if droppable:
                 legalize = "record" if blocking else data.draw(st.sampled_from(["record", "wait"]))
                 if legalize == "wait" and (any(f.stream == LEGACY for f in droppable)):

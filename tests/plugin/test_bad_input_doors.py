@@ -96,3 +96,14 @@ def test_a_bad_frontend_is_a_value_error_with_one_prefix(call):
     line = str(caught.value)
     assert isinstance(caught.value, frontends.FrontendError) and isinstance(caught.value, RuntimeError)
     assert line.startswith("numba_pool.") and "numba_pool: numba_pool" not in line and "is not a frontend" in line
+
+
+def test_a_log_that_cannot_write_a_failure_row_leaves_the_doors_error_to_tell():
+    from types import SimpleNamespace
+
+    from numba_pool.plugin import serving
+
+    def full_disk(*_):
+        raise OSError(28, "No space left on device")
+    for door in ("cupy", "torch", "cuda.core"):
+        serving.failed(SimpleNamespace(log=SimpleNamespace(failure=full_disk)), door, 64, LEGACY)  # does not raise
