@@ -98,11 +98,21 @@ def parse_path(value: Any, source: str, what: str = "a CSV file") -> str:
 
 
 def switch(value: Any, call: str, name: str) -> bool:
-    """A public function's on/off argument: a bool (NumPy's too).
+    """A public function's on/off argument: a bool or 0/1 (NumPy's too), as :func:`parse_bool` takes them, words aside.
     :raises TypeError: for anything else (``'off'`` is truthy: refused), naming ``call``'s ``name`` and the value."""
-    if _is_bool(value):
+    if _is_bool(value) or isinstance(value, numbers.Integral) and value in (0, 1):
         return bool(value)
     raise TypeError(f"{call}: {name}={value!r} must be True or False")
+
+
+def device_ordinal(value: Any, call: str, name: str) -> int:
+    """``value`` as a device ordinal: an integral number (NumPy's too) but a bool, a C int >= 0.
+    :raises TypeError: for what is no int.  :raises ValueError: outside [0, 2**31); both naming ``call``'s ``name``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{call}: {name}={value!r} is not a device ordinal (an int)")
+    if not 0 <= value < 1 << 31:
+        raise ValueError(f"{call}: {name}={value!r} is not a device ordinal (0 <= ordinal < 2**31)")
+    return int(value)
 
 
 def _is_bool(value: Any) -> bool:

@@ -14,7 +14,7 @@ from ..allocator import threads
 from ..allocator.captures import note_if_capturing
 from ..allocator.scratch import ScratchBlock
 from ..config import PoolConfig
-from ..config.values import byte_count, parse_bool, switch
+from ..config.values import byte_count, device_ordinal, switch
 from ..config.variables import user_stacklevel
 from ..cuda import frontend as frontends
 from ..cuda import driver, simulator
@@ -99,9 +99,7 @@ def _ordinal(device: Any, call: str) -> int | None:
     if device is None:
         return None
     if isinstance(device, numbers.Integral) and not isinstance(device, bool):
-        if not 0 <= device < 1 << 31:
-            raise ValueError(f"{call}: device={device!r} is not a device ordinal (0 <= ordinal < 2**31)")
-        return int(device)
+        return device_ordinal(device, call, "device")
     owner = getattr(device, "device", device)  # a Context's device, or the Device itself
     ordinal = getattr(owner, "id", None)
     if isinstance(ordinal, int):
@@ -250,12 +248,6 @@ def _simulator_stream(stream: Any, call: str) -> bool:
     return False
 
 
-def _switch(value: Any, call: str, name: str) -> bool:
-    """An on/off argument as :func:`install` takes one, words aside (``'off'`` is truthy).  :raises TypeError: else."""
-    whole = isinstance(value, numbers.Integral) and value in (0, 1)  # 0/1, NumPy's too: as parse_bool takes them
-    return parse_bool(value, f"{call}: {name}") if whole else switch(value, call, name)
-
-
 class _ProcessScope(ScopedStatistics):
     """A :func:`statistics` scope counted process-wide: the first open and last exit recompose every path."""
 
@@ -276,8 +268,8 @@ def statistics(*, profile: bool = False) -> ScopedStatistics:
     counts: :class:`~numba_pool.observe.scopes.ScopedStatistics`).  Scopes nest, per thread; free
     while none is open.  ``profile``: also per call site (``s.report()``), walking the stack.
     Under the simulator it warns (:class:`numba_pool.SimulatorWarning`) that it counts nothing.
-    :raises TypeError: when ``profile`` is not a switch (:func:`_switch`)."""
-    profile = _switch(profile, "numba_pool.statistics", "profile")
+    :raises TypeError: when ``profile`` is not a switch (a bool, or 0/1)."""
+    profile = switch(profile, "numba_pool.statistics", "profile")
     if simulator.active():
         simulator.warn_scope()
     return _ProcessScope(profile=profile)
@@ -294,7 +286,7 @@ def record_history(enabled: bool = True, stacks: str = "python", max_entries: in
     :param max_entries: events kept, oldest dropped first (live allocations are kept apart).
     :raises ValueError: for another ``stacks`` or ``max_entries`` not in [1, 2**63).  :raises TypeError: ``enabled``.
     Under the simulator it warns that nothing is recorded."""
-    enabled = _switch(enabled, "numba_pool.record_history", "enabled")
+    enabled = switch(enabled, "numba_pool.record_history", "enabled")
     recording = _history.new_recording(max_entries, stacks)  # checked whether on or off
     if enabled and simulator.active():
         simulator.note_nothing("numba_pool.record_history()")

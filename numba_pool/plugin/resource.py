@@ -6,7 +6,6 @@ the ``cuda.core.Device`` that Numba's context keeps, through which Numba's launc
 
 from __future__ import annotations
 
-import numbers
 import threading
 import warnings
 
@@ -15,8 +14,8 @@ from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Stream
 from cuda.core import MemoryResource as _CoreResource
 
 from ..allocator.host_blocks import PORTABLE
-from ..cuda.streams import LEGACY, as_stream_ref, handle_of_protocol
-from ..config.values import byte_count
+from ..cuda.streams import LEGACY, as_stream_ref, handle_of_protocol, names_stream
+from ..config.values import byte_count, device_ordinal
 from ..cuda.errors import CudaAPIError
 from .serving import cache_block, failed, recorded, release, serving_manager
 from .state import process
@@ -34,13 +33,11 @@ class MemoryResource(_CoreResource):
 
     def __init__(self, device_id: int | None = None, *, manager=None):
         call = f"numba_pool.{type(self).__name__}"
-        if device_id is not None and (not isinstance(device_id, numbers.Integral) or isinstance(device_id, bool)):
-            raise TypeError(f"{call}: device_id={device_id!r} is not a device ordinal (an int)")
-        if device_id is not None and not 0 <= device_id < 1 << 31:
-            raise ValueError(f"{call}: device_id={device_id!r} is not a device ordinal (0 <= ordinal < 2**31)")
+        if device_id is not None:
+            device_id = device_ordinal(device_id, call, "device_id")
         if manager is not None and not hasattr(manager, "allocate_block"):
             raise TypeError(f"{call}: manager={manager!r:.80} is not a numba_pool manager (None: the device's)")
-        self._device_id = manager.device_id if manager is not None else None if device_id is None else int(device_id)
+        self._device_id = manager.device_id if manager is not None else device_id
         self._manager = manager
         self._lock = threading.Lock()  # guards finding the manager
         self._blocks: dict[int, tuple] = {}  # address -> (Block, its source, history record): live; atomic operations
@@ -155,8 +152,7 @@ def _same_stream(stream, ref) -> bool:
     protocol = getattr(stream, "__cuda_stream__", None)
     if protocol is None:
         return False
-    value = handle_of_protocol(stream, protocol)
-    return value == ref.value or (value == 0 and ref is LEGACY)
+    return names_stream(handle_of_protocol(stream, protocol), ref)
 
 
 def _current_device() -> int:

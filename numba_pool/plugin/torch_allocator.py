@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-from ..cuda.streams import LEGACY, as_stream_ref
+from ..cuda.streams import LEGACY, as_stream_ref, names_stream
 from ..cuda.errors import CudaAPIError
 from .serving import failed, recorded, release, serving_manager
 from .state import process
@@ -57,8 +57,7 @@ class TorchDoor:
         if held is not None:  # never raises
             block, allocator, record = held
             handle = stream or 0
-            named = None if handle == block.stream.value or (block.stream is LEGACY and not handle) else \
-                as_stream_ref(handle)
+            named = None if names_stream(handle, block.stream) else as_stream_ref(handle)
             if record is None and named is None:  # the common case without a frame
                 block.release(block)
             else:
