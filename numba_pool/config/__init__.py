@@ -25,7 +25,7 @@ from .variables import FRONTEND_VARIABLE, OTHER_VARIABLES, RETIRED, user_stackle
 
 __all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_SLAB_SIZE", "FRONTEND_VARIABLE", "KEEP_ALL",
            "KNOWN_VARIABLES", "MAX_BYTES", "MIN_BARE_CAP", "OPTIONS", "OTHER_VARIABLES", "SIZE_HELP", "ConfigError", "ConfigWarning",
-           "PoolConfig", "load", "parse_arena_size", "parse_bool", "parse_host_max_size", "parse_managed_max_size",
+           "PoolConfig", "load", "load_for", "parse_arena_size", "parse_bool", "parse_host_max_size", "parse_managed_max_size",
            "parse_max_size",
            "parse_path", "parse_peer_access", "parse_release_threshold", "parse_size", "release_limit", "user_stacklevel"]
 
@@ -132,12 +132,18 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {  #: option name ->
 KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + [FRONTEND_VARIABLE] + list(OTHER_VARIABLES))
 
 def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConfig:
-    """Build the configuration from the environment and keyword overrides.
+    """Build the configuration from the environment and keyword overrides: :func:`load_for` ``install``'s."""
+    return load_for("install", environ, overrides)
 
+
+def load_for(caller: str, environ: Mapping[str, str] | None, overrides: dict[str, Any]) -> PoolConfig:
+    """Build the configuration from the environment and the options the user gave ``caller``.
+
+    :param caller: what the user called with ``overrides``, for messages (``install``, ``NumbaPoolPlugin``).
     :param environ: the environment to read (``os.environ`` when None).
     :param overrides: :func:`numba_pool.install`'s options, over the environment; ``None``: the default.
     :raises ConfigError: for an unknown option, a bad value, or contradicting options, naming the
-        variable or ``install(<option>)``."""
+        variable or ``<caller>(<option>)``."""
     environ = os.environ if environ is None else environ
     unknown = sorted(set(overrides) - set(OPTIONS))
     if unknown:
@@ -148,7 +154,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
             close = [bare] if bare in OPTIONS else difflib.get_close_matches(name, list(OPTIONS), n=1)
             hints.append(f"{name!r}" + (f" (no longer read: {retired})" if retired else
                                         f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ConfigError(f"install(): unknown option(s) {', '.join(hints)}: expected some of {', '.join(OPTIONS)}")
+        raise ConfigError(f"{caller}(): unknown option(s) {', '.join(hints)}: expected some of {', '.join(OPTIONS)}")
     warn_unknown_variables(environ, [variable for variable, _ in OPTIONS.values()] + [FRONTEND_VARIABLE])
     values: dict[str, Any] = {}
     given: dict[str, tuple[str, Any]] = {}  # option -> (source, value as typed), for the consistency messages
@@ -156,7 +162,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
         if name in overrides:
             if overrides[name] is None:
                 continue  # the default, whatever the environment says
-            source, raw = f"install({name})", overrides[name]
+            source, raw = f"{caller}({name})", overrides[name]
         elif environ.get(variable, "").strip():
             source, raw = variable, environ[variable]
         else:
@@ -164,13 +170,13 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
         values[name] = parser(raw, source)
         given[name] = (source, raw)
     config = PoolConfig(**values)
-    _check_consistency(config, given)
+    _check_consistency(config, given, caller)
     if config.use_default_pool and "ipc" not in given:  # the default pool cannot be exported
         config = dataclasses.replace(config, ipc=False)
     return config
 
 
-def _named(config: PoolConfig, given: dict[str, tuple[str, Any]], name: str, nbytes: bool = True) -> str:
+def _named(config: PoolConfig, given: dict[str, tuple[str, Any]], name: str, nbytes: bool, caller: str) -> str:
     """How a consistency error names an option: as given, or the default; in bytes too when ``nbytes``."""
     value = getattr(config, name)
     nbytes = nbytes and isinstance(value, int) and not isinstance(value, bool)
@@ -179,12 +185,12 @@ def _named(config: PoolConfig, given: dict[str, tuple[str, Any]], name: str, nby
         same = isinstance(raw, int) and raw == value  # an int typed in Python: bytes already
         return f"{source}={raw!r}" + ("" if same or not nbytes else f" ({value} bytes)")
     return (f"the default {name}" + (f" of {value} bytes" if nbytes else "")
-            + f" (set {OPTIONS[name][0]} or install({name}=...) to change it)")
+            + f" (set {OPTIONS[name][0]} or {caller}({name}=...) to change it)")
 
 
-def _check_consistency(config: PoolConfig, given: dict[str, tuple[str, Any]]) -> None:
+def _check_consistency(config: PoolConfig, given: dict[str, tuple[str, Any]], caller: str) -> None:
     def named(name: str, nbytes: bool = True) -> str:
-        return _named(config, given, name, nbytes)
+        return _named(config, given, name, nbytes, caller)
 
     if config.use_default_pool and config.ipc and "ipc" in given:
         raise ConfigError(f"{named('ipc', False)} asks for an exportable pool, but {named('use_default_pool')} selects "

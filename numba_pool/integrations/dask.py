@@ -48,10 +48,7 @@ class NumbaPoolPlugin(WorkerPlugin):
 
     def __init__(self, *, frontend: str | None = None, **options: Any):
         # Bad options fail here, not on every worker; the log's path is checked where it is written (its type here).
-        try:
-            _config.load(environ={}, **{k: v for k, v in options.items() if k != "log"})
-        except _config.ConfigError as err:  # the user called NumbaPoolPlugin, not install()
-            raise _config.ConfigError(str(err).replace("install(", "NumbaPoolPlugin(")) from None
+        _config.load_for("NumbaPoolPlugin", {}, {k: v for k, v in options.items() if k != "log"})
         log = options.get("log")
         if log is not None and not isinstance(log, (str, os.PathLike)):
             raise _config.ConfigError(f"NumbaPoolPlugin(log)={log!r} is not a file path: expected the path of a CSV "
