@@ -1,8 +1,7 @@
 """numba_pool: a Numba External Memory Management (EMM) plugin on a CUDA stream-ordered mempool.
 
-Switch it on with ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` or :func:`install`.  The package's
-layers (config, cuda, allocator, observe and ipc, plugin, integrations, cli), each importing only
-those below it, and the tools beside it: ``docs/architecture.md``."""
+Switch it on: ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` or :func:`install`.  The layers (config, cuda, allocator, observe
+and ipc, plugin, integrations, cli; each imports only those below) and tools: ``docs/architecture.md``."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    # The doors other than Numba's import their library (cuda.core, CuPy, PyTorch) at the first use only.
+def __getattr__(name: str):  # the other doors import their library (cuda.core, CuPy, PyTorch) at first use
     if name in ("MemoryResource", "PinnedMemoryResource", "ManagedMemoryResource"):
         from .plugin import resource
 
@@ -48,8 +46,7 @@ def __getattr__(name: str):
 import sys as _sys
 
 
-def _command_starting() -> bool:
-    # `numba-pool` or `python -m numba_pool`: no frame of the user's to point at; the command says it in one line.
+def _command_starting() -> bool:  # `numba-pool`/`python -m numba_pool`: no user frame; the command says it in one line
     argv = getattr(_sys, "orig_argv", _sys.argv)
     return _sys.argv[0].endswith("numba-pool") or "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["numba_pool"]
 
@@ -57,7 +54,6 @@ def _command_starting() -> bool:
 if _simulator.requested() and not _command_starting():  # the simulator ignores NUMBA_CUDA_MEMORY_MANAGER: say so
     _simulator.note_environment()
 
-#: Numba's contract for ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool``, read by either frontend: the
-#: frontend-neutral class, which instantiates as the frontend's own (Note [One class for every
-#: frontend] in :mod:`numba_pool.plugin.manager`).
+#: Numba's contract for ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool``, read by either frontend: the frontend-neutral class,
+#: which instantiates as the frontend's own (Note [One class for every frontend] in :mod:`numba_pool.plugin.manager`).
 _numba_memory_manager = NumbaPoolManager

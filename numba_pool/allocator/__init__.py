@@ -53,6 +53,8 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
 7. **Mempool blocks** (arena off, or above its largest block) are freed with ``cuMemFreeAsync`` on their
    allocation stream after rule 2 (:mod:`.mempool_blocks`); the driver's pool keeps the rule from there.  The
    legacy stream's follow rule 4, freed after their fence (Note [Legacy-stream frees wait for a fence]).
+7a. **A mempool block released on a non-blocking stream S stays idle for S** (:mod:`.stream_idle`), for S's next
+   allocation of its size, with no driver call: kept by S's id (rule 6), never while S is captured (rule 13).
 8. **A release never raises** (:mod:`.waits`).  Where it cannot order (a stream was destroyed, a per-thread
    default stream belongs to another thread, the driver refused), it falls back to the default manager's
    guarantee, ``cuCtxSynchronize``: no earlier work remains and the block is free; a warning says so.
@@ -120,5 +122,5 @@ A device's allocator (:class:`.device.DeviceAllocator`), each block source and t
 block, its finalizer the block's release.  Every release goes through the **release gate** (:mod:`.release`):
 its checks (rules 13, 12, 2 and 8a, the fast action, rule 10) in one order, in one function.
 
-Modules, bottom up: block, usage, free_list, release, waits, sources, fences, mempool_blocks, quarantine,
+Modules, bottom up: block, usage, free_list, release, waits, sources, fences, stream_idle, mempool_blocks, quarantine,
 domains, arena, scratch, captures, graph_blocks, backings, host_blocks, device, threads."""

@@ -81,8 +81,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.delegate_block = delegate_block if delegate_block is not None else partial(_not_served_block, max_block)
         self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
         self._lock = threading.Lock()
-        # Out of the heaps: start -> Block; under _lock, changed only by the heaps (Note [A ready block is its Block]).
-        self.taken: dict[int, Block] = {}
+        self.taken: dict[int, Block] = {}  # out of the heaps: start -> Block (Note [A ready block is its Block]); _lock
         self._domains = Domains(cu, pool_handle, slab_size=slab_size, release_threshold=release_threshold,
                                 alloc_stream=self.alloc_stream,
                                 return_stream=return_stream or PrivateStream(cu, "arena slab returns"))
@@ -91,8 +90,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.ready = self.quarantine.ready  # popped by the hot path without the lock
         self.pending = self.quarantine.waiting  # appended to by the release gate
         self._released: deque = deque()  # blocks released on other streams, to publish
-        # The release gate (:mod:`.release`), made once: no bound method per block.
-        self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
+        self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,  # made once, not per block
                                    note=self._note, ordered=self._ordered, pending=self.pending)
 
     def allocate_block(self, size: int, stream: StreamRef) -> Block:
@@ -178,8 +176,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         return block
 
     def _carve(self, domain: Domain, rounded: int, stream: StreamRef) -> Block | None:
-        # The one place a Block is made (Note [A ready block is its Block]).
-        start = domain.heap.allocate(rounded)
+        start = domain.heap.allocate(rounded)  # the one place a Block is made (Note [A ready block is its Block])
         if start is None:
             return None
         if stream is LEGACY:
@@ -193,8 +190,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         return block
 
     def _ordered(self, block: Block) -> None:
-        # The release gate's ordered release; always a scoped block's: rule 5's event is recorded on its stream.
-        stream = block.stream
+        stream = block.stream  # the gate's ordered release, a scoped block's: rule 5's event on its stream
         if stream is LEGACY:
             self._waits.release(block, LEGACY, partial(self._quarantine_block, block))
             return
@@ -269,7 +265,6 @@ class ArenaBlocks(ArenaDoor, BlockSource):
             return slabs
 
     # -- read-only views: record_stream, IPC, statistics, tests ---------------------------------
-
     def block_size(self, address: int) -> int | None:
         """The rounded size of the live block starting at ``address``, else None."""
         with self._lock:

@@ -16,9 +16,8 @@ ATTACH_GLOBAL = int(_cuda.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL)
 
 
 class PinnedBacking:
-    """Pinned host blocks: ``cuMemHostAlloc(size, flags)``, ``cuMemFreeHost``; a mapped one
-    (``CU_MEMHOSTALLOC_DEVICEMAP``) has its device address from ``cuMemHostGetDevicePointer``.  A block in use at a
-    reset is freed by its release (:attr:`frees_orphans`), as Numba's are: valid until its array goes."""
+    """Pinned host blocks (``cuMemHostAlloc``/``cuMemFreeHost``; mapped: ``cuMemHostGetDevicePointer`` too).  One live
+    at a reset is freed by its release (:attr:`frees_orphans`), as Numba's: valid until its array goes."""
 
     kind = "pinned"
     prefix = "host"  # of the statistics' keys (host_reserved_bytes ...)

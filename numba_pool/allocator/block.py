@@ -1,8 +1,7 @@
-"""One record per block: :class:`Block`, what the allocator knows of one block it handed out.  The core's contract
-(RMM's ``device_memory_resource``, cuda.core's ``MemoryResource``) is stream-ordered and knows no frontend:
-``allocate(nbytes, stream) -> Block`` and ``deallocate(block, stream)``
-(:meth:`numba_pool.allocator.device.DeviceAllocator.allocate`).  A *door* turns a block into its frontend's object:
-the EMM plugin's is :class:`numba_pool.cuda.pointers.PoolPointer`, whose finalizer calls ``block.release(block)``.
+""":class:`Block`, one per block handed out.  The core's contract (RMM's ``device_memory_resource``, cuda.core's
+``MemoryResource``) is stream-ordered and knows no frontend: ``allocate(nbytes, stream) -> Block`` and
+``deallocate(block, stream)`` (:meth:`.device.DeviceAllocator.allocate`).  A *door* wraps a block in its frontend's
+object: the EMM plugin's :class:`numba_pool.cuda.pointers.PoolPointer`, whose finalizer calls ``block.release(block)``.
 
 Note [A Block replaces the release's partial]
     A :class:`Block` is made with ``Block()`` (the type's C ``tp_new``: no ``__init__`` frame, no argument tuple)
@@ -13,16 +12,13 @@ from __future__ import annotations
 
 from ..cuda.streams import LEGACY
 
-#: A block's states (:attr:`Block.state`), named as a snapshot names them.
-ALLOCATED, AWAITING_FREE, FREE = "allocated", "awaiting_free", "free"
+ALLOCATED, AWAITING_FREE, FREE = "allocated", "awaiting_free", "free"  #: :attr:`Block.state` values: snapshot names.
 
 
 class Block:
-    """One block handed out by a block source, until its release.  Set by every source at the allocation (the
-    fields a release reads):
+    """One block a source handed out, until its release.  Set by every source at the allocation (what a release reads):
 
-    * ``ptr``: the device address (``CUdeviceptr``; :attr:`address` is its int); a host cache's block (pinned,
-      managed) its address as an int;
+    * ``ptr``: the device address (``CUdeviceptr``; :attr:`address` is its int); a host cache's block: its int address;
     * ``size``: bytes requested;
     * ``stream``: the allocation stream (:class:`~numba_pool.cuda.streams.StreamRef`), which orders the release;
     * ``release``: ``release(block)``, the source's deallocation of it (never raises; runs once);
@@ -31,11 +27,10 @@ class Block:
     * ``state``: :data:`ALLOCATED`, then :data:`AWAITING_FREE` from its release (the gate) until reusable,
       :data:`FREE` in the arena's ready cache.
 
-    Set by the sources that need them (reading one not set raises ``AttributeError``): ``start`` (the address as an
-    int), ``rounded`` (bytes carved), ``domain`` (a scoped arena block's), ``ledger`` (its reset generation: the
-    live table its release pops, which a reset swaps or empties; the arena's generation is its ``dropped``),
-    ``capture`` (the capture whose graph allocated it, rule 13), ``ref`` (the source's own record: a host cache's
-    :class:`~numba_pool.allocator.host_blocks.HostBlock`, a scratch block)."""
+    Set by the sources that need them (unset: ``AttributeError``): ``start`` (the int address), ``rounded`` (bytes
+    carved), ``domain`` (a scoped arena block's), ``ledger`` (its reset generation: the live table its release pops,
+    which a reset swaps or empties; the arena's generation is its ``dropped``), ``capture`` (whose graph allocated it,
+    rule 13), ``ref`` (the source's record: a :class:`~numba_pool.allocator.host_blocks.HostBlock`, a scratch block)."""
 
     __slots__ = ("ptr", "size", "stream", "release", "waits", "state",
                  "start", "rounded", "domain", "ledger", "capture", "ref")

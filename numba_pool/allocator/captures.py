@@ -1,6 +1,5 @@
-"""Rule 13 of :mod:`numba_pool.allocator`: stream capture (CUDA graphs).  A capture is known from its stream's first
-allocation or ``using_stream`` entry (before: CUDA's rules, :mod:`.cuda.capture`).  Threads: :data:`underway`, deferred
-releases atomic only; :data:`_lock` guards changes.
+"""Rule 13 of :mod:`numba_pool.allocator`: stream capture (CUDA graphs), known at its stream's first allocation or
+``using_stream`` (before: CUDA's rules, :mod:`.cuda.capture`).  Threads: atomic only; :data:`_lock` guards changes.
 
 * **Captured allocations** (:class:`~.graph_blocks.GraphBlocks`): on a capturing stream (``using_stream(s)``, or
   outside any scope in the capturing thread), an allocation node (``cuMemAllocFromPoolAsync``, non-exportable

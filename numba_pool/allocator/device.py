@@ -79,7 +79,6 @@ class DeviceAllocator:
         return self._capture_pool.handle
 
     # -- the core's contract (:mod:`.block`) ---------------------------------------------------
-
     def allocate(self, nbytes: int, stream: StreamRef = LEGACY) -> Block:
         """A :class:`~.block.Block` of ``nbytes`` bytes for work on ``stream`` (RMM's, cuda.core's ``allocate``),
         freed by :meth:`deallocate`; the caller keeps ``stream`` alive until then.  No frontend or scope.
@@ -94,7 +93,6 @@ class DeviceAllocator:
         block.release(block)
 
     # -- what a release waits for (rule 2) --------------------------------------------------
-
     def _block_at(self, address: int) -> Block | None:
         for source in (self.mempool_blocks, *self.arenas):
             block = source.containing_block(address)
@@ -142,7 +140,6 @@ class DeviceAllocator:
         return None
 
     # -- figures ----------------------------------------------------------------------------
-
     def segments(self) -> list[dict]:
         """What this generation holds, for a snapshot (:func:`segments`)."""
         return segments(self)
@@ -191,7 +188,6 @@ class DeviceAllocator:
                 f"of which {_fmt(usage.used)} used{arena}; device has {_fmt(free)} free of {_fmt(total)}")
 
     # -- barriers -----------------------------------------------------------------------------
-
     def out_of_memory(self, size: int, retry: Callable):
         """An allocation of ``size`` bytes ran out of memory: make room, ``retry()`` once.
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` if the retry fails, :meth:`describe_out_of_memory`'s line."""

@@ -148,6 +148,5 @@ class Domains:
 
 
 def _destroy_events(cu, events: list) -> None:
-    # A dropped arena's domain events, once unrecordable (with no current context the calls fail; they go with it).
-    for event in events:
+    for event in events:  # once unrecordable; with no current context the calls fail (the events go with it)
         cu.cuEventDestroy(event)

@@ -1,10 +1,9 @@
 """The EMM door's allocation paths: each block source's ``allocate(size) -> pointer``, Numba's ``memalloc`` with no
 adaptor on (:mod:`numba_pool.plugin.path`).  The core's contract is ``allocate_block(nbytes, stream) -> Block``
-(:mod:`.block`); this door adds what only the EMM plugin has: the thread's allocation stream (``using_stream``),
-the ``numba_pool.scratch`` scope, and the frontend's ``pointer`` class.  Its hot paths repeat the core's few lines
-inline (Note [No frame between Numba and the source]); everything else goes through the core and
-:meth:`~.sources.BlockSource.wrap`.  Each class is a facet of one source (:class:`ArenaDoor`, :class:`PooledDoor`),
-reading its fields."""
+(:mod:`.block`); this door adds what only the EMM plugin has: the thread's allocation stream (``using_stream``), the
+``numba_pool.scratch`` scope, and the frontend's ``pointer`` class.  Its hot paths repeat the core's few lines inline
+(Note [No frame between Numba and the source]); the rest goes through the core and :meth:`~.sources.BlockSource.wrap`.
+Each class is a facet of one source (:class:`ArenaDoor`, :class:`PooledDoor`), reading its fields."""
 
 from __future__ import annotations
 
@@ -20,12 +19,9 @@ class ArenaDoor:
     """The EMM door of :class:`~numba_pool.allocator.arena.ArenaBlocks`."""
 
     def allocate(self, size: int) -> PoolPointer:
-        """The EMM plugin's ``memalloc`` in arena mode: ``size`` bytes for work on the thread's
-        allocation stream; above ``max_block`` bytes or inside ``numba_pool.scratch``, the
-        :attr:`delegate`'s (mempool).  Hot: a ready block on the legacy stream, one ``list.pop``.
-
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when no slab can be had even after
-            the out-of-memory handler made room; any other driver error as returned."""
+        """The EMM plugin's ``memalloc`` in arena mode: ``size`` bytes on the thread's allocation stream; above
+        ``max_block`` or inside ``numba_pool.scratch``, the :attr:`delegate`'s (mempool).  Hot: one ``list.pop``.
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` if no slab after the out-of-memory handler; other errors."""
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream is LEGACY and not underway and size <= self.max_block:  # the hot path
             rounded = round_up(size)
@@ -54,11 +50,9 @@ class PooledDoor:
     """The EMM door of :class:`~numba_pool.allocator.mempool_blocks.PooledBlocks`."""
 
     def allocate(self, size: int) -> PoolPointer:
-        """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`): ``size``
-        bytes on the thread's allocation stream, or from its ``numba_pool.scratch`` block.
-
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` when the request cannot be met even
-            after the out-of-memory handler made room; any other driver error as returned."""
+        """The EMM plugin's ``memalloc`` in mempool mode (and the arena's :attr:`delegate`): ``size`` bytes on the
+        thread's allocation stream, or from its ``numba_pool.scratch`` block.
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after the out-of-memory handler made room; other errors."""
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream is LEGACY:
             fences, pending = self.fences, self.pending

@@ -86,8 +86,7 @@ class Heap:
             del sizes[i]
         del self.by_start[start]
         del self.by_end[start + binned]
-        if binned > size:
-            # Split: the rest (no free neighbour: invariant) becomes the top, cut next (dlmalloc's designated victim).
+        if binned > size:  # the rest (no free neighbour, by invariant) becomes the top: dlmalloc's designated victim
             if self.top_size:
                 self._bin(self.top_start, self.top_size)
             self.top_start, self.top_size = start + size, binned - size

@@ -1,7 +1,6 @@
-"""Rule 13's captured allocations (:mod:`.captures`): allocation nodes of a capture's graph.  Their release goes
-through the release gate (:mod:`.release`): during its own capture a free node; after it, ``cuMemFreeAsync`` on the
-capture stream (after the graph's launches ordered there), nothing to free where the graph has not allocated it
-(not launched, or ``CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH``)."""
+"""Rule 13's captured allocations (:mod:`.captures`), allocation nodes of a capture's graph.  Release (:mod:`.release`):
+in the capture, a free node; after it, ``cuMemFreeAsync`` on the capture stream (after the graph's launches), or nothing
+if the graph holds none (not launched, or ``CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH``)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ _INVALID_VALUE = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_VALUE
 
 
 class GraphBlocks:
-    """Rule 13's captured allocations, from ``pool()`` (a ``CUmemoryPool`` graphs accept).
-    ``live``: ``CUdeviceptr`` -> the :class:`Block` s not yet released (their ``ledger``)."""
+    """Rule 13's captured allocations from ``pool()``; ``live``: pointer -> unreleased :class:`Block` (``ledger``)."""
 
     def __init__(self, cu, pool: Callable[[], object], waits):
         self._cu = cu
@@ -37,7 +35,6 @@ class GraphBlocks:
 
     def allocate(self, size: int, capture: Capture) -> Block:
         """``size`` bytes as an allocation node of ``capture``'s graph.
-
         :raises CudaAPIError: the driver's error (out of memory too: no trim in a capture)."""
         cu, stream = self._cu, capture.stream
         err, ptr = cu.cuMemAllocFromPoolAsync(size, self._pool(), stream.handle)
@@ -50,8 +47,7 @@ class GraphBlocks:
         live[ptr] = block
         return block
 
-    def _ordered(self, block: Block) -> None:
-        # The gate's ordered release: made free on the capture stream, whatever stream is named.
+    def _ordered(self, block: Block) -> None:  # the gate's: freed on the capture stream, whichever is named
         self._waits.release(block, block.stream, partial(self._publish, block))
 
     def _publish(self, block: Block, on: StreamRef | None) -> None:

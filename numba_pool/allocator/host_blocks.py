@@ -112,7 +112,6 @@ class HostBlocks:
                              ordered=self._ordered, pending=self.released, ledger=True, orphaned=self._orphaned)
 
     # -- allocation (under the lock) ---------------------------------------------------------
-
     def allocate_block(self, size: int, stream: StreamRef = LEGACY, flags: int = 0) -> Block:
         """The core's contract (:mod:`.block`): a :class:`~.block.Block` of ``size`` bytes (``ptr``: the host
         address, an int; ``ref``: its :class:`HostBlock`, rounded up) with ``cuMemHostAlloc`` ``flags`` (0 for
@@ -207,7 +206,6 @@ class HostBlocks:
         return HostBlock(got[0], got[1], rounded, flags, generation=self.generation)
 
     # -- giving memory back (under the lock) -------------------------------------------------
-
     def _cached_oldest_first(self) -> list[HostBlock]:
         return sorted((b for bin_ in self.bins.values() for b in bin_), key=lambda b: b.order)
 
@@ -290,7 +288,6 @@ class HostBlocks:
                 report_failure(self._cu.cuEventDestroy(event), "cuEventDestroy")
 
     # -- release (no lock: finalizers) ---------------------------------------------------------
-
     def record_stream(self, address: int, stream: StreamRef) -> bool:
         """Make the release of the live block at host or device ``address`` wait for ``stream``; False if none."""
         for block in list(self.live.values()):
@@ -302,12 +299,11 @@ class HostBlocks:
                     return True
         return False
 
-    # The release gate (:mod:`.release`) makes every release's checks: a legacy-stream block with nothing
-    # recorded goes to ``released`` (Note [A release records nothing on the legacy stream]); others come here.
+    # The release gate puts an unrecorded legacy-stream block in ``released``; others come here: events on non-legacy
+    # streams now, into ``released`` now or when defer_cleanup lets go (Note [A release made free later orders now],
+    # .waits), else cuCtxSynchronize.  Note [A release records nothing on the legacy stream].
 
     def _ordered(self, block: Block) -> None:
-        # Events on its non-legacy streams now (the legacy one by a fence), then into ``released``, now or when
-        # defer_cleanup lets go (Note [A release made free later orders now], .waits); else cuCtxSynchronize.
         streams = [] if block.stream is LEGACY else [block.stream]
         streams += [ref for ref in take_waits(block) if ref is not LEGACY]
         block.stream = LEGACY  # a released block keeps no stream (nor the object that owns it) alive
@@ -391,7 +387,6 @@ class HostBlocks:
             in_use = sum(b.size for b in [*live_now(self), *held_now(self)])
             released = sum(b.ref.size for b in list(self.released) if b.ref.generation == self.generation)
             assert in_use + self.cached + released == self.reserved, (in_use, self.cached, released, self.reserved)
-
 
 
 def orphan_live_blocks(cache: HostBlocks) -> None:

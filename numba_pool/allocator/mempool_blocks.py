@@ -1,12 +1,11 @@
-"""Rule 7 of :mod:`numba_pool.allocator`: blocks straight from the mempool, one ``cuMemAllocFromPoolAsync`` and,
-after rule 2's waits, one ``cuMemFreeAsync`` on the allocation stream per block; the pool orders reuse ("Stream
-Ordered Memory Allocator").
+"""Rule 7 of :mod:`numba_pool.allocator`: blocks from the mempool (``cuMemAllocFromPoolAsync``; after rule 2's waits,
+``cuMemFreeAsync`` on the allocation stream, or rule 7a's idle list); the pool orders reuse.
 
 Note [Legacy-stream frees wait for a fence]
     Outside ``using_stream`` a block comes from the private allocation stream (:class:`~.fences.PrivateStream`), no
     legacy-stream operation.  Its release appends it to :attr:`PooledBlocks.pending` (:mod:`.release`; no driver
     call, no context); an allocation records one fence per batch (rule 4), the batch freed on the private stream once
-    complete.  Other streams' blocks: freed at once, on their handle.
+    complete.  Other streams' blocks: kept idle for the stream (rule 7a), or freed at once on their handle.
 
 Note [Idle blocks are kept by size]
     A completed batch is idle.  Up to :data:`IDLE_BLOCKS` blocks per size stay in :attr:`PooledBlocks.idle` for
@@ -28,6 +27,7 @@ from .doors import PooledDoor
 from .fences import take_list
 from .release import Pending, gate
 from .sources import BlockSource
+from .stream_idle import StreamIdle
 
 IDLE_BLOCKS = 64  #: Idle blocks kept per size in front of the mempool (Note [Idle blocks are kept by size]).
 
@@ -47,10 +47,12 @@ class PooledBlocks(PooledDoor, BlockSource):
         # bytes -> idle Blocks (their stream LEGACY): popped without a lock, filled under the fences' lock.
         self.idle: dict[int, list[Block]] = {}
         self._query = cu.cuStreamQuery
+        self.stream_idle = StreamIdle(cu)  # other streams' released blocks (rule 7a)
         # The release gate (:mod:`.release`), made once: no bound method per block.
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
                                    note=self._note, ordered=self._ordered, pending=self.pending,
-                                   free_async=self._free_async, ledger=True, on_dropped=self.free_after_reset)
+                                   free_async=self._free_async, keep=self.stream_idle.keep, ledger=True,
+                                   on_dropped=self.free_after_reset)
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
     def allocate_block(self, size: int, stream: StreamRef) -> Block:
@@ -70,6 +72,15 @@ class PooledBlocks(PooledDoor, BlockSource):
                 except IndexError:  # another thread took the last one
                     pass
                 else:
+                    return self.reuse(block)
+        else:  # rule 7a: a block this stream released (Note [Idle blocks of a stream] in .stream_idle)
+            key = stream.idle_key
+            if key is None:  # after the capture check: on a capturing stream cuStreamGetId invalidates the capture
+                key = stream.idle_key = self.stream_idle.key_of(stream)
+            if key is not False:
+                block = self.stream_idle.take(key, size)
+                if block is not None:
+                    block.stream = stream
                     return self.reuse(block)
         return self.allocate_on(size, stream)
 
@@ -175,13 +186,14 @@ class PooledBlocks(PooledDoor, BlockSource):
                 taken += batch
             for idle in list(self.idle.values()):
                 taken += take_list(idle)
-            return taken
+            return taken + self.stream_idle.take_all()
 
     def released_bytes(self) -> int:
         """Bytes released on the legacy stream not yet back in the mempool (counted as used)."""
         batches = [batch for _, batch, _ in list(self.fences.batches)]
         waiting = sum(block.size for batch in [list(self.pending), *batches] for block in batch)
-        return waiting + sum(size * len(idle) for size, idle in list(self.idle.items()))
+        return (waiting + sum(size * len(idle) for size, idle in list(self.idle.items()))
+                + self.stream_idle.held_bytes())
 
     def keep_idle(self, blocks: list) -> None:
         """Idle Blocks into :attr:`idle` (:data:`IDLE_BLOCKS` per size), the rest to the mempool."""
@@ -220,7 +232,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         self._waits.owner.enter(self._free_on_legacy)
 
     def _free_on_legacy(self, retry: bool) -> None:  # OwnerContext.enter's signature
-        for block in self.pending.take():
+        for block in self.pending.take() + self.stream_idle.take_all():
             ptr = block.ptr
             report_failure(self._free_async(ptr, LEGACY.handle), f"cuMemFreeAsync({int(ptr):#x})")
 

@@ -1,6 +1,5 @@
-"""Rule 4 of :mod:`numba_pool.allocator`: the legacy domain's quarantine and ready cache.  A block freed on the
-legacy stream may still be read by any blocking stream's work: it waits here until the host sees a *fence*
-(:mod:`.fences`) after it complete, then fills a per-size ready cache popped without a lock."""
+"""Rule 4 (:mod:`numba_pool.allocator`), legacy domain: a block freed on the legacy stream (blocking streams may read
+it) is quarantined till a later *fence* (:mod:`.fences`) is seen done, then fills a lock-free per-size ready cache."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ class Quarantine:
     def fence_if_due(self, at: int, limit: int, deferral) -> None:
         """A fence for the waiting blocks (taken before it) once ``at`` wait, or more than ``limit``; never inside
         ``defer_cleanup`` (``deferral.depth``), nor while another thread records one (the next miss fences these).
-
         :raises CudaAPIError: when the fence cannot be recorded (the blocks wait on)."""
         fences = self.fences
         count = len(self.waiting) + len(fences.after_fence)
@@ -86,8 +84,7 @@ class Quarantine:
         return rest
 
     def take_ready(self) -> list[Block]:
-        """Empty the cache: every ready block."""
-        # take_list pops one at a time: an allocation popping meanwhile takes each block or not.
+        """Empty the cache: every ready block (popped one at a time: a racing pop takes each block or not)."""
         return [block for ready in list(self.ready.values()) for block in take_list(ready)]
 
     def bytes(self) -> tuple[int, int]:
@@ -102,8 +99,7 @@ class Quarantine:
             blocks.clear()
 
     def check_invariants(self, taken: dict[int, int]) -> None:
-        """Every quarantined, fenced and ready block is out of the heap (in ``taken``) at its
-        size, and is there once (tests).  :raises AssertionError: otherwise."""
+        """Each quarantined, fenced, ready block is in ``taken`` once, at its size.  :raises AssertionError: if not."""
         seen = set()
         ready = [(size, block) for size, blocks in list(self.ready.items()) for block in list(blocks)]
         for size, block in [(block.rounded, block) for block in self.released()] + ready:

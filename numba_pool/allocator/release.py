@@ -13,8 +13,9 @@ docs/architecture.md, "A release".  Numbered as in the code:
    ordered release (:meth:`~.waits.StreamWaits.release`; a host cache's records events, rule 9).
 5. **The fast action**: the block is :data:`~.block.AWAITING_FREE` (marked by the ordered release when it
    orders, or when made free if ``defer_cleanup`` holds it); a legacy-stream block goes to the source's
-   :class:`Pending` list (rule 4: the next allocation fences it); another stream's is freed on it
-   (``cuMemFreeAsync``, rule 7), a graph block's by ``free(block)`` (its gate's deferral is never entered).
+   :class:`Pending` list (rule 4: the next allocation fences it); another stream's is kept idle for it (rule 7a)
+   or freed on it (``cuMemFreeAsync``, rule 7), a graph block's by ``free(block)`` (its gate's deferral is never
+   entered).
 6. **The owner's context** (rule 10): a free failing for want of a current context runs ordered in the owner's.
 
 Note [The gate is a closure]
@@ -69,19 +70,20 @@ class Pending(list):
 
 def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
          pending: Pending | None = None, free_async: Callable | None = None,
-         free: Callable[[Block], object] | None = None, ledger: bool = False,
-         orphaned: Callable[[Block], bool] | None = None, on_dropped: Callable[[], None] | None = None,
-         note: Callable[[int], None] | None = None, graph: bool = False) -> Callable[[Block], None]:
-    """``release(block)`` for the blocks of ``source`` (its ``dropped`` is rule 12's mark).  ``cu``: the driver
+         keep: Callable[[Block], bool] | None = None, free: Callable[[Block], object] | None = None,
+         ledger: bool = False, orphaned: Callable[[Block], bool] | None = None,
+         on_dropped: Callable[[], None] | None = None, note: Callable[[int], None] | None = None,
+         graph: bool = False) -> Callable[[Block], None]:
+    """``release(block)`` for the blocks of ``source`` (its ``dropped`` is rule 12's mark). ``cu``: the driver
     object (:mod:`numba_pool.cuda.driver`); ``deferral``: ``defer_cleanup``'s :class:`~.waits.Deferral`; ``owner``:
     the :class:`~numba_pool.cuda.context.OwnerContext` (rule 10); ``ordered(block)``: the ordered release, never
-    raising (:meth:`~.waits.StreamWaits.release`).  The legacy stream's blocks go to ``pending``, the other
-    streams' to ``free_async`` (``cuMemFreeAsync``), each None: ordered; or ``free(block)`` (off the hot paths;
-    returns an error or None).  ``ledger``: rule 12 by the block's ``ledger`` (popped), else by ``source.dropped``;
-    ``orphaned``: after the ledger pop, True when it freed a host cache's orphan (left by a reset to it);
-    ``on_dropped``: run when a pending append finds the source dropped (the reset may have taken the rest);
-    ``note``: the usage tracker's event sink (``~bytes`` per release; None: not counted); ``graph``: graph blocks
-    (:class:`~.graph_blocks.GraphBlocks`), freed in their own capture."""
+    raising (:meth:`~.waits.StreamWaits.release`). The legacy stream's blocks go to ``pending``, the other streams'
+    to ``keep`` (kept idle for the stream, rule 7a) or ``free_async`` (``cuMemFreeAsync``), each None: ordered; or
+    ``free(block)`` (off the hot paths; returns an error or None). ``ledger``: rule 12 by the block's ``ledger``
+    (popped), else by ``source.dropped``; ``orphaned``: after the ledger pop, True when it freed a host cache's
+    orphan (left by a reset to it); ``on_dropped``: run when a pending append finds the source dropped (the reset
+    may have taken the rest); ``note``: the usage tracker's event sink (``~bytes`` per release; None: not counted);
+    ``graph``: graph blocks (:class:`~.graph_blocks.GraphBlocks`), freed in their own capture."""
     append = pending.append if pending is not None else None
 
     def release(block: Block) -> None:
@@ -112,6 +114,10 @@ def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
         if stream is LEGACY and append is not None:
             append(block)
             pending.nbytes += size
+            if on_dropped is not None and source.dropped:
+                on_dropped()
+            return
+        if keep is not None and keep(block):  # kept idle for its stream (rule 7a)
             if on_dropped is not None and source.dropped:
                 on_dropped()
             return

@@ -32,8 +32,7 @@ class ScratchBlock:
         self.size = block.size
         self.offset = 0  # bytes carved so far
         self.stream = stream  # the allocation stream the scope was opened on (no scratch)
-        # Live carved arrays: address -> Block (its ``waits`` for the release); atomic dict operations only.
-        self._outstanding: dict[int, Block] = {}
+        self._outstanding: dict[int, Block] = {}  # live carved arrays by address (their waits); atomic dict ops
         self._scope_open = True
         self._release_token = deque([None])  # popped exactly once, by whoever releases the block
         self._allocator = allocator  # None once a reset freed the block

@@ -11,18 +11,16 @@ from .waits import StreamWaits
 
 
 class BlockSource:
-    """The base of the block sources: where memory comes from and what its releases share.  ``cu``: the driver
-    object (:mod:`numba_pool.cuda.driver`); ``pool_handle``: the device's mempool (``CUmemoryPool``); ``context``:
-    the Numba context of the pointers; ``pointer``: the EMM door's pointer class,
-    ``(context, CUdeviceptr, size, block)`` (:meth:`numba_pool.cuda.frontend.Frontend.derive`; the core knows no
-    frontend); ``waits``: the device allocator's release ordering (rules 2 and 8); ``usage``: the usage tracker
-    that allocations and frees append their events to; ``on_out_of_memory``: ``(size, retry)``, make room, then
-    ``retry()`` once (:meth:`~.device.DeviceAllocator.out_of_memory`); ``after_reset``:
-    ``(size, stream) -> Block``, the next generation serving an allocation a reset overtook (:attr:`dropped`: none
-    completes against a reset generation); ``alloc_stream``: the private stream (:class:`~.fences.PrivateStream`)
-    the legacy stream's new memory comes from, shared by the device's (None: its own); ``fence_bytes``: released
-    bytes that make a fence due (rule 4, :mod:`.fences`; 0: only their number does).  ``dropped``, set by a reset:
-    this source hands out nothing more; late releases do nothing."""
+    """The base of the block sources: where memory comes from and what releases share.  ``cu``: the driver
+    (:mod:`numba_pool.cuda.driver`); ``pool_handle``: the device's mempool (``CUmemoryPool``); ``context``: the
+    pointers' Numba context; ``pointer``: the EMM door's pointer class, ``(context, CUdeviceptr, size, block)``
+    (:meth:`numba_pool.cuda.frontend.Frontend.derive`); ``waits``: the allocator's release ordering (rules 2, 8);
+    ``usage``: the tracker allocations and frees append events to; ``on_out_of_memory``: ``(size, retry)``, make room,
+    then ``retry()`` once (:meth:`~.device.DeviceAllocator.out_of_memory`); ``after_reset``: ``(size, stream) ->
+    Block``, the next generation serving an allocation a reset overtook (:attr:`dropped`: none completes in a reset
+    generation); ``alloc_stream``: the private stream (:class:`~.fences.PrivateStream`) new legacy-stream memory comes
+    from, shared by the device's (None: its own); ``fence_bytes``: released bytes that make a fence due (rule 4,
+    :mod:`.fences`; 0: only their count).  ``dropped`` (a reset's): nothing handed out, late releases ignored."""
 
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage: UsageTracker,
                  on_out_of_memory: Callable, after_reset: Callable | None = None, *, pointer: type,
@@ -47,8 +45,7 @@ class BlockSource:
         self.capture_router: Callable[[int, object], Block] = _no_router
 
     def wrap(self, block: Block):
-        """The EMM door's pointer for ``block`` (off the hot paths, which build it inline):
-        ``captured`` names the capture whose graph allocated it (rule 13)."""
+        """The EMM door's pointer for ``block`` (hot paths inline it); ``captured``: its graph's capture (rule 13)."""
         mem = self._pointer(self._context, block.ptr, block.size, block)
         capture = getattr(block, "capture", 0)
         if capture:

@@ -1,9 +1,8 @@
-"""Usage events: bytes and blocks in use with their peaks, counted without a lock.  Why events, not counters: the
-hot path must not take a lock (it costs as much as the rest of our bookkeeping, and a finalizer the garbage
-collector runs inside a locked section would deadlock on it).  Each allocate or free appends one int to a list,
-atomically: ``nbytes`` for an allocation, ``~nbytes`` (``-nbytes - 1``, negative also for 0 bytes) for a free.
-:meth:`UsageTracker.drain` replays them in order with numpy (running sums: current values and peaks are exact),
-about 30 ns an event instead of 130 in a Python loop.  Byte counts are the sizes Numba requested."""
+"""Usage events: bytes and blocks in use, with peaks.  Events, not counters: the hot path takes no lock (it costs as
+much as the rest of the bookkeeping, and a finalizer run by the GC inside a locked section would deadlock).  Each
+allocate or free appends one int to a list, atomically: ``nbytes`` allocated, ``~nbytes`` (``-nbytes - 1``, negative
+also for 0 bytes) freed.  :meth:`UsageTracker.drain` replays them in order with numpy (running sums: current values and
+peaks are exact), ~30 ns an event against 130 in a Python loop.  Bytes: the sizes Numba requested."""
 
 from __future__ import annotations
 
@@ -11,13 +10,11 @@ import threading
 
 import numpy as np
 
-#: Replay once this many events are pending, to bound the events' memory.
-DRAIN_AT = 1 << 16
+DRAIN_AT = 1 << 16  #: Replay once this many events are pending, to bound the events' memory.
 
 
 class UsageTracker:
-    """Bytes and blocks in use with their peaks, and bytes allocated in all, from allocate
-    (``nbytes``) and free (``~nbytes``) events appended to :attr:`events` by any thread."""
+    """In-use bytes and blocks (with peaks), bytes allocated: from events any thread appends to :attr:`events`."""
 
     def __init__(self):
         self.events: list[int] = []
@@ -53,8 +50,7 @@ class UsageTracker:
             events, self.events = self.events, sink
             self._replay(events)
 
-    def _replay(self, events: list[int]) -> None:
-        # Under _replay_lock.
+    def _replay(self, events: list[int]) -> None:  # under _replay_lock
         count = len(events)
         if not count:
             return
@@ -84,9 +80,8 @@ class UsageTracker:
                 self.oom_retries += 1
 
     def forget_in_use(self) -> None:
-        """Count everything in use as freed (a reset released it) and start a new event list: the dropped
-        generation's sources keep appending to the old one (they bound its ``append``), which is not replayed (what
-        they append after this, an allocation or release the reset overtook, the reset already counted)."""
+        """Count everything in use as freed (a reset released it), then a new event list: the dropped generation's
+        sources append to the old (bound ``append``), never replayed (the reset counted their later events)."""
         with self._replay_lock:
             events, self.events = self.events, []
             self._replay(events)

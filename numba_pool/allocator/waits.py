@@ -147,9 +147,8 @@ class StreamWaits:
             settle(stream)
 
     # -- made free later (Note [A release made free later orders now]) -----------------------
-
     def _order_for_later(self, block: Block, stream: StreamRef, publish, recorded: list[StreamRef], settle,
-                         holds: list, retry: bool) -> None:
+                         holds: list, retry: bool) -> None:  # Note [A release made free later orders now]
         try:
             if stream is not LEGACY and any(ref is LEGACY for ref in recorded):  # Note [The legacy stream recorded]
                 recorded = [ref for ref in recorded if ref is not LEGACY]

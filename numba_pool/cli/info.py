@@ -59,7 +59,6 @@ ALSO_SHOWN = {frontends.NUMBA_CUDA: ("numba",), frontends.MLIR: ()}
 
 def _tools_choice(environ=os.environ) -> tuple[str | None, str]:
     """:func:`~numba_pool.cuda.frontend.tools_choice`, its bad variable as the command's error.
-
     :raises Failure: when ``NUMBA_POOL_FRONTEND`` names no frontend."""
     try:
         return frontends.tools_choice(environ)
@@ -118,7 +117,6 @@ NUMBA_MANAGED = "managed arrays from Numba's own path (cuMemAllocManaged/cuMemFr
 
 def _managed_rows(config) -> list[tuple[str, str]]:
     """One row per device: who serves its managed arrays and why (:func:`why_not_served`); no context made elsewhere.
-
     :raises Failure: when the driver refuses a query."""
     cu = _driver.cu
     try:

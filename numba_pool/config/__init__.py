@@ -1,10 +1,9 @@
-"""Configuration of the numba_pool EMM plugin: :class:`PoolConfig`, :data:`OPTIONS`, :func:`load`, composed from
-:mod:`.sizes` and :mod:`.values` (the parsers) and :mod:`.variables` (the names).  Each option comes from its
-:func:`numba_pool.install` keyword, else its ``NUMBA_POOL_*`` variable (read at first initialization); unset, empty
-or ``None`` is the default.  Parsing never touches CUDA (``numba-pool info`` reports bad values without a GPU).  A
-bad value raises a one-line :class:`ConfigError` naming the variable or ``install(<keyword>)``, the value and what
-is accepted; nothing falls back silently.  An unknown ``NUMBA_POOL_*`` variable warns (:class:`ConfigWarning`),
-naming the closest one."""
+"""The numba_pool EMM plugin's configuration: :class:`PoolConfig`, :data:`OPTIONS`, :func:`load`, from :mod:`.sizes`,
+:mod:`.values` (the parsers) and :mod:`.variables` (the names).  Each option comes from its :func:`numba_pool.install`
+keyword, else its ``NUMBA_POOL_*`` variable (read at first initialization); unset, empty or ``None`` is the default.
+Parsing never touches CUDA (``numba-pool info`` reports bad values without a GPU).  A bad value raises a one-line
+:class:`ConfigError` naming the variable or ``install(<keyword>)``, the value and what is accepted; nothing falls back
+silently.  An unknown ``NUMBA_POOL_*`` variable warns (:class:`ConfigWarning`), naming the closest."""
 
 from __future__ import annotations
 
@@ -103,7 +102,6 @@ class PoolConfig:
 
 
 # -- the options ----------------------------------------------------------------------------
-
 OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {  #: option name -> (environment variable, parser)
     "release_threshold": ("NUMBA_POOL_RELEASE_THRESHOLD", parse_release_threshold),
     "max_size": ("NUMBA_POOL_MAX_SIZE", parse_max_size),
@@ -127,8 +125,7 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {  #: option name ->
     "cuda_core": ("NUMBA_POOL_CUDA_CORE", parse_bool),
 }
 
-#: Every ``NUMBA_POOL_*`` variable numba_pool reads; any other name that looks meant for it is
-#: reported as a probable typo (:func:`.variables.probable_typo`).
+#: Every ``NUMBA_POOL_*`` variable numba_pool reads; others are probable typos (:func:`.variables.probable_typo`).
 KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + [FRONTEND_VARIABLE] + list(OTHER_VARIABLES))
 
 def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConfig:
@@ -138,12 +135,10 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> PoolConf
 
 def load_for(caller: str, environ: Mapping[str, str] | None, overrides: dict[str, Any]) -> PoolConfig:
     """Build the configuration from the environment and the options the user gave ``caller``.
-
     :param caller: what the user called with ``overrides``, for messages (``install``, ``NumbaPoolPlugin``).
     :param environ: the environment to read (``os.environ`` when None).
     :param overrides: :func:`numba_pool.install`'s options, over the environment; ``None``: the default.
-    :raises ConfigError: for an unknown option, a bad value, or contradicting options, naming the
-        variable or ``<caller>(<option>)``."""
+    :raises ConfigError: unknown option, bad value, contradiction; names the variable or ``<caller>(<option>)``."""
     environ = os.environ if environ is None else environ
     unknown = sorted(set(overrides) - set(OPTIONS))
     if unknown:

@@ -17,8 +17,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-#: Release threshold "keep every byte cached" (``UINT64_MAX``), the seeds' point: no memory goes back at a synchronize.
-KEEP_ALL = 2**64 - 1
+KEEP_ALL = 2**64 - 1  #: Release threshold "keep all" (``UINT64_MAX``, the seeds' point): no release at a synchronize.
 MAX_BYTES = 2**64 - 1  #: The largest size accepted anywhere (bytes): the driver's attributes are 64-bit unsigned.
 ALIGNMENT = 256  #: Alignment (bytes) of every block handed out, as ``cuMemAlloc``'s; arena sizes are multiples.
 
@@ -26,8 +25,7 @@ DEFAULT_ARENA_MAX_BLOCK = 64 << 10  #: Default largest arena block (bytes): docs
 DEFAULT_ARENA_SLAB_SIZE = 4 << 20  #: Default slab the arena takes from the mempool (bytes); docs/guide.md, the arena.
 
 MIN_BARE_CAP = 1 << 20  #: A bare-number pool cap (no unit) under this many bytes is refused (:func:`parse_max_size`).
-#: The pinned/managed caches' smallest block, bytes (= ``host_blocks.MIN_BLOCK``, tested): a smaller cap serves nothing.
-MIN_CACHE_BLOCK = 512
+MIN_CACHE_BLOCK = 512  #: The caches' smallest block (bytes, ``host_blocks.MIN_BLOCK``): a smaller cap serves nothing.
 MIN_FRACTION = 0.01  #: The smallest pool cap given as a fraction of device memory (1 %); see :func:`parse_max_size`.
 
 SIZE_HELP = "bytes (e.g. 1048576) or a number with a unit: KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)"
@@ -37,9 +35,7 @@ def release_limit(threshold: int) -> int | None:
     return None if threshold == KEEP_ALL else threshold
 
 
-
-#: unit (lower case) -> bytes, as the module docstring says (bits-like spellings: :func:`_reads_as_bits`).
-_UNITS = {"": 1, "b": 1, "byte": 1, "bytes": 1}
+_UNITS = {"": 1, "b": 1, "byte": 1, "bytes": 1}  #: lower-case unit -> bytes (bits spellings: :func:`_reads_as_bits`)
 for _i, _prefix in enumerate("kmgtpe", start=1):
     _UNITS[f"{_prefix}b"] = 1000**_i
     _UNITS[f"{_prefix}ib"] = 1024**_i
@@ -59,11 +55,10 @@ def _size_error(value: Any, source: str, problem: str) -> ConfigError:
 
 
 def parse_size(value: Any, source: str) -> int:
-    """Parse a size in bytes in this module's syntax, scaled exactly (``"1.5 GiB"`` is 1610612736).
-    :param source: what the value came from (a variable or ``install(name)``), quoted in the error.
-    :returns: bytes, from 0 to :data:`MAX_BYTES`.
-    :raises ConfigError: for other types (floats and bools too), unknown or bits units, digit
-        separators, ``+``, negative or fractional bytes, sizes above 2**64 - 1."""
+    """Parse a size in bytes in this module's syntax, scaled exactly (``"1.5 GiB"`` is 1610612736).  :param source: what
+    the value came from (a variable or ``install(name)``), quoted in the error.  :returns: bytes, from 0 to
+    :data:`MAX_BYTES`.  :raises ConfigError: for other types (floats and bools too), unknown or bits units, digit
+    separators, ``+``, negative or fractional bytes, sizes above 2**64 - 1."""
     if isinstance(value, str):
         match = _SIZE.match(value)
         if not match:

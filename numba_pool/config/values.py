@@ -40,8 +40,7 @@ def parse_peer_access(value: Any, source: str) -> str:
     raise ConfigError(f"{source}={value!r} is not a peer access setting: expected 'all' or 'none'")
 
 
-#: Kernel interfaces: their files look regular but are not logs.
-_PSEUDO_FS = ("/proc", "/sys")
+_PSEUDO_FS = ("/proc", "/sys")  #: Kernel interfaces: their files look regular but are not logs.
 
 
 def _in_pseudo_fs(path: str) -> bool:
@@ -50,8 +49,7 @@ def _in_pseudo_fs(path: str) -> bool:
 
 
 def parse_optional_path(value: Any, source: str, what: str = "a CSV file") -> str | None:
-    """:func:`parse_path`, or None (no file) for a word that means off (``off``, ``none``, ``0``, ``false``, ``no``:
-    the README's default, not a file's name)."""
+    """:func:`parse_path`, or None (no file) for ``off``, ``none``, ``0``, ``false``, ``no`` (the README's default)."""
     if isinstance(value, str) and value.strip().lower() in ("off", "none", "0", "false", "no"):
         return None
     return parse_path(value, source, what)

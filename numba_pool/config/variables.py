@@ -1,5 +1,4 @@
-"""The environment's ``NUMBA_POOL_*`` variables: which are known, the warning for a probable typo,
-and where such a warning points (the user's line, not numba_pool's or Numba's)."""
+"""The ``NUMBA_POOL_*`` variables: which are known, a probable typo's warning and where it points (the user's line)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from typing import Callable, Iterable, Mapping
 from .errors import ConfigWarning
 
 PREFIX = "NUMBA_POOL_"
-#: The Numba CUDA frontend of the tools, and the tie-breaker of a process that uses both
-#: (read by :mod:`numba_pool.cuda.frontend`, not a pool option).
+#: The tools' frontend and the tie-breaker of a process using both (:mod:`numba_pool.cuda.frontend`; no pool option).
 FRONTEND_VARIABLE = "NUMBA_POOL_FRONTEND"
 
 #: Variables of numba_pool's bench and test tools, not read by :func:`numba_pool.config.load`: never warned about.
@@ -32,8 +30,7 @@ OTHER_VARIABLES = {
 
 
 def _squeezed(name: str) -> str:
-    """``name`` in upper case without underscores: ``NUMBAPOOL_ARENA``, ``Numba_Pool_Arena`` and
-    ``NUMBA_POOL_ARENA`` all squeeze to ``NUMBAPOOLARENA``."""
+    """``name`` upper-cased without underscores (``Numba_Pool_Arena``, ``NUMBAPOOL_ARENA`` -> ``NUMBAPOOLARENA``)."""
     return name.upper().replace("_", "")
 
 
@@ -43,9 +40,8 @@ RETIRED = {"NUMBA_POOL_MANAGED_INITIAL_SIZE": "managed blocks come from cuMemAll
 
 
 def probable_typo(name: str, options: Iterable[str]) -> str | None:
-    """The warning for ``name`` if it looks meant for numba_pool (``NUMBA_POOL_`` in any case, or
-    ``NUMBAPOOL`` once squeezed) but is none of its variables, else None.  It suggests the closest
-    configuration variable (else of :data:`OTHER_VARIABLES`), or lists the configuration ones."""
+    """The warning for ``name`` if it looks meant for numba_pool (``NUMBA_POOL_`` in any case, ``NUMBAPOOL`` squeezed)
+    but is none of its variables, else None; it suggests the closest (else of :data:`OTHER_VARIABLES`) or lists them."""
     if not _squeezed(name).startswith("NUMBAPOOL") or name in OTHER_VARIABLES:
         return None
     if name in RETIRED:
@@ -66,8 +62,7 @@ def _closest(tail: str, names: Iterable[str]) -> str | None:
 
 
 def warn_unknown_variables(environ: Mapping[str, str], options: Iterable[str]) -> None:
-    """Warn (:class:`ConfigWarning`) for each variable of ``environ`` that :func:`probable_typo`
-    reports, pointing at the user's line (:func:`user_stacklevel`)."""
+    """Warn (:class:`ConfigWarning`) at the user's line for each ``environ`` variable :func:`probable_typo` reports."""
     options = list(options)
     for name in sorted(environ):
         message = probable_typo(name, options)
@@ -92,10 +87,9 @@ def _between_frames() -> Callable[[str], bool]:
 
 
 def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a ``warnings.warn`` by this function's caller point at the first frame
-    outside numba_pool, Numba and the standard library (``contextlib`` lies between Numba's context creation
-    and the user): the user's ``install()``, ``import numba_pool`` or first CUDA call.  importlib's bootstrap
-    frames are skipped, as ``warnings.warn`` skips them."""
+    """The ``stacklevel`` pointing its caller's ``warnings.warn`` at the first frame outside numba_pool, Numba and the
+    stdlib (``contextlib`` lies between Numba's context creation and the user): the user's ``install()``, ``import
+    numba_pool`` or first CUDA call; importlib's bootstrap frames skipped, as by ``warnings.warn``."""
     between = _between_frames()
     frame, level = sys._getframe(1), 1
     while frame is not None:

@@ -32,6 +32,12 @@ def is_capturing(cu, handle) -> bool:
     return err == SUCCESS and status != _NONE
 
 
+def surely_not_capturing(cu, handle) -> bool:
+    """Whether the driver answers that stream ``handle`` is not being captured (False too when it won't answer)."""
+    err, status = cu.cuStreamIsCapturing(handle)
+    return err == SUCCESS and status == _NONE
+
+
 def capture_id(cu, handle) -> int:
     """The id of the capture sequence under way on ``handle`` (unique for the life of the process,
     ``cuStreamGetCaptureInfo``), 0 when none is; an invalidated capture keeps its id until it is ended."""

@@ -6,22 +6,18 @@ from .driver import GONE, SUCCESS, check, warn
 
 
 class OwnerContext:
-    """The CUDA context a release must run in, pushed where it is not current.  A release runs in a finalizer, in
-    any thread.  With no current context every call fails (``CUDA_ERROR_INVALID_CONTEXT``); with another current
-    (another device's, or PyCUDA's ``make_context``, ``cuCtxCreate``, a green context) it gets *that* context's
-    legacy stream (handle 0), which orders nothing of the owner's streams, and creates events there.  (Numba's
-    default manager is safe only because ``cuMemFree`` synchronizes.)  So a release calling the driver checks
-    ``cuCtxGetCurrent`` and pushes the owner's (``cuCtxPushCurrent``) if needed.
-
-    :param cu: the driver object.
+    """The context a release must run in, pushed where not current.  A release runs in a finalizer, any thread.  With no
+    current context every call fails (``CUDA_ERROR_INVALID_CONTEXT``); with another current (another device's, or
+    PyCUDA's ``make_context``, ``cuCtxCreate``, a green context) it gets *that* context's legacy stream (handle 0),
+    which orders nothing of the owner's streams, and creates events there.  So a release calling the driver checks
+    ``cuCtxGetCurrent``, pushing the owner's (``cuCtxPushCurrent``) if needed.  :param cu: the driver object.
     :param handle: the owner's ``CUcontext`` (Numba's ``Context.handle``); None: never pushed."""
 
     def __init__(self, cu, handle):
         self._cu = cu
         self.handle = handle
         self._handle_value = None if handle is None else int(handle)
-        # Bound once (on every release path that makes a driver call); replay's stand-in has none.
-        self._get_current = getattr(cu, "cuCtxGetCurrent", None)
+        self._get_current = getattr(cu, "cuCtxGetCurrent", None)  # bound once (releases); replay's stand-in has none
         if self._get_current is None:
             self._handle_value = None
 
@@ -38,26 +34,22 @@ class OwnerContext:
         return err == SUCCESS and int(current) != self._handle_value
 
     def enter(self, fn, *args) -> None:
-        """Start a release, ``fn(*args, retry)`` (which must not raise): in the owner's context (``retry``
-        False) where another context or none is current, else in this thread's (``retry`` True: ``fn`` may
-        call :meth:`retry` after a failure, for a context that went away meanwhile)."""
+        """Start a release ``fn(*args, retry)`` (not raising): in the owner's context (``retry`` False) unless current,
+        else here (``retry`` True: ``fn`` may :meth:`retry` a failure, for a context gone meanwhile)."""
         if self.needed():
             self.run(fn, *args, False)
         else:
             fn(*args, True)
 
     def retry(self, fn, *args) -> bool:
-        """After ``fn(*args, True)`` failed: run ``fn(*args, False)`` in the owner's context if
-        this thread needs it, and return True; else False."""
+        """After a failed ``fn(*args, True)``: True, running ``fn(*args, False)`` in the owner's context, if needed."""
         if not self.needed():
             return False
         self.run(fn, *args, False)
         return True
 
     def call(self, fn, *args):
-        """``fn(*args)``'s result, in the owner's context (pushed where another or none is current): for an
-        allocation through a door whose library may call with no context current.
-
+        """``fn(*args)``'s result in the owner's context, pushed if not current (doors' libraries may call with none).
         :raises CudaAPIError: when the owner's context cannot be pushed; whatever ``fn`` raises."""
         if not self.needed():
             return fn(*args)
@@ -68,8 +60,7 @@ class OwnerContext:
             self._cu.cuCtxPopCurrent()
 
     def run(self, fn, *args) -> None:
-        """``fn(*args)`` (must not raise) with the owner's context pushed; where it cannot be, the context
-        is gone, and the memory with it."""
+        """``fn(*args)`` (not raising) with the owner's context pushed (failing: context and memory gone)."""
         err, = self._cu.cuCtxPushCurrent(self.handle)
         if err != SUCCESS:
             if err not in GONE:

@@ -1,9 +1,8 @@
-"""The seam between numba_pool and the CUDA driver: every driver call goes through a *driver object*,
-cuda-python's ``cuda.bindings.driver`` on a GPU (:data:`cu`).  A manager takes the object in effect when it
-initializes and hands it to the pool and the allocator, which bind their hot-path functions once.  The tests
-put a model of CUDA's stream ordering in its place (``cuda_model``, :func:`use`) so the real allocator runs on
-a machine without a GPU; ``numba-pool-tools replay`` passes its own stand-in to the arena.  Types, enums and
-constants always come from cuda-python: a stand-in provides only functions."""
+"""The seam between numba_pool and the CUDA driver: every driver call goes through a *driver object*, cuda-python's
+``cuda.bindings.driver`` on a GPU (:data:`cu`).  A manager takes the object in effect at initialization and hands it to
+the pool and allocator, which bind hot-path functions once.  The tests put a model of CUDA's stream ordering in its
+place (``cuda_model``, :func:`use`) so the real allocator runs without a GPU; ``numba-pool-tools replay`` passes its own
+stand-in to the arena.  Types, enums and constants always come from cuda-python: a stand-in has only functions."""
 
 from __future__ import annotations
 
@@ -27,7 +26,6 @@ EVENT_FLAGS = cuda_driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
 @contextlib.contextmanager
 def use(driver: Any) -> Iterator[Any]:
     """Make ``driver`` the driver object of managers initialized inside the block (tests).
-
     :param driver: an object with the ``cu*`` functions numba_pool calls, returning cuda-python's tuples."""
     global cu
     previous, cu = cu, driver
@@ -39,7 +37,6 @@ def use(driver: Any) -> Iterator[Any]:
 
 def check(result: tuple, call: str):
     """Unpack a cuda-python result tuple, raising ``CudaAPIError`` on failure.
-
     :returns: the single value the call returned (or a tuple of several, or None).
     :raises CudaAPIError: (:mod:`numba_pool.cuda.errors`) naming the ``CUresult`` and ``call``."""
     err, *values = result
@@ -59,8 +56,7 @@ def warn(message: str) -> None:
 
 
 def report_failure(result: tuple, call: str) -> bool:
-    """For calls whose failure is reported, not raised (frees, resets): True on success; a
-    warning for any error but those of a context that is already gone."""
+    """Report, not raise, a call's failure (frees, resets): True on success; else warn unless the context is gone."""
     err = result[0]
     if err == SUCCESS:
         return True

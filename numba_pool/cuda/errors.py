@@ -13,8 +13,7 @@ import threading
 
 
 class CudaAPIError(Exception):
-    """A CUDA driver call failed: ``code`` is the ``CUresult``, ``msg`` says which call and why (Note
-    [One error class for every frontend])."""
+    """A failed CUDA call: ``code`` (``CUresult``), ``msg`` (which, why); Note [One error class for every frontend]."""
 
     def __init__(self, code, msg):
         self.code = code
@@ -31,8 +30,7 @@ _raised: type = CudaAPIError  # the class api_error() builds
 
 
 def bind(frontend_error: type) -> None:
-    """Make the errors raised from now on derive from ``frontend_error`` too (a frontend's
-    ``CudaAPIError``), beside those of the frontends bound before."""
+    """Make errors raised from now on also derive from ``frontend_error`` (a frontend's ``CudaAPIError``)."""
     global _bases, _raised
     with _lock:
         if frontend_error in _bases or issubclass(CudaAPIError, frontend_error):

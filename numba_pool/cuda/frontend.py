@@ -1,8 +1,7 @@
 """The Numba CUDA frontends numba_pool serves (docs/architecture.md, "Two frontends"), found, never assumed; the only
 module importing one.  Both keep Numba's EMM plugin interface, version 1: ``numba-cuda`` (``numba.cuda``) and its
 successor ``mlir``, Numba-CUDA-MLIR (``numba_cuda_mlir.cuda``, without numba or numba-cuda).  A :class:`Frontend` holds
-what numba_pool takes from one and its classes on it, imported only in use (:func:`load`): loading numba_pool, owning a
-public function's argument, or named to a tool.  numba-cuda's simulator gets EMM stand-ins from :mod:`.simulator`.
+what numba_pool takes from one, imported only in use (:func:`load`); the simulator's EMM stand-ins: :mod:`.simulator`.
 
 Note [Which frontend a call acts on]
     Each frontend has its own contexts, hence managers.  A public function (:func:`resolve`) acts on the one named by
@@ -30,8 +29,7 @@ PACKAGES = {NUMBA_CUDA: "numba.cuda", MLIR: "numba_cuda_mlir.cuda"}  #: The modu
 _DRIVERS = {NUMBA_CUDA: "numba.cuda.cudadrv", MLIR: "numba_cuda_mlir.numba_cuda.cudadrv"}
 _TOP_LEVEL = {NUMBA_CUDA: "numba_cuda", MLIR: "numba_cuda_mlir"}  # what find_spec looks for
 DISTRIBUTIONS = {NUMBA_CUDA: "numba-cuda", MLIR: "numba-cuda-mlir"}  #: Each one's distribution, for :func:`version`.
-#: How each is installed with numba_pool.
-EXTRAS = {NUMBA_CUDA: "pip install '.[numba-cuda]' in a numba-pool checkout",
+EXTRAS = {NUMBA_CUDA: "pip install '.[numba-cuda]' in a numba-pool checkout",  #: How each is installed.
           MLIR: "pip install '.[mlir]' in a numba-pool checkout"}
 VARIABLE = FRONTEND_VARIABLE  #: Names the tools' frontend and breaks ties (Note [Which frontend ...]).
 _SPELLINGS = {"numba-cuda": NUMBA_CUDA, "numba_cuda": NUMBA_CUDA, "numba.cuda": NUMBA_CUDA,
@@ -39,15 +37,13 @@ _SPELLINGS = {"numba-cuda": NUMBA_CUDA, "numba_cuda": NUMBA_CUDA, "numba.cuda": 
 
 
 class FrontendError(ValueError, RuntimeError):
-    """A value that names no frontend (a ``ValueError``), no frontend that can be used, or an ambiguous choice:
-    one line saying why and what to do."""
+    """No frontend named (a ``ValueError``), none usable, or an ambiguous choice: one line saying why and what to do."""
 
 
 class Frontend:
-    """What numba_pool takes from one frontend and builds on it: ``name``, ``title``, ``cuda`` (the module
-    programs use), ``driver`` (its ``cudadrv.driver``), ``simulator``; the frontend's EMM, pointer, IPC and
-    error classes (``HostOnlyCUDAMemoryManager`` ... ``CudaSupportError``; ``MemAlloc``, ``mviewbuf``'s buffer
-    type); numba_pool's ``PoolPointer``, ``PooledPinnedMemory``, ``PooledManagedMemory`` derived from them."""
+    """One frontend and numba_pool's classes on it: ``name``, ``title``, ``cuda`` (the module programs use), ``driver``
+    (``cudadrv.driver``), ``simulator``; its EMM, pointer, IPC and error classes (``HostOnlyCUDAMemoryManager`` ...
+    ``CudaSupportError``, ``MemAlloc``); ``PoolPointer``, ``PooledPinnedMemory``, ``PooledManagedMemory`` on them."""
 
     def __init__(self, name: str):
         self.name = name
@@ -187,9 +183,8 @@ def version(distribution: str) -> str | None:
 
 
 def tools_choice(environ=os.environ) -> tuple[str | None, str]:
-    """Which frontend the tools use and why, importing nothing: ``NUMBA_POOL_FRONTEND``'s, else the
-    one imported, else the one installed (numba-cuda first); ``(None, why)`` when none is.
-    :raises FrontendError: when the variable names no frontend."""
+    """Which frontend the tools use and why, importing nothing: ``NUMBA_POOL_FRONTEND``'s, else the one imported, else
+    the one installed (numba-cuda first); ``(None, why)`` when none is.  :raises FrontendError: for a bad variable."""
     name = from_environment(environ)
     if name is not None:
         return name, f"{VARIABLE}={environ[VARIABLE].strip()}"
@@ -236,10 +231,9 @@ def note_serving(frontend: Frontend) -> None:
 
 
 def resolve(call: str, *objects: Any, name: str | None = None) -> Frontend:
-    """The frontend a public function acts on (Note [Which frontend a call acts on]).
-    :param call: the function, as the user wrote it (``"numba_pool.stats()"``), for messages.
-    :param objects: what the call was given (arrays, streams, contexts, pointers; None skipped).
-    :param name: the frontend the caller named (``frontend=``), if any.
+    """The frontend a public function acts on (Note [Which frontend a call acts on]).  :param call: the function, as the
+    user wrote it (``"numba_pool.stats()"``), for messages.  :param objects: what the call was given (arrays, streams,
+    contexts, pointers; None skipped).  :param name: the frontend the caller named (``frontend=``), if any.
     :raises FrontendError: when it is ambiguous, or the named frontend is not installed."""
     if name is not None:
         return load(parse_name(name, f"{call}: frontend"))

@@ -101,8 +101,7 @@ class MemPool:
                     kind = self._cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
                     fd = int(check(self._cu.cuMemPoolExportToShareableHandle(self.handle, kind, 0),
                                    "cuMemPoolExportToShareableHandle"))
-                    # Names this pool in importers' caches (handles and descriptors get reused after a reset);
-                    # set before the descriptor is published: a thread seeing it reads the key next.
+                    # names the pool in importers' caches (handles, fds get reused); set before the fd is published
                     self.export_key = f"{os.getpid()}-{uuid.uuid4().hex}"
                     self._export_fd = fd
         return self._export_fd

@@ -28,8 +28,7 @@ class PoolPointer:
     captured = 0  #: Id of the capture whose graph allocated this memory (rule 13 of numba_pool.allocator), else 0.
 
     def __init__(self, context, pointer, size: int, block):
-        # MemoryPointer.__init__'s fields (Note [MemoryPointer's fields set directly]; a CI test checks them).
-        self.context = context
+        self.context = context  # MemoryPointer's fields (Note [MemoryPointer's fields set directly]; CI-tested)
         self.device_pointer = self.handle = pointer
         self.size = self._cuda_memsize_ = size
         self.is_managed = True  # it owns its memory, as a MemoryPointer with a finalizer does
@@ -93,9 +92,8 @@ class PooledManagedMemory(PoolPointer):
     :class:`PoolPointer`; one object, not Numba's two ``weakref.finalize`` (Note [No weakref.finalize])."""
 
     def __init__(self, context, pointer, size: int, block):
-        # ManagedMemory.__init__'s attributes beyond MemoryPointer's (a CI test checks the list).
         PoolPointer.__init__(self, context, pointer, size, block)
-        self.owned = None
+        self.owned = None  # ManagedMemory.__init__'s attributes beyond MemoryPointer's (a CI test checks the list)
         self._buflen_ = size
         self._bufptr_ = int(pointer)
 
@@ -109,8 +107,7 @@ class PooledPinnedMemory:
     _release = None  # until __init__ ran
 
     def __init__(self, context, pointer: int, size: int, release: Callable[[], None]):
-        # PinnedMemory.__init__'s attributes (a CI test checks the list); _buflen_/_bufptr_: buffer protocol.
-        self.context = context
+        self.context = context  # PinnedMemory.__init__'s attributes (CI-checked); _buflen_/_bufptr_: buffer protocol
         self.owned = None
         self.size = self._buflen_ = size
         self.host_pointer = self.handle = self._bufptr_ = pointer

@@ -37,8 +37,7 @@ def install_message() -> str:
 
 
 def warn_install() -> None:
-    """Warn (:class:`SimulatorWarning`) at the user's call that ``install()`` changes nothing here; never
-    raises (a program under ``-W error`` keeps its set-up)."""
+    """Warn (:class:`SimulatorWarning`) at the user's call that ``install()`` changes nothing; never raises."""
     _note(install_message())
 
 
@@ -64,8 +63,7 @@ _environment_noted = False
 
 
 def requested(environ=os.environ) -> bool:
-    """Whether ``NUMBA_ENABLE_CUDASIM`` is an integer other than 0, as Numba reads it (a value it cannot
-    parse, such as ``false``, leaves the simulator off); imports nothing."""
+    """Whether ``NUMBA_ENABLE_CUDASIM`` is a nonzero integer, as Numba reads it (``false``: off); imports nothing."""
     try:
         return active() or int(environ.get("NUMBA_ENABLE_CUDASIM", "0")) != 0
     except ValueError:
@@ -73,9 +71,8 @@ def requested(environ=os.environ) -> bool:
 
 
 def note_environment(environ=os.environ) -> None:
-    """Warn once per process when ``NUMBA_CUDA_MEMORY_MANAGER`` names numba_pool (or
-    ``numba_pool_tools.bench.noop``) under the simulator, which ignores it, and of a bad ``NUMBA_POOL_*`` value.
-    Never raises."""
+    """Warn once per process when ``NUMBA_CUDA_MEMORY_MANAGER`` names numba_pool (or ``numba_pool_tools.bench.noop``)
+    under the simulator, which ignores it, and of a bad ``NUMBA_POOL_*`` value.  Never raises."""
     global _environment_noted
     value = environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip()
     if _environment_noted or not (value == "numba_pool" or value.startswith(("numba_pool.", "numba_pool_tools."))):
@@ -88,8 +85,7 @@ def note_environment(environ=os.environ) -> None:
         _note(str(err))
 
 
-#: The command line's one line (exit status 2) for a command that needs a GPU under the simulator.
-NO_GPU = f"no CUDA GPU here: {NO_MEMORY_MANAGER}"
+NO_GPU = f"no CUDA GPU here: {NO_MEMORY_MANAGER}"  #: The CLI's line (exit status 2) for a GPU command here.
 
 
 class _StandIn:
@@ -115,5 +111,4 @@ class StandInMixin:
     """Stand-in for ``numba.cuda.GetIpcHandleMixin``, absent under the simulator (adds nothing)."""
 
 
-#: Stand-in for ``numba.cuda.cudadrv.driver.MemoryInfo`` (bytes free and total).
-MemoryInfo = namedtuple("MemoryInfo", "free,total")
+MemoryInfo = namedtuple("MemoryInfo", "free,total")  #: Stand-in for ``cudadrv.driver.MemoryInfo`` (free, total bytes).

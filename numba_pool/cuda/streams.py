@@ -20,10 +20,11 @@ class StreamRef:
     """A CUDA stream handle plus its owner (a Numba, CuPy or PyTorch stream...), kept alive while an allocation
     ordered on the stream lives, so the stream-ordered free can be enqueued.  ``key``: the arena's stream identity,
     the driver's stream id (``cuStreamGetId``, unique for the process's life; never the handle, which the driver
-    reuses), filled in by :mod:`numba_pool.allocator.arena` at first use.  ``thread``: the host thread of a
-    per-thread default stream (``CU_STREAM_PER_THREAD``), else None."""
+    reuses), filled in by :mod:`numba_pool.allocator.arena` at first use.  ``idle_key``: the key of the stream's
+    idle mempool blocks (:mod:`numba_pool.allocator.stream_idle`: its id, or False for none), filled in at first use.
+    ``thread``: the host thread of a per-thread default stream (``CU_STREAM_PER_THREAD``), else None."""
 
-    __slots__ = ("handle", "owner", "value", "key", "thread", "scratch")
+    __slots__ = ("handle", "owner", "value", "key", "idle_key", "thread", "scratch")
 
     def __init__(self, handle: cu.CUstream, owner: Any = None, *, key: Any = None, scratch: Any = None,
                  value: int | None = None):
@@ -31,6 +32,7 @@ class StreamRef:
         self.owner = owner
         self.value = int(handle) if value is None else value  # the handle as an int (the log's Stream column)
         self.key = key
+        self.idle_key = None
         self.thread = threading.get_ident() if self.value == _PER_THREAD else None
         self.scratch = scratch  # the numba_pool.scratch block this thread bump-allocates from
 
@@ -41,7 +43,7 @@ class StreamRef:
     def with_scratch(self, block: Any) -> "StreamRef":
         """The same stream, with allocations carved from the scratch ``block``."""
         ref = StreamRef(self.handle, self.owner, key=self.key, scratch=block)
-        ref.thread = self.thread
+        ref.thread, ref.idle_key = self.thread, self.idle_key
         return ref
 
     def __int__(self) -> int:

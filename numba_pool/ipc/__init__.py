@@ -7,14 +7,13 @@ refuses mempool memory; CUDA Driver API, "Stream Ordered Memory Allocator": inte
 * the importer imports the pool once (``cuMemPoolImportFromShareableHandle``), grants access if needed
   (``cuMemPoolSetAccess``), imports the pointer (``cuMemPoolImportPointer``); ``close()``: ``cuMemFreeAsync``.
 
-The descriptor travels in the pickled handle as a :class:`multiprocessing.reduction.DupFd` (``SCM_RIGHTS`` over a
-Unix socket); without the exporter's authentication key, ``pidfd_getfd`` (needs the right to trace the exporter).
-Lifetimes: importers must free an import before the exporter frees it.  Opening a handle leaves a *lease* file
-(:func:`.leases.lease_folder`) naming the export and the importer's pid, which ``close()`` removes.  An export
-registers a *hold* on its block (:meth:`~.device.DeviceAllocator.hold`, rule 2): the released block waits while a
-living importer's lease exists (a daemon thread checks every 50 ms, removing dead importers' leases).  Statistics
-and log count the array freed at once; the pool's used bytes, only then.  As with Numba's IPC, the exporter keeps
-the array alive until every importer opened it.  Modules: :mod:`.leases`, :mod:`.export`, :mod:`.handle`."""
+The descriptor travels in the pickle as a :class:`multiprocessing.reduction.DupFd` (``SCM_RIGHTS`` over a Unix socket);
+without the exporter's authentication key, ``pidfd_getfd`` (needs the right to trace the exporter).  Lifetimes: an
+import must be freed before the exporter frees it.  Opening a handle leaves a *lease* file naming the export and the
+importer's pid (in :func:`.leases.lease_folder`), which ``close()`` removes.  An export registers a *hold* on its block
+(:meth:`~.device.DeviceAllocator.hold`, rule 2): the released block waits while a living importer's lease exists (a
+daemon thread checks every 50 ms; dead importers' leases go).  Statistics and log count the array freed at once, the
+pool's used bytes only then.  As with Numba's IPC, the exporter keeps the array alive until all importers opened it."""
 
 
 from .export import export

@@ -13,13 +13,11 @@ _export_ids = itertools.count(1)
 
 
 def export(allocator, memory, source_info, frontend, leases: LeaseQueue) -> PoolIpcHandle:
-    """The plugin's ``get_ipc_handle``: a handle for ``memory`` (a ``MemoryPointer`` or view), its block held from
-    reuse while importers claim it.  ``source_info``: the device's identity (``Device.get_device_identity()``);
-    ``frontend``: the exporting manager's (its ``IpcHandle`` the base); ``leases``: the process's lease queue.
-
-    :raises ValueError: when ``memory`` is not in a live numba_pool allocation of this device.
-    :raises RuntimeError: when the pool cannot be exported, with the reason.
-    :raises CudaAPIError: when ``cuMemPoolExportPointer`` fails."""
+    """The plugin's ``get_ipc_handle``: a handle for ``memory`` (a ``MemoryPointer`` or view), its block held from reuse
+    while importers claim it.  ``source_info``: the device's identity (``Device.get_device_identity()``); ``frontend``:
+    the exporting manager's (its ``IpcHandle`` the base); ``leases``: the process's lease queue.  :raises ValueError:
+    when ``memory`` is not in a live numba_pool allocation of this device.  :raises RuntimeError: when the pool cannot
+    be exported, with the reason.  :raises CudaAPIError: when ``cuMemPoolExportPointer`` fails."""
     cu, pool = allocator.cu, allocator.pool
     address = int(memory.device_pointer_value)
     found = allocator.allocation_of(address)

@@ -71,8 +71,7 @@ _imported = _ImportedPools()
 
 
 def receive_fd(source) -> int:
-    """This process's copy of the exporter's pool descriptor: ``source`` is an int (ours
-    already), a ``DupFd`` (``multiprocessing``), or ``(pid, fd)`` for ``pidfd_getfd``."""
+    """This process's copy of the exporter's descriptor from ``source``: an int (ours), ``DupFd``, ``(pid, fd)``."""
     if isinstance(source, int):
         return source
     dupfd, pid, fd = source
@@ -208,8 +207,7 @@ def handle_class(frontend: Frontend) -> type:
 
 
 def _importer_frontend(exporter: str):
-    """The frontend a handle unpickled here belongs to: the importer's, which is the exporter's
-    only when this process uses that one too (or uses none yet and the tools choose it)."""
+    """An unpickled handle's frontend: the importer's; the exporter's if in use here, or none is and tools pick it."""
     in_use = frontends.imported()
     if exporter in in_use or not in_use and exporter in frontends.installed():
         return frontends.load(exporter)

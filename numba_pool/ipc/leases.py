@@ -11,8 +11,7 @@ import threading
 import time
 from typing import Callable
 
-#: How often the daemon thread looks at the leases of released exports (seconds).
-LEASE_CHECK_S = 0.05
+LEASE_CHECK_S = 0.05  #: How often the daemon thread looks at the leases of released exports (seconds).
 
 
 def lease_folder() -> str:

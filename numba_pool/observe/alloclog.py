@@ -1,10 +1,8 @@
-"""The allocation log: every allocate and free in RMM's logging format (CSV).  Header
-``Thread,Time,Action,Pointer,Size,Stream,Kind``: RMM's six columns (which RMM's readers take unchanged), then the
-memory's kind (``device``, ``managed``, ``graph`` for a capture's allocation node; device memory allocated through
-another door names it: ``cuda.core``, ``cupy``, ``torch``); actions ``allocate``, ``free``,
-``allocate failure``; pointer and stream in hex; time as RMM's ``logging_resource_adaptor`` writes it
-(``%H:%M:%S.%f``).  Rows are buffered, written when the buffer fills, at :meth:`AllocationLog.flush` (``reset``
-calls it) and at exit.  The logging adaptor (:class:`LoggedAllocations`) is in the path only while a log is set."""
+"""The allocation log: every allocate and free as CSV in RMM's logging format (its readers take the six columns
+unchanged) plus the memory's kind: header ``Thread,Time,Action,Pointer,Size,Stream,Kind``.  Kinds: :data:`KINDS`;
+actions ``allocate``, ``free``, ``allocate failure``; pointer and stream in hex; time ``%H:%M:%S.%f`` as RMM's
+``logging_resource_adaptor``.  Rows are buffered, written when the buffer fills, at :meth:`AllocationLog.flush`
+(``reset`` calls it) and at exit.  The adaptor, :class:`LoggedAllocations`, is in the path only while a log is set."""
 
 from __future__ import annotations
 
@@ -21,18 +19,14 @@ from ..cuda.streams import per_thread
 
 HEADER = ("Thread", "Time", "Action", "Pointer", "Size", "Stream", "Kind")
 ACTIONS = ("allocate", "free", "allocate failure")
-#: Kind values: device (Numba's ``memalloc``), managed (``memallocmanaged``), graph (``memalloc`` while capturing).
-#: Device memory through the doors other than Numba's (numba_pool.MemoryResource, cupy_allocator, torch_allocator).
-DOOR_KINDS = ("cuda.core", "cupy", "torch")
-KINDS = ("device", "managed", "graph") + DOOR_KINDS
+DOOR_KINDS = ("cuda.core", "cupy", "torch")  #: Device memory of MemoryResource, cupy_allocator, torch_allocator
+KINDS = ("device", "managed", "graph") + DOOR_KINDS  #: device: memalloc, managed: memallocmanaged, graph: capturing
 GRAPH = "graph"
-#: Rows buffered before they are written.
-FLUSH_EVERY = 4096
+FLUSH_EVERY = 4096  #: Rows buffered before they are written.
 
 
 class AllocationLog:
     """Appends rows to ``path``, a CSV file in RMM's logging format (truncated and given the header at once).
-
     :raises OSError: when the file cannot be written."""
 
     def __init__(self, path: str):
@@ -86,8 +80,7 @@ class AllocationLog:
 
 
 class LoggedAllocations:
-    """The logging adaptor over ``upstream`` (bytes -> ``PoolPointer``), rows of Kind ``kind`` (:data:`KINDS`):
-    each allocation (or failure), and its free before the release, so its row precedes a reuse's."""
+    """Logging adaptor over ``upstream``: ``kind`` rows per allocation or failure, and per free before its release."""
 
     def __init__(self, upstream: Callable[[int], PoolPointer], log: AllocationLog, kind: str = "device"):
         self._upstream = upstream
@@ -97,7 +90,6 @@ class LoggedAllocations:
 
     def allocate(self, size: int) -> PoolPointer:
         """``size`` bytes from upstream, logged; the pointer's release logs the free first.
-
         :raises CudaAPIError: upstream's, after logging an ``allocate failure`` row."""
         stream = per_thread.stream.value
         try:
@@ -112,6 +104,5 @@ class LoggedAllocations:
         return mem
 
     def _log_then_release(self, address: int, size: int, stream: int, kind: str, release: Callable[[], None]) -> None:
-        # Any thread, from a finalizer: never raises (rows go to a deque; AllocationLog.flush(wait=False)).
-        self._log.free(address, size, stream, kind)
+        self._log.free(address, size, stream, kind)  # any thread, a finalizer: never raises (deque; flush(wait=False))
         release()

@@ -156,8 +156,7 @@ class RecordedAllocations:
     def allocate(self, size: int) -> PoolPointer:
         """``size`` bytes from upstream, recorded with the caller's stack.
         :raises CudaAPIError: upstream's; out of memory with the largest holders named."""
-        history = self._history
-        # History.capture, inlined: a method call less on every recorded allocation (Note [Stack walks]).
+        history = self._history  # History.capture inlined below: a call less per allocation (Note [Stack walks])
         frames = _walk(sys._getframe(self._skip - 1)) if history.stacks == "python" else ()
         ref = per_thread.stream if scopes_entered else LEGACY
         stream = ref.value
@@ -244,8 +243,7 @@ def line_of(code, offset: int) -> int:
 
 
 def site_of(frames: tuple) -> str:
-    """``file:line`` of the user's allocating line (innermost frame outside numba_pool and Numba), else of the
-    innermost frame; ``"<no stack>"`` without frames."""
+    """``file:line`` of the innermost frame outside numba_pool and Numba (else the innermost), or ``"<no stack>"``."""
     stack = pairs(frames)
     for code, offset in stack:
         if not is_library_frame(code.co_filename):

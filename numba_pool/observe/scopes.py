@@ -58,8 +58,7 @@ class ScopedStatistics:
         self._state = "new"  # "new" -> "open" -> "closed"
 
     def __enter__(self) -> "ScopedStatistics":
-        """Start counting the calling thread's allocations.
-        :raises RuntimeError: when this scope was entered before."""
+        """Start counting the calling thread's allocations.  :raises RuntimeError: when entered before."""
         if self._state != "new":
             raise RuntimeError("numba_pool.statistics: a scope can be entered only once; make a new one")
         self._thread = threading.get_ident()
@@ -68,8 +67,7 @@ class ScopedStatistics:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        """Stop counting and freeze the figures.
-        :raises RuntimeError: when not open, or exited by another thread than the entering one."""
+        """Stop counting; freeze the figures.  :raises RuntimeError: when not open, or exited by another thread."""
         if self._state != "open":
             raise RuntimeError(f"numba_pool.statistics: exiting a scope that is {self._state}, not open")
         if threading.get_ident() != self._thread:
@@ -154,8 +152,7 @@ class ScopedStatistics:
         return tabulate(rows, headers=["call site", "allocations", "bytes"], tablefmt="github",
                         disable_numparse=True)
 
-    def _record_site(self, site: tuple[str, int, str], size: int) -> None:
-        # Only the scope's own thread allocates into it: no lock.
+    def _record_site(self, site: tuple[str, int, str], size: int) -> None:  # only its own thread adds: no lock
         count, nbytes = self._sites.get(site, (0, 0))
         self._sites[site] = (count + 1, nbytes + size)
 
@@ -187,8 +184,7 @@ class CountedAllocations:
         return mem
 
 
-def _count_free(scopes: tuple, size: int, release) -> None:
-    # Any thread, from a finalizer: appends only, never raises.
+def _count_free(scopes: tuple, size: int, release) -> None:  # any thread, from a finalizer: appends only, never raises
     for scope in scopes:
         scope._usage.events.append(~size)
     release()

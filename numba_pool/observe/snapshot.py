@@ -77,8 +77,7 @@ def _blocks(device: int, segment: dict, live: dict) -> list[dict]:
 
 
 def _carved(device: int, segment: dict, live: dict) -> list[dict]:
-    """A scratch block's arrays (live entries of the history inside it, each rounded up to the
-    carving alignment) and the gaps between them, free; without the history, one block."""
+    """A scratch block's arrays (live history entries, rounded to the carving alignment), gaps free; else one block."""
     start, end = segment["address"], segment["address"] + segment["size"]
     arrays = sorted((address, entry) for (dev, address), entry in live.items()
                     if dev == device and start <= address < end)
@@ -140,8 +139,7 @@ def summarize(snapshot: dict, limit: int = 10) -> dict:
 
 
 def site_of_frames(frames: Iterable[dict]) -> str:
-    """``file:line`` of the innermost resolved frame outside numba_pool and Numba
-    (:func:`~numba_pool.observe.history.is_library_frame`), else the innermost; ``"<no stack>"``."""
+    """``file:line``: innermost resolved frame outside numba_pool and Numba, else the innermost, or ``"<no stack>"``."""
     frames = list(frames)
     for frame in frames:
         if not is_library_frame(frame["filename"]):

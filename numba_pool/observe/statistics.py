@@ -90,8 +90,7 @@ class PoolStatistics:
         return self.total_allocations
 
     def to_dict(self) -> dict[str, int | bool]:
-        """The figures as a flat dict: RMM's ``current/peak/total`` x ``bytes/count`` keys, then
-        ``total_frees``, ``pool_*``, ``oom_*``, ``arena_*``, ``host_*`` and ``managed_*``."""
+        """The figures as a flat dict, RMM's ``current/peak/total`` x ``bytes/count`` keys first, then the others."""
         rmm_style = {name: getattr(self, name) for name in RMM_KEYS}
         rest = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _RENAMED}
         return {**rmm_style, **rest}

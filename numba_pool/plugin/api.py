@@ -1,6 +1,5 @@
-"""numba_pool's public functions (re-exported by :mod:`numba_pool`).  Each acts on one frontend's
-manager (Note [Which frontend a call acts on] in :mod:`numba_pool.cuda.frontend`) and says so in
-one line (:class:`~numba_pool.cuda.frontend.FrontendError`) where that is ambiguous."""
+"""numba_pool's public functions (re-exported by :mod:`numba_pool`).  Each acts on one frontend's manager
+(Note [Which frontend a call acts on] in :mod:`numba_pool.cuda.frontend`; where ambiguous, its ``FrontendError``)."""
 
 from __future__ import annotations
 
@@ -32,16 +31,13 @@ from .state import process
 
 
 def install(frontend: str | None = None, **options: Any) -> PoolConfig:
-    """Make numba_pool the memory manager of Numba's CUDA frontend (``cuda.set_memory_manager``), ``options``
-    overriding the ``NUMBA_POOL_*`` variables; call it before the first CUDA use.  The frontend: ``frontend``
-    (``"numba-cuda"`` or ``"mlir"``); else every one imported; else ``NUMBA_POOL_FRONTEND``'s, or the one
-    installed (numba-cuda when both are).  Options: the keys of :data:`numba_pool.config.OPTIONS` (``None``:
-    the default; units and meaning: the README's table; sizes: :mod:`numba_pool.config.sizes`).
-    :returns: the configuration in effect.
+    """Make numba_pool Numba's CUDA memory manager (``cuda.set_memory_manager``), ``options`` over the ``NUMBA_POOL_*``
+    variables; call it before the first CUDA use.  The frontend: ``frontend`` (``"numba-cuda"`` or ``"mlir"``); else
+    those imported, else ``NUMBA_POOL_FRONTEND``'s, or the one installed (numba-cuda when both are).  Options: keys of
+    :data:`numba_pool.config.OPTIONS`, ``None`` the default (README's table; sizes: :mod:`numba_pool.config.sizes`).
+    :returns: the configuration in effect.  :raises FrontendError: when ``frontend`` names none, or none is installed.
     :raises ConfigError: for an unknown option, a bad value or contradicting options (one line).
-    :raises RuntimeError: when a CUDA context of the frontend already exists, or the interpreter
-        runs without its GIL (:func:`numba_pool.allocator.threads.require_gil`).
-    :raises FrontendError: when ``frontend`` names none, or none is installed.
+    :raises RuntimeError: when the frontend has a CUDA context already, or without the GIL (``require_gil``).
     :warns SimulatorWarning: under the CUDA simulator (never raised): options checked, nothing installed."""
     config = _config.load(**options)
     if frontend is not None:
@@ -70,13 +66,11 @@ def install(frontend: str | None = None, **options: Any) -> PoolConfig:
 
 def manager_of(device: Any = None, *, frontend: str | None = None, of: Any = None,
                call: str = "numba_pool") -> NumbaPoolManager:
-    """The numba_pool manager of the current (or given) device's context in the frontend meant.
-    :param device: an ordinal, or a frontend's ``Context`` or ``Device``; None: the current device.
-    :param of: an array, stream or pointer whose frontend is meant.
-    :param call: the public function asking, for messages.
+    """The numba_pool manager of the current (or given) device's context in the frontend meant.  :param device: an
+    ordinal, or a frontend's ``Context`` or ``Device``; None: the current device.  :param of: an array, stream or
+    pointer whose frontend is meant.  :param call: the public function asking, for messages.
     :raises RuntimeError: when numba_pool is not the memory manager there, or there is no GPU.
-    :raises FrontendError: when which frontend is meant is ambiguous.
-    :raises TypeError: when ``device`` is none of the above."""
+    :raises FrontendError: for an ambiguous frontend.  :raises TypeError: for a ``device`` none of the above."""
     ordinal = _ordinal(device, call)  # a bad device is told before the frontend's ambiguity
     chosen = frontends.resolve(call, device, of, name=frontend)
     try:
@@ -109,15 +103,13 @@ def _ordinal(device: Any, call: str) -> int | None:
 
 
 def stats(device: Any = None, *, frontend: str | None = None) -> PoolStatistics:
-    """Statistics of the current (or given) device's manager.  ``device``: as for
-    :func:`manager_of`; ``frontend``: needed only when two frontends use numba_pool.
-    :raises RuntimeError: as :func:`manager_of`."""
+    """Statistics of the current (or given) device's manager.  ``device``: as for :func:`manager_of`; ``frontend``:
+    needed only when two frontends use numba_pool.  :raises RuntimeError: as :func:`manager_of`."""
     return manager_of(device, frontend=frontend, call="numba_pool.stats()").statistics()
 
 
 def reset_peak(device: Any = None, *, frontend: str | None = None) -> None:
-    """Reset the peaks and the pool's high watermarks (``CU_MEMPOOL_ATTR_*_MEM_HIGH``) to the current
-    values.  Arguments as for :func:`stats`."""
+    """Reset the peaks, and the pool's ``CU_MEMPOOL_ATTR_*_MEM_HIGH`` watermarks, to now.  Arguments: :func:`stats`."""
     manager_of(device, frontend=frontend, call="numba_pool.reset_peak()").reset_peak()
 
 
@@ -133,8 +125,7 @@ def record_stream(array: Any, stream: Any) -> bool:
     CuPy array, a PyTorch tensor or a cuda.core ``Buffer``) as used on ``stream``: its memory is not reused until
     the work queued there by the time it is freed has finished (an event; the host never waits).  PyTorch's
     ``Tensor.record_stream``; as there, a no-op on memory the allocator does not own.
-    :returns: True when the memory is a live numba_pool allocation (recorded), False when it is not (nothing
-        to do: its owner frees it; a pinned array Numba made itself, with ``NUMBA_POOL_HOST=0``).
+    :returns: True for live numba_pool memory (recorded), else False (its owner frees it, e.g. Numba's pinned arrays).
     :raises TypeError: when ``stream`` is not a stream, or ``array`` none of the above."""
     if _simulator_stream(stream, "numba_pool.record_stream()"):
         return False
@@ -148,14 +139,12 @@ def record_stream(array: Any, stream: Any) -> bool:
 
 
 def prefetch(array: Any, device: Any = None, stream: Any = 0) -> None:
-    """Migrate a managed array's memory to a device or the host in stream order (``cuMemPrefetchAsync``, as
-    RMM's ``prefetch_resource_adaptor``); otherwise the first touch migrates pages on demand.
+    """Migrate a managed array to a device or the host in stream order (``cuMemPrefetchAsync``), not on first touch.
     :param array: a managed array, view or ``ManagedMemory`` (any shape, dtype); ``nbytes`` from its first element.
     :param device: an ordinal, ``Context`` or ``Device``; None: the current device; ``"cpu"``.
     :param stream: a Numba stream, ``CUstream``, int handle or ``__cuda_stream__``; 0 by default.
     :raises ValueError: when ``array`` is not managed memory, or ``device`` is another string.
-    :raises TypeError: when ``array`` or ``stream`` is neither of the above.
-    :raises CudaAPIError: when the driver refuses the prefetch."""
+    :raises TypeError: for an ``array`` or ``stream`` none of the above.  :raises CudaAPIError: the driver refused."""
     address, ref = data_address(array), as_stream_ref(stream)  # checked before the GPU is needed
     nbytes = int(getattr(array, "nbytes", getattr(array, "size", 0)))
     if isinstance(device, str):
@@ -199,20 +188,18 @@ def used_bytes(device: Any = None, *, frontend: str | None = None) -> int:
 
 
 def reserved_bytes(device: Any = None, *, frontend: str | None = None) -> int:
-    """Bytes the mempool reserved from the device (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``; CuPy's
-    ``total_bytes()``, PyTorch's ``memory_reserved()``); the default pool's is shared.  Arguments as
-    for :func:`stats`; raises as :func:`manager_of`."""
+    """Bytes the mempool reserved from the device (``CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT``; CuPy's ``total_bytes()``,
+    PyTorch's ``memory_reserved()``); the default pool's is shared.  Arguments and errors as :func:`stats`."""
     return manager_of(device, frontend=frontend, call="numba_pool.reserved_bytes()").statistics().pool_reserved_bytes
 
 
 @contextlib.contextmanager
 def scratch(nbytes: int, *, manager=None, frontend: str | None = None) -> Iterator[ScratchBlock]:
-    """Bump-allocate this thread's device allocations inside the block from one reserved block of
-    ``nbytes`` bytes (:mod:`numba_pool.allocator.scratch`); 256-byte granules.
+    """Bump-allocate this thread's device allocations inside the block from one reserved block of ``nbytes`` bytes
+    (:mod:`numba_pool.allocator.scratch`); 256-byte granules.
     :param manager: the manager to reserve from; by default the current context's.
     :raises ValueError: for ``nbytes`` <= 0.  :raises TypeError: for a ``manager`` without ``scratch``.
-    :raises RuntimeError: as :func:`manager_of`.
-    :raises CudaAPIError: when the block cannot be reserved."""
+    :raises RuntimeError: as :func:`manager_of`.  :raises CudaAPIError: when the block cannot be reserved."""
     nbytes = byte_count(nbytes, "numba_pool.scratch", "nbytes", positive=True)
     if manager is not None and not callable(getattr(manager, "scratch", None)):
         raise TypeError(f"numba_pool.scratch: manager={manager!r:.80} is not a manager (no scratch method) or None")
@@ -227,11 +214,10 @@ def using_stream(stream: Any) -> Iterator[StreamRef]:
     exits; the caller orders other streams after it (and uses :func:`record_stream`).  Scopes nest, per host
     thread.  A capturing stream is noted before its first allocation (rule 13 of :mod:`numba_pool.allocator`).
     :raises TypeError: when ``stream`` is not a stream (:func:`numba_pool.cuda.streams.as_stream_ref`)."""
-    # cuda.streams.using_stream's body, the capture check called directly (no hook call in between).
     if _simulator_stream(stream, "numba_pool.using_stream()"):
         yield LEGACY
         return
-    ref = as_stream_ref(stream)
+    ref = as_stream_ref(stream)  # cuda.streams.using_stream's body, calling the capture check directly (no hook)
     note_if_capturing(ref)
     previous = enter_scope(ref)
     try:
@@ -276,16 +262,13 @@ def statistics(*, profile: bool = False) -> ScopedStatistics:
 
 
 # -- memory debugging: history, snapshots, out of memory, leaks --------------------------------
-
 def record_history(enabled: bool = True, stacks: str = "python", max_entries: int = _history.DEFAULT_MAX_ENTRIES) -> None:
-    """Record every allocation's Python stack and the events (allocate, free, out of memory, trim, reset) of
-    every device and kind in a ring of ``max_entries`` (PyTorch's ``_record_memory_history``).  Free while
-    off; the cost on: Note [Stack walks].  Starting again drops the recording.
-    :param enabled: False stops and drops the recording.
-    :param stacks: ``"python"`` or ``"none"`` (events only).
+    """Record every allocation's Python stack and the events (allocate, free, out of memory, trim, reset) of every
+    device and kind in a ring of ``max_entries`` (PyTorch's ``_record_memory_history``).  Free while off; the cost on:
+    Note [Stack walks].  Starting again drops the recording; under the simulator it warns that nothing is recorded.
+    :param enabled: False stops and drops the recording.  :param stacks: ``"python"`` or ``"none"`` (events only).
     :param max_entries: events kept, oldest dropped first (live allocations are kept apart).
-    :raises ValueError: for another ``stacks`` or ``max_entries`` not in [1, 2**63).  :raises TypeError: ``enabled``.
-    Under the simulator it warns that nothing is recorded."""
+    :raises ValueError: for another ``stacks`` or ``max_entries`` not in [1, 2**63).  :raises TypeError: ``enabled``."""
     enabled = switch(enabled, "numba_pool.record_history", "enabled")
     recording = _history.new_recording(max_entries, stacks)  # checked whether on or off
     if enabled and simulator.active():
@@ -300,8 +283,7 @@ def snapshot() -> dict:
 
 
 def dump_snapshot(path) -> None:
-    """Pickle :func:`snapshot` to ``path`` (for pytorch.org/memory_viz, ``torch.cuda._memory_viz`` or
-    ``numba-pool-tools snapshot summarize``).
+    """Pickle :func:`snapshot` to ``path`` (pytorch.org/memory_viz, ``torch.cuda._memory_viz``, ``numba-pool-tools``).
     :raises ConfigError: (a ValueError) ``path`` is no file path one can write, before anything is written.
     :raises OSError: when writing fails (one line naming the path)."""
     path = _config.parse_path(path, "numba_pool.dump_snapshot(path)", what="a snapshot (pickle)")
@@ -314,15 +296,13 @@ def dump_snapshot(path) -> None:
 
 
 def on_out_of_memory(callback) -> None:
-    """Call ``callback(device, size, snapshot)`` at each out-of-memory error, after the retry, before
-    raising; starts :func:`record_history`.  The callback's exception becomes a warning.
-    :raises TypeError: when ``callback`` is not callable."""
+    """Call ``callback(device, size, snapshot)`` at each out-of-memory error, after the retry, before raising; starts
+    :func:`record_history`; its exception becomes a warning.  :raises TypeError: when ``callback`` is not callable."""
     debugging.add_observer(callback)
 
 
 def live_allocations(group_by: str | None = "site", device: int | None = None) -> list[tuple]:
-    """What is held now, from the history: ``(site, bytes, arrays)`` per site, most bytes first
-    (``group_by="site"``), or ``(site, bytes, device, address, kind)`` per allocation (None).
-    :raises RuntimeError: when no history is recorded.
+    """What is held now, from the history: ``(site, bytes, arrays)`` per site, most bytes first (``group_by="site"``),
+    or ``(site, bytes, device, address, kind)`` per allocation (None).  :raises RuntimeError: without a history.
     :raises ValueError: for another ``group_by`` or ``device`` not in [0, 2**31).  :raises TypeError: no ordinal."""
     return debugging.live_allocations(group_by, _ordinal(device, "numba_pool.live_allocations"))

@@ -21,14 +21,14 @@ from ..cuda.errors import CudaAPIError
 from .serving import cache_block, failed, recorded, release, serving_manager
 from .state import process
 
+_new = object.__new__
+
 
 class _DeviceOwner:
-    """What CuPy's ``UnownedMemory`` keeps alive: one numba_pool block; its collection is the block's drop."""
+    """What CuPy's ``UnownedMemory`` keeps alive: one numba_pool block and its history record (set by
+    :func:`cupy_allocator`); its collection is the block's drop."""
 
     __slots__ = ("block", "record")
-
-    def __init__(self, block, record):
-        self.block, self.record = block, record
 
     def __del__(self):  # never raises (rule 8)
         block = self.block
@@ -36,6 +36,13 @@ class _DeviceOwner:
             block.release(block)
         else:
             release(self.record, block.release, block)
+
+
+def device_owner(block, record) -> _DeviceOwner:
+    """The :class:`_DeviceOwner` of ``block`` (made without an ``__init__`` frame: the door's hot path)."""
+    owner = _new(_DeviceOwner)
+    owner.block, owner.record = block, record
+    return owner
 
 
 class _PinnedOwner:
@@ -75,7 +82,7 @@ def cupy_allocator(nbytes: int):
         failed(manager, "cupy", size, ref)
         raise
     record = None if process.recording is None and manager.log is None else recorded(manager, block, "cupy")
-    return cuda.MemoryPointer(cuda.UnownedMemory(block.address, size, _DeviceOwner(block, record), device_id), 0)
+    return cuda.MemoryPointer(cuda.UnownedMemory(int(block.ptr), size, device_owner(block, record), device_id), 0)
 
 
 def cupy_pinned_allocator(nbytes: int):
@@ -105,5 +112,11 @@ def _cupy(name: str):
 
 
 def _stream_ref(stream):
-    # A stream other than CuPy's null stream (ptr 0, the legacy stream), named by its object, which the block keeps.
-    return as_stream_ref(stream if hasattr(stream, "__cuda_stream__") else stream.ptr)
+    # A stream other than CuPy's null stream (ptr 0: legacy), the last one kept (Note [The last stream named]).
+    last = process.cupy_stream
+    if last[0] is stream:
+        return last[1]
+    ref = as_stream_ref(stream if hasattr(stream, "__cuda_stream__") else stream.ptr)
+    if type(stream).__name__ == "Stream" and ref.thread is None:  # cupy.cuda.Stream's own, not per-thread
+        process.cupy_stream = (stream, ref)
+    return ref

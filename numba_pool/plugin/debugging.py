@@ -27,8 +27,7 @@ def segments_of(manager) -> list[dict]:
 
 
 def snapshot_of(managers: Iterable, segments: Callable = segments_of) -> dict:
-    """The snapshot of ``managers`` with the history in effect; ``segments(manager)`` reads each
-    one's (the Dask plugin's pushes its context first)."""
+    """``managers``' snapshot with the history; ``segments(manager)`` reads each one's (Dask's pushes its context)."""
     by_device: dict[int, list[dict]] = {}
     for manager in managers:
         by_device.setdefault(manager.device_id, []).extend(segments(manager))
@@ -42,8 +41,7 @@ def ensure_recording() -> None:
 
 
 def add_observer(callback: Callable) -> None:
-    """Call ``callback(device, size, snapshot)`` at each out-of-memory error (after the retry),
-    in the allocating thread, before the error is raised."""
+    """Run ``callback(device, size, snapshot)`` at each out of memory, after the retry, before raising (same thread)."""
     if not callable(callback):
         raise TypeError(f"numba_pool.on_out_of_memory: {callback!r} is not callable")
     try:
@@ -58,8 +56,7 @@ def add_observer(callback: Callable) -> None:
 
 
 def out_of_memory(managers: Callable[[], Iterable], oom_snapshot: str | None, device: int, size: int, error) -> None:
-    """``size`` bytes on ``device`` failed after the retry: one snapshot, to the ``oom_snapshot`` file
-    the first time, then to every observer.  Never raises: an observer's exception is a warning."""
+    """Out of memory after the retry: one snapshot, to the ``oom_snapshot`` file once and to observers; never raises."""
     observers, write = process.out_of_memory_targets(oom_snapshot)
     if not observers and not write:
         return

@@ -1,5 +1,4 @@
-"""The pinned and mapped host memory objects Numba gets from the host cache
-(``NUMBA_POOL_HOST``, :mod:`numba_pool.allocator.host_blocks`)."""
+"""Numba's pinned/mapped memory from the host cache (``NUMBA_POOL_HOST``, :mod:`numba_pool.allocator.host_blocks`)."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ from .state import process
 
 
 def host_memory(manager, host: HostBlocks, size: int, mapped: bool, portable: bool, wc: bool):
-    """``size`` bytes of page-locked host memory from ``host`` for ``manager``: a ``PinnedMemory``, or with
-    ``mapped`` a ``MappedMemory``'s owned view; its release returns the block (held back inside ``defer_cleanup``).
-
+    """``size`` bytes of page-locked host memory from ``host`` for ``manager``: a ``PinnedMemory``, or with ``mapped`` a
+    ``MappedMemory``'s owned view; its release returns the block (held back inside ``defer_cleanup``).
     :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the host cache's sizes."""
     block = host.allocate_block(size, LEGACY, host_flags(mapped, portable, wc))
     finalizer = partial(_release_host, manager, block, mapped)
@@ -38,8 +36,7 @@ def _release_host(manager, block: Block, mapped: bool) -> None:
 
 
 def _pooled_mapped_memory(numba_driver, context, block, size: int, finalizer):
-    """The frontend's ``MappedMemory`` for a cached block, built as its constructor does but with the
-    cache's device pointer (``cuMemHostGetDevicePointer``), saving a driver call."""
+    """A cached block's ``MappedMemory``, as its constructor builds it, with the cached device pointer (a call less)."""
     from cuda.bindings import driver as binding
 
     mem = numba_driver.MappedMemory.__new__(numba_driver.MappedMemory)

@@ -1,6 +1,5 @@
-"""The managed memory objects Numba gets from the managed cache (``NUMBA_POOL_MANAGED``,
-:mod:`numba_pool.allocator.host_blocks` on a :class:`~numba_pool.allocator.backings.ManagedBacking`):
-the block source of a device's managed allocation path (:mod:`numba_pool.plugin.path`)."""
+"""Numba's managed memory from the managed cache (``NUMBA_POOL_MANAGED``, :mod:`numba_pool.allocator.host_blocks` on a
+:class:`~numba_pool.allocator.backings.ManagedBacking`): the managed path's block source (:mod:`.path`)."""
 
 from __future__ import annotations
 
@@ -17,10 +16,8 @@ from ..cuda.streams import LEGACY, per_thread, scopes_entered
 
 
 class ManagedSource:
-    """Managed memory for one manager: ``allocate(size)`` takes a block from ``cache`` (under the host
-    rule) on the thread's allocation stream and wraps it in the frontend's ``PooledManagedMemory``,
-    whose release gives it back (held back inside ``defer_cleanup``).
-
+    """One manager's managed memory: ``allocate(size)``, a block from ``cache`` (host rule) on the thread's allocation
+    stream in the frontend's ``PooledManagedMemory``, whose release gives it back (held back in ``defer_cleanup``).
     :param manager: the :class:`~numba_pool.plugin.manager.NumbaPoolManager`.
     :param prefetch_to: the device each new array is prefetched to (``NUMBA_POOL_MANAGED_PREFETCH``), or None."""
 
@@ -32,11 +29,8 @@ class ManagedSource:
         self._prefetch_to = prefetch_to
 
     def allocate(self, size: int) -> PooledManagedMemory:
-        """``size`` (> 0) bytes of managed memory, writable by the host at once; with prefetch, a
-        ``cuMemPrefetchAsync`` to the device follows on the allocation stream.
-
-        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes; a failed prefetch's
-            error, after the block went back."""
+        """``size`` (> 0) managed bytes, host-writable at once (prefetch: ``cuMemPrefetchAsync`` on its stream).
+        :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes; a failed prefetch's (block freed)."""
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream.value == LEGACY.value:
             stream = LEGACY  # also inside numba_pool.scratch, whose stream object is its own
@@ -55,13 +49,11 @@ class ManagedSource:
         return mem
 
 
-
 def managed_cache(cu, device_id: int, context, config: _config.PoolConfig,
                   deferral=None) -> tuple[HostBlocks | None, str]:
-    """The managed cache of a device (blocks from ``cuMemAllocManaged``: Note [Managed blocks are not from a
-    mempool]) and ``""``; or None and why not (off, or no concurrent managed access), Numba's ``cuMemAllocManaged``
-    serving.  ``deferral``: the manager's ``defer_cleanup`` state, holding the cache's releases back.
-
+    """The managed cache of a device (blocks from ``cuMemAllocManaged``: Note [Managed blocks are not from a mempool])
+    and ``""``; or None and why not (off, or no concurrent managed access), Numba's ``cuMemAllocManaged`` serving.
+    ``deferral``: the manager's ``defer_cleanup`` state, holding the cache's releases back.
     :raises CudaAPIError: when the device attribute cannot be read."""
     why = why_not_served(cu, device_id, config)
     if why:
@@ -73,10 +65,8 @@ def managed_cache(cu, device_id: int, context, config: _config.PoolConfig,
 
 
 def why_not_served(cu, device_id: int, config: _config.PoolConfig, concurrent: bool | None = None) -> str:
-    """Why numba_pool does not serve device ``device_id``'s managed arrays, or ``""`` when it does:
-    the one decision of the manager (:func:`managed_cache`) and ``numba-pool info``.
-
-    :param concurrent: the device's concurrent managed access, when the caller has read it.
+    """Why numba_pool does not serve ``device_id``'s managed arrays, else ``""`` (:func:`managed_cache`, ``numba-pool
+    info``).  :param concurrent: the device's concurrent managed access, when the caller has read it.
     :raises CudaAPIError: when the device attribute cannot be read."""
     if not config.managed:
         return "NUMBA_POOL_MANAGED is off"

@@ -126,8 +126,7 @@ class NumbaPoolManager:
         if config.cuda_core:  # the cuda.core door, where Numba's launches allocate (numba_pool.plugin.resource)
             from .resource import install  # imports cuda.core
             install(self)
-        # Outside the lock: starting the history recomposes every registered path, this one's too (its lock).
-        if config.leak_report:
+        if config.leak_report:  # these two outside the lock: starting the history recomposes every path, ours too
             debugging.enable_leak_report(managers)
         if config.oom_snapshot:
             debugging.ensure_recording()
@@ -238,7 +237,6 @@ class NumbaPoolManager:
             yield
 
     # -- numba_pool extensions ------------------------------------------------------------
-
     def record_stream(self, array, stream) -> bool:
         """:func:`numba_pool.record_stream` here: True if the array is this manager's live allocation (use recorded),
         else False (its owner frees it).  :raises TypeError: for a non-stream ``stream`` or non-array ``array``."""
@@ -279,7 +277,6 @@ def _proxy(context):
 
 
 # -- the managers of the process, kept by the process state (numba_pool.plugin.state) ------------
-
 def manager_class(frontend: Frontend) -> type:
     """:class:`NumbaPoolManager` on ``frontend``'s ``HostOnlyCUDAMemoryManager``."""
     return process.manager_class(

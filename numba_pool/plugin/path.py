@@ -1,23 +1,19 @@
-"""The one place a device's allocation path is composed: what Numba's ``memalloc(size)`` runs, inside out (RMM's
-resource adaptors, stacked)::
+"""The one place a device's allocation path is composed: Numba's ``memalloc(size)``, inside out (RMM-style adaptors)::
 
     recording adaptor     while numba_pool.record_history() is on                 (observe.history)
     counting adaptor      while a numba_pool.statistics() scope is open anywhere  (observe.scopes)
       logging adaptor     while NUMBA_POOL_LOG names a file                       (observe.alloclog)
         block source      the arena when it is on, else the mempool blocks        (allocator)
 
-Numba's ``memallocmanaged(size, attach_global=True)`` runs the same adaptors on the managed block source
-(:class:`~numba_pool.plugin.managed_memory.ManagedSource`, the managed cache) when ``NUMBA_POOL_MANAGED`` is
-on and the device has concurrent managed access; its log rows say ``managed`` in the Kind column.
+Numba's ``memallocmanaged(size, attach_global=True)`` runs them on the managed cache's source
+(:class:`~.managed_memory.ManagedSource`; ``NUMBA_POOL_MANAGED``, concurrent managed access), logged as ``managed``.
 
-The block source allocates and gives each pointer its release; an adaptor calls the layer below and puts its part
-in front of that pointer's release (Note [One pointer per allocation]).  No module patches another's objects; the
-manager binds the composed path as its ``memalloc`` (Note [The path is the manager's memalloc] in
-:mod:`numba_pool.plugin.manager`).  IPC leases are not in the path: an export registers a *hold* with the device
-allocator, consulted on the release's slow path only (rule 2).  The path is composed again when an adaptor is
-switched on or off (the first statistics scope opening or the last closing, the history starting or stopping:
-:meth:`numba_pool.plugin.state.ProcessState.recompose`).  With no adaptor on, it is the block source's own
-``allocate`` (Note [No frame between Numba and the source])."""
+The block source gives each pointer its release; an adaptor calls the layer below and prepends its part to that
+pointer's release (Note [One pointer per allocation]).  No module patches another's objects; the manager binds the path
+as its ``memalloc`` (Note [The path is the manager's memalloc] in :mod:`.manager`).  IPC leases are not in the path: an
+export's *hold* is consulted only on the release's slow path (rule 2).  The path is recomposed as adaptors switch (first
+statistics scope opened, last closed, history started or stopped: :meth:`.state.ProcessState.recompose`).  With none on,
+it is the block source's own ``allocate`` (Note [No frame between Numba and the source])."""
 
 from __future__ import annotations
 

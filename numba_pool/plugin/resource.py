@@ -41,6 +41,7 @@ class MemoryResource(_CoreResource):
         self._manager = manager
         self._lock = threading.Lock()  # guards finding the manager
         self._blocks: dict[int, tuple] = {}  # address -> (Block, its source, history record): live; atomic operations
+        self._last = (None, LEGACY, LEGACY_DEFAULT_STREAM)  # Note [The last stream named]; replaced whole (atomic)
 
     def allocate(self, size: int, stream=None) -> Buffer:
         """A ``Buffer`` of ``size`` bytes for work on ``stream`` (cuda.core's, Numba's, any ``__cuda_stream__``
@@ -49,18 +50,22 @@ class MemoryResource(_CoreResource):
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after numba_pool's retry, with the pool's sizes."""
         if type(size) is not int or not 0 < size < 1 << 64:  # the common case checked inline: no frame
             size = byte_count(size, f"numba_pool.{type(self).__name__}.allocate", "size", positive=True)
-        ref = LEGACY if stream is None else as_stream_ref(stream)
+        last = self._last
+        if last[0] is not stream:
+            last = _named(stream)
+            if type(stream) is Stream and last[1].thread is None:
+                self._last = last
+        ref = last[1]
         manager = self._manager or self._manager_now()
         try:
             block, source = self._take(size, ref, manager)
         except CudaAPIError:
             failed(manager, self._door, size, ref)
             raise
-        address = block.address
+        address = int(block.ptr)
         self._blocks[address] = (block, source, None if process.recording is None and manager.log is None
                                  else recorded(manager, block, self._door))
-        return Buffer.from_handle(address, size, mr=self,
-                                  stream=stream if isinstance(stream, Stream) else _core_stream(stream, ref))
+        return Buffer.from_handle(address, size, mr=self, stream=last[2])
 
     _door = "cuda.core"  # the history's kind for this door's allocations
 
@@ -75,9 +80,18 @@ class MemoryResource(_CoreResource):
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
-        named = None if stream is None or stream is block.stream.owner or _same_stream(stream, block.stream) else \
-            as_stream_ref(stream)
-        if record is None:  # the common case without a frame
+        ref = block.stream
+        if stream is None or stream is ref.owner:
+            named = None
+        else:  # cuda.core passes a new Stream object: compare handles (a protocol's, without a StreamRef)
+            try:
+                same = stream.__cuda_stream__()[1] == ref.value
+            except Exception:  # noqa: BLE001 - not that protocol: the full test below says
+                same = False
+            named = None if same or _same_stream(stream, ref) else as_stream_ref(stream)
+        if named is None and record is None:  # the common case without a frame: deallocate(block) on its stream
+            block.release(block)
+        elif record is None:
             source.deallocate(block, named)
         else:
             release(record, source.deallocate, block, named)
@@ -136,6 +150,17 @@ class ManagedMemoryResource(PinnedMemoryResource):
 
     def _take(self, size: int, ref, manager):
         return cache_block(manager.managed, f"{_OFF}{manager.managed_off_because}", size, ref, 0)
+
+
+def _named(stream) -> tuple:
+    """``(stream, its StreamRef, the stream the Buffer records)`` for ``allocate``'s ``stream``.
+
+    Note [The last stream named]
+        The resource keeps the last cuda.core ``Stream`` it was given (alive) with its ``StreamRef``, whose idle
+        key (rule 7a) the allocator asks once: a program allocates on few streams.  Only such an object: an int or
+        another library's object may name another stream after a destroy; a per-thread stream is one per thread."""
+    ref = LEGACY if stream is None else as_stream_ref(stream)
+    return stream, ref, stream if isinstance(stream, Stream) else _core_stream(stream, ref)
 
 
 def _core_stream(stream, ref):

@@ -1,8 +1,7 @@
-"""What the doors other than Numba's EMM plugin share (the cuda.core memory resources, the CuPy and PyTorch
-allocators): the manager they allocate through (:func:`serving_manager`), a
-pinned or managed cache's block (:func:`cache_block`), and their allocations in the history (:func:`recorded`,
-:func:`release`), tagged with the door's name as their kind (``cuda.core``, ``cupy``, ``torch``), so that
-snapshots and the leak report show them beside Numba's."""
+"""What the doors other than Numba's EMM plugin share (the cuda.core memory resources, the CuPy and PyTorch allocators):
+the manager they allocate through (:func:`serving_manager`), a pinned or managed cache's block (:func:`cache_block`),
+and their allocations in the history (:func:`recorded`, :func:`release`), tagged with the door's name as their kind
+(``cuda.core``, ``cupy``, ``torch``), so that snapshots and the leak report show them beside Numba's."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def _find(device_id: int, door: str):
 
 
 def _log_kind(door: str) -> str | None:
-    """The allocation log's Kind for ``door``'s rows (:data:`numba_pool.observe.alloclog.KINDS`): device memory's
-    name the door; None: not logged (pinned memory, as Numba's own pinned arrays)."""
+    """Log Kind of ``door``'s rows (:data:`numba_pool.observe.alloclog.KINDS`), or None for pinned memory (unlogged)."""
     if door == "cuda.core managed":
         return "managed"
     return None if door == "cuda.core pinned" else door
@@ -56,9 +54,8 @@ def _log_kind(door: str) -> str | None:
 
 def recorded(manager, block, door: str):
     """What the release of ``block``, allocated through ``door``, must observe: None when neither
-    :func:`numba_pool.record_history` records nor ``NUMBA_POOL_LOG`` logs (two attribute loads), else
-    ``((history, event) or None, log row or None)``, the allocation recorded (its stack from the door's caller)
-    and logged."""
+    :func:`numba_pool.record_history` records nor ``NUMBA_POOL_LOG`` logs (two attribute loads), else ``((history,
+    event) or None, log row or None)``, the allocation recorded (its stack from the door's caller) and logged."""
     history, log = process.recording, manager.log  # the doors test both before calling: no frame when neither
     if history is None and log is None:
         return None
@@ -77,8 +74,7 @@ def recorded(manager, block, door: str):
 
 def failed(manager, door: str, size: int, stream) -> None:
     """Log the ``allocate failure`` row of ``size`` bytes on ``stream`` (a ``StreamRef``) through ``door``, whose
-    allocation raised ``CudaAPIError`` (out of memory); the door re-raises that.  Never raises (a full disk under
-    the log must not replace the error)."""
+    allocation raised an out-of-memory ``CudaAPIError`` (re-raised).  Never raises: a full disk must not hide it."""
     kind = _log_kind(door)
     if manager.log is not None and kind is not None:
         try:
@@ -105,9 +101,8 @@ def release(record, deallocate: Callable[..., None], *args) -> None:
 
 
 def cache_block(cache, unavailable: str, size: int, stream, flags: int):
-    """``(Block, cache)``: ``size`` bytes for work on ``stream`` (a ``StreamRef``) from a pinned or managed
-    cache (``HostBlocks``), allocated in the cache's owner context (a door's library may call with no context
-    current: ``cuMemHostAlloc`` needs one).
+    """``(Block, cache)``: ``size`` bytes on ``stream`` (a ``StreamRef``) from a pinned or managed cache
+    (``HostBlocks``), in the cache's owner context (``cuMemHostAlloc`` needs one; the caller may have none current).
     :raises RuntimeError: ``unavailable``, when the cache is off (None).
     :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes."""
     if cache is None:

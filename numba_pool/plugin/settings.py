@@ -9,7 +9,6 @@ from .state import process
 
 def config_in_effect() -> _config.PoolConfig:
     """:meth:`ProcessState.config_in_effect <numba_pool.plugin.state.ProcessState.config_in_effect>`.
-
     :raises ConfigError: when a ``NUMBA_POOL_*`` variable is bad."""
     return process.config_in_effect()
 

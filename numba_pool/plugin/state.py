@@ -43,9 +43,10 @@ class ProcessState:
         #: device ordinal -> weak reference to the manager the doors allocate through (:mod:`.serving`);
         #: read and set without the lock (one dict operation each).
         self.door_managers: dict = {}
+        #: The CuPy door's ``(last Stream named, its StreamRef)`` (Note [The last stream named]); set whole, no lock.
+        self.cupy_stream: tuple = (None, None)
 
     # -- the managers -----------------------------------------------------------------------
-
     def register(self, manager) -> None:
         """Count ``manager`` among the process's (from its first initialization, while it lives)."""
         with self._lock:
@@ -70,7 +71,6 @@ class ProcessState:
             manager.recompose()
 
     # -- the configuration ------------------------------------------------------------------
-
     def config_in_effect(self) -> _config.PoolConfig:
         """The installed configuration; the environment's, read now, when none was.
 
@@ -91,7 +91,6 @@ class ProcessState:
             self._config = config
 
     # -- the adaptors' switches -------------------------------------------------------------
-
     def set_recording(self, recording: History | None) -> None:
         """Record into ``recording`` from now on (None: stop), then compose every path again."""
         with self._lock:
@@ -116,7 +115,6 @@ class ProcessState:
             return self._scopes_open == 0
 
     # -- out of memory and leaks ------------------------------------------------------------
-
     def add_observer(self, callback: Callable) -> None:
         """Call ``callback`` at each out-of-memory error (:mod:`numba_pool.plugin.debugging`)."""
         with self._lock:

@@ -49,15 +49,16 @@ class TorchDoor:
                 failed(manager, "torch", size, ref)
             return _say(err)
         record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
-        self._blocks[block.address] = (block, manager.allocator, record)
-        return block.address
+        address = int(block.ptr)
+        self._blocks[address] = (block, manager.allocator, record)
+        return address
 
     def _free(self, ptr, size: int, device: int, stream) -> None:
         held = self._blocks.pop(ptr or 0, None)
         if held is not None:  # never raises
             block, allocator, record = held
-            handle = stream or 0
-            named = None if names_stream(handle, block.stream) else as_stream_ref(handle)
+            handle, ref = stream or 0, block.stream
+            named = None if (not handle and ref is LEGACY) or names_stream(handle, ref) else as_stream_ref(handle)
             if record is None and named is None:  # the common case without a frame
                 block.release(block)
             else:

@@ -22,6 +22,7 @@ from numba_pool.allocator import device as device_module
 from numba_pool.allocator import mempool_blocks as mempool_blocks_module
 from numba_pool.allocator import host_blocks as host_blocks_module
 from numba_pool.allocator import release as release_module
+from numba_pool.allocator import stream_idle as stream_idle_module
 from numba_pool.allocator import waits as waits_module
 from numba_pool.allocator.release import Pending
 from numba_pool.cuda import driver
@@ -178,6 +179,24 @@ def test_the_fuzzer_finds_a_door_that_ignores_the_deallocation_stream(monkeypatc
     monkeypatch.setattr(device_module.DeviceAllocator, "deallocate", deallocate_on_the_allocation_stream)
     machine = type("Planted", (Narrowed,), {"arena": arena, "threads": 1, "blocking": (True, False, False),
                                             "door": True})
+    with pytest.raises(AssertionError, match="unordered reuse") as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    assert "new owner" in str(caught.value)
+
+
+def take_by_size_only(self, key, size):
+    """Rule 7a broken: an allocation takes any stream's idle block of its size."""
+    for (_, kept), idle in list(self.lists.items()):
+        if kept == size and idle:
+            return idle.pop()
+    return None
+
+
+def test_the_fuzzer_finds_another_streams_idle_block_handed_out(monkeypatch):
+    """(Rule 7a's blocking-stream exclusion: tests/allocator/test_stream_idle.py, found by the full fuzzer's
+    threads; this narrowed machine does not reach it within its budget.)"""
+    monkeypatch.setattr(stream_idle_module.StreamIdle, "take", take_by_size_only)
+    machine = type("Planted", (Narrowed,), {"arena": False, "threads": 1, "blocking": (False, False)})
     with pytest.raises(AssertionError, match="unordered reuse") as caught:
         run_state_machine_as_test(machine, settings=BUDGET)
     assert "new owner" in str(caught.value)

@@ -150,7 +150,7 @@ def test_cupys_owner_gives_the_block_back_when_cupy_drops_it(programs, recording
     # is the block's drop (rule 14 with no stream: ordered on the allocation stream).
     import numba_pool
     from numba_pool.cuda.streams import LEGACY
-    from numba_pool.plugin.cupy_allocator import _DeviceOwner
+    from numba_pool.plugin.cupy_allocator import device_owner
     from numba_pool.plugin.serving import recorded
     from numba_pool.plugin.state import process
 
@@ -158,7 +158,7 @@ def test_cupys_owner_gives_the_block_back_when_cupy_drops_it(programs, recording
     numba_pool.record_history(recording)
     try:
         block = p.mm.allocate_block(4096, LEGACY)
-        owner = _DeviceOwner(block, recorded(p.mm, block, "cupy"))
+        owner = device_owner(block, recorded(p.mm, block, "cupy"))
         assert p.mm.statistics().bytes_in_use == 4096
         del owner, block
         assert p.mm.statistics().bytes_in_use == 0

@@ -310,8 +310,8 @@ def test_alternating_non_blocking_streams_and_legacy_reuse_blocks_safely(program
         p.launch(on, [f])
         p.drop(f)
     assert_clean(p)
-    stats = p.finish()
-    assert stats["reuse_same_stream"] > 0, stats
+    p.finish()
+    # 6000 B blocks come back from the stream's idle blocks (rule 7a), not through the pool: counted here.
     assert reused[1000] > 0 and reused[6000] > 0, reused
 
 

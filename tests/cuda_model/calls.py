@@ -83,6 +83,13 @@ class _StreamCalls:
         return (SUCCESS, s.id) if s is not None else (_R.CUDA_ERROR_INVALID_HANDLE, None)
 
     @_driver
+    def cuStreamGetFlags(self, stream: Any):
+        s = self._stream(stream, "cuStreamGetFlags")
+        if s is None:
+            return _R.CUDA_ERROR_INVALID_HANDLE, None
+        return SUCCESS, 0 if s.blocking else int(_cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+
+    @_driver
     def cuStreamSynchronize(self, stream: Any):
         s = self._stream(stream, "cuStreamSynchronize")
         if s is None:

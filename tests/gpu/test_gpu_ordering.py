@@ -208,3 +208,72 @@ def test_a_blocking_stream_destroyed_before_the_fence_still_orders_the_reuse():
     finally:
         fences.fence_blocks, fences._query = saved
     assert int(hits.copy_to_host()[0]) == 0, f"reused {reused} of 6 times while the reader ran"
+
+
+def test_a_destroyed_streams_idle_block_never_goes_to_a_stream_given_its_handle():
+    """A block released on a non-blocking stream stays idle for that stream (rule 7a), kept by the driver's stream
+    id.  The stream is destroyed while a reader of the block still runs, and a new stream (often given the same
+    handle) allocates the size and fills it with poison: it must get other memory, so the reader sees no poison.
+    Planted (the idle blocks taken by size whatever the stream, ``PLANT_IDLE_ANY_STREAM=1``): the reader sees the
+    fill's poison."""
+    import os
+    from cuda.bindings import driver as cu
+
+    from gpu_helpers import POISON, read_after_delay
+
+    n = (16 << 20) // 4  # above the arena's largest block: the mempool's blocks in both modes
+    idle = cuda.current_context().memory_manager.allocator.mempool_blocks.stream_idle
+    saved = type(idle).take
+    if os.environ.get("PLANT_IDLE_ANY_STREAM") == "1":
+        def take_any(key, size):
+            for (_, kept), blocks_ in list(idle.lists.items()):
+                if kept == size and blocks_:
+                    return blocks_.pop()
+            return None
+        type(idle).take = lambda self, key, size: take_any(key, size)
+    hits = cuda.to_device(np.zeros(1, dtype=np.int64))
+    same_handle = reused = 0
+    try:
+        for _ in range(6):
+            first = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+            with numba_pool.using_stream(cuda.external_stream(int(first))):
+                a = cuda.device_array(n, dtype=np.float32)
+            fill_kernel[blocks(n), THREADS, cuda.external_stream(int(first))](a, np.float32(1.0))
+            read_after_delay[32, THREADS, cuda.external_stream(int(first))](a, POISON, 200_000, hits)
+            address = a.device_ctypes_pointer.value
+            del a
+            gc.collect()
+            assert cu.cuStreamDestroy(first)[0] == cu.CUresult.CUDA_SUCCESS
+            second = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)[1]
+            same_handle += int(second) == int(first)
+            with numba_pool.using_stream(cuda.external_stream(int(second))):
+                c = cuda.device_array(n, dtype=np.float32)
+            reused += c.device_ctypes_pointer.value == address
+            fill_kernel[blocks(n), THREADS, cuda.external_stream(int(second))](c, POISON)
+            cuda.synchronize()
+            del c
+            gc.collect()
+            cu.cuStreamDestroy(second)
+    finally:
+        type(idle).take = saved
+    print(f"\nstream handles reused {same_handle} of 6 times, blocks {reused} of 6")
+    assert int(hits.copy_to_host()[0]) == 0, f"reused {reused} of 6 times while the reader ran"
+
+
+def test_a_streams_released_block_comes_back_to_it_without_the_pool():
+    """Rule 7a on the GPU: a block released on a stream is its next allocation of the size there (the pool's used
+    bytes do not move), and a kernel still reading it when it is handed out again sees no other owner's writes."""
+    n = (16 << 20) // 4
+    hits = cuda.to_device(np.zeros(1, dtype=np.int64))
+    with non_blocking_stream() as stream, numba_pool.using_stream(stream):
+        addresses = set()
+        for i in range(8):
+            a = cuda.device_array(n, dtype=np.float32)
+            addresses.add(a.device_ctypes_pointer.value)
+            fill_kernel[blocks(n), THREADS, stream](a, np.float32(i))
+            count_not_equal_after_delay[16, THREADS, stream](a, np.float32(i), 20, hits)
+            del a
+            gc.collect()  # a Numba array may sit in a cycle: released now, before the next allocation
+        stream.synchronize()
+    assert len(addresses) == 1, addresses
+    assert int(hits.copy_to_host()[0]) == 0
