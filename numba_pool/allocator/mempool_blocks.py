@@ -73,15 +73,14 @@ class PooledBlocks(PooledDoor, BlockSource):
                     pass
                 else:
                     return self.reuse(block)
-        else:  # rule 7a: a block this stream released (Note [Idle blocks of a stream] in .stream_idle)
+        else:  # rule 7a (Note [Idle blocks of a stream]); the key after the capture check
             key = stream.idle_key
-            if key is None:  # after the capture check: on a capturing stream cuStreamGetId invalidates the capture
+            if key is None:
                 key = stream.idle_key = self.stream_idle.key_of(stream)
-            if key is not False:
-                block = self.stream_idle.take(key, size)
-                if block is not None:
-                    block.stream = stream
-                    return self.reuse(block)
+            block = self.stream_idle.take(key, size) if key is not False else None
+            if block is not None:
+                block.stream = stream
+                return self.reuse(block)
         return self.allocate_on(size, stream)
 
     def _handle_of(self, stream: StreamRef):
@@ -189,7 +188,7 @@ class PooledBlocks(PooledDoor, BlockSource):
             return taken + self.stream_idle.take_all()
 
     def released_bytes(self) -> int:
-        """Bytes released on the legacy stream not yet back in the mempool (counted as used)."""
+        """Bytes released, not yet back in the mempool (counted as used): the legacy stream's, and rule 7a's idle."""
         batches = [batch for _, batch, _ in list(self.fences.batches)]
         waiting = sum(block.size for batch in [list(self.pending), *batches] for block in batch)
         return (waiting + sum(size * len(idle) for size, idle in list(self.idle.items()))
@@ -232,7 +231,10 @@ class PooledBlocks(PooledDoor, BlockSource):
         self._waits.owner.enter(self._free_on_legacy)
 
     def _free_on_legacy(self, retry: bool) -> None:  # OwnerContext.enter's signature
-        for block in self.pending.take() + self.stream_idle.take_all():
+        kept = self.stream_idle.take_all()  # a release raced the reset (rule 7a): its stream's work may still run
+        if kept:
+            report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize (a release racing a reset)")
+        for block in self.pending.take() + kept:
             ptr = block.ptr
             report_failure(self._free_async(ptr, LEGACY.handle), f"cuMemFreeAsync({int(ptr):#x})")
 

@@ -117,7 +117,7 @@ def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
             if on_dropped is not None and source.dropped:
                 on_dropped()
             return
-        if keep is not None and keep(block):  # kept idle for its stream (rule 7a)
+        if keep is not None and not source.dropped and keep(block):  # kept idle for its stream (rule 7a)
             if on_dropped is not None and source.dropped:
                 on_dropped()
             return

@@ -1,24 +1,18 @@
-"""Rule 7a of :mod:`numba_pool.allocator`: a mempool block released on a non-blocking stream stays idle for it, and
-its next allocation of the size takes it with no driver call (PyTorch's caching allocator keeps blocks per stream).
+"""Rule 7a of :mod:`numba_pool.allocator`: a mempool block released on a non-blocking stream stays idle for it; its
+next allocation of the size takes it with no alloc or free call (PyTorch's caching allocator keeps blocks per stream).
 
 Note [Idle blocks of a stream]
-    A block released on S with nothing else to wait for (a ``record_stream`` stream, a hold or ``defer_cleanup``
-    take the ordered release) was last used by work on S or ordered before its release there; S runs its next
-    owner's work after that, as the pool would after ``cuMemFreeAsync`` on S.  So:
-
-    * only for a non-blocking S.  On a blocking stream a free is an operation that waits for the legacy stream's
-      earlier work (CUDA Runtime API, "stream synchronization behavior"), so a legacy-stream use is ordered before
-      work the program orders after S's; keeping the block enqueues nothing (the fuzzer found that race);
-    * kept by S's driver id (``cuStreamGetId``, rule 6), never by handle, which a stream made later may get; an
-      idle Block keeps no stream object (a dropped stream's blocks wait for trim, out of memory or reset);
-    * not while S is being captured (``cuStreamIsCapturing`` at the release, any capture): the release is then the
-      pool's free, which the driver refuses for memory no graph allocated (warned; never reused), as for
-      cuda.core's own pool; a capturing S gets allocation nodes (rule 13);
-    * within :data:`PER_STREAM_SIZE`, :data:`MAX_BYTES` and :data:`MAX_LISTS`; beyond, freed on S as before.
-
-    Releases come from any thread without a lock.  :meth:`StreamIdle.take_all` and the pruning of empty lists pop
-    a list from the table; a release that appended to a list no longer in it takes its block back out and frees
-    it (or finds it taken, to be freed by the taker)."""
+    A block released on S with nothing else to wait for (``record_stream``, holds and ``defer_cleanup`` take the
+    ordered release) was last used on S or before its release there; S runs its next owner after that, as the pool
+    would after ``cuMemFreeAsync`` on S.  Hence: only a non-blocking S (on a blocking stream a free is an operation
+    that waits for the legacy stream's earlier work, CUDA Runtime API "stream synchronization behavior"; keeping
+    enqueues nothing: the fuzzer found that race); keyed by S's driver id (``cuStreamGetId``, rule 6), never by
+    handle; an idle Block keeps no stream object (a dropped stream's blocks wait for trim, out of memory, reset);
+    never while S is captured (``cuStreamIsCapturing`` at the release, any capture: the release stays the pool's
+    free, refused by the driver for memory no graph allocated, as for cuda.core's pool); within
+    :data:`PER_STREAM_SIZE`, :data:`MAX_BYTES` and :data:`MAX_LISTS`, beyond which it is freed on S.  No lock:
+    :meth:`StreamIdle.take_all` and the pruning pop lists from the table; a release that appended to one no longer
+    in it takes its block back out and frees it, or finds it taken (freed or put back by the taker)."""
 
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ MAX_LISTS = 1024  #: (stream, size) pairs kept, empty ones pruned when reached.
 
 
 class StreamIdle:
-    """``lists``: (stream id, bytes) -> idle Blocks of that stream; ``nbytes``: their bytes, added without a lock (a
-    lost update is undone by :meth:`take_all`)."""
+    """``lists``: (stream id, bytes) -> idle Blocks; ``nbytes``: their bytes, counted again when off (no lock)."""
 
     __slots__ = ("lists", "nbytes", "_cu")
 
@@ -48,9 +41,8 @@ class StreamIdle:
         self._cu = cu
 
     def key_of(self, stream: StreamRef):
-        """The key of ``stream``'s idle blocks: its driver id (``cuStreamGetId``, rule 6) for a non-blocking stream;
-        False for a blocking one, or one the driver won't answer for.  Not on a capturing stream (the id invalidates
-        its capture)."""
+        """``stream``'s idle key: its ``cuStreamGetId`` if non-blocking, else False (also when the driver won't say).
+        Not on a capturing stream: the id invalidates its capture."""
         cu = self._cu
         err, flags = cu.cuStreamGetFlags(stream.handle)
         if err != SUCCESS or not int(flags) & _NON_BLOCKING:
@@ -59,13 +51,16 @@ class StreamIdle:
         return stream_id if err == SUCCESS else False
 
     def keep(self, block: Block) -> bool:
-        """The release gate's fast action for ``block`` (allocated on a stream other than the legacy one): True when
-        kept idle, False when it is to be freed on its stream.  Any thread; never raises."""
+        """The gate's fast action for a non-legacy ``block``: kept (True), or to free on its stream.  Never raises."""
         size = block.size
         stream = block.stream
         stream_key = stream.idle_key
-        if stream_key is None or stream_key is False or self.nbytes + size > MAX_BYTES:
+        if stream_key is None or stream_key is False:  # unknown, or a blocking stream
             return False
+        if not 0 <= self.nbytes <= MAX_BYTES - size:  # full, or the unlocked count drifted: count again
+            self.nbytes = self.held_bytes()
+            if self.nbytes > MAX_BYTES - size:
+                return False
         if not surely_not_capturing(self._cu, stream.handle):
             return False
         lists, key = self.lists, (stream_key, size)
@@ -116,8 +111,11 @@ class StreamIdle:
         return sum(size * len(idle) for (_, size), idle in list(self.lists.items()))
 
     def _prune(self) -> bool:
-        # The table is full: drop its empty lists; whether there is room now.
-        for key, idle in list(self.lists.items()):
-            if not idle:
-                self.lists.pop(key, None)
-        return len(self.lists) < MAX_LISTS
+        # The table is full: drop empty lists (a release's block appended between the test and the pop goes back).
+        lists = self.lists
+        for key, idle in list(lists.items()):
+            if not idle and lists.pop(key, None) is idle and idle:
+                home = lists.setdefault(key, idle)
+                if home is not idle:
+                    home.extend(take_list(idle))
+        return len(lists) < MAX_LISTS

@@ -20,9 +20,8 @@ class StreamRef:
     """A CUDA stream handle plus its owner (a Numba, CuPy or PyTorch stream...), kept alive while an allocation
     ordered on the stream lives, so the stream-ordered free can be enqueued.  ``key``: the arena's stream identity,
     the driver's stream id (``cuStreamGetId``, unique for the process's life; never the handle, which the driver
-    reuses), filled in by :mod:`numba_pool.allocator.arena` at first use.  ``idle_key``: the key of the stream's
-    idle mempool blocks (:mod:`numba_pool.allocator.stream_idle`: its id, or False for none), filled in at first use.
-    ``thread``: the host thread of a per-thread default stream (``CU_STREAM_PER_THREAD``), else None."""
+    reuses), filled in by :mod:`numba_pool.allocator.arena` at first use; ``idle_key``: rule 7a's, likewise (False:
+    none).  ``thread``: the host thread of a per-thread default stream (``CU_STREAM_PER_THREAD``), else None."""
 
     __slots__ = ("handle", "owner", "value", "key", "idle_key", "thread", "scratch")
 

@@ -16,7 +16,7 @@ class PoolStatistics:
     """One device's numba_pool figures; bytes as requested, but for ``pool_*``, ``arena_*``, ``host_*``, ``managed_*``,
     ``graph_*``.  ``bytes_in_use``/``blocks_in_use`` (peaks since start or :func:`numba_pool.reset_peak`);
     ``total_allocations``, ``total_frees``, ``total_bytes`` since start.  ``pool_*``: mempool attributes;
-    ``pool_released_bytes``: dropped arrays' used bytes awaiting their fence (rule 4).  ``oom_retries``/``oom_errors``:
+    ``pool_released_bytes``: dropped arrays' bytes awaiting a fence, or idle (4, 7a).  ``oom_retries``/``oom_errors``:
     allocations retried after synchronizing and trimming / failing again.  ``arena_*`` (0, ``arena_on`` false, when
     off): slabs reserved, live blocks (rounded to 256 B), free blocks, the largest, bytes cached, quarantined and free,
     the slabs.  ``host_*``/``managed_*`` (likewise ``*_on``): bytes reserved (powers of two), in arrays, cached, blocks.

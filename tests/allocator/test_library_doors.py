@@ -273,3 +273,26 @@ def test_a_cuda_error_finding_the_manager_returns_null_and_says_why_in_one_line(
     assert TorchDoor()._malloc(4096, 0, 0) is None
     err = capsys.readouterr().err.strip()
     assert err.startswith("numba_pool.torch_allocator: ") and "cuMemPoolCreate failed" in err and "\n" not in err, err
+
+
+def test_the_cupy_door_keeps_its_last_own_stream_only():
+    """Note [The last stream named] for CuPy: its own ``Stream`` objects are kept with their StreamRef (the idle key is
+    asked once); an ``ExternalStream`` (a handle it does not own) and a per-thread default stream are not."""
+    from numba_pool.cuda.streams import StreamRef
+    from numba_pool.plugin.cupy_allocator import _stream_ref
+    from numba_pool.plugin.state import process
+
+    def stream_class(name, handle):
+        return type(name, (), {"ptr": handle, "__cuda_stream__": lambda self: (0, handle)})
+
+    saved = process.cupy_stream
+    try:
+        own = stream_class("Stream", 0x5000)()
+        first = _stream_ref(own)
+        assert isinstance(first, StreamRef) and first.value == 0x5000 and _stream_ref(own) is first
+        external = stream_class("ExternalStream", 0x6000)()
+        assert _stream_ref(external) is not _stream_ref(external) and process.cupy_stream[0] is own
+        per_thread = stream_class("Stream", int(real_cu.CU_STREAM_PER_THREAD))()
+        assert _stream_ref(per_thread).thread is not None and process.cupy_stream[0] is own
+    finally:
+        process.cupy_stream = saved

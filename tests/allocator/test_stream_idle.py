@@ -212,3 +212,61 @@ def test_a_blocking_streams_block_is_freed_not_kept(programs, monkeypatch, plant
     p.drop(g)
     assert_clean(p)
     p.finish()
+
+
+class _Driver:
+    def cuStreamIsCapturing(self, handle):
+        return cu.CUresult.CUDA_SUCCESS, cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def test_a_prune_racing_a_release_puts_its_block_back(monkeypatch):
+    """The table is full; a prune finds stream 7's list empty and, before it pops the list, a whole release appends
+    its block there (finding the list in the table).  The prune puts it back: stream 7's next allocation gets it."""
+    monkeypatch.setattr(stream_idle, "MAX_LISTS", 2)
+    idle, released = StreamIdle(_Driver()), _Block()
+
+    class Switch(list):
+        fired = False
+
+        def __len__(self):  # the prune's emptiness test, then the release runs whole (a thread switch)
+            empty = super().__len__() == 0
+            if empty and not Switch.fired:
+                Switch.fired = True
+                assert idle.keep(released)
+            return 0 if empty else super().__len__()
+
+    idle.lists.update({(7, 64): Switch(), (8, 64): [object()]})
+    other = _Block()
+    other.stream = type("Other", (), {"handle": cu.CUstream(0x6000), "idle_key": 9, "owner": None})()
+    assert not idle.keep(other)  # still full after the prune: freed on its stream
+    assert idle.take(7, 64) is released
+
+
+def test_a_release_racing_a_reset_synchronizes_before_freeing_on_the_legacy_stream(programs, monkeypatch):
+    """A release that passed the gate's reset test keeps its block after the reset took the idle lists; finding the
+    source dropped, it frees the block, whose stream's kernel may still run, on the legacy stream: only after a
+    synchronize (the legacy stream waits for no non-blocking stream)."""
+    p = programs(arena=False)
+    s = p.create_stream(False)
+    f = p.allocate(SIZE, stream=s)
+    p.launch(s, [f])
+    source = p.mm.allocator.mempool_blocks
+    block = next(b for b in source.blocks() if b.address == f.address)
+    block.ledger.pop(block.ptr)  # the release got past the gate's ledger pop (rule 12)
+    events = []
+    free, synchronize = p.model.cuMemFreeAsync, p.model.cuCtxSynchronize
+    monkeypatch.setattr(source, "_free_async", lambda ptr, on: events.append(("free", int(ptr))) or free(ptr, on))
+    monkeypatch.setattr(p.model, "cuCtxSynchronize", lambda: events.append(("sync",)) or synchronize())
+    take_released = type(source).take_released
+
+    def reset_snapshot_then_the_release(self, releases):
+        taken = take_released(self, releases)
+        if self is source and source.stream_idle.keep(block) and source.dropped:  # the release resumes
+            source.free_after_reset()
+        return taken
+    monkeypatch.setattr(type(source), "take_released", reset_snapshot_then_the_release)
+    p.mm.allocator.reset()
+    first = events.index(("free", block.address))
+    assert ("sync",) in events[:first], events
+    block.state = "free"  # the harness's family is gone with the reset
+    p.families.clear()

@@ -261,8 +261,9 @@ def test_a_destroyed_streams_idle_block_never_goes_to_a_stream_given_its_handle(
 
 
 def test_a_streams_released_block_comes_back_to_it_without_the_pool():
-    """Rule 7a on the GPU: a block released on a stream is its next allocation of the size there (the pool's used
-    bytes do not move), and a kernel still reading it when it is handed out again sees no other owner's writes."""
+    """Rule 7a on the GPU: a block released on a non-blocking stream waits in that stream's idle list (not in the
+    pool) and is its next allocation of the size there; a kernel still reading it when it is handed out again sees
+    no other owner's writes."""
     n = (16 << 20) // 4
     hits = cuda.to_device(np.zeros(1, dtype=np.int64))
     with non_blocking_stream() as stream, numba_pool.using_stream(stream):
@@ -275,5 +276,7 @@ def test_a_streams_released_block_comes_back_to_it_without_the_pool():
             del a
             gc.collect()  # a Numba array may sit in a cycle: released now, before the next allocation
         stream.synchronize()
+    idle = cuda.current_context().memory_manager.allocator.mempool_blocks.stream_idle
     assert len(addresses) == 1, addresses
+    assert addresses.pop() in {int(block.ptr) for kept in idle.lists.values() for block in kept}
     assert int(hits.copy_to_host()[0]) == 0
