@@ -158,7 +158,8 @@ def _named(stream) -> tuple:
     Note [The last stream named]
         The resource keeps the last cuda.core ``Stream`` it was given (alive) with its ``StreamRef``, whose idle
         key (rule 7a) the allocator asks once: a program allocates on few streams.  Only such an object: an int or
-        another library's object may name another stream after a destroy; a per-thread stream is one per thread."""
+        another library's object may name another stream after a destroy; a per-thread stream is one per thread.
+        (One passed again after its ``close()``, or a ``from_handle`` one after its stream went: not diagnosed.)"""
     ref = LEGACY if stream is None else as_stream_ref(stream)
     return stream, ref, stream if isinstance(stream, Stream) else _core_stream(stream, ref)
 
