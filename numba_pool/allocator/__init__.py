@@ -54,7 +54,7 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
    allocation stream after rule 2 (:mod:`.mempool_blocks`); the driver's pool keeps the rule from there.  The
    legacy stream's follow rule 4, freed after their fence (Note [Legacy-stream frees wait for a fence]).
 7a. **A mempool block released on a non-blocking stream S stays idle for S** (:mod:`.stream_idle`), for S's next
-   allocation of its size, with no driver call: kept by S's id (rule 6), never while S is captured (rule 13).
+   allocation of its size, no alloc or free call: kept by S's id (rule 6), never while S is captured (rule 13).
 8. **A release never raises** (:mod:`.waits`).  Where it cannot order (a stream was destroyed, a per-thread
    default stream belongs to another thread, the driver refused), it falls back to the default manager's
    guarantee, ``cuCtxSynchronize``: no earlier work remains and the block is free; a warning says so.
