@@ -80,3 +80,14 @@ def run_json(code: str, env: dict | None = None) -> dict:
     proc = run_python(code, env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class AnyStreamsIdleBlocks(dict):
+    """A planted bug for rule 7a's tests: a stream-idle table (``StreamIdle.lists``) whose lookup, finding no list
+    for ``(stream id, bytes)``, answers with another stream's non-empty list of the size."""
+
+    def get(self, key, default=None):
+        found = super().get(key)
+        if found:
+            return found
+        return next((blocks for (_, size), blocks in list(self.items()) if size == key[1] and blocks), default)

@@ -13,6 +13,7 @@ from ..cuda.streams import LEGACY, per_thread, scopes_entered
 from .block import ALLOCATED
 from .captures import underway
 from .free_list import round_up
+from .usage import DRAIN_AT
 
 
 class ArenaDoor:
@@ -72,7 +73,8 @@ class PooledDoor:
                         if self.dropped:  # a reset began meanwhile (rule 12)
                             return self.wrap(self._lost_to_reset(live, ptr, size, LEGACY))
                         self._note(size)
-                        self._drain_if_due()
+                        if len(self._events) > DRAIN_AT:  # UsageTracker.drain_if_due, inline
+                            self._drain_if_due()
                         return self._pointer(self._context, ptr, size, block)
         elif stream.scratch is not None and not (underway or is_capturing(self._cu, stream.handle)):
             return stream.scratch.allocate(size)

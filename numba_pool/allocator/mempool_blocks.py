@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from ..cuda.capture import is_capturing
-from ..cuda.driver import OUT_OF_MEMORY, check, report_failure, warn
+from ..cuda.capture import NOT_CAPTURING
+from ..cuda.driver import OUT_OF_MEMORY, SUCCESS, check, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
 from .block import ALLOCATED, Block, make_block
@@ -28,6 +28,7 @@ from .fences import take_list
 from .release import Pending, gate
 from .sources import BlockSource
 from .stream_idle import StreamIdle
+from .usage import DRAIN_AT
 
 IDLE_BLOCKS = 64  #: Idle blocks kept per size in front of the mempool (Note [Idle blocks are kept by size]).
 
@@ -47,6 +48,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         # bytes -> idle Blocks (their stream LEGACY): popped without a lock, filled under the fences' lock.
         self.idle: dict[int, list[Block]] = {}
         self._query = cu.cuStreamQuery
+        self._capture_status = cu.cuStreamIsCapturing
         self.stream_idle = StreamIdle(cu)  # other streams' released blocks (rule 7a)
         # The release gate (:mod:`.release`), made once: no bound method per block.
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
@@ -58,8 +60,33 @@ class PooledBlocks(PooledDoor, BlockSource):
     def allocate_block(self, size: int, stream: StreamRef) -> Block:
         """The core's contract (:mod:`.block`): a Block of ``size`` bytes for work on ``stream``;
         no scratch; rule 13 as :meth:`allocate`.  :raises CudaAPIError: as :meth:`allocate`."""
-        if underway or (stream is not LEGACY and is_capturing(self._cu, stream.handle)):
+        if underway:
             return self.capture_router(size, stream)  # rule 13
+        if stream is not LEGACY:
+            err, status = self._capture_status(stream.handle)  # is_capturing, inline
+            if err == SUCCESS and status != NOT_CAPTURING:
+                return self.capture_router(size, stream)
+            key = stream.idle_key  # rule 7a (Note [Idle blocks of a stream]); the key after the capture check
+            if key is None:
+                key = stream.idle_key = self.stream_idle.key_of(stream)
+            idle = self.stream_idle.lists.get((key, size)) if key is not False else None
+            if idle:  # the stream's own block: no fence to settle first (they free only legacy-stream blocks)
+                try:
+                    block = idle.pop()
+                except IndexError:  # another thread took the last one
+                    pass
+                else:
+                    self.stream_idle.nbytes -= size
+                    block.stream = stream
+                    live = block.ledger = self.live  # reuse(block), inline
+                    block.state = ALLOCATED
+                    live[block.ptr] = block
+                    if self.dropped:
+                        return self._lost_to_reset(live, block.ptr, size, stream)
+                    self._note(size)
+                    if len(self._events) > DRAIN_AT:
+                        self._drain_if_due()
+                    return block
         fences, pending = self.fences, self.pending
         if (fences.batches or len(pending) + len(fences.after_fence) >= fences.fence_blocks
                 or pending.nbytes >= fences.fence_bytes):
@@ -73,14 +100,6 @@ class PooledBlocks(PooledDoor, BlockSource):
                     pass
                 else:
                     return self.reuse(block)
-        else:  # rule 7a (Note [Idle blocks of a stream]); the key after the capture check
-            key = stream.idle_key
-            if key is None:
-                key = stream.idle_key = self.stream_idle.key_of(stream)
-            block = self.stream_idle.take(key, size) if key is not False else None
-            if block is not None:
-                block.stream = stream
-                return self.reuse(block)
         return self.allocate_on(size, stream)
 
     def _handle_of(self, stream: StreamRef):
@@ -118,7 +137,8 @@ class PooledBlocks(PooledDoor, BlockSource):
         if self.dropped:  # a reset began meanwhile: the block belongs to the generation it dropped
             return self._lost_to_reset(live, block.ptr, block.size, block.stream)
         self._note(block.size)
-        self._drain_if_due()
+        if len(self._events) > DRAIN_AT:  # UsageTracker.drain_if_due, inline
+            self._drain_if_due()
         return block
 
     def allocate_beside(self, size: int) -> Block:

@@ -35,6 +35,7 @@ class BlockSource:
         self.dropped = False  # set once, by a reset
         self.after_reset = after_reset if after_reset is not None else _no_successor
         self._note = usage.events.append  # one usage event per allocation (bytes) and free (~bytes)
+        self._events = usage.events  # read by the hot paths' inline drain_if_due test
         self._drain_if_due = usage.drain_if_due
         self._on_out_of_memory = on_out_of_memory
         self.alloc_stream = alloc_stream if alloc_stream is not None else PrivateStream(cu, "allocations")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from cuda.bindings.driver import CUstream_flags
 
-from ..cuda.capture import surely_not_capturing
+from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import SUCCESS
 from ..cuda.streams import LEGACY, StreamRef
 from .block import Block
@@ -31,7 +31,8 @@ MAX_LISTS = 1024  #: (stream, size) pairs kept, empty ones pruned when reached.
 
 
 class StreamIdle:
-    """``lists``: (stream id, bytes) -> idle Blocks; ``nbytes``: their bytes, counted again when off (no lock)."""
+    """``lists``: (stream id, bytes) -> idle Blocks, popped inline by :meth:`~.mempool_blocks.PooledBlocks.allocate_block`;
+    ``nbytes``: their bytes, counted again when off (no lock)."""
 
     __slots__ = ("lists", "nbytes", "_cu")
 
@@ -61,7 +62,8 @@ class StreamIdle:
             self.nbytes = self.held_bytes()
             if self.nbytes > MAX_BYTES - size:
                 return False
-        if not surely_not_capturing(self._cu, stream.handle):
+        err, status = self._cu.cuStreamIsCapturing(stream.handle)  # surely_not_capturing, inline
+        if err != SUCCESS or status != NOT_CAPTURING:
             return False
         lists, key = self.lists, (stream_key, size)
         idle = lists.get(key)
@@ -83,18 +85,6 @@ class StreamIdle:
         block.stream = stream
         self.nbytes -= size
         return False
-
-    def take(self, key, size: int) -> Block | None:
-        """An idle block of ``size`` bytes for the stream of id ``key``, or None."""
-        idle = self.lists.get((key, size))
-        if idle:
-            try:
-                block = idle.pop()
-            except IndexError:  # another thread took the last one
-                return None
-            self.nbytes -= size
-            return block
-        return None
 
     def take_all(self) -> list[Block]:
         """Every idle block (for a synchronize, then a free), the table emptied."""

@@ -21,7 +21,7 @@ from cuda.bindings import driver as cuda_driver
 from .driver import SUCCESS, check
 
 _ACTIVE = cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
-_NONE = cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+_NONE = NOT_CAPTURING = cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE  #: cuStreamIsCapturing's no
 _RELAXED = cuda_driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
 
 
@@ -30,12 +30,6 @@ def is_capturing(cu, handle) -> bool:
     ended (``cuStreamIsCapturing``); a stream the driver won't answer for (destroyed, another context's) is not."""
     err, status = cu.cuStreamIsCapturing(handle)
     return err == SUCCESS and status != _NONE
-
-
-def surely_not_capturing(cu, handle) -> bool:
-    """Whether the driver answers that stream ``handle`` is not being captured (False too when it won't answer)."""
-    err, status = cu.cuStreamIsCapturing(handle)
-    return err == SUCCESS and status == _NONE
 
 
 def capture_id(cu, handle) -> int:

@@ -57,8 +57,12 @@ class MemoryResource(_CoreResource):
                 self._last = last
         ref = last[1]
         manager = self._manager or self._manager_now()
+        take = self._take
         try:
-            block, source = self._take(size, ref, manager)
+            if take is None:  # device memory: the core's contract, no frame in between
+                block, source = manager.allocate_block(size, ref), manager.allocator
+            else:
+                block, source = take(size, ref, manager)
         except CudaAPIError:
             failed(manager, self._door, size, ref)
             raise
@@ -68,10 +72,8 @@ class MemoryResource(_CoreResource):
         return Buffer.from_handle(address, size, mr=self, stream=last[2])
 
     _door = "cuda.core"  # the history's kind for this door's allocations
-
-    def _take(self, size: int, ref, manager):
-        """``(Block, what deallocates it)`` of ``size`` bytes on stream ``ref`` from ``manager``."""
-        return manager.allocate_block(size, ref), manager.allocator
+    #: ``(size, StreamRef, manager) -> (Block, what deallocates it)`` for the other caches; None: the device's pool.
+    _take = None
 
     def deallocate(self, ptr, size: int, stream=None) -> None:
         """Give back the buffer at ``ptr`` (``size`` bytes), ordered on ``stream`` (None: its allocation

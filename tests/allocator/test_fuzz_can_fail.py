@@ -26,7 +26,9 @@ from numba_pool.allocator import stream_idle as stream_idle_module
 from numba_pool.allocator import waits as waits_module
 from numba_pool.allocator.release import Pending
 from numba_pool.cuda import driver
+from numba_pool.cuda.capture import NOT_CAPTURING
 from numba_pool.cuda.streams import LEGACY, StreamRef
+from helpers import AnyStreamsIdleBlocks
 from test_fuzz import CAPTURE_MODES, LegalPrograms
 
 BUDGET = settings(max_examples=3000, stateful_step_count=30, deadline=None, derandomize=True, database=None,
@@ -184,18 +186,15 @@ def test_the_fuzzer_finds_a_door_that_ignores_the_deallocation_stream(monkeypatc
     assert "new owner" in str(caught.value)
 
 
-def take_by_size_only(self, key, size):
-    """Rule 7a broken: an allocation takes any stream's idle block of its size."""
-    for (_, kept), idle in list(self.lists.items()):
-        if kept == size and idle:
-            return idle.pop()
-    return None
-
-
 def test_the_fuzzer_finds_another_streams_idle_block_handed_out(monkeypatch):
     """(Rule 7a's blocking-stream exclusion: tests/allocator/test_stream_idle.py, found by the full fuzzer's
     threads; this narrowed machine does not reach it within its budget.)"""
-    monkeypatch.setattr(stream_idle_module.StreamIdle, "take", take_by_size_only)
+    init = stream_idle_module.StreamIdle.__init__
+
+    def planted(self, cu):  # rule 7a broken: an allocation takes any stream's idle block of its size
+        init(self, cu)
+        self.lists = AnyStreamsIdleBlocks()
+    monkeypatch.setattr(stream_idle_module.StreamIdle, "__init__", planted)
     machine = type("Planted", (Narrowed,), {"arena": False, "threads": 1, "blocking": (False, False)})
     with pytest.raises(AssertionError, match="unordered reuse") as caught:
         run_state_machine_as_test(machine, settings=BUDGET)
@@ -223,6 +222,16 @@ def never_capturing(cu, handle):
     return False
 
 
+def mempool_never_capturing(monkeypatch):
+    """:func:`never_capturing` for the mempool blocks, which ask the driver inline."""
+    init = mempool_blocks_module.PooledBlocks.__init__
+
+    def planted(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._capture_status = lambda handle: (driver.SUCCESS, NOT_CAPTURING)
+    monkeypatch.setattr(mempool_blocks_module.PooledBlocks, "__init__", planted)
+
+
 def capture_over(cu):
     """Rule 13 broken where the release gate asks (``still_capturing``, bound in
     :mod:`numba_pool.allocator.release`): it never holds back, and the mempool's release issues
@@ -240,13 +249,13 @@ class Captures(LegalPrograms):
     costs = False
 
 
-@pytest.mark.parametrize("module, name, planted, arena", [
-    (arena_module, "is_capturing", never_capturing, True),
-    (mempool_blocks_module, "is_capturing", never_capturing, False),
-    (release_module, "still_capturing", capture_over, False),
+@pytest.mark.parametrize("plant, arena", [
+    (lambda monkeypatch: monkeypatch.setattr(arena_module, "is_capturing", never_capturing), True),
+    (mempool_never_capturing, False),
+    (lambda monkeypatch: monkeypatch.setattr(release_module, "still_capturing", capture_over), False),
 ], ids=["arena: capture not seen", "mempool: capture not seen", "mempool: release not held back"])
-def test_the_fuzzer_finds_a_planted_capture_bug(monkeypatch, module, name, planted, arena):
-    monkeypatch.setattr(module, name, planted)
+def test_the_fuzzer_finds_a_planted_capture_bug(monkeypatch, plant, arena):
+    plant(monkeypatch)
     machine = type("Planted", (Captures,), {"arena": arena, "threads": 1})
     # The capture broken (the model's "capture invalidated": cuStreamGetId of the capturing
     # stream, the legacy stream beside it, an unsafe call), the driver's refusal raised to the

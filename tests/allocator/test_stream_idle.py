@@ -9,6 +9,7 @@ from cuda.bindings import driver as cu
 
 from cuda_model.checks import assert_clean
 from cuda_model.harness import LEGACY as LEGACY_HANDLE
+from helpers import AnyStreamsIdleBlocks
 from numba_pool.allocator import stream_idle
 from numba_pool.allocator.stream_idle import StreamIdle
 
@@ -55,12 +56,7 @@ def test_a_stream_given_a_destroyed_streams_handle_gets_none_of_its_blocks(progr
     p = programs(arena=False)
     idle = p.mm.allocator.mempool_blocks.stream_idle
     if planted:
-        def take_any(key, size):
-            for (_, kept), blocks in list(idle.lists.items()):
-                if kept == size and blocks:
-                    return blocks.pop()
-            return None
-        monkeypatch.setattr(StreamIdle, "take", lambda self, key, size: take_any(key, size))
+        idle.lists = AnyStreamsIdleBlocks()
     s = p.create_stream(False)
     first = _used_and_dropped(p, s)
     assert p.destroy_stream(s)
@@ -85,9 +81,10 @@ def test_a_block_released_while_its_stream_is_captured_is_the_graphs_free(progra
     cuda.core's own pool.  Planted (no capture check at the release): the block is kept, and the stream's next
     allocation gets it while the graph may still use it."""
     p = programs(arena=False)
-    if planted:
-        monkeypatch.setattr(stream_idle, "surely_not_capturing", lambda cu_, handle: True)
     s = p.create_stream(False)
+    if planted:  # the release's driver answers "not capturing" whatever the stream
+        idle = p.mm.allocator.mempool_blocks.stream_idle
+        monkeypatch.setattr(idle, "_cu", _NeverCapturing(idle._cu))
     f = p.allocate(SIZE, stream=s)
     p.launch(s, [f])
     first = f.address
@@ -239,7 +236,7 @@ def test_a_prune_racing_a_release_puts_its_block_back(monkeypatch):
     other = _Block()
     other.stream = type("Other", (), {"handle": cu.CUstream(0x6000), "idle_key": 9, "owner": None})()
     assert not idle.keep(other)  # still full after the prune: freed on its stream
-    assert idle.take(7, 64) is released
+    assert idle.lists[(7, 64)] == [released]  # stream 7's next allocation of 64 bytes gets it
 
 
 def test_a_release_racing_a_reset_synchronizes_before_freeing_on_the_legacy_stream(programs, monkeypatch):
@@ -270,3 +267,16 @@ def test_a_release_racing_a_reset_synchronizes_before_freeing_on_the_legacy_stre
     assert ("sync",) in events[:first], events
     block.state = "free"  # the harness's family is gone with the reset
     p.families.clear()
+
+
+class _NeverCapturing:
+    """A driver object answering ``cuStreamIsCapturing`` with "none" for every stream (a planted bug)."""
+
+    def __init__(self, cu_):
+        self._cu = cu_
+
+    def __getattr__(self, name):
+        return getattr(self._cu, name)
+
+    def cuStreamIsCapturing(self, handle):
+        return cu.CUresult.CUDA_SUCCESS, cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE

@@ -178,6 +178,7 @@ def test_a_blocking_stream_destroyed_before_the_fence_still_orders_the_reuse():
     from cuda.bindings import driver as cu
 
     from gpu_helpers import POISON, read_after_delay
+    from helpers import AnyStreamsIdleBlocks
 
     n = (16 << 20) // 4  # above the arena's largest block: the mempool's legacy path in both modes
     fences = cuda.current_context().memory_manager.allocator.mempool_blocks.fences
@@ -223,14 +224,8 @@ def test_a_destroyed_streams_idle_block_never_goes_to_a_stream_given_its_handle(
 
     n = (16 << 20) // 4  # above the arena's largest block: the mempool's blocks in both modes
     idle = cuda.current_context().memory_manager.allocator.mempool_blocks.stream_idle
-    saved = type(idle).take
     if os.environ.get("PLANT_IDLE_ANY_STREAM") == "1":
-        def take_any(key, size):
-            for (_, kept), blocks_ in list(idle.lists.items()):
-                if kept == size and blocks_:
-                    return blocks_.pop()
-            return None
-        type(idle).take = lambda self, key, size: take_any(key, size)
+        idle.lists = AnyStreamsIdleBlocks(idle.lists)
     hits = cuda.to_device(np.zeros(1, dtype=np.int64))
     same_handle = reused = 0
     try:
@@ -255,7 +250,7 @@ def test_a_destroyed_streams_idle_block_never_goes_to_a_stream_given_its_handle(
             gc.collect()
             cu.cuStreamDestroy(second)
     finally:
-        type(idle).take = saved
+        idle.lists = dict(idle.lists)
     print(f"\nstream handles reused {same_handle} of 6 times, blocks {reused} of 6")
     assert int(hits.copy_to_host()[0]) == 0, f"reused {reused} of 6 times while the reader ran"
 
