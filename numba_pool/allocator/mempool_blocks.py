@@ -77,9 +77,8 @@ class PooledBlocks(PooledDoor, BlockSource):
                     pass
                 else:
                     self.stream_idle.nbytes -= size
-                    block.stream = stream
-                    live = block.ledger = self.live  # reuse(block), inline
-                    block.state = ALLOCATED
+                    block.stream, block.state = stream, ALLOCATED  # reuse(block), inline
+                    live = block.ledger = self.live
                     live[block.ptr] = block
                     if self.dropped:
                         return self._lost_to_reset(live, block.ptr, size, stream)
@@ -123,9 +122,6 @@ class PooledBlocks(PooledDoor, BlockSource):
             ptr = self._after_error(size, stream, err)
         if stream is LEGACY and self._query(handle)[0]:  # rule 4: complete before it is used elsewhere
             self.alloc_stream.complete()
-        return self._hand_out(ptr, size, stream)
-
-    def _hand_out(self, ptr, size: int, stream: StreamRef) -> Block:
         return self.reuse(make_block(ptr, size, stream, self._release_bound))
 
     def reuse(self, block: Block) -> Block:

@@ -31,8 +31,8 @@ MAX_LISTS = 1024  #: (stream, size) pairs kept, empty ones pruned when reached.
 
 
 class StreamIdle:
-    """``lists``: (stream id, bytes) -> idle Blocks, popped inline by :meth:`~.mempool_blocks.PooledBlocks.allocate_block`;
-    ``nbytes``: their bytes, counted again when off (no lock)."""
+    """``lists``: (stream id, bytes) -> idle Blocks (popped by ``PooledBlocks.allocate_block``); ``nbytes``: their
+    bytes, counted again when off (no lock)."""
 
     __slots__ = ("lists", "nbytes", "_cu")
 
@@ -53,8 +53,7 @@ class StreamIdle:
 
     def keep(self, block: Block) -> bool:
         """The gate's fast action for a non-legacy ``block``: kept (True), or to free on its stream.  Never raises."""
-        size = block.size
-        stream = block.stream
+        size, stream = block.size, block.stream
         stream_key = stream.idle_key
         if stream_key is None or stream_key is False:  # unknown, or a blocking stream
             return False

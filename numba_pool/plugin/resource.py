@@ -98,15 +98,7 @@ class MemoryResource(_CoreResource):
         else:
             release(record, source.deallocate, block, named)
 
-    @property
-    def is_device_accessible(self) -> bool:
-        """True: device memory."""
-        return True
-
-    @property
-    def is_host_accessible(self) -> bool:
-        """False: device memory."""
-        return False
+    is_device_accessible, is_host_accessible = True, False  # cuda.core's properties: device memory
 
     @property
     def device_id(self) -> int:
@@ -133,14 +125,10 @@ class PinnedMemoryResource(MemoryResource):
     ``allocate`` raises ``RuntimeError`` when the pinned cache is off."""
 
     _door = "cuda.core pinned"
+    is_host_accessible = True  # page-locked host memory
 
     def _take(self, size: int, ref, manager):
         return cache_block(manager.host, f"{_OFF}NUMBA_POOL_HOST is off", size, ref, PORTABLE)
-
-    @property
-    def is_host_accessible(self) -> bool:
-        """True: page-locked host memory."""
-        return True
 
 
 class ManagedMemoryResource(PinnedMemoryResource):

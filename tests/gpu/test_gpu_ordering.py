@@ -178,7 +178,6 @@ def test_a_blocking_stream_destroyed_before_the_fence_still_orders_the_reuse():
     from cuda.bindings import driver as cu
 
     from gpu_helpers import POISON, read_after_delay
-    from helpers import AnyStreamsIdleBlocks
 
     n = (16 << 20) // 4  # above the arena's largest block: the mempool's legacy path in both modes
     fences = cuda.current_context().memory_manager.allocator.mempool_blocks.fences
@@ -221,6 +220,7 @@ def test_a_destroyed_streams_idle_block_never_goes_to_a_stream_given_its_handle(
     from cuda.bindings import driver as cu
 
     from gpu_helpers import POISON, read_after_delay
+    from helpers import AnyStreamsIdleBlocks
 
     n = (16 << 20) // 4  # above the arena's largest block: the mempool's blocks in both modes
     idle = cuda.current_context().memory_manager.allocator.mempool_blocks.stream_idle
