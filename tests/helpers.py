@@ -83,8 +83,9 @@ def run_json(code: str, env: dict | None = None) -> dict:
 
 
 class AnyStreamsIdleBlocks(dict):
-    """A planted bug for rule 7a's tests: a stream-idle table (``StreamIdle.lists``) whose lookup, finding no list
-    for ``(stream id, bytes)``, answers with another stream's non-empty list of the size."""
+    """A planted bug for rule 7a's tests: a stream-idle table (``StreamIdle.lists``) whose lookup, finding no block
+    for ``(stream id, bytes)``, answers with another stream's non-empty list of the size (so an allocation takes
+    another stream's block, and a release may land in another stream's list)."""
 
     def get(self, key, default=None):
         found = super().get(key)

@@ -70,7 +70,7 @@ class PooledBlocks(PooledDoor, BlockSource):
             if key is None:
                 key = stream.idle_key = self.stream_idle.key_of(stream)
             idle = self.stream_idle.lists.get((key, size)) if key is not False else None
-            if idle:  # the stream's own block: no fence to settle first (they free only legacy-stream blocks)
+            if idle:  # a hit settles no fence (a miss does): a block a fence frees never comes back idle here
                 try:
                     block = idle.pop()
                 except IndexError:  # another thread took the last one

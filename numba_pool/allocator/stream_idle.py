@@ -10,9 +10,10 @@ Note [Idle blocks of a stream]
     handle; an idle Block keeps no stream object (a dropped stream's blocks wait for trim, out of memory, reset);
     never while S is captured (``cuStreamIsCapturing`` at the release, any capture: the release stays the pool's
     free, refused by the driver for memory no graph allocated, as for cuda.core's pool); within
-    :data:`PER_STREAM_SIZE`, :data:`MAX_BYTES` and :data:`MAX_LISTS`, beyond which it is freed on S.  No lock:
-    :meth:`StreamIdle.take_all` and the pruning pop lists from the table; a release that appended to one no longer
-    in it takes its block back out and frees it, or finds it taken (freed or put back by the taker)."""
+    :data:`PER_STREAM_SIZE`, :data:`MAX_BYTES` and :data:`MAX_LISTS`, beyond which it is freed on S.  A hit settles
+    no fence (a miss does).  No lock: :meth:`StreamIdle.take_all` and the pruning pop lists from the table; a release
+    that appended to one no longer in it takes its block back out and frees it, or finds it taken (freed or put back
+    by the taker)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class StreamIdle:
             self.nbytes = self.held_bytes()
             if self.nbytes > MAX_BYTES - size:
                 return False
-        err, status = self._cu.cuStreamIsCapturing(stream.handle)  # surely_not_capturing, inline
+        err, status = self._cu.cuStreamIsCapturing(stream.handle)  # the driver says surely not capturing
         if err != SUCCESS or status != NOT_CAPTURING:
             return False
         lists, key = self.lists, (stream_key, size)

@@ -141,6 +141,27 @@ def test_a_mempool_allocation_popping_an_idle_block_during_a_reset(programs, mon
         kept_pointer.free()
 
 
+def test_a_mempool_allocation_popping_its_streams_idle_block_during_a_reset(programs, monkeypatch):
+    # Rule 7a's idle list (Note [Idle blocks of a stream]), popped and handed out inline by
+    # PooledBlocks.allocate_block on a non-blocking stream's allocation, without a lock.
+    p = programs(arena=False)
+    blocks = p.mm.allocator.mempool_blocks
+    s = p.create_stream(False)
+    f = p.allocate(SMALL, stream=s)
+    p.launch(s, [f])
+    p.drop(f)
+    assert any(blocks.stream_idle.lists.values()), "the test sets nothing up"
+    allocate = p.mm.memalloc  # the generation the reset drops
+
+    def allocate_on_s():
+        with p.using_stream(s):
+            return allocate(SMALL)
+    # Injection point: as above; the reset is about to take the streams' idle lists too.
+    pointer = _inside_reset(p, monkeypatch, blocks, "take_released", allocate_on_s)
+    _assert_next_generation(p, pointer, "a mempool allocation on its stream")
+    pointer.free()
+
+
 # -- 2. a scratch carve ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("arena", [False, True], ids=["pool", "arena"])
