@@ -3,7 +3,8 @@
 keyword, else its ``NUMBA_POOL_*`` variable (read at first initialization); unset, empty or ``None`` is the default.
 Parsing never touches CUDA (``numba-pool info`` reports bad values without a GPU).  A bad value raises a one-line
 :class:`ConfigError` naming the variable or ``install(<keyword>)``, the value and what is accepted; nothing falls back
-silently.  An unknown ``NUMBA_POOL_*`` variable warns (:class:`ConfigWarning`), naming the closest."""
+silently.  An unknown ``NUMBA_POOL_*`` variable warns (:class:`ConfigWarning`), naming the closest; so does an option of
+a mode or cache that is off (:data:`SWITCHED`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import dataclasses
 import difflib
 from functools import partial
 import os
+import warnings
 from typing import Any, Callable, Mapping
 
 import humanfriendly
@@ -23,10 +25,10 @@ from .values import BOOL_HELP, parse_bool, parse_optional_path, parse_path, pars
 from .variables import FRONTEND_VARIABLE, OTHER_VARIABLES, RETIRED, user_stacklevel, warn_unknown_variables
 
 __all__ = ["ALIGNMENT", "BOOL_HELP", "DEFAULT_ARENA_MAX_BLOCK", "DEFAULT_ARENA_SLAB_SIZE", "FRONTEND_VARIABLE", "KEEP_ALL",
-           "KNOWN_VARIABLES", "MAX_BYTES", "MIN_BARE_CAP", "OPTIONS", "OTHER_VARIABLES", "SIZE_HELP", "ConfigError", "ConfigWarning",
-           "PoolConfig", "load", "load_for", "parse_arena_size", "parse_bool", "parse_host_max_size", "parse_managed_max_size",
-           "parse_max_size",
-           "parse_path", "parse_peer_access", "parse_release_threshold", "parse_size", "release_limit", "user_stacklevel"]
+           "KNOWN_VARIABLES", "MAX_BYTES", "MIN_BARE_CAP", "OPTIONS", "OTHER_VARIABLES", "SIZE_HELP", "SWITCHED", "ConfigError",
+           "ConfigWarning", "PoolConfig", "load", "load_for", "parse_arena_size", "parse_bool", "parse_host_max_size",
+           "parse_managed_max_size", "parse_max_size", "parse_path", "parse_peer_access", "parse_release_threshold",
+           "parse_size", "release_limit", "user_stacklevel"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,26 +62,21 @@ class PoolConfig:
 
     def max_size_bytes(self, device_total: int) -> int | None:
         """The private pool's cap in bytes on a device of ``device_total`` bytes (None: no cap)."""
-        if isinstance(self.max_size, float):
-            return int(self.max_size * device_total)
-        return self.max_size
+        return int(self.max_size * device_total) if isinstance(self.max_size, float) else self.max_size
 
     def describe(self) -> dict[str, str]:
         """Human-readable values of every option, for ``numba-pool info``."""
         def size(n: int) -> str:  # "0 bytes" once, not "0 bytes (0 bytes)"
             return humanfriendly.format_size(n, binary=True) + ("" if n < 1024 else f" ({n} bytes)")
 
-        if isinstance(self.max_size, float):
-            max_size = f"{self.max_size:.0%} of device memory"
-        else:
-            max_size = "no cap" if self.max_size is None else size(self.max_size)
+        max_size = (f"{self.max_size:.0%} of device memory" if isinstance(self.max_size, float)
+                    else "no cap" if self.max_size is None else size(self.max_size))
         return {
             "pool": "device default mempool" if self.use_default_pool else "private mempool (cuMemPoolCreate)",
             "release threshold": "keep all (never release on sync)" if self.release_threshold == KEEP_ALL else size(self.release_threshold),
             "max size": max_size,
             "initial size": size(self.initial_size),
-            "arena": (f"on: blocks up to {size(self.arena_max_block)}, slabs of {size(self.arena_slab_size)}"
-                      if self.arena else "off"),
+            "arena": f"on: blocks up to {size(self.arena_max_block)}, slabs of {size(self.arena_slab_size)}" if self.arena else "off",
             "log": self.log or "off",
             "ipc": "exportable pool (POSIX file descriptors) where the device supports it" if self.ipc else "off",
             "peer access": ("every device that can reach this one (cuMemPoolSetAccess)" if self.peer_access == "all"
@@ -90,8 +87,7 @@ class PoolConfig:
                      if self.host else "off: Numba's cuMemHostAlloc/cuMemFreeHost per buffer"),
             "managed": (f"on: managed arrays from cuMemAllocManaged, blocks cached, cap "
                         f"{'none' if self.managed_max_size is None else size(self.managed_max_size)}, release threshold "
-                        f"{'keep all' if self.managed_release_threshold == KEEP_ALL else size(self.managed_release_threshold)}"
-                        f", "
+                        f"{'keep all' if self.managed_release_threshold == KEEP_ALL else size(self.managed_release_threshold)}, "
                         f"{'prefetched to the device at allocation' if self.managed_prefetch else 'no prefetch'}"
                         if self.managed else "off: Numba's cuMemAllocManaged/cuMemFree per array"),
             "oom snapshot": self.oom_snapshot or "off",
@@ -125,6 +121,9 @@ OPTIONS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {  #: option name ->
     "cuda_core": ("NUMBA_POOL_CUDA_CORE", parse_bool),
 }
 
+SWITCHED = {"arena": ("the arena", ("arena_max_block", "arena_slab_size")),  # read only while on; else they warn
+            "host": ("the pinned cache", ("host_max_size", "host_release_threshold")),
+            "managed": ("the managed cache", ("managed_max_size", "managed_release_threshold", "managed_prefetch"))}
 #: Every ``NUMBA_POOL_*`` variable numba_pool reads; others are probable typos (:func:`.variables.probable_typo`).
 KNOWN_VARIABLES = frozenset([variable for variable, _ in OPTIONS.values()] + [FRONTEND_VARIABLE] + list(OTHER_VARIABLES))
 
@@ -166,6 +165,12 @@ def load_for(caller: str, environ: Mapping[str, str] | None, overrides: dict[str
         given[name] = (source, raw)
     config = PoolConfig(**values)
     _check_consistency(config, given, caller)
+    for switch, (title, names) in SWITCHED.items():  # each option set for a mode or cache that is off: one warning
+        off = "{}={!r}".format(*given[switch]) if switch in given else "by default"
+        for name in [name for name in names if name in given and not getattr(config, switch)]:
+            warnings.warn("numba_pool: {}={!r} has no effect: ".format(*given[name]) + f"{title} is off ({off}; "
+                          f"{OPTIONS[switch][0]}=1 or {caller}({switch}=True) turns it on)", ConfigWarning,
+                          stacklevel=user_stacklevel())
     if config.use_default_pool and "ipc" not in given:  # the default pool cannot be exported
         config = dataclasses.replace(config, ipc=False)
     return config

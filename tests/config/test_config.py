@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 from numba_pool import config
 from numba_pool.config import KEEP_ALL, MAX_BYTES, OPTIONS, ConfigError, ConfigWarning, load
 
+#: These tests parse the arena's and caches' options with those off: the warning that says so is tested on its own.
+pytestmark = pytest.mark.filterwarnings("ignore:.* has no effect. .* is off:numba_pool.config.ConfigWarning")
+
 REPO = Path(__file__).resolve().parents[2]
 UNITS = {"": 1, " B": 1, " bytes": 1, " KiB": 1 << 10, " MiB": 1 << 20, " GiB": 1 << 30, " TiB": 1 << 40,
          " KB": 10**3, " MB": 10**6, " GB": 10**9, " TB": 10**12, "KiB": 1 << 10, " mib": 1 << 20}
@@ -392,11 +395,34 @@ def _line_of(marker: str) -> int:
 
 def test_known_variables_do_not_warn():
     environ = {**dict.fromkeys(config.OTHER_VARIABLES, "1"), **ALL_SET}
-    environ.update(NUMBA_CUDA_MEMORY_MANAGER="numba_pool", NUMBA_POOL_FRONTEND="mlir", OTHER="x")
+    environ.update(NUMBA_CUDA_MEMORY_MANAGER="numba_pool", NUMBA_POOL_FRONTEND="mlir", OTHER="x",
+                   NUMBA_POOL_MANAGED="1")  # ALL_SET's managed options with the managed cache off warn
     assert set(environ) >= config.KNOWN_VARIABLES
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigWarning)
         load(environ)
+
+
+@pytest.mark.parametrize("switch, name", [
+    ("arena", "arena_max_block"), ("arena", "arena_slab_size"), ("host", "host_max_size"),
+    ("host", "host_release_threshold"), ("managed", "managed_max_size"), ("managed", "managed_release_threshold"),
+    ("managed", "managed_prefetch")])
+def test_an_option_of_a_mode_or_cache_that_is_off_warns_in_one_line(switch, name):
+    """An option only an enabled mode or cache reads (``NUMBA_POOL_HOST_MAX_SIZE`` with the pinned cache off) does
+    nothing: one warning says so, naming the option as typed and how the switch stands; with the switch on, none."""
+    variable, switch_variable = OPTIONS[name][0], OPTIONS[switch][0]
+    value = ALL_SET[variable]
+    with pytest.warns(ConfigWarning) as record:
+        load({switch_variable: "0", variable: value})
+    [message] = [str(w.message) for w in record]
+    assert message == message.strip() and "\n" not in message, message
+    assert message.startswith(f"numba_pool: {variable}={value!r} has no effect: ") and f"({switch_variable}='0'; " in message
+    if not getattr(load({}), switch):  # off by default: as install()'s keyword too
+        with pytest.warns(ConfigWarning, match=rf"is off \(by default; {switch_variable}=1 or install\({switch}=True\)"):
+            load({}, **{name: getattr(load({variable: value, switch_variable: "1"}), name)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        load({switch_variable: "1", variable: value})
 
 
 def test_a_retired_variable_says_it_is_no_longer_read():

@@ -15,6 +15,9 @@ from numba_pool_tools import replay as offline_replay
 from numba_pool_tools.cli import main
 from numba_pool.config import ConfigError, load
 
+#: These tests parse the arena's and caches' options with those off: the warning that says so is tested on its own.
+pytestmark = pytest.mark.filterwarnings("ignore:.* has no effect. .* is off:numba_pool.config.ConfigWarning")
+
 #: (spelling, bytes) accepted everywhere; every value is a multiple of 256 bytes, so that the
 #: arena's options take it too.
 ACCEPTED = [

@@ -125,7 +125,7 @@ class Program(Waits):
                                legacy_waits_for_destroyed=legacy_waits_for_destroyed)
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(driver.use(self.model))
-        options = {"arena": arena, "arena_max_block": 4096, "arena_slab_size": 16384}
+        options = {"arena": arena, **({"arena_max_block": 4096, "arena_slab_size": 16384} if arena else {})}
         if max_size is not None:
             options["max_size"] = max_size
         if release_threshold is not None:

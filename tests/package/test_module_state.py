@@ -62,6 +62,7 @@ CONSTANTS = {
     ("numba_pool.ipc", "__all__"),
     ("numba_pool.config", "__all__"),
     ("numba_pool.config", "OPTIONS"),
+    ("numba_pool.config", "SWITCHED"),
     ("numba_pool.config.sizes", "_UNITS"),
     ("numba_pool.config.sizes", "_UNIT_NAMES"),
     ("numba_pool.config.values", "_TRUE"),
