@@ -43,14 +43,16 @@ class StreamIdle:
         self._cu = cu
 
     def key_of(self, stream: StreamRef):
-        """``stream``'s idle key: its ``cuStreamGetId`` if non-blocking, else False (also when the driver won't say).
-        Not on a capturing stream: the id invalidates its capture."""
+        """``stream``'s idle key: its ``cuStreamGetId`` (``stream.key``, asked once with the arena's domains) if
+        non-blocking, else False (also when the driver won't say).  Not on a capturing stream: the id invalidates it."""
         cu = self._cu
         err, flags = cu.cuStreamGetFlags(stream.handle)
         if err != SUCCESS or not int(flags) & _NON_BLOCKING:
             return False
-        err, stream_id = cu.cuStreamGetId(stream.handle)
-        return stream_id if err == SUCCESS else False
+        if stream.key is None:
+            err, stream_id = cu.cuStreamGetId(stream.handle)
+            stream.key = stream_id if err == SUCCESS else None
+        return False if stream.key is None else stream.key
 
     def keep(self, block: Block) -> bool:
         """The gate's fast action for a non-legacy ``block``: kept (True), or to free on its stream.  Never raises."""

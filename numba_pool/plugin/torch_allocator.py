@@ -58,7 +58,7 @@ class TorchDoor:
         if held is not None:  # never raises
             block, allocator, record = held
             handle, ref = stream or 0, block.stream
-            named = None if (not handle and ref is LEGACY) or names_stream(handle, ref) else as_stream_ref(handle)
+            named = None if names_stream(handle, ref) else as_stream_ref(handle)
             if record is None and named is None:  # the common case without a frame
                 block.release(block)
             else:
