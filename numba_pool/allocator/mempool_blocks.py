@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import partial
 
 from ..cuda.capture import NOT_CAPTURING
-from ..cuda.driver import OUT_OF_MEMORY, SUCCESS, check, report_failure, warn
+from ..cuda.driver import NOT_CAPTURING_ANSWER, OUT_OF_MEMORY, SUCCESS, check, hot, report_failure, warn
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
 from .block import ALLOCATED, Block, make_block
@@ -41,14 +41,14 @@ class PooledBlocks(PooledDoor, BlockSource):
                  pointer: type, **shared):
         super().__init__(cu, pool_handle, context, waits, usage, on_out_of_memory, after_reset, pointer=pointer,
                          **shared)
-        self._free_async = cu.cuMemFreeAsync
+        self._free_async = hot(cu, "cuMemFreeAsync")
         self.live: dict = {}  # CUdeviceptr -> Block; atomic operations only
         self.pending = Pending()  # released legacy-stream blocks awaiting a fence (rule 4)
         self._private = None  # the allocation stream's handle, once made
         # bytes -> idle Blocks (their stream LEGACY): popped without a lock, filled under the fences' lock.
         self.idle: dict[int, list[Block]] = {}
         self._query = cu.cuStreamQuery
-        self._capture_status = cu.cuStreamIsCapturing
+        self._capture_status = hot(cu, "cuStreamIsCapturing")
         self.stream_idle = StreamIdle(cu)  # other streams' released blocks (rule 7a)
         # The release gate (:mod:`.release`), made once: no bound method per block.
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
@@ -63,8 +63,8 @@ class PooledBlocks(PooledDoor, BlockSource):
         if underway:
             return self.capture_router(size, stream)  # rule 13
         if stream is not LEGACY:
-            err, status = self._capture_status(stream.handle)  # is_capturing, inline
-            if err == SUCCESS and status != NOT_CAPTURING:
+            answer = self._capture_status(stream.handle)  # is_capturing, inline (Note [Compiled driver calls])
+            if answer is not NOT_CAPTURING_ANSWER and answer[0] == SUCCESS and answer[1] != NOT_CAPTURING:
                 return self.capture_router(size, stream)
             key = stream.idle_key  # rule 7a (Note [Idle blocks of a stream]); the key after the capture check
             if key is None:

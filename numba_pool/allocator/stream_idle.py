@@ -20,7 +20,7 @@ from __future__ import annotations
 from cuda.bindings.driver import CUstream_flags
 
 from ..cuda.capture import NOT_CAPTURING
-from ..cuda.driver import SUCCESS
+from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS, hot
 from ..cuda.streams import LEGACY, StreamRef
 from .block import Block
 from .fences import take_list
@@ -35,12 +35,13 @@ class StreamIdle:
     """``lists``: (stream id, bytes) -> idle Blocks (popped by ``PooledBlocks.allocate_block``); ``nbytes``: their
     bytes, counted again when off (no lock)."""
 
-    __slots__ = ("lists", "nbytes", "_cu")
+    __slots__ = ("lists", "nbytes", "_cu", "_capture_status")
 
     def __init__(self, cu):
         self.lists: dict[tuple, list[Block]] = {}
         self.nbytes = 0
         self._cu = cu
+        self._capture_status = hot(cu, "cuStreamIsCapturing")
 
     def key_of(self, stream: StreamRef):
         """``stream``'s idle key: its ``cuStreamGetId`` (``stream.key``, asked once with the arena's domains) if
@@ -64,8 +65,8 @@ class StreamIdle:
             self.nbytes = self.held_bytes()
             if self.nbytes > MAX_BYTES - size:
                 return False
-        err, status = self._cu.cuStreamIsCapturing(stream.handle)  # the driver says surely not capturing
-        if err != SUCCESS or status != NOT_CAPTURING:
+        answer = self._capture_status(stream.handle)  # the driver says surely not capturing
+        if answer is not NOT_CAPTURING_ANSWER and (answer[0] != SUCCESS or answer[1] != NOT_CAPTURING):
             return False
         lists, key = self.lists, (stream_key, size)
         idle = lists.get(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -46,10 +47,13 @@ def info() -> None:
 
 
 def _version_rows() -> list[tuple[str, str]]:
-    """Python's version and those of numba-pool and cuda-bindings."""
+    """Python's version, numba-pool's (and whether its compiled module is built) and cuda-bindings'."""
     import numba_pool
 
+    built = importlib.util.find_spec("numba_pool.cuda._native") is not None
     return [("python", sys.version.split()[0]), ("numba-pool", numba_pool.__version__),
+            ("compiled module", "built: the hot paths' driver calls and PyTorch's callbacks in C" if built
+             else "not built (no C compiler at install): cuda-python's functions and ctypes callbacks"),
             ("cuda-bindings", frontends.version("cuda-bindings") or "not installed")]
 
 

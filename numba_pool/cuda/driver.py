@@ -35,6 +35,51 @@ def use(driver: Any) -> Iterator[Any]:
         cu = previous
 
 
+TWINNED = ("cuStreamIsCapturing", "cuMemFreeAsync", "cuStreamGetId")  #: The calls with a compiled twin.
+#: The capture query's twin's answer for a stream not capturing, this very tuple: one identity test on the hot paths.
+NOT_CAPTURING_ANSWER = (SUCCESS, cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+_twins: Any = None  # the compiled module once its entry points are bound; False: not available
+
+
+def hot(driver: Any, name: str):
+    """``driver.<name>`` for a hot path to bind once: its compiled twin where ``driver`` is cuda-python's module and
+    the compiled module is built (Note [Compiled driver calls]), else the driver object's own function.
+
+    Note [Compiled driver calls]
+        cuda-python builds an enum object for each call's status; the twins (``_native.pyx``) return the same
+        objects, prebuilt for success (the capture query: :data:`NOT_CAPTURING_ANSWER` itself).  They call the entry points ``cuGetProcAddress`` gives for CUDA 13.0, whose
+        C signatures they declare (never a later version's), with the GIL released as cuda-python does; never
+        with handle 0, whose meaning alone the per-thread default stream variants change.  Below the allocator:
+        the CUDA model replaces the driver object, twins included.  Optional (no C compiler at install:
+        cuda-python's functions); ``numba-pool info`` says which."""
+    global _twins
+    if driver is cuda_driver:
+        if _twins is None:
+            _twins = _bind_twins()
+        if _twins:
+            return getattr(_twins, name)
+    return getattr(driver, name)
+
+
+def twins_in_use() -> bool:
+    """Whether the hot paths call the compiled twins (bound at the first manager's start)."""
+    return bool(_twins)
+
+
+def _bind_twins():
+    try:
+        from . import _native
+        default = cuda_driver.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+        found = [cuda_driver.cuGetProcAddress(name.encode(), 13000, default) for name in TWINNED]
+    except Exception:  # noqa: BLE001 - not built, or no driver library: cuda-python's functions (which will say so)
+        return False
+    if any(err != SUCCESS or not address for err, address, _ in found):
+        return False
+    _native.bind(*(int(address) for _, address, _ in found), cuda_driver.CUresult, cuda_driver.CUstreamCaptureStatus,
+                 NOT_CAPTURING_ANSWER)
+    return _native
+
+
 def check(result: tuple, call: str):
     """Unpack a cuda-python result tuple, raising ``CudaAPIError`` on failure.
     :returns: the single value the call returned (or a tuple of several, or None).

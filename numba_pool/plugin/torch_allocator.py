@@ -4,7 +4,7 @@
 
 PyTorch's ``CUDAPluggableAllocator`` takes two C function pointers (``torch._C._cuda_customAllocator``):
 ``malloc(size, device, stream)`` and ``free(ptr, size, device, stream)``.  Here they are ``ctypes`` callbacks
-into Python (no compiled library), which take the GIL.  PyTorch frees a tensor's memory naming its allocation
+into Python, which take the GIL: the compiled module's C functions (:mod:`numba_pool.cuda._native`), else ``ctypes``.  PyTorch frees a tensor's memory naming its allocation
 stream: the release of rule 14 of :mod:`numba_pool.allocator`, ordered there; work of another stream needs
 ``numba_pool.record_stream(tensor, stream)`` (PyTorch's ``Tensor.record_stream`` calls no pluggable allocator).
 torch is imported at the first call only; it is an optional extra."""
@@ -14,7 +14,8 @@ from __future__ import annotations
 import ctypes
 import sys
 
-from ..cuda.streams import LEGACY, as_stream_ref, names_stream
+from ..cuda.driver import SUCCESS
+from ..cuda.streams import LEGACY, StreamRef, as_stream_ref, names_stream
 from ..cuda.errors import CudaAPIError
 from .serving import failed, recorded, release, serving_manager
 from .state import process
@@ -28,18 +29,19 @@ class TorchDoor:
     PyTorch allocator.
     ``_blocks`` takes single dict operations only (atomic under the GIL: callbacks come from any thread)."""
 
-    def __init__(self):
+    def __init__(self, find_manager=serving_manager):
+        self._find_manager = find_manager  # ``(device, door) -> manager``: the device's serving one (the model's)
         self._blocks: dict[int, tuple] = {}
-        self.malloc = _MALLOC(self._malloc)  # kept: PyTorch holds the bare function pointers
-        self.free = _FREE(self._free)
+        self._last = LEGACY  # Note [A raw handle's stream]; replaced whole (atomic)
+        self.callbacks = None  # the ctypes callbacks, where used: kept, PyTorch holds the bare function pointers
         self.allocator = None  # the torch allocator object, made once
 
     def _malloc(self, size: int, device: int, stream) -> int | None:
         if size == 0:
             return None
         try:
-            manager = serving_manager(device, "numba_pool.torch_allocator")
-            ref = LEGACY if not stream else as_stream_ref(int(stream))
+            manager = self._find_manager(device, "numba_pool.torch_allocator")
+            ref = LEGACY if not stream else self._stream(stream, manager.stream_id)
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
             return _say(err)
         try:
@@ -52,6 +54,34 @@ class TorchDoor:
         address = int(block.ptr)
         self._blocks[address] = (block, manager.allocator, record)
         return address
+
+    def addresses(self) -> tuple[int, int]:
+        """The callbacks' C addresses for ``torch._C._cuda_customAllocator``: the compiled module's, else ctypes'."""
+        try:
+            from ..cuda._native import torch_callbacks
+        except ImportError:
+            self.callbacks = _MALLOC(self._malloc), _FREE(self._free)
+            return tuple(ctypes.cast(callback, ctypes.c_void_p).value for callback in self.callbacks)
+        return torch_callbacks(self._malloc, self._free)
+
+    def _stream(self, handle: int, stream_id) -> StreamRef:
+        """Note [A raw handle's stream]
+            PyTorch names a stream by its handle alone, which the driver gives again to a stream made after this
+            one is destroyed.  The door keeps the last non-legacy stream's StreamRef with its driver id
+            (``cuStreamGetId``, unique for the process's life) and takes it again only for the same handle and id:
+            one id query an allocation instead of a StreamRef and rule 7a's flags and id queries.  Another
+            thread's per-thread default stream has another id."""
+        last = self._last
+        if handle == last.value:
+            err, same = stream_id(last.handle)
+            if err == SUCCESS and same == last.key:
+                return last
+        ref = as_stream_ref(handle)
+        if ref is not LEGACY:
+            err, ref.key = stream_id(ref.handle)
+            if err == SUCCESS:
+                self._last = ref
+        return ref
 
     def _free(self, ptr, size: int, device: int, stream) -> None:
         held = self._blocks.pop(ptr or 0, None)
@@ -85,8 +115,6 @@ def torch_allocator():
     if door is None:
         door = process.torch_door = TorchDoor()
     if door.allocator is None:
-        address = ctypes.cast
-        made = torch._C._cuda_customAllocator(address(door.malloc, ctypes.c_void_p).value,
-                                              address(door.free, ctypes.c_void_p).value)
+        made = torch._C._cuda_customAllocator(*door.addresses())
         door.allocator = torch.cuda.memory._CUDAAllocator(made)
     return door.allocator

@@ -196,11 +196,12 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
         stream = data.draw(st.sampled_from(self.streams)) if scoped else None
         self.p.allocate(size, stream, thread)
 
-    @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
-    def allocate_door(self, data, size, scoped, thread):
-        """A door's buffer (cuda.core's ``MemoryResource``): freed by ``deallocate`` on a named stream."""
+    @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7), torch=st.booleans())
+    def allocate_door(self, data, size, scoped, thread, torch):
+        """A door's buffer (cuda.core's ``MemoryResource``; ``torch``: PyTorch's callbacks, raw handles): freed by
+        ``deallocate`` on a named stream."""
         stream = data.draw(st.sampled_from(self.streams)) if scoped else None
-        self.p.allocate_door(size, stream, thread)
+        self.p.allocate_door(size, stream, thread, torch)
 
     @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
     def allocate_managed(self, data, size, scoped, thread):

@@ -14,8 +14,7 @@ from numba_pool.plugin.torch_allocator import TorchDoor
 
 
 def _door(p, monkeypatch) -> TorchDoor:
-    monkeypatch.setattr(torch_allocator, "serving_manager", lambda device_id, door: p.mm)
-    return TorchDoor()
+    return TorchDoor(find_manager=lambda device_id, door: p.mm)
 
 
 def _stream(p) -> int:
@@ -261,7 +260,7 @@ def test_a_door_allocation_is_logged_with_its_door_and_replays_as_device_memory(
     assert_clean(p)
 
 
-def test_a_cuda_error_finding_the_manager_returns_null_and_says_why_in_one_line(monkeypatch, capsys):
+def test_a_cuda_error_finding_the_manager_returns_null_and_says_why_in_one_line(capsys):
     # The callback's failure path once logged the failure through the manager it had not found (None): an
     # AttributeError out of a C callback.  The failure row needs a manager; without one, the line alone.
     from numba_pool.cuda.errors import CudaAPIError
@@ -269,8 +268,7 @@ def test_a_cuda_error_finding_the_manager_returns_null_and_says_why_in_one_line(
     def no_manager(device_id, door):
         raise CudaAPIError(2, "cuMemPoolCreate failed: out of memory")
 
-    monkeypatch.setattr(torch_allocator, "serving_manager", no_manager)
-    assert TorchDoor()._malloc(4096, 0, 0) is None
+    assert TorchDoor(find_manager=no_manager)._malloc(4096, 0, 0) is None
     err = capsys.readouterr().err.strip()
     assert err.startswith("numba_pool.torch_allocator: ") and "cuMemPoolCreate failed" in err and "\n" not in err, err
 
@@ -296,3 +294,22 @@ def test_the_cupy_door_keeps_its_last_own_stream_only():
         assert _stream_ref(per_thread).thread is not None and process.cupy_stream[0] is own
     finally:
         process.cupy_stream = saved
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_handle_the_driver_gives_again_is_a_new_stream_to_the_torch_door(programs, monkeypatch, arena):
+    # Note [A raw handle's stream]: the door keeps the last stream by handle and id; a destroyed stream's handle
+    # given to a new stream must not hand the new stream the old one's idle block while the old one's kernel runs.
+    p = programs(arena=arena)
+    door = _door(p, monkeypatch)
+    old = _stream(p)
+    ptr = door._malloc(4096, 0, old)
+    p.model.launch(old, [(ptr, 4096, "old stream's kernel")])
+    door._free(ptr, 4096, 0, old)  # idle for the old stream (rule 7a)
+    p.model.cuStreamDestroy(real_cu.CUstream(old))  # its kernel may still run
+    new = _stream(p)
+    assert new == old  # the handle, given again (the model does, as the driver may)
+    again = door._malloc(4096, 0, new)
+    p.model.launch(new, [(again, 4096, "new stream's kernel")])
+    door._free(again, 4096, 0, new)
+    assert_clean(p)

@@ -84,7 +84,7 @@ def test_a_block_released_while_its_stream_is_captured_is_the_graphs_free(progra
     s = p.create_stream(False)
     if planted:  # the release's driver answers "not capturing" whatever the stream
         idle = p.mm.allocator.mempool_blocks.stream_idle
-        monkeypatch.setattr(idle, "_cu", _NeverCapturing(idle._cu))
+        monkeypatch.setattr(idle, "_capture_status", _NeverCapturing(idle._cu).cuStreamIsCapturing)
     f = p.allocate(SIZE, stream=s)
     p.launch(s, [f])
     first = f.address

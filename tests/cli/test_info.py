@@ -70,7 +70,7 @@ def test_info_without_gpu_prints_versions_and_configuration_first():
     assert proc.returncode == 3 and proc.stderr.strip().splitlines() == [
         f"Error: no CUDA GPU is available here ({PACKAGES[FRONTEND.name]}.is_available() is False): numba-pool needs one "
         "for this command"]
-    for row in ("numba-pool", "frontend numba-cuda", "frontend mlir", "frontend in use", "cuda-bindings", "config: arena"):
+    for row in ("numba-pool", "frontend numba-cuda", "frontend mlir", "frontend in use", "compiled module", "cuda-bindings", "config: arena"):
         assert row in proc.stdout
     assert "on: blocks up to 64 KiB" in proc.stdout  # the configuration in effect, not the defaults
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import itertools
 import os
 import sys
 import tempfile
 import warnings
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -33,6 +35,7 @@ from numba_pool.cuda import frontend as frontends
 from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.cuda.streams import as_stream_ref
 from numba_pool.plugin.manager import manager_class
+from numba_pool.plugin.torch_allocator import TorchDoor
 
 from .calls import CONTEXT
 from .harness_waits import DESTROYED, Waits
@@ -163,6 +166,8 @@ class Program(Waits):
         self.inject: ResetInjection | None = None  # a reset to run inside the next call (inject_reset)
         self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
         self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
+        program = weakref.ref(self)  # no cycle: a dropped Program (and its manager) goes at once
+        self.torch_door = TorchDoor(find_manager=lambda device_id, door: program().mm)  # allocate_door(torch=True)
         self.families: dict[int, Family] = {}
         self.pending: list = []  # references whose release a preempt point runs
         self.holds: list[tuple[Family, Hold]] = []  # holds not let go yet, with the family they keep
@@ -301,15 +306,19 @@ class Program(Waits):
         self.operations += 2
         return family
 
-    def allocate_door(self, size: int, stream: int | None = None, thread: int = 0) -> Family | None:
-        """A door's allocation (``numba_pool.MemoryResource``'s, and CuPy's and PyTorch's to come):
-        the core's ``allocate(size, stream)`` in host thread ``thread``, on ``stream`` (None: the
-        legacy stream), its Block freed by :meth:`drop` with ``deallocate(block, stream)`` on the
-        stream of its last use (:meth:`_deallocate`).  None when the pool is out of memory."""
+    def allocate_door(self, size: int, stream: int | None = None, thread: int = 0,
+                      torch: bool = False) -> Family | None:
+        """A door's allocation (``numba_pool.MemoryResource``'s, CuPy's): the core's ``allocate(size, stream)`` in
+        host thread ``thread``, on ``stream`` (None: the legacy stream), its Block freed by :meth:`drop` with
+        ``deallocate(block, stream)`` on the stream of its last use (:meth:`_deallocate`); ``torch``: PyTorch's
+        callbacks instead, with raw handles (a destroyed stream's handle given again names the new stream).  None
+        when the pool is out of memory."""
         handle = stream if stream is not None else LEGACY
         ref = as_stream_ref(self.stream_objects.get(handle, handle))
 
         def body():
+            if torch:
+                return TorchBuffer.allocate(self.torch_door, size, 0 if stream is None else handle)
             block = self.mm.allocate_block(size, ref)
             return DoorBuffer(block, self.mm.allocator, ref)
         buffer = self._allocated(thread, body, "door", "out of memory allocating")
@@ -682,6 +691,29 @@ class DoorBuffer:
 
     def deallocate(self, stream) -> None:
         self.allocator.deallocate(self.block, stream)
+
+
+class TorchBuffer(DoorBuffer):
+    """A tensor's memory from PyTorch's callbacks (:class:`~numba_pool.plugin.torch_allocator.TorchDoor`), freed
+    naming a raw stream handle as PyTorch does."""
+
+    def __init__(self, door, address: int, size: int, handle: int):
+        self.door, self.size, self.device_pointer_value, self.handle = door, size, address, handle
+
+    @classmethod
+    def allocate(cls, door, size: int, handle: int) -> "TorchBuffer":
+        """``malloc(size, 0, handle)``; out of memory (a null pointer and the door's one line) as CudaAPIError."""
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said):
+            address = door._malloc(size, 0, handle)
+        if address is None:
+            assert "CUDA_ERROR_OUT_OF_MEMORY" in said.getvalue(), said.getvalue()
+            raise CudaAPIError(OOM, f"numba_pool: out of memory allocating {size} bytes (PyTorch's door)")
+        return cls(door, address, size, handle)
+
+    def deallocate(self, stream) -> None:
+        """``free(address, size, 0, stream)``, naming ``stream`` (a StreamRef; None: the allocation stream)."""
+        self.door._free(self.device_pointer_value, self.size, 0, self.handle if stream is None else stream.value)
 
 
 def _drop_reference(refs: list) -> None:

@@ -41,6 +41,7 @@ LATCHES = {
     ("numba_pool.allocator.captures", "_deferred"),
     ("numba_pool.allocator.captures", "_lock"),
     ("numba_pool.cuda.driver", "cu"),
+    ("numba_pool.cuda.driver", "_twins"),
     ("numba_pool.cuda.errors", "_lock"),
     ("numba_pool.cuda.errors", "_bases"),
     ("numba_pool.cuda.errors", "_raised"),

@@ -26,7 +26,7 @@ import time
 SIZES = [256, 64 << 10, 4 << 20]
 ROUNDS = 21
 PAIRS = 1000
-TURNS = 2
+TURNS = 4
 #: The door's row and the library's own, per library (the difference the issue bounds at 2 µs).
 OWN = {"cuda.core": "DeviceMemoryResource", "cupy": "MemoryPool", "torch": "caching allocator"}
 
@@ -130,13 +130,14 @@ def measure_torch_child(which: str, rounds: int, pairs: int) -> dict:
     return {size: statistics.median(values[which]) for size, values in out.items()}
 
 
-#: PyTorch's cost of a pluggable allocator whose ``ctypes`` callbacks do nothing: one address for every tensor.
-TORCH_FLOOR = "floor: ctypes callbacks allocating nothing"
+#: PyTorch's cost of a pluggable allocator whose callbacks do nothing: one address for every tensor.
+TORCH_FLOOR = "floor: callbacks allocating nothing"
 
 
 def _install_torch_floor():
-    """PyTorch's allocator made :data:`TORCH_FLOOR`: a pair of ``ctypes`` callbacks handing out one device address
-    (a Numba array bigger than any size measured; one tensor lives at a time); returns what must stay alive."""
+    """PyTorch's allocator made :data:`TORCH_FLOOR`: callbacks handing out one device address (a Numba array bigger
+    than any size measured; one tensor lives at a time), as numba_pool's door makes them (the compiled module's C
+    functions calling Python, else ``ctypes``); returns what must stay alive."""
     import ctypes
 
     from torch._C import _cuda_customAllocator
@@ -145,11 +146,17 @@ def _install_torch_floor():
     from .core import cuda
     memory = cuda.device_array(max(SIZES), dtype="u1")
     address = memory.device_ctypes_pointer.value
-    malloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(lambda *_: address)
-    free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(lambda *_: None)
-    made = _cuda_customAllocator(ctypes.cast(malloc, ctypes.c_void_p).value, ctypes.cast(free, ctypes.c_void_p).value)
+    try:
+        from numba_pool.cuda._native import torch_callbacks
+        kept = ()
+        made = _cuda_customAllocator(*torch_callbacks(lambda *_: address, lambda *_: None))
+    except ImportError:
+        malloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(lambda *_: address)
+        free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(lambda *_: None)
+        kept = malloc, free
+        made = _cuda_customAllocator(*(ctypes.cast(f, ctypes.c_void_p).value for f in kept))
     change_current_allocator(_CUDAAllocator(made))
-    return memory, malloc, free
+    return memory, kept
 
 
 def measure_torch(rounds: int, pairs: int) -> dict:
