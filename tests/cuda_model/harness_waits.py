@@ -108,7 +108,8 @@ class Waits:
             on = self.deallocation_stream(family)
             return self.may_enqueue(on) and all(
                 used != DESTROYED and self.may_enqueue(used)
-                for used, op in family.uses if not self.model.would_follow(on, op))
+                for used, op in family.uses if not self.model.would_follow(on, op)) and all(
+                self.may_enqueue(stream) for stream in family.recorded)  # as below: record_stream's event
         if legalize == "record":
             for used, op in family.uses:
                 if used in family.recorded or self.model.would_follow(family.stream, op):
