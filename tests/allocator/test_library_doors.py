@@ -300,16 +300,15 @@ def test_the_cupy_door_keeps_its_last_own_stream_only():
 def test_a_handle_the_driver_gives_again_is_a_new_stream_to_the_torch_door(programs, monkeypatch, arena):
     # Note [A raw handle's stream]: the door keeps the last stream by handle and id; a destroyed stream's handle
     # given to a new stream must not hand the new stream the old one's idle block while the old one's kernel runs.
+    def tensor_used_and_freed(stream: int, kernel: str) -> None:
+        ptr = door._malloc(4096, 0, stream)
+        p.model.launch(stream, [(ptr, 4096, kernel)])
+        door._free(ptr, 4096, 0, stream)  # idle for the stream (rule 7a)
+
     p = programs(arena=arena)
-    door = _door(p, monkeypatch)
-    old = _stream(p)
-    ptr = door._malloc(4096, 0, old)
-    p.model.launch(old, [(ptr, 4096, "old stream's kernel")])
-    door._free(ptr, 4096, 0, old)  # idle for the old stream (rule 7a)
+    door, old = _door(p, monkeypatch), _stream(p)
+    tensor_used_and_freed(old, "old stream's kernel")
     p.model.cuStreamDestroy(real_cu.CUstream(old))  # its kernel may still run
-    new = _stream(p)
-    assert new == old  # the handle, given again (the model does, as the driver may)
-    again = door._malloc(4096, 0, new)
-    p.model.launch(new, [(again, 4096, "new stream's kernel")])
-    door._free(again, 4096, 0, new)
+    assert _stream(p) == old  # the handle, given again to a new stream (the model does, as the driver may)
+    tensor_used_and_freed(old, "new stream's kernel")
     assert_clean(p)
