@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -50,7 +49,11 @@ def _version_rows() -> list[tuple[str, str]]:
     """Python's version, numba-pool's (and whether its compiled module is built) and cuda-bindings'."""
     import numba_pool
 
-    built = importlib.util.find_spec("numba_pool.cuda._native") is not None
+    try:
+        from ..cuda import _native  # noqa: F401 - its presence is the row
+        built = True
+    except ImportError:
+        built = False
     return [("python", sys.version.split()[0]), ("numba-pool", numba_pool.__version__),
             ("compiled module", "built: the hot paths' driver calls and PyTorch's callbacks in C" if built
              else "not built (no C compiler at install): cuda-python's functions and ctypes callbacks"),

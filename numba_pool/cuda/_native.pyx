@@ -1,6 +1,7 @@
 # cython: language_level=3, binding=False
 """numba_pool's compiled module (optional; setup.py): the hot paths' driver calls, twins of cuda-python's
-(Note [Compiled driver calls] in :mod:`.driver`), and the C callbacks PyTorch's pluggable allocator calls."""
+(Note [Compiled driver calls] in :mod:`.driver`; they take what the hot paths pass, ``CUstream`` and ``CUdeviceptr``
+objects or ints), and the C callbacks PyTorch's pluggable allocator calls."""
 
 from cpython.long cimport PyLong_AsUnsignedLongLong, PyLong_AsVoidPtr
 
@@ -25,8 +26,14 @@ def bind(size_t is_capturing, size_t free_async, size_t get_id, result, status, 
     _get_id = <GetId><void*>get_id
 
 
+cdef _unbound():
+    raise RuntimeError("numba_pool.cuda._native: no driver entry points bound (numba_pool.cuda.driver.hot binds them)")
+
+
 def cuStreamIsCapturing(stream):
     """cuda-python's ``cuStreamIsCapturing(stream)``: ``(CUresult, CUstreamCaptureStatus or None)``."""
+    if _is_capturing == NULL:
+        _unbound()
     cdef void* handle = PyLong_AsVoidPtr(int(stream))
     cdef int status = 0, err
     with nogil:
@@ -38,6 +45,8 @@ def cuStreamIsCapturing(stream):
 
 def cuMemFreeAsync(pointer, stream):
     """cuda-python's ``cuMemFreeAsync(pointer, stream)``: ``(CUresult,)``."""
+    if _free_async == NULL:
+        _unbound()
     cdef unsigned long long address = PyLong_AsUnsignedLongLong(int(pointer))
     cdef void* handle = PyLong_AsVoidPtr(int(stream))
     cdef int err
@@ -48,6 +57,8 @@ def cuMemFreeAsync(pointer, stream):
 
 def cuStreamGetId(stream):
     """cuda-python's ``cuStreamGetId(stream)``: ``(CUresult, int or None)``."""
+    if _get_id == NULL:
+        _unbound()
     cdef void* handle = PyLong_AsVoidPtr(int(stream))
     cdef unsigned long long stream_id = 0
     cdef int err

@@ -54,8 +54,9 @@ class NumbaPoolManager:
     :param config: this manager's options (tests, benchmark); None: the process's."""
 
     frontend: Frontend | None = None  #: The frontend whose base classes this class derives from (None here).
-    #: ``cuStreamGetId`` of the driver object the first initialization took (kept across resets): the PyTorch door's.
-    stream_id = None
+    #: ``(cuStreamIsCapturing, cuStreamGetId)`` of the driver object of the last initialization (a reset keeps them):
+    #: the PyTorch door's (Note [A raw handle's stream]).
+    stream_queries = None
 
     def __new__(cls, *args, **kwargs):
         if cls is NumbaPoolManager:  # Note [One class for every frontend]
@@ -105,7 +106,7 @@ class NumbaPoolManager:
             threads.require_gil()
             config = self._requested_config or settings.config_in_effect()
             cu = driver.cu
-            self.stream_id = driver.hot(cu, "cuStreamGetId")
+            self.stream_queries = driver.hot(cu, "cuStreamIsCapturing"), driver.hot(cu, "cuStreamGetId")
             _, total = device_memory_info(cu)
             pool = MemPool(cu, self.device_id, config, total)
             pool.reserve(config.initial_size)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import ctypes
 import sys
 
-from ..cuda.driver import SUCCESS
+from ..cuda.capture import NOT_CAPTURING
+from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
 from ..cuda.streams import LEGACY, StreamRef, as_stream_ref, names_stream
 from ..cuda.errors import CudaAPIError
 from .serving import failed, recorded, release, serving_manager
@@ -32,7 +33,7 @@ class TorchDoor:
     def __init__(self, find_manager=serving_manager):
         self._find_manager = find_manager  # ``(device, door) -> manager``: the device's serving one (the model's)
         self._blocks: dict[int, tuple] = {}
-        self._last = LEGACY  # Note [A raw handle's stream]; replaced whole (atomic)
+        self._last: StreamRef | None = None  # Note [A raw handle's stream]; replaced whole (atomic)
         self.callbacks = None  # the ctypes callbacks, where used: kept, PyTorch holds the bare function pointers
         self.allocator = None  # the torch allocator object, made once
 
@@ -41,7 +42,7 @@ class TorchDoor:
             return None
         try:
             manager = self._find_manager(device, "numba_pool.torch_allocator")
-            ref = LEGACY if not stream else self._stream(stream, manager.stream_id)
+            ref = LEGACY if not stream else self._stream(stream, *manager.stream_queries)
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
             return _say(err)
         try:
@@ -60,19 +61,24 @@ class TorchDoor:
         try:
             from ..cuda._native import torch_callbacks
         except ImportError:
-            self.callbacks = _MALLOC(self._malloc), _FREE(self._free)
+            if self.callbacks is None:  # made once: PyTorch may hold the first ones
+                self.callbacks = _MALLOC(self._malloc), _FREE(self._free)
             return tuple(ctypes.cast(callback, ctypes.c_void_p).value for callback in self.callbacks)
         return torch_callbacks(self._malloc, self._free)
 
-    def _stream(self, handle: int, stream_id) -> StreamRef:
+    def _stream(self, handle: int, capture_status, stream_id) -> StreamRef:
         """Note [A raw handle's stream]
             PyTorch names a stream by its handle alone, which the driver gives again to a stream made after this
             one is destroyed.  The door keeps the last non-legacy stream's StreamRef with its driver id
             (``cuStreamGetId``, unique for the process's life) and takes it again only for the same handle and id:
-            one id query an allocation instead of a StreamRef and rule 7a's flags and id queries.  Another
-            thread's per-thread default stream has another id."""
+            a capture query and an id query an allocation instead of a StreamRef and rule 7a's flags and id
+            queries.  Never the id of a capturing stream (the query invalidates its capture, :mod:`.capture`): such
+            a stream gets a StreamRef of its own.  Another thread's per-thread default stream has another id."""
+        answer = capture_status(handle)
+        if answer is not NOT_CAPTURING_ANSWER and (answer[0] != SUCCESS or answer[1] != NOT_CAPTURING):
+            return as_stream_ref(handle)  # capturing (rule 13 routes it), or the driver won't say
         last = self._last
-        if handle == last.value:
+        if last is not None and handle == last.value:
             err, same = stream_id(last.handle)
             if err == SUCCESS and same == last.key:
                 return last

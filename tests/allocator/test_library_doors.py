@@ -312,3 +312,19 @@ def test_a_handle_the_driver_gives_again_is_a_new_stream_to_the_torch_door(progr
     assert _stream(p) == old  # the handle, given again to a new stream (the model does, as the driver may)
     tensor_used_and_freed(old, "new stream's kernel")
     assert_clean(p)
+
+
+def test_a_tensor_allocated_in_a_capture_leaves_the_capture_valid(programs, monkeypatch):
+    # Note [A raw handle's stream]: the door never asks a capturing stream's id (the query invalidates the capture);
+    # torch.cuda.graph allocates through the pluggable allocator on the capturing stream.
+    p = programs(arena=False)
+    door, s = _door(p, monkeypatch), _stream(p)
+    door._free(door._malloc(4096, 0, s), 4096, 0, s)  # the door has seen the stream
+    relaxed = real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    assert p.model.cuStreamBeginCapture(real_cu.CUstream(s), relaxed)[0] == real_cu.CUresult.CUDA_SUCCESS
+    ptr = door._malloc(4096, 0, s)
+    status = p.model.cuStreamIsCapturing(real_cu.CUstream(s))[1]
+    assert ptr and status == real_cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE, (ptr, status)
+    door._free(ptr, 4096, 0, s)  # a free node of the graph
+    err, graph = p.model.cuStreamEndCapture(real_cu.CUstream(s))
+    assert err == real_cu.CUresult.CUDA_SUCCESS

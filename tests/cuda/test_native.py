@@ -49,13 +49,24 @@ class FakeEntryPoints:
         return self.err
 
 
+# Bound to stand-ins, the twins would serve a GPU session's live managers (a finalizer's free): not there.
+pytestmark = pytest.mark.skipif(driver.twins_in_use(), reason="the twins serve this process's managers")
+
+
+def unbind() -> None:
+    """After a test: no entry points (a twin called then raises), or the driver's own once bound."""
+    if driver.twins_in_use():
+        driver._bind_twins()
+    else:
+        _native.bind(0, 0, 0, cu.CUresult, cu.CUstreamCaptureStatus, driver.NOT_CAPTURING_ANSWER)
+
+
 @pytest.fixture
 def fake():
     entry = FakeEntryPoints()
     entry.bind()
     yield entry
-    if driver.twins_in_use():  # a GPU session: the driver's own entry points again
-        driver._bind_twins()
+    unbind()
 
 
 @given(handle=HANDLES)
@@ -69,8 +80,7 @@ def test_the_capture_query_passes_the_handle_and_answers_not_capturing_as_cuda_p
         assert type(err) is cu.CUresult and type(status) is cu.CUstreamCaptureStatus
         assert _native.cuStreamIsCapturing(handle) is driver.NOT_CAPTURING_ANSWER  # the hot paths' identity test
     finally:
-        if driver.twins_in_use():
-            driver._bind_twins()
+        unbind()
 
 
 @pytest.mark.parametrize("status", list(cu.CUstreamCaptureStatus))
@@ -103,8 +113,14 @@ def test_the_stream_id_query_passes_the_handle_and_answers_the_id_as_cuda_python
         assert _native.cuStreamGetId(handle) == (cu.CUresult.CUDA_ERROR_INVALID_HANDLE, None)
         assert entry.calls == [("id", handle), ("id", handle)]
     finally:
-        if driver.twins_in_use():
-            driver._bind_twins()
+        unbind()
+
+
+def test_a_twin_with_no_entry_points_raises():
+    unbind()
+    for call, args in ((_native.cuStreamIsCapturing, (1,)), (_native.cuMemFreeAsync, (1, 1)), (_native.cuStreamGetId, (1,))):
+        with pytest.raises(RuntimeError, match="no driver entry points bound"):
+            call(*args)
 
 
 def test_hot_gives_a_stand_ins_own_function_and_cuda_pythons_where_no_driver_binds():
