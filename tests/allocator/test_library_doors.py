@@ -63,8 +63,7 @@ def test_a_free_naming_another_stream_waits_for_it(programs, monkeypatch, arena)
             allocator.deallocate(block, None)
 
     planted = programs(arena=arena)
-    _door(planted, monkeypatch)
-    _freed_after_another_streams_use(planted, Forgetful())
+    _freed_after_another_streams_use(planted, Forgetful(find_manager=lambda device_id, door: planted.mm))
     assert any(v.kind == "unordered reuse" for v in planted.model.violations), planted.model.violations
     planted.model.violations.clear()
 
