@@ -262,3 +262,41 @@ def test_one_program_with_every_door_counts_and_names_each_librarys_allocations(
         seen = [kind for kind in doors if [str(program), line] in facts["sites"].get(kind, [])]
         assert seen, (site, line, {kind: facts["sites"].get(kind) for kind in doors})
     assert facts["viz_rc"] == 0 and facts["viz_lines"] > 0, facts["viz_err"]
+
+
+CAPTURE = f"""
+import json, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from cuda.bindings import driver as cu
+from gpu_helpers import cuda
+from numba_pool.cuda.streams import as_stream_ref
+from numba_pool.plugin.torch_allocator import TorchDoor
+
+class NoCaptureCheck(TorchDoor):  # planted: the stream's id asked whatever the stream
+    def _stream(self, handle, capture_status, stream_id):
+        ref = as_stream_ref(handle)
+        ref.key = stream_id(ref.handle)[1]
+        return ref
+
+cuda.current_context()
+out = {{}}
+for name, door in (("door", TorchDoor()), ("planted", NoCaptureCheck())):
+    err, stream = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    handle = int(stream)
+    door._free(door._malloc(4096, 0, handle), 4096, 0, handle)  # the door has seen the stream
+    cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    ptr = door._malloc(4096, 0, handle)
+    status = cu.cuStreamIsCapturing(stream)[1].name
+    if ptr:
+        door._free(ptr, 4096, 0, handle)
+    err, graph = cu.cuStreamEndCapture(stream)
+    out[name] = [bool(ptr), status, err.name]
+print(json.dumps(out))
+"""
+
+
+def test_a_pytorch_door_allocation_in_a_capture_leaves_it_valid():
+    # Note [A raw handle's stream]: cuStreamGetId invalidates a capture; the door asks a capturing stream's id never.
+    out = run_json(CAPTURE, env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
+    assert out["door"] == [True, "CU_STREAM_CAPTURE_STATUS_ACTIVE", "CUDA_SUCCESS"], out
+    assert out["planted"][1] == "CU_STREAM_CAPTURE_STATUS_INVALIDATED", out  # the check matters on this driver

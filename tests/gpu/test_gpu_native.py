@@ -50,3 +50,4 @@ def test_the_compiled_driver_calls_answer_as_cuda_python_capturing_or_not():
     assert out["idle"] == [True, "CU_STREAM_CAPTURE_STATUS_NONE"] and out["id"] is True
     assert out["capturing"] == ["CU_STREAM_CAPTURE_STATUS_ACTIVE"] * 2 + ["CU_STREAM_CAPTURE_STATUS_NONE"]
     assert out["free"] == ["CUDA_SUCCESS", 1 << 20]
+
