@@ -9,6 +9,7 @@ import pytest
 from cuda.bindings import driver as real_cu
 
 from cuda_model.checks import assert_clean
+from numba_pool.allocator import captures
 from numba_pool.plugin import torch_allocator
 from numba_pool.plugin.torch_allocator import TorchDoor
 
@@ -327,3 +328,4 @@ def test_a_tensor_allocated_in_a_capture_leaves_the_capture_valid(programs, monk
     door._free(ptr, 4096, 0, s)  # a free node of the graph
     err, graph = p.model.cuStreamEndCapture(real_cu.CUstream(s))
     assert err == real_cu.CUresult.CUDA_SUCCESS
+    assert captures.refresh(p.model) is False and captures.underway == []  # numba_pool saw it end
