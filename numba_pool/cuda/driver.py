@@ -47,9 +47,10 @@ def hot(driver: Any, name: str):
 
     Note [Compiled driver calls]
         cuda-python builds an enum object for each call's status; the twins (``_native.pyx``) return the same
-        objects, prebuilt for success (the capture query: :data:`NOT_CAPTURING_ANSWER` itself).  They call the entry points ``cuGetProcAddress`` gives for CUDA 13.0, whose
-        C signatures they declare (never a later version's), with the GIL released as cuda-python does; never
-        with handle 0, whose meaning alone the per-thread default stream variants change.  Below the allocator:
+        objects, prebuilt for success (the capture query: :data:`NOT_CAPTURING_ANSWER` itself).  They call the
+        entry points ``cuGetProcAddress`` gives for CUDA 13.0, whose C signatures they declare (never a later
+        version's), with the GIL released as cuda-python does; never with handle 0, whose meaning alone the
+        per-thread default stream variants change.  Below the allocator:
         the CUDA model replaces the driver object, twins included.  Optional (no C compiler at install:
         cuda-python's functions); ``numba-pool info`` says which."""
     global _twins

@@ -3,10 +3,11 @@
 ``rmm.allocators.torch`` gives RMM's.  PyTorch's tensors then come from the pool Numba's arrays use.
 
 PyTorch's ``CUDAPluggableAllocator`` takes two C function pointers (``torch._C._cuda_customAllocator``):
-``malloc(size, device, stream)`` and ``free(ptr, size, device, stream)``.  Here they are ``ctypes`` callbacks
-into Python, which take the GIL: the compiled module's C functions (:mod:`numba_pool.cuda._native`), else ``ctypes``.  PyTorch frees a tensor's memory naming its allocation
-stream: the release of rule 14 of :mod:`numba_pool.allocator`, ordered there; work of another stream needs
-``numba_pool.record_stream(tensor, stream)`` (PyTorch's ``Tensor.record_stream`` calls no pluggable allocator).
+``malloc(size, device, stream)`` and ``free(ptr, size, device, stream)``.  Here they call into Python, taking the
+GIL: the compiled module's C functions (:mod:`numba_pool.cuda._native`), else ``ctypes`` callbacks.  PyTorch frees
+a tensor's memory naming its allocation stream: the release of rule 14 of :mod:`numba_pool.allocator`, ordered
+there; work of another stream needs ``numba_pool.record_stream(tensor, stream)`` (PyTorch's ``Tensor.record_stream``
+calls no pluggable allocator).
 torch is imported at the first call only; it is an optional extra."""
 
 from __future__ import annotations

@@ -104,19 +104,20 @@ class Waits:
         would legalize it), and no recorded stream that follows it."""
         if family.zombie or len(family.refs) > 1:
             return True
+        if not all(self.may_enqueue(stream) for stream in family.recorded):  # record_stream's events: any family
+            return False
         if family.door:  # the program's own waits onto the deallocation stream (Program._deallocate)
             on = self.deallocation_stream(family)
             return self.may_enqueue(on) and all(
                 used != DESTROYED and self.may_enqueue(used)
-                for used, op in family.uses if not self.model.would_follow(on, op)) and all(
-                self.may_enqueue(stream) for stream in family.recorded)  # as below: record_stream's event
+                for used, op in family.uses if not self.model.would_follow(on, op))
         if legalize == "record":
             for used, op in family.uses:
                 if used in family.recorded or self.model.would_follow(family.stream, op):
                     continue
                 if not self.may_enqueue(used):
                     return False
-        return all(self.may_enqueue(stream) for stream in family.recorded)
+        return True
 
     def may_launch_while_waiting(self, stream: int, family) -> bool:
         """Whether a kernel on ``stream`` may use ``family`` now: the program's own ordering
