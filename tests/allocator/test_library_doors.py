@@ -329,3 +329,15 @@ def test_a_tensor_allocated_in_a_capture_leaves_the_capture_valid(programs, monk
     err, graph = p.model.cuStreamEndCapture(real_cu.CUstream(s))
     assert err == real_cu.CUresult.CUDA_SUCCESS
     assert captures.refresh(p.model) is False and captures.underway == []  # numba_pool saw it end
+
+
+@pytest.mark.xfail(strict=True, reason="README, Limits: a tensor alive across reset() dangles; its free finds the "
+                   "door's entry by address, which the pool may have given again")
+def test_a_tensor_alive_across_a_reset_releases_nothing_when_dropped(programs, monkeypatch):
+    p = programs(arena=False)
+    door, s = _door(p, monkeypatch), _stream(p)
+    old = door._malloc(744, 0, s)
+    p.mm.reset()
+    assert door._malloc(1, 0, 0) == old  # the pool gave the address again, to a new tensor
+    door._free(old, 744, 0, s)  # the dangling tensor dropped
+    assert p.mm.statistics().bytes_in_use == 1  # the new tensor's block still in use
