@@ -100,6 +100,8 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     the tensor's allocation stream, CuPy's none (its drop).  The release waits for a named stream as for a
     recorded one (rule 2), then is its allocation stream's, as a drop is; the program orders a third stream's
     work before it (``record_stream``), as for those libraries' own pools (:mod:`numba_pool.plugin`'s doors).
+    A door whose library frees by address alone never hands out an address that a buffer or tensor from before
+    a reset still holds (Note [An address a reset gave again], :mod:`numba_pool.plugin.serving`).
 
 Threads
 -------

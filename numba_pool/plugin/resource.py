@@ -17,7 +17,7 @@ from ..allocator.host_blocks import PORTABLE
 from ..cuda.streams import LEGACY, as_stream_ref, handle_of_protocol, names_stream
 from ..config.values import byte_count, device_ordinal
 from ..cuda.errors import CudaAPIError
-from .serving import cache_block, failed, recorded, release, serving_manager
+from .serving import DoorTable, cache_block, failed, recorded, release, serving_manager
 from .state import process
 
 _OFF = "numba_pool: no cache serves this memory resource: "  # the pinned and managed resources' errors
@@ -40,7 +40,7 @@ class MemoryResource(_CoreResource):
         self._device_id = manager.device_id if manager is not None else device_id
         self._manager = manager
         self._lock = threading.Lock()  # guards finding the manager
-        self._blocks: dict[int, tuple] = {}  # address -> (Block, its source, history record): live; atomic operations
+        self._blocks = DoorTable()  # the live Buffers' blocks, by address
         self._last = (None, LEGACY, LEGACY_DEFAULT_STREAM)  # Note [The last stream named]; replaced whole (atomic)
 
     def allocate(self, size: int, stream=None) -> Buffer:
@@ -57,19 +57,22 @@ class MemoryResource(_CoreResource):
                 self._last = last
         ref = last[1]
         manager = self._manager or self._manager_now()
-        take = self._take
-        try:
-            if take is None:  # device memory: the core's contract, no frame in between
-                block, source = manager.allocate_block(size, ref), manager.allocator
-            else:
-                block, source = take(size, ref, manager)
-        except CudaAPIError:
-            failed(manager, self._door, size, ref)
-            raise
-        address = int(block.ptr)
-        self._blocks[address] = (block, source, None if process.recording is None and manager.log is None
-                                 else recorded(manager, block, self._door))
-        return Buffer.from_handle(address, size, mr=self, stream=last[2])
+        take, blocks = self._take, self._blocks
+        while True:
+            try:
+                if take is None:  # device memory: the core's contract, no frame in between
+                    block, source = manager.allocate_block(size, ref), manager.allocator
+                else:
+                    block, source = take(size, ref, manager)
+            except CudaAPIError:
+                failed(manager, self._door, size, ref)
+                raise
+            address = int(block.ptr)
+            entry = (block, source, None if process.recording is None and manager.log is None
+                     else recorded(manager, block, self._door))
+            if blocks.setdefault(address, entry) is entry:
+                return Buffer.from_handle(address, size, mr=self, stream=last[2])
+            blocks.set_aside(address, entry)  # Note [An address a reset gave again]
 
     _door = "cuda.core"  # the history's kind for this door's allocations
     #: ``(size, StreamRef, manager) -> (Block, what deallocates it)`` for the other caches; None: the device's pool.
@@ -78,9 +81,14 @@ class MemoryResource(_CoreResource):
     def deallocate(self, ptr, size: int, stream=None) -> None:
         """Give back the buffer at ``ptr`` (``size`` bytes), ordered on ``stream`` (None: its allocation
         stream; rule 14).  Nothing for a buffer it does not hold (a zero-byte one)."""
-        held = self._blocks.pop(ptr if type(ptr) is int else _address(ptr, type(self).__name__), None)
+        blocks = self._blocks
+        if type(ptr) is not int:
+            ptr = _address(ptr, type(self).__name__)
+        held = blocks.pop(ptr, None)
         if held is None:
             return
+        if blocks.aside:  # Note [An address a reset gave again]
+            blocks.release_aside(ptr)
         block, source, record = held  # source: the allocator, or the pinned or managed cache
         ref = block.stream
         if stream is None or stream is ref.owner:

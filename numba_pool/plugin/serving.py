@@ -100,6 +100,38 @@ def release(record, deallocate: Callable[..., None], *args) -> None:
     history.release_recorded(None, alloc, partial(deallocate, *args))
 
 
+class DoorTable(dict):
+    """The live blocks of a door whose library frees by address alone (cuda.core's ``deallocate``, PyTorch's
+    ``free``): address (int) -> ``(Block, what deallocates it, history record)``.  Single dict operations only
+    (atomic under the GIL: the libraries free from any thread).  :attr:`aside`: address -> entries set aside.
+
+    Note [An address a reset gave again]
+        A reset (rule 12) drops every block of its generation, a live tensor's or buffer's too; its library frees
+        it later, by address, and the pool may meanwhile have given that address to a new block.  Found by
+        address, that late free would release the new block under its new owner.  So a door never hands out an
+        address its table still holds: finding it there (``setdefault``), the door sets the block aside (never used) and
+        allocates again, and the holder's free releases what was set aside at its address.  The dropped block's
+        own release does nothing (rule 12), and the holder's memory stays dangling, as a Numba array's does."""
+
+    __slots__ = ("aside",)
+
+    def __init__(self):
+        super().__init__()
+        self.aside: dict[int, list] = {}
+
+    def set_aside(self, address: int, entry: tuple) -> None:
+        """Keep ``entry``, which the door's ``setdefault`` found its address held for (since before a reset), until
+        the holder's free; the door allocates again."""
+        self.aside.setdefault(address, []).append(entry)
+        if address not in self:  # its holder freed it meanwhile (another thread): nothing else would release it
+            self.release_aside(address)
+
+    def release_aside(self, address: int) -> None:
+        """Release the blocks set aside at ``address`` (never used: on their allocation stream).  Never raises."""
+        for block, source, record in self.aside.pop(address, ()):
+            release(record, source.deallocate, block, None)
+
+
 def cache_block(cache, unavailable: str, size: int, stream, flags: int):
     """``(Block, cache)``: ``size`` bytes on ``stream`` (a ``StreamRef``) from a pinned or managed cache
     (``HostBlocks``), in the cache's owner context (``cuMemHostAlloc`` needs one; the caller may have none current).

@@ -19,7 +19,7 @@ from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
 from ..cuda.streams import LEGACY, StreamRef, as_stream_ref, names_stream
 from ..cuda.errors import CudaAPIError
-from .serving import failed, recorded, release, serving_manager
+from .serving import DoorTable, failed, recorded, release, serving_manager
 from .state import process
 
 _MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
@@ -27,13 +27,11 @@ _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, c
 
 
 class TorchDoor:
-    """The callbacks and the live blocks (address -> (Block, its allocator, history record)) of the process's
-    PyTorch allocator.
-    ``_blocks`` takes single dict operations only (atomic under the GIL: callbacks come from any thread)."""
+    """The callbacks and the live blocks (a :class:`~.serving.DoorTable`) of the process's PyTorch allocator."""
 
     def __init__(self, find_manager=serving_manager):
         self._find_manager = find_manager  # ``(device, door) -> manager``: the device's serving one (the model's)
-        self._blocks: dict[int, tuple] = {}
+        self._blocks = DoorTable()
         self._last: StreamRef | None = None  # Note [A raw handle's stream]; replaced whole (atomic)
         self.callbacks = None  # the ctypes callbacks, where used: kept, PyTorch holds the bare function pointers
         self.allocator = None  # the torch allocator object, made once
@@ -46,16 +44,19 @@ class TorchDoor:
             ref = LEGACY if not stream else self._stream(stream, *manager.stream_queries)
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
             return _say(err)
-        try:
-            block = manager.allocate_block(size, ref)
-        except Exception as err:  # noqa: BLE001 - as above
-            if isinstance(err, CudaAPIError):  # out of memory: logged too
-                failed(manager, "torch", size, ref)
-            return _say(err)
-        record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
-        address = int(block.ptr)
-        self._blocks[address] = (block, manager.allocator, record)
-        return address
+        blocks = self._blocks
+        while True:
+            try:
+                block = manager.allocate_block(size, ref)
+            except Exception as err:  # noqa: BLE001 - as above
+                if isinstance(err, CudaAPIError):  # out of memory: logged too
+                    failed(manager, "torch", size, ref)
+                return _say(err)
+            record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
+            address, entry = int(block.ptr), (block, manager.allocator, record)
+            if blocks.setdefault(address, entry) is entry:
+                return address
+            blocks.set_aside(address, entry)  # Note [An address a reset gave again]
 
     def addresses(self) -> tuple[int, int]:
         """The callbacks' C addresses for ``torch._C._cuda_customAllocator``: the compiled module's, else ctypes'."""
@@ -100,6 +101,8 @@ class TorchDoor:
                 block.release(block)
             else:
                 release(record, allocator.deallocate, block, named)
+            if self._blocks.aside:  # Note [An address a reset gave again]
+                self._blocks.release_aside(ptr)
 
 
 def _say(err: Exception) -> None:

@@ -331,13 +331,38 @@ def test_a_tensor_allocated_in_a_capture_leaves_the_capture_valid(programs, monk
     assert captures.refresh(p.model) is False and captures.underway == []  # numba_pool saw it end
 
 
-@pytest.mark.xfail(strict=True, reason="README, Limits: a tensor alive across reset() dangles; its free finds the "
-                   "door's entry by address, which the pool may have given again")
-def test_a_tensor_alive_across_a_reset_releases_nothing_when_dropped(programs, monkeypatch):
-    p = programs(arena=False)
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_tensor_alive_across_a_reset_releases_nothing_else_when_dropped(programs, monkeypatch, arena):
+    """Note [An address a reset gave again]: the pool gives a dangling tensor's address to a new block; the door
+    sets that block aside, and the dangling tensor's free releases it, not the new tensor's."""
+    p = programs(arena=arena)
     door, s = _door(p, monkeypatch), _stream(p)
     old = door._malloc(744, 0, s)
     p.mm.reset()
-    assert door._malloc(1, 0, 0) == old  # the pool gave the address again, to a new tensor
+    new = door._malloc(744, 0, s)
+    assert new != old and list(door._blocks.aside) == [old]  # the pool gave ``old`` again: set aside
+    assert p.mm.statistics().bytes_in_use == 2 * 744  # the new tensor's and the one set aside
     door._free(old, 744, 0, s)  # the dangling tensor dropped
-    assert p.mm.statistics().bytes_in_use == 1  # the new tensor's block still in use
+    assert p.mm.statistics().bytes_in_use == 744 and not door._blocks.aside
+    p.model.launch(s, [(new, 744, "new tensor")])  # still its own
+    again = door._malloc(744, 0, s)
+    assert again == old  # the address set aside is free again
+    p.model.launch(s, [(again, 744, "third tensor")])
+    door._free(new, 744, 0, s)
+    door._free(again, 744, 0, s)
+    assert p.mm.statistics().bytes_in_use == 0
+    assert_clean(p)
+
+
+def test_a_block_set_aside_after_its_holder_freed_is_released_at_once(programs, monkeypatch):
+    """The race of Note [An address a reset gave again]: the holder's free runs (another thread) between the
+    door's ``setdefault`` finding the address held and the block going aside; nothing else would release it."""
+    from numba_pool.cuda.streams import LEGACY
+    from numba_pool.plugin.serving import DoorTable
+
+    p = programs(arena=False)
+    table = DoorTable()
+    block = p.mm.allocate_block(4096, LEGACY)
+    table.set_aside(block.address, (block, p.mm.allocator, None))  # the holder's entry is gone already
+    assert not table.aside and p.mm.statistics().bytes_in_use == 0
+    assert_clean(p)

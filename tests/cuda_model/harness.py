@@ -592,9 +592,6 @@ class Program(Waits):
         arrays outlive a reset (their memory stays valid until they are dropped)."""
         for f in [*self.families.values(), *(f for f, _ in self.holds), *self.reliant]:
             f.zombie = f.zombie or not f.managed
-            for ref in f.refs:  # README, Limits: a tensor alive across a reset dangles; PyTorch's free of its
-                if isinstance(ref, TorchBuffer):  # address would release whatever block the pool gave it since
-                    ref.dangling = True
         self.reliant = [f for f in self.reliant if not f.zombie]
         self.operations += 1
 
@@ -702,7 +699,6 @@ class TorchBuffer(DoorBuffer):
 
     def __init__(self, door, address: int, size: int, handle: int):
         self.door, self.size, self.device_pointer_value, self.handle = door, size, address, handle
-        self.dangling = False  # alive across a reset: never freed (Program.after_reset)
 
     @classmethod
     def allocate(cls, door, size: int, handle: int) -> "TorchBuffer":
@@ -716,9 +712,8 @@ class TorchBuffer(DoorBuffer):
         return cls(door, address, size, handle)
 
     def deallocate(self, stream) -> None:
-        """``free(address, size, 0, stream)``, naming ``stream`` (a StreamRef; None: the allocation stream)."""
-        if self.dangling:
-            return
+        """``free(address, size, 0, stream)``, naming ``stream`` (a StreamRef; None: the allocation stream); one
+        alive across a reset is freed too (Note [An address a reset gave again])."""
         self.door._free(self.device_pointer_value, self.size, 0, self.handle if stream is None else stream.value)
 
 
