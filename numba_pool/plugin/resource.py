@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from functools import partial
 
 from cuda.bindings import driver as _cu
 from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Stream
@@ -57,22 +58,31 @@ class MemoryResource(_CoreResource):
                 self._last = last
         ref = last[1]
         manager = self._manager or self._manager_now()
-        take, blocks = self._take, self._blocks
-        while True:
-            try:
-                if take is None:  # device memory: the core's contract, no frame in between
-                    block, source = manager.allocate_block(size, ref), manager.allocator
-                else:
-                    block, source = take(size, ref, manager)
-            except CudaAPIError:
-                failed(manager, self._door, size, ref)
-                raise
+        take = self._take
+        try:
+            if take is None:  # device memory: the core's contract, no frame in between
+                block, source = manager.allocate_block(size, ref), manager.allocator
+            else:
+                block, source = take(size, ref, manager)
             address = int(block.ptr)
             entry = (block, source, None if process.recording is None and manager.log is None
                      else recorded(manager, block, self._door))
-            if blocks.setdefault(address, entry) is entry:
-                return Buffer.from_handle(address, size, mr=self, stream=last[2])
-            blocks.set_aside(address, entry)  # Note [An address a reset gave again]
+            if self._blocks.setdefault(address, entry) is not entry:  # Note [An address a reset gave again]
+                address = self._blocks.enter_again(address, entry, partial(self._entry, manager, size, ref))[0]
+        except CudaAPIError:
+            failed(manager, self._door, size, ref)
+            raise
+        return Buffer.from_handle(address, size, mr=self, stream=last[2])
+
+    def _entry(self, manager, size: int, ref) -> tuple:
+        # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).
+        take = self._take
+        if take is None:
+            block, source = manager.allocate_block(size, ref), manager.allocator
+        else:
+            block, source = take(size, ref, manager)
+        record = None if process.recording is None and manager.log is None else recorded(manager, block, self._door)
+        return int(block.ptr), (block, source, record)
 
     _door = "cuda.core"  # the history's kind for this door's allocations
     #: ``(size, StreamRef, manager) -> (Block, what deallocates it)`` for the other caches; None: the device's pool.
@@ -87,8 +97,6 @@ class MemoryResource(_CoreResource):
         held = blocks.pop(ptr, None)
         if held is None:
             return
-        if blocks.aside:  # Note [An address a reset gave again]
-            blocks.release_aside(ptr)
         block, source, record = held  # source: the allocator, or the pinned or managed cache
         ref = block.stream
         if stream is None or stream is ref.owner:
@@ -105,6 +113,8 @@ class MemoryResource(_CoreResource):
             source.deallocate(block, named)
         else:
             release(record, source.deallocate, block, named)
+        if blocks.aside:  # Note [An address a reset gave again]
+            blocks.release_aside(ptr, ref if named is None else named)
 
     is_device_accessible, is_host_accessible = True, False  # cuda.core's properties: device memory
 

@@ -103,33 +103,61 @@ def release(record, deallocate: Callable[..., None], *args) -> None:
 class DoorTable(dict):
     """The live blocks of a door whose library frees by address alone (cuda.core's ``deallocate``, PyTorch's
     ``free``): address (int) -> ``(Block, what deallocates it, history record)``.  Single dict operations only
-    (atomic under the GIL: the libraries free from any thread).  :attr:`aside`: address -> entries set aside.
+    (atomic under the GIL: the libraries free from any thread).  :attr:`aside`: ``id(entry) -> (address, entry)``.
 
     Note [An address a reset gave again]
         A reset (rule 12) drops every block of its generation, a live tensor's or buffer's too; its library frees
         it later, by address, and the pool may meanwhile have given that address to a new block.  Found by
         address, that late free would release the new block under its new owner.  So a door never hands out an
-        address its table still holds: finding it there (``setdefault``), the door sets the block aside (never used) and
-        allocates again, and the holder's free releases what was set aside at its address.  The dropped block's
-        own release does nothing (rule 12), and the holder's memory stays dangling, as a Numba array's does."""
+        address its table still holds: finding it there (``setdefault``), it sets the block aside, never used, and
+        allocates again (:meth:`enter_again`); the holder's free releases what was set aside at its address,
+        ordered after the stream that free names (or the holder's allocation stream): the dangling holder's late
+        work lands in it.  The dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is
+        not kept past its allocation call, whose capture must free it: it goes back once another address is
+        found.  Until the holder's free, the block set aside counts as in use."""
 
     __slots__ = ("aside",)
 
     def __init__(self):
         super().__init__()
-        self.aside: dict[int, list] = {}
+        self.aside: dict[int, tuple] = {}
 
-    def set_aside(self, address: int, entry: tuple) -> None:
-        """Keep ``entry``, which the door's ``setdefault`` found its address held for (since before a reset), until
-        the holder's free; the door allocates again."""
-        self.aside.setdefault(address, []).append(entry)
+    def enter_again(self, address: int, entry: tuple, allocate: Callable[[], tuple]) -> tuple:
+        """For the door whose ``setdefault`` found ``address`` held: set ``entry`` aside and ``allocate()`` (->
+        ``(address, entry)``) until an address is free, entered then; returns that ``(address, entry)``.
+        :raises: what ``allocate`` raises (out of memory), the blocks set aside kept until their holders' frees."""
+        in_capture = []
+        try:
+            while True:
+                if getattr(entry[0], "capture", None) is not None:
+                    in_capture.append(entry)
+                else:
+                    self._set_aside(address, entry)
+                address, entry = allocate()
+                if self.setdefault(address, entry) is entry:
+                    return address, entry
+        finally:
+            for block, source, record in in_capture:  # their capture's free nodes
+                release(record, source.deallocate, block, None)
+
+    def _set_aside(self, address: int, entry: tuple) -> None:
+        key = id(entry)
+        self.aside[key] = (address, entry)
         if address not in self:  # its holder freed it meanwhile (another thread): nothing else would release it
-            self.release_aside(address)
+            self._release(key, None)
 
-    def release_aside(self, address: int) -> None:
-        """Release the blocks set aside at ``address`` (never used: on their allocation stream).  Never raises."""
-        for block, source, record in self.aside.pop(address, ()):
-            release(record, source.deallocate, block, None)
+    def release_aside(self, address: int, stream) -> None:
+        """Release the blocks set aside at ``address`` after ``stream`` (a ``StreamRef``, the holder's).  Never
+        raises."""
+        for key, (held_at, _) in self.aside.copy().items():  # dict.copy is atomic: other threads pop meanwhile
+            if held_at == address:
+                self._release(key, stream)
+
+    def _release(self, key: int, stream) -> None:
+        taken = self.aside.pop(key, None)  # the one pop that wins releases
+        if taken is not None:
+            block, source, record = taken[1]
+            release(record, source.deallocate, block, stream)
 
 
 def cache_block(cache, unavailable: str, size: int, stream, flags: int):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from functools import partial
 
 from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
@@ -44,19 +45,17 @@ class TorchDoor:
             ref = LEGACY if not stream else self._stream(stream, *manager.stream_queries)
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
             return _say(err)
-        blocks = self._blocks
-        while True:
-            try:
-                block = manager.allocate_block(size, ref)
-            except Exception as err:  # noqa: BLE001 - as above
-                if isinstance(err, CudaAPIError):  # out of memory: logged too
-                    failed(manager, "torch", size, ref)
-                return _say(err)
+        try:
+            block = manager.allocate_block(size, ref)
             record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
             address, entry = int(block.ptr), (block, manager.allocator, record)
-            if blocks.setdefault(address, entry) is entry:
-                return address
-            blocks.set_aside(address, entry)  # Note [An address a reset gave again]
+            if self._blocks.setdefault(address, entry) is not entry:  # Note [An address a reset gave again]
+                address = self._blocks.enter_again(address, entry, partial(_entry, manager, size, ref))[0]
+        except Exception as err:  # noqa: BLE001 - as above
+            if isinstance(err, CudaAPIError):  # out of memory: logged too
+                failed(manager, "torch", size, ref)
+            return _say(err)
+        return address
 
     def addresses(self) -> tuple[int, int]:
         """The callbacks' C addresses for ``torch._C._cuda_customAllocator``: the compiled module's, else ctypes'."""
@@ -101,8 +100,16 @@ class TorchDoor:
                 block.release(block)
             else:
                 release(record, allocator.deallocate, block, named)
-            if self._blocks.aside:  # Note [An address a reset gave again]
-                self._blocks.release_aside(ptr)
+            blocks = self._blocks
+            if blocks.aside:  # Note [An address a reset gave again]
+                blocks.release_aside(ptr, ref if named is None else named)
+
+
+def _entry(manager, size: int, ref: StreamRef) -> tuple:
+    # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).
+    block = manager.allocate_block(size, ref)
+    record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
+    return int(block.ptr), (block, manager.allocator, record)
 
 
 def _say(err: Exception) -> None:

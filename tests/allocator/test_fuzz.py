@@ -58,7 +58,7 @@ import numba_pool
 from cuda_model import LegacyCost
 from cuda_model.checks import assert_legacy_cost
 from cuda_model.checks import eager as eager_knobs
-from cuda_model.harness import LEGACY, Program
+from cuda_model.harness import LEGACY, Program, TorchBuffer
 from fuzz_waits import WAIT_COUNTS, WaitRules
 from helpers import FRONTENDS
 from numba_pool.allocator import captures as captures_module
@@ -87,8 +87,8 @@ RULES = [r for r in os.environ.get("NUMBA_POOL_FUZZ_RULES", "").split(",") if r]
 CAPTURE_MODES = [real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
                  real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                  real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED]
-CAPTURE_STEPS = ["alloc", "alloc", "kernel", "kernel", "drop captured", "other alloc", "other launch", "other drop",
-                 "statistics", "trim"]
+CAPTURE_STEPS = ["alloc", "alloc", "torch alloc", "kernel", "kernel", "drop captured", "other alloc", "other launch",
+                 "other drop", "statistics", "trim"]
 
 
 @dataclass(eq=False)
@@ -402,7 +402,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
 
     def _capture_step(self, data, step, stream, blocking, T, captured):
         p = self.p
-        if step not in ("alloc", "kernel", "drop captured") and not any(
+        if step not in ("alloc", "torch alloc", "kernel", "drop captured") and not any(
                 c.stream.value == stream for c in list(captures_module.underway)):
             # numba_pool knows of a capture from its first allocation or from using_stream
             # entered with the capturing stream; before that, what the program does beside it
@@ -413,6 +413,13 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             if family is not None:
                 del p.families[family.id]  # the graph's: only the capture rules use it
                 assert family.refs[0].captured, "an array allocated in a capture is not the graph's"
+                captured.append(family)
+        elif step == "torch alloc":  # PyTorch's callbacks on the capturing stream: an allocation node too
+            family = p.allocate_torch_in(T, data.draw(SIZES), stream)
+            if family is not None:
+                del p.families[family.id]
+                block = p.torch_door._blocks[family.address][0]
+                assert getattr(block, "capture", None) is not None, "a tensor allocated in a capture is not the graph's"
                 captured.append(family)
         elif step == "kernel" and captured:
             chosen = data.draw(st.lists(st.sampled_from(captured), min_size=1, max_size=3, unique_by=id))
@@ -530,6 +537,9 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
 
 
 def _drop_reference(refs: list) -> None:
+    """A captured array's drop: its references let go; a tensor's (PyTorch frees it explicitly) freed first."""
+    if refs and isinstance(refs[0], TorchBuffer):
+        refs[0].deallocate(None)
     refs.clear()
 
 

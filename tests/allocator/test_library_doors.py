@@ -340,7 +340,7 @@ def test_a_tensor_alive_across_a_reset_releases_nothing_else_when_dropped(progra
     old = door._malloc(744, 0, s)
     p.mm.reset()
     new = door._malloc(744, 0, s)
-    assert new != old and list(door._blocks.aside) == [old]  # the pool gave ``old`` again: set aside
+    assert new != old and [at for at, _ in door._blocks.aside.values()] == [old]  # the pool gave ``old`` again
     assert p.mm.statistics().bytes_in_use == 2 * 744  # the new tensor's and the one set aside
     door._free(old, 744, 0, s)  # the dangling tensor dropped
     assert p.mm.statistics().bytes_in_use == 744 and not door._blocks.aside
@@ -354,15 +354,126 @@ def test_a_tensor_alive_across_a_reset_releases_nothing_else_when_dropped(progra
     assert_clean(p)
 
 
-def test_a_block_set_aside_after_its_holder_freed_is_released_at_once(programs, monkeypatch):
-    """The race of Note [An address a reset gave again]: the holder's free runs (another thread) between the
-    door's ``setdefault`` finding the address held and the block going aside; nothing else would release it."""
+def test_a_dangling_tensors_free_orders_what_was_set_aside_after_its_stream(programs, monkeypatch):
+    """The dangling tensor's late work (on the stream its free names) lands in the block set aside at its address:
+    that block goes back only after that stream's work, though it was allocated elsewhere."""
+    p = programs(arena=False)
+    door, s, t = _door(p, monkeypatch), _stream(p), _stream(p)
+    old = door._malloc(744, 0, s)
+    p.mm.reset()
+    new = door._malloc(744, 0, s)  # ``old`` set aside
+    p.model.launch(t, [(old, 744, "the dangling tensor's late kernel")])
+    door._free(old, 744, 0, t)
+    again = door._malloc(744, 0, s)
+    p.model.launch(s, [(again, 744, "the next tensor")])
+    door._free(again, 744, 0, s)
+    door._free(new, 744, 0, s)
+    assert_clean(p)
+
+
+class _InterleavedAside(dict):
+    """A DoorTable's ``aside`` that runs ``between()`` right after an entry goes in: another thread's free,
+    interleaved there (the door table's race)."""
+
+    def __init__(self, between):
+        super().__init__()
+        self.between = between
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        between, self.between = self.between, None
+        if between is not None:
+            between()
+
+
+@pytest.mark.parametrize("when", ["before", "between"])
+def test_a_block_set_aside_as_its_holder_frees_is_released_once(programs, monkeypatch, when):
+    """The holder's free (another thread) runs before the door's ``setdefault`` found its address held and the
+    block went aside, or between the block going aside and the door's check: released once either way."""
     from numba_pool.cuda.streams import LEGACY
     from numba_pool.plugin.serving import DoorTable
 
     p = programs(arena=False)
     table = DoorTable()
-    block = p.mm.allocate_block(4096, LEGACY)
-    table.set_aside(block.address, (block, p.mm.allocator, None))  # the holder's entry is gone already
-    assert not table.aside and p.mm.statistics().bytes_in_use == 0
+    holder = p.mm.allocate_block(4096, LEGACY)
+    table[holder.address] = (holder, p.mm.allocator, None)
+    stale = table[holder.address]
+    holder_frees = lambda: (table.pop(holder.address), table.aside and table.release_aside(holder.address, LEGACY))
+    if when == "before":
+        holder_frees()
+    else:
+        table.aside = _InterleavedAside(holder_frees)
+    block = p.mm.allocate_block(4096, LEGACY)  # another address; entered as if the pool gave the holder's
+    table._set_aside(holder.address, (block, p.mm.allocator, None))
+    assert not table.aside and p.mm.statistics().bytes_in_use == 4096, table.aside  # ``block`` released, once
+    stale[0].free()
+    assert p.mm.statistics().bytes_in_use == 0
+    assert_clean(p)
+
+
+def test_a_graphs_block_set_aside_goes_back_in_its_capture(programs, monkeypatch):
+    """A graph's block is not kept past its allocation call (its capture must free it): once another address is
+    entered, it is released there, a free node."""
+    from numba_pool.cuda.streams import LEGACY, as_stream_ref
+    from numba_pool.plugin.serving import DoorTable
+
+    p = programs(arena=False)
+    s = _stream(p)
+    table = DoorTable()
+    holder = p.mm.allocate_block(4096, LEGACY)
+    table[holder.address] = (holder, p.mm.allocator, None)
+    relaxed = real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    assert p.model.cuStreamBeginCapture(real_cu.CUstream(s), relaxed)[0] == real_cu.CUresult.CUDA_SUCCESS
+    ref = as_stream_ref(s)
+    graphs = p.mm.allocate_block(4096, ref)
+    assert graphs.capture is not None
+
+    def allocate():
+        block = p.mm.allocate_block(4096, ref)
+        return block.address, (block, p.mm.allocator, None)
+    try:
+        address, entry = table.enter_again(holder.address, (graphs, p.mm.allocator, None), allocate)
+        assert address != holder.address and table[address] is entry and not table.aside
+        assert graphs.ptr not in graphs.ledger  # freed in the capture (a free node)
+        entry[0].free()
+    finally:  # the capture ends whatever failed: later tests must not run beside it
+        err, graph = p.model.cuStreamEndCapture(real_cu.CUstream(s))
+        assert captures.refresh(p.model) is False
+    assert err == real_cu.CUresult.CUDA_SUCCESS
+    holder.free()
+    assert_clean(p)
+
+
+class _Buffer:
+    """cuda.core's ``Buffer`` needs a driver to exist; this stand-in keeps what the resource gives it and closes
+    as a Buffer does (``mr.deallocate(ptr, size, stream)``)."""
+
+    def __init__(self, address, size, mr, stream):
+        self.handle, self.size, self.memory_resource, self.stream = address, size, mr, stream
+
+    @classmethod
+    def from_handle(cls, address, size, mr=None, stream=None):
+        return cls(address, size, mr, stream)
+
+    def close(self, stream=None):
+        self.memory_resource.deallocate(self.handle, self.size, stream)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_buffer_alive_across_a_reset_releases_nothing_else_when_closed(programs, monkeypatch, arena):
+    """Note [An address a reset gave again] in cuda.core's door: ``MemoryResource.allocate`` sets aside a block at a
+    dangling buffer's address, and that buffer's ``deallocate`` releases it."""
+    from numba_pool.plugin import resource
+
+    monkeypatch.setattr(resource, "Buffer", _Buffer)
+    p = programs(arena=arena)
+    mr = resource.MemoryResource(manager=p.mm)
+    old = mr.allocate(744)
+    p.mm.reset()
+    new = mr.allocate(744)
+    assert new.handle != old.handle and len(mr._blocks.aside) == 1
+    old.close()
+    assert p.mm.statistics().bytes_in_use == 744 and not mr._blocks.aside
+    new.close()
+    assert p.mm.statistics().bytes_in_use == 0
     assert_clean(p)

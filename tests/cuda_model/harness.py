@@ -288,6 +288,21 @@ class Program(Waits):
             self.inject.judge(self, family)
         return family
 
+    def allocate_torch_in(self, executor, size: int, stream: int) -> Family | None:
+        """A tensor's ``size`` bytes from PyTorch's callbacks on ``stream`` (a raw handle) in ``executor``'s thread,
+        tracked on ``stream``: inside a capture of it, the graph's (rule 13).  None when the pool is out of memory."""
+        try:
+            with self.attributed("allocation", "door"):
+                buffer = self._in(executor, TorchBuffer.allocate, self.torch_door, size, stream)
+        except CudaAPIError as err:
+            assert err.code == OOM, str(err)
+            self.operations += 1
+            return None
+        self.operations += 1
+        family = self._track(buffer, size, stream)
+        family.door = True
+        return family
+
     def allocate_managed(self, size: int, stream: int | None = None, thread: int = 0) -> Family | None:
         """``cuda.managed_array``'s allocation of ``size`` bytes in host thread ``thread``
         (inside ``using_stream(stream)`` if given), which the host then writes at once, as
