@@ -87,8 +87,9 @@ class DeviceAllocator:
         return self.source.allocate_block(nbytes, stream)
 
     def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
-        """Give ``block`` back (RMM, cuda.core), after a differing ``stream`` (rule 2); once, never raising (rule 8)."""
-        if stream is not None and stream.value != block.stream.value:
+        """Give ``block`` back (RMM, cuda.core), after a differing ``stream`` (rule 2: another thread's per-thread
+        default stream differs too); once, never raising (rule 8)."""
+        if stream is not None and not stream.same_stream(block.stream):
             self.waits.add_wait(block, stream)
         block.release(block)
 

@@ -127,7 +127,7 @@ class HostBlocks:
 
     def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
         """Give ``block`` back, after ``stream`` if not ``block.stream`` (rule 2); once, never raising (rule 8)."""
-        if stream is not None and stream.value != block.stream.value:
+        if stream is not None and not stream.same_stream(block.stream):
             self.record_stream(block.ptr, stream)
         block.release(block)
 

@@ -244,7 +244,7 @@ class StreamWaits:
         for ref in recorded:
             if ref.belongs_to_another_thread():
                 raise CannotOrder("a stream recorded for it is another thread's per-thread default stream")
-            if ref.value == stream.value and ref.thread == stream.thread:
+            if ref.same_stream(stream):
                 continue
             event = check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate")
             try:

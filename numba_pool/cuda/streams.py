@@ -35,6 +35,11 @@ class StreamRef:
         self.thread = threading.get_ident() if self.value == _PER_THREAD else None
         self.scratch = scratch  # the numba_pool.scratch block this thread bump-allocates from
 
+    def same_stream(self, other: "StreamRef") -> bool:
+        """Whether ``other`` names this stream: the same handle, and for a per-thread default stream the same
+        thread (each thread's is a stream of its own)."""
+        return self.value == other.value and self.thread == other.thread
+
     def belongs_to_another_thread(self) -> bool:
         """Whether this is another thread's per-thread default stream, which this thread cannot name."""
         return self.thread is not None and self.thread != threading.get_ident()

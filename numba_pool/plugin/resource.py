@@ -67,8 +67,9 @@ class MemoryResource(_CoreResource):
             address = int(block.ptr)
             entry = (block, source, None if process.recording is None and manager.log is None
                      else recorded(manager, block, self._door))
-            if self._blocks.setdefault(address, entry) is not entry:  # Note [An address a reset gave again]
-                address = self._blocks.enter_again(address, entry, partial(self._entry, manager, size, ref))[0]
+            held = self._blocks.setdefault(address, entry)
+            if held is not entry:  # Note [An address a reset gave again]
+                address = self._blocks.enter_again(address, entry, held, partial(self._entry, manager, size, ref))[0]
         except CudaAPIError:
             failed(manager, self._door, size, ref)
             raise
@@ -81,7 +82,7 @@ class MemoryResource(_CoreResource):
             block, source = manager.allocate_block(size, ref), manager.allocator
         else:
             block, source = take(size, ref, manager)
-        record = None if process.recording is None and manager.log is None else recorded(manager, block, self._door)
+        record = None if process.recording is None and manager.log is None else recorded(manager, block, self._door, 5)
         return int(block.ptr), (block, source, record)
 
     _door = "cuda.core"  # the history's kind for this door's allocations
@@ -113,8 +114,9 @@ class MemoryResource(_CoreResource):
             source.deallocate(block, named)
         else:
             release(record, source.deallocate, block, named)
-        if blocks.aside:  # Note [An address a reset gave again]
-            blocks.release_aside(ptr, ref if named is None else named)
+        aside = blocks.aside
+        if aside and ptr in aside:  # Note [An address a reset gave again]
+            blocks.release_aside(ptr, named)
 
     is_device_accessible, is_host_accessible = True, False  # cuda.core's properties: device memory
 

@@ -52,16 +52,17 @@ def _log_kind(door: str) -> str | None:
     return None if door == "cuda.core pinned" else door
 
 
-def recorded(manager, block, door: str):
+def recorded(manager, block, door: str, skip: int = 3):
     """What the release of ``block``, allocated through ``door``, must observe: None when neither
     :func:`numba_pool.record_history` records nor ``NUMBA_POOL_LOG`` logs (two attribute loads), else ``((history,
-    event) or None, log row or None)``, the allocation recorded (its stack from the door's caller) and logged."""
+    event) or None, log row or None)``, the allocation recorded (its stack from the door's caller: ``skip`` frames
+    up, this one's and the door's included) and logged."""
     history, log = process.recording, manager.log  # the doors test both before calling: no frame when neither
     if history is None and log is None:
         return None
     event = None
     if history is not None:
-        frames = history.capture(3)  # above capture, recorded and the door's allocate: from its caller
+        frames = history.capture(skip)  # above capture, recorded and the door's allocate: from its caller
         event = history, history.allocated(manager.device_id, block.address, block.size, block.stream.value, door,
                                            frames)
     kind = _log_kind(door)
@@ -103,7 +104,8 @@ def release(record, deallocate: Callable[..., None], *args) -> None:
 class DoorTable(dict):
     """The live blocks of a door whose library frees by address alone (cuda.core's ``deallocate``, PyTorch's
     ``free``): address (int) -> ``(Block, what deallocates it, history record)``.  Single dict operations only
-    (atomic under the GIL: the libraries free from any thread).  :attr:`aside`: ``id(entry) -> (address, entry)``.
+    (atomic under the GIL: the libraries free from any thread).  :attr:`aside`: address -> ``{id(entry): (entry,
+    the holder's stream)}``, an address's dict never removed (so a release never misses one being filled).
 
     Note [An address a reset gave again]
         A reset (rule 12) drops every block of its generation, a live tensor's or buffer's too; its library frees
@@ -111,20 +113,22 @@ class DoorTable(dict):
         address, that late free would release the new block under its new owner.  So a door never hands out an
         address its table still holds: finding it there (``setdefault``), it sets the block aside, never used, and
         allocates again (:meth:`enter_again`); the holder's free releases what was set aside at its address,
-        ordered after the stream that free names (or the holder's allocation stream): the dangling holder's late
-        work lands in it.  The dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is
-        not kept past its allocation call, whose capture must free it: it goes back once another address is
-        found.  Until the holder's free, the block set aside counts as in use."""
+        ordered after the stream that free names, else after the holder's allocation stream: the dangling holder's
+        late work lands in it.  (A free racing the set-aside in another thread: after the holder's allocation
+        stream.)  The dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is not kept
+        past its allocation call, whose capture must free it: it goes back when the call returns or fails.  Until
+        the holder's free, the block set aside (of the new request's size) counts as in use."""
 
     __slots__ = ("aside",)
 
     def __init__(self):
         super().__init__()
-        self.aside: dict[int, tuple] = {}
+        self.aside: dict[int, dict] = {}
 
-    def enter_again(self, address: int, entry: tuple, allocate: Callable[[], tuple]) -> tuple:
-        """For the door whose ``setdefault`` found ``address`` held: set ``entry`` aside and ``allocate()`` (->
-        ``(address, entry)``) until an address is free, entered then; returns that ``(address, entry)``.
+    def enter_again(self, address: int, entry: tuple, held: tuple, allocate: Callable[[], tuple]) -> tuple:
+        """For the door whose ``setdefault`` found ``address`` held by ``held`` (an entry from before a reset): set
+        ``entry`` aside and ``allocate()`` (-> ``(address, entry)``) until an address is free, entered then;
+        returns that ``(address, entry)``.
         :raises: what ``allocate`` raises (out of memory), the blocks set aside kept until their holders' frees."""
         in_capture = []
         try:
@@ -132,32 +136,32 @@ class DoorTable(dict):
                 if getattr(entry[0], "capture", None) is not None:
                     in_capture.append(entry)
                 else:
-                    self._set_aside(address, entry)
+                    self._set_aside(address, entry, held[0].stream)
                 address, entry = allocate()
-                if self.setdefault(address, entry) is entry:
+                held = self.setdefault(address, entry)
+                if held is entry:
                     return address, entry
         finally:
             for block, source, record in in_capture:  # their capture's free nodes
                 release(record, source.deallocate, block, None)
 
-    def _set_aside(self, address: int, entry: tuple) -> None:
-        key = id(entry)
-        self.aside[key] = (address, entry)
+    def _set_aside(self, address: int, entry: tuple, holders_stream) -> None:
+        key = id(entry)  # unique while the entry is kept here
+        self.aside.setdefault(address, {})[key] = (entry, holders_stream)
         if address not in self:  # its holder freed it meanwhile (another thread): nothing else would release it
-            self._release(key, None)
+            self._release(address, key, None)
 
     def release_aside(self, address: int, stream) -> None:
-        """Release the blocks set aside at ``address`` after ``stream`` (a ``StreamRef``, the holder's).  Never
-        raises."""
-        for key, (held_at, _) in self.aside.copy().items():  # dict.copy is atomic: other threads pop meanwhile
-            if held_at == address:
-                self._release(key, stream)
+        """Release the blocks set aside at ``address`` after ``stream``, the ``StreamRef`` the holder's free names
+        (None: the holder's allocation stream).  Never raises."""
+        for key in self.aside.get(address, {}).copy():  # dict.copy is atomic: other threads pop meanwhile
+            self._release(address, key, stream)
 
-    def _release(self, key: int, stream) -> None:
-        taken = self.aside.pop(key, None)  # the one pop that wins releases
+    def _release(self, address: int, key: int, stream) -> None:
+        taken = self.aside[address].pop(key, None)  # the one pop that wins releases
         if taken is not None:
-            block, source, record = taken[1]
-            release(record, source.deallocate, block, stream)
+            (block, source, record), holders_stream = taken
+            release(record, source.deallocate, block, holders_stream if stream is None else stream)
 
 
 def cache_block(cache, unavailable: str, size: int, stream, flags: int):

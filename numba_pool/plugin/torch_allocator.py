@@ -49,8 +49,9 @@ class TorchDoor:
             block = manager.allocate_block(size, ref)
             record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
             address, entry = int(block.ptr), (block, manager.allocator, record)
-            if self._blocks.setdefault(address, entry) is not entry:  # Note [An address a reset gave again]
-                address = self._blocks.enter_again(address, entry, partial(_entry, manager, size, ref))[0]
+            held = self._blocks.setdefault(address, entry)
+            if held is not entry:  # Note [An address a reset gave again]
+                address = self._blocks.enter_again(address, entry, held, partial(_entry, manager, size, ref))[0]
         except Exception as err:  # noqa: BLE001 - as above
             if isinstance(err, CudaAPIError):  # out of memory: logged too
                 failed(manager, "torch", size, ref)
@@ -91,7 +92,8 @@ class TorchDoor:
         return ref
 
     def _free(self, ptr, size: int, device: int, stream) -> None:
-        held = self._blocks.pop(ptr or 0, None)
+        blocks = self._blocks
+        held = blocks.pop(ptr or 0, None)
         if held is not None:  # never raises
             block, allocator, record = held
             handle, ref = stream or 0, block.stream
@@ -100,15 +102,15 @@ class TorchDoor:
                 block.release(block)
             else:
                 release(record, allocator.deallocate, block, named)
-            blocks = self._blocks
-            if blocks.aside:  # Note [An address a reset gave again]
-                blocks.release_aside(ptr, ref if named is None else named)
+            aside = blocks.aside
+            if aside and ptr in aside:  # Note [An address a reset gave again]
+                blocks.release_aside(ptr, named)
 
 
 def _entry(manager, size: int, ref: StreamRef) -> tuple:
     # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).
     block = manager.allocate_block(size, ref)
-    record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
+    record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch", 5)
     return int(block.ptr), (block, manager.allocator, record)
 
 

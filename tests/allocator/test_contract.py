@@ -81,3 +81,28 @@ def test_record_stream_takes_a_cuda_core_buffer(programs, arena):
     p.mm.record_stream(Buffer.from_handle(family.address, family.size), p.stream_objects[stream])
     assert [wait.value for wait in family.refs[0].block.waits] == [stream]
     p.drop(family)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_deallocate_naming_another_threads_per_thread_stream_waits_for_it(programs, arena):
+    # Thread 1's per-thread default stream used the block last; thread 0, the owner, deallocates it naming that
+    # stream.  Both handles are CU_STREAM_PER_THREAD, yet they are two streams: the release cannot wait for the
+    # other thread's from here, so it synchronizes (and says so) rather than free it under thread 1's kernel.
+    import warnings
+
+    from numba_pool.cuda.streams import as_stream_ref
+    from cuda_model.checks import FALLBACK
+
+    per_thread = int(real_cu.CU_STREAM_PER_THREAD)
+    p = programs(arena=arena, threads=2)
+    mine, theirs = p.run(0, as_stream_ref, per_thread), p.run(1, as_stream_ref, per_thread)
+    block = p.run(0, _allocator(p).allocate, 1000, mine)
+    p.run(1, p.model.launch, per_thread, [(block.address, 1000, "thread 1's kernel")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p.run(0, _allocator(p).deallocate, block, theirs)
+    assert any(FALLBACK in str(w.message) for w in caught), [str(w.message) for w in caught]
+    again = p.run(0, _allocator(p).allocate, 1000, mine)
+    p.run(0, p.model.launch, per_thread, [(again.address, 1000, "thread 0's next kernel")])
+    p.run(0, _allocator(p).deallocate, again, mine)
+    assert_clean(p)

@@ -340,10 +340,10 @@ def test_a_tensor_alive_across_a_reset_releases_nothing_else_when_dropped(progra
     old = door._malloc(744, 0, s)
     p.mm.reset()
     new = door._malloc(744, 0, s)
-    assert new != old and [at for at, _ in door._blocks.aside.values()] == [old]  # the pool gave ``old`` again
+    assert new != old and [at for at, kept in door._blocks.aside.items() if kept] == [old]  # ``old`` given again
     assert p.mm.statistics().bytes_in_use == 2 * 744  # the new tensor's and the one set aside
     door._free(old, 744, 0, s)  # the dangling tensor dropped
-    assert p.mm.statistics().bytes_in_use == 744 and not door._blocks.aside
+    assert p.mm.statistics().bytes_in_use == 744 and not any(door._blocks.aside.values())
     p.model.launch(s, [(new, 744, "new tensor")])  # still its own
     again = door._malloc(744, 0, s)
     assert again == old  # the address set aside is free again
@@ -354,12 +354,14 @@ def test_a_tensor_alive_across_a_reset_releases_nothing_else_when_dropped(progra
     assert_clean(p)
 
 
-def test_a_dangling_tensors_free_orders_what_was_set_aside_after_its_stream(programs, monkeypatch):
-    """The dangling tensor's late work (on the stream its free names) lands in the block set aside at its address:
-    that block goes back only after that stream's work, though it was allocated elsewhere."""
+@pytest.mark.parametrize("freed_on", ["its own stream", "another stream"])
+def test_a_dangling_tensors_free_orders_what_was_set_aside_after_its_stream(programs, monkeypatch, freed_on):
+    """The dangling tensor's late work (on the stream its free names, else its allocation stream, as PyTorch's
+    frees name) lands in the block set aside at its address: that block goes back only after that stream's work,
+    though it was allocated on another."""
     p = programs(arena=False)
     door, s, t = _door(p, monkeypatch), _stream(p), _stream(p)
-    old = door._malloc(744, 0, s)
+    old = door._malloc(744, 0, t if freed_on == "its own stream" else s)
     p.mm.reset()
     new = door._malloc(744, 0, s)  # ``old`` set aside
     p.model.launch(t, [(old, 744, "the dangling tensor's late kernel")])
@@ -371,47 +373,59 @@ def test_a_dangling_tensors_free_orders_what_was_set_aside_after_its_stream(prog
     assert_clean(p)
 
 
-class _InterleavedAside(dict):
-    """A DoorTable's ``aside`` that runs ``between()`` right after an entry goes in: another thread's free,
-    interleaved there (the door table's race)."""
+class _Interleaved(dict):
+    """A DoorTable's ``aside`` whose address dicts run ``between()`` (another thread's free, interleaved there)
+    just before (``first``) or just after an entry goes in: the door table's race."""
 
-    def __init__(self, between):
+    def __init__(self, between, first: bool):
         super().__init__()
-        self.between = between
+        self.between, self.first = between, first
 
+    def setdefault(self, address, default):
+        made = _Hooked()
+        made.between, made.first, self.between = self.between, self.first, None
+        return super().setdefault(address, made)
+
+
+class _Hooked(dict):
     def __setitem__(self, key, value):
-        super().__setitem__(key, value)
         between, self.between = self.between, None
-        if between is not None:
+        if between is not None and self.first:
+            between()
+        super().__setitem__(key, value)
+        if between is not None and not self.first:
             between()
 
 
-@pytest.mark.parametrize("when", ["before", "between"])
-def test_a_block_set_aside_as_its_holder_frees_is_released_once(programs, monkeypatch, when):
-    """The holder's free (another thread) runs before the door's ``setdefault`` found its address held and the
-    block went aside, or between the block going aside and the door's check: released once either way."""
+@pytest.mark.parametrize("when", ["before the set-aside", "before its entry", "after its entry"])
+def test_a_block_set_aside_as_its_holder_frees_is_released_once(programs, when):
+    """The holder's free (another thread) runs after the door's ``setdefault`` found its address held: before the
+    block goes aside, or as its entry goes in: released once either way, nothing left aside."""
     from numba_pool.cuda.streams import LEGACY
     from numba_pool.plugin.serving import DoorTable
 
     p = programs(arena=False)
     table = DoorTable()
     holder = p.mm.allocate_block(4096, LEGACY)
-    table[holder.address] = (holder, p.mm.allocator, None)
-    stale = table[holder.address]
-    holder_frees = lambda: (table.pop(holder.address), table.aside and table.release_aside(holder.address, LEGACY))
-    if when == "before":
+    stale = table[holder.address] = (holder, p.mm.allocator, None)
+
+    def holder_frees():
+        table.pop(holder.address)
+        if table.aside and holder.address in table.aside:
+            table.release_aside(holder.address, LEGACY)
+    if when == "before the set-aside":
         holder_frees()
     else:
-        table.aside = _InterleavedAside(holder_frees)
+        table.aside = _Interleaved(holder_frees, first=when == "before its entry")
     block = p.mm.allocate_block(4096, LEGACY)  # another address; entered as if the pool gave the holder's
-    table._set_aside(holder.address, (block, p.mm.allocator, None))
-    assert not table.aside and p.mm.statistics().bytes_in_use == 4096, table.aside  # ``block`` released, once
+    table._set_aside(holder.address, (block, p.mm.allocator, None), LEGACY)
+    assert not any(table.aside.values()) and p.mm.statistics().bytes_in_use == 4096, table.aside  # released once
     stale[0].free()
     assert p.mm.statistics().bytes_in_use == 0
     assert_clean(p)
 
 
-def test_a_graphs_block_set_aside_goes_back_in_its_capture(programs, monkeypatch):
+def test_a_graphs_block_set_aside_goes_back_in_its_capture(programs):
     """A graph's block is not kept past its allocation call (its capture must free it): once another address is
     entered, it is released there, a free node."""
     from numba_pool.cuda.streams import LEGACY, as_stream_ref
@@ -432,14 +446,15 @@ def test_a_graphs_block_set_aside_goes_back_in_its_capture(programs, monkeypatch
         block = p.mm.allocate_block(4096, ref)
         return block.address, (block, p.mm.allocator, None)
     try:
-        address, entry = table.enter_again(holder.address, (graphs, p.mm.allocator, None), allocate)
+        address, entry = table.enter_again(holder.address, (graphs, p.mm.allocator, None), table[holder.address],
+                                           allocate)
         assert address != holder.address and table[address] is entry and not table.aside
         assert graphs.ptr not in graphs.ledger  # freed in the capture (a free node)
         entry[0].free()
     finally:  # the capture ends whatever failed: later tests must not run beside it
         err, graph = p.model.cuStreamEndCapture(real_cu.CUstream(s))
-        assert captures.refresh(p.model) is False
-    assert err == real_cu.CUresult.CUDA_SUCCESS
+        ended = captures.refresh(p.model) is False
+    assert err == real_cu.CUresult.CUDA_SUCCESS and ended
     holder.free()
     assert_clean(p)
 
@@ -455,8 +470,8 @@ class _Buffer:
     def from_handle(cls, address, size, mr=None, stream=None):
         return cls(address, size, mr, stream)
 
-    def close(self, stream=None):
-        self.memory_resource.deallocate(self.handle, self.size, stream)
+    def close(self, stream=None):  # as cuda.core's: the stream it was allocated for, unless one is named
+        self.memory_resource.deallocate(self.handle, self.size, self.stream if stream is None else stream)
 
 
 @pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
@@ -471,9 +486,9 @@ def test_a_buffer_alive_across_a_reset_releases_nothing_else_when_closed(program
     old = mr.allocate(744)
     p.mm.reset()
     new = mr.allocate(744)
-    assert new.handle != old.handle and len(mr._blocks.aside) == 1
+    assert new.handle != old.handle and sum(map(len, mr._blocks.aside.values())) == 1
     old.close()
-    assert p.mm.statistics().bytes_in_use == 744 and not mr._blocks.aside
+    assert p.mm.statistics().bytes_in_use == 744 and not any(mr._blocks.aside.values())
     new.close()
     assert p.mm.statistics().bytes_in_use == 0
     assert_clean(p)
