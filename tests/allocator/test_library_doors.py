@@ -373,6 +373,29 @@ def test_a_dangling_tensors_free_orders_what_was_set_aside_after_its_stream(prog
     assert_clean(p)
 
 
+def test_an_allocation_made_again_is_in_the_history_at_its_callers_line(programs, monkeypatch):
+    """A tensor whose first block was set aside (Note [An address a reset gave again]) is recorded with the stack of
+    the line that asked for it, as any other: the retry's frames are skipped."""
+    import numba_pool
+    from numba_pool.plugin.state import process
+
+    p = programs(arena=False)
+    door, s = _door(p, monkeypatch), _stream(p)
+    old = door._malloc(744, 0, s)
+    p.mm.reset()
+    numba_pool.record_history()
+    try:
+        new = door._malloc(744, 0, s)
+        assert any(door._blocks.aside.values())  # the retry ran
+        event = process.recording.live[(p.mm.device_id, new)]
+        assert event.frames[0].co_name == "test_an_allocation_made_again_is_in_the_history_at_its_callers_line"
+        door._free(old, 744, 0, s)
+        door._free(new, 744, 0, s)
+    finally:
+        numba_pool.record_history(False)
+    assert_clean(p)
+
+
 class _Interleaved(dict):
     """A DoorTable's ``aside`` whose address dicts run ``between()`` (another thread's free, interleaved there)
     just before (``first``) or just after an entry goes in: the door table's race."""
