@@ -76,7 +76,8 @@ class MemoryResource(_CoreResource):
         return Buffer.from_handle(address, size, mr=self, stream=last[2])
 
     def _entry(self, manager, size: int, ref) -> tuple:
-        # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).
+        # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).  The lines of
+        # ``allocate`` again, which keeps them inline (Note [No frame between Numba and the source]).
         take = self._take
         if take is None:
             block, source = manager.allocate_block(size, ref), manager.allocator

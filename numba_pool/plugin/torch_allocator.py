@@ -108,7 +108,8 @@ class TorchDoor:
 
 
 def _entry(manager, size: int, ref: StreamRef) -> tuple:
-    # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).
+    # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).  The lines of
+    # ``TorchDoor._malloc`` again, which keeps them inline (Note [No frame between Numba and the source]).
     block = manager.allocate_block(size, ref)
     record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch", 5)
     return int(block.ptr), (block, manager.allocator, record)

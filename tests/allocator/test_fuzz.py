@@ -58,7 +58,7 @@ import numba_pool
 from cuda_model import LegacyCost
 from cuda_model.checks import assert_legacy_cost
 from cuda_model.checks import eager as eager_knobs
-from cuda_model.harness import LEGACY, Program, TorchBuffer
+from cuda_model.harness import LEGACY, Program, drop_reference
 from fuzz_waits import WAIT_COUNTS, WaitRules
 from helpers import FRONTENDS
 from numba_pool.allocator import captures as captures_module
@@ -415,7 +415,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                 assert family.refs[0].captured, "an array allocated in a capture is not the graph's"
                 captured.append(family)
         elif step == "torch alloc":  # PyTorch's callbacks on the capturing stream: an allocation node too
-            family = p.allocate_torch_in(T, data.draw(SIZES), stream)
+            family = p.allocate_door(data.draw(SIZES), stream, p.workers.index(T), torch=True)
             if family is not None:
                 del p.families[family.id]
                 block = p.torch_door._blocks[family.address][0]
@@ -426,7 +426,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             assert p._in(T, p.model.launch, stream, [(f.address, f.size, f.id) for f in chosen]) is None
         elif step == "drop captured" and captured:  # a free node, from either thread
             family = captured.pop(data.draw(st.integers(0, len(captured) - 1)))
-            p._in(data.draw(st.sampled_from([T, self.side])), _drop_reference, family.refs)
+            p._in(data.draw(st.sampled_from([T, self.side])), drop_reference, family.refs)
         elif step == "other alloc":  # beside the capture: the legacy stream from the other thread only
             other = data.draw(st.sampled_from(self.streams))
             if other == LEGACY:
@@ -501,7 +501,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             else:
                 p.model.cuCtxSynchronize()
         entry.launched_on = {entry.stream} if entry.launched_on else set()
-        p.run(thread, _drop_reference, family.refs)
+        p.run(thread, drop_reference, family.refs)
         # Freed now, unless a reset forgot the array (graph memory is its graph's) or an open
         # defer_cleanup block holds the release back (the program then counts it as not freed).
         if p.mm.allocator is entry.allocator and not p.defer_scopes:
@@ -534,13 +534,6 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             if self.costs:
                 assert_legacy_cost(self.p, self.fences_bounded)
             self.failed = False
-
-
-def _drop_reference(refs: list) -> None:
-    """A captured array's drop: its references let go; a tensor's (PyTorch frees it explicitly) freed first."""
-    if refs and isinstance(refs[0], TorchBuffer):
-        refs[0].deallocate(None)
-    refs.clear()
 
 
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES, stateful_step_count=100, deadline=None,

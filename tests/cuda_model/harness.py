@@ -288,21 +288,6 @@ class Program(Waits):
             self.inject.judge(self, family)
         return family
 
-    def allocate_torch_in(self, executor, size: int, stream: int) -> Family | None:
-        """A tensor's ``size`` bytes from PyTorch's callbacks on ``stream`` (a raw handle) in ``executor``'s thread,
-        tracked on ``stream``: inside a capture of it, the graph's (rule 13).  None when the pool is out of memory."""
-        try:
-            with self.attributed("allocation", "door"):
-                buffer = self._in(executor, TorchBuffer.allocate, self.torch_door, size, stream)
-        except CudaAPIError as err:
-            assert err.code == OOM, str(err)
-            self.operations += 1
-            return None
-        self.operations += 1
-        family = self._track(buffer, size, stream)
-        family.door = True
-        return family
-
     def allocate_managed(self, size: int, stream: int | None = None, thread: int = 0) -> Family | None:
         """``cuda.managed_array``'s allocation of ``size`` bytes in host thread ``thread``
         (inside ``using_stream(stream)`` if given), which the host then writes at once, as
@@ -486,10 +471,10 @@ class Program(Waits):
             elif how == "pending":
                 self.pending.append(holder[0])
             elif how == "bare":
-                self._in(self.bare, _drop_reference, holder)
+                self._in(self.bare, drop_reference, holder)
             elif how == "foreign":
-                self._in(self.foreign, _drop_reference, holder)
-            self.run(thread, _drop_reference, holder)
+                self._in(self.foreign, drop_reference, holder)
+            self.run(thread, drop_reference, holder)
         self.operations += 1
 
     def _legalize(self, family: Family, legalize: str, thread: int) -> None:
@@ -732,7 +717,10 @@ class TorchBuffer(DoorBuffer):
         self.door._free(self.device_pointer_value, self.size, 0, self.handle if stream is None else stream.value)
 
 
-def _drop_reference(refs: list) -> None:
+def drop_reference(refs: list) -> None:
+    """An array's drop: its references let go; a tensor's (PyTorch frees it explicitly: a captured one) freed first."""
+    if refs and isinstance(refs[0], TorchBuffer):
+        refs[0].deallocate(None)
     refs.clear()
 
 
