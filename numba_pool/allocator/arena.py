@@ -67,7 +67,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
     def __init__(self, cu, pool_handle, context, waits: StreamWaits, usage, on_out_of_memory, *,
                  slab_size: int, max_block: int, release_threshold: int | None = None,
                  delegate: Callable[[int], PoolPointer] | None = None,
-                 delegate_block: Callable[[int, StreamRef], Block] | None = None, after_reset: Callable | None = None,
+                 delegate_block: Callable[[int, StreamRef, bool], Block] | None = None, after_reset: Callable | None = None,
                  pointer: type, return_stream: PrivateStream | None = None, **shared):
         if slab_size % ALIGNMENT or max_block % ALIGNMENT or not 0 < max_block <= slab_size:
             raise ArenaError(f"slab size ({slab_size}) and largest block ({max_block}) must be multiples of "
@@ -93,15 +93,16 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,  # made once, not per block
                                    note=self._note, ordered=self._ordered, pending=self.pending)
 
-    def allocate_block(self, size: int, stream: StreamRef) -> Block:
+    def allocate_block(self, size: int, stream: StreamRef, not_capturing: bool = False) -> Block:
         """The core's contract (:mod:`.block`): ``size`` bytes for work on ``stream``, above
-        ``max_block`` from :attr:`delegate_block`; rule 13 and errors as :meth:`allocate`."""
+        ``max_block`` from :attr:`delegate_block`; rule 13 and errors as :meth:`allocate` (``not_capturing``: as
+        :meth:`.mempool_blocks.PooledBlocks.allocate_block`'s)."""
         if underway:  # rule 13: no arena block while a capture is under way
             return self.capture_router(size, stream)
         if size > self.max_block:
-            return self.delegate_block(size, stream)
+            return self.delegate_block(size, stream, not_capturing)
         if stream is not LEGACY:
-            if is_capturing(self._cu, stream.handle):  # rule 13: an allocation node, not a carve
+            if not not_capturing and is_capturing(self._cu, stream.handle):  # rule 13: an allocation node, not a carve
                 return self.capture_router(size, stream)
             return self.allocate_scoped(size, stream)
         rounded = round_up(size)
@@ -326,5 +327,5 @@ def _not_served(max_block: int, size: int) -> PoolPointer:
                      "or inside a scratch scope, and no delegate is set")
 
 
-def _not_served_block(max_block: int, size: int, stream) -> Block:
+def _not_served_block(max_block: int, size: int, stream, not_capturing: bool = False) -> Block:
     raise ArenaError(f"{size} bytes is above the arena's largest block ({max_block} bytes), and no delegate is set")

@@ -18,7 +18,8 @@ ALLOCATED, AWAITING_FREE, FREE = "allocated", "awaiting_free", "free"  #: :attr:
 class Block:
     """One block a source handed out, until its release.  Set by every source at the allocation (what a release reads):
 
-    * ``ptr``: the device address (``CUdeviceptr``; :attr:`address` is its int); a host cache's block: its int address;
+    * ``ptr``: the device address (``CUdeviceptr``); a host cache's block: its int address;
+    * ``start``: the address as an int (:attr:`address`; the doors' tables' key: no ``int()`` per allocation);
     * ``size``: bytes requested;
     * ``stream``: the allocation stream (:class:`~numba_pool.cuda.streams.StreamRef`), which orders the release;
     * ``release``: ``release(block)``, the source's deallocation of it (never raises; runs once);
@@ -27,7 +28,7 @@ class Block:
     * ``state``: :data:`ALLOCATED`, then :data:`AWAITING_FREE` from its release (the gate) until reusable,
       :data:`FREE` in the arena's ready cache.
 
-    Set by the sources that need them (unset: ``AttributeError``): ``start`` (the int address), ``rounded`` (bytes
+    Set by the sources that need them (unset: ``AttributeError``): ``rounded`` (bytes
     carved), ``domain`` (a scoped arena block's), ``ledger`` (its reset generation: the live table its release pops,
     which a reset swaps or empties; the arena's generation is its ``dropped``), ``capture`` (whose graph allocated it,
     rule 13), ``ref`` (the source's record: a :class:`~numba_pool.allocator.host_blocks.HostBlock`, a scratch block)."""
@@ -37,8 +38,8 @@ class Block:
 
     @property
     def address(self) -> int:
-        """The device address (bytes)."""
-        return int(self.ptr)
+        """The device address (an int)."""
+        return self.start
 
     def free(self) -> None:
         """Give the block back on its allocation stream, once, by whoever owns it: ``release(block)``, as
@@ -60,7 +61,7 @@ class LegacyBlock(Block):
 def make_block(ptr, size: int, stream, release) -> Block:
     """A :class:`Block` with the fields every source sets (off the hot paths), allocated."""
     block = Block()
-    block.ptr, block.size, block.stream, block.release = ptr, size, stream, release
+    block.ptr, block.start, block.size, block.stream, block.release = ptr, int(ptr), size, stream, release
     block.waits, block.state = None, ALLOCATED
     return block
 

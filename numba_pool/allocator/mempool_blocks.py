@@ -57,15 +57,17 @@ class PooledBlocks(PooledDoor, BlockSource):
                                    on_dropped=self.free_after_reset)
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
-    def allocate_block(self, size: int, stream: StreamRef) -> Block:
+    def allocate_block(self, size: int, stream: StreamRef, not_capturing: bool = False) -> Block:
         """The core's contract (:mod:`.block`): a Block of ``size`` bytes for work on ``stream``;
-        no scratch; rule 13 as :meth:`allocate`.  :raises CudaAPIError: as :meth:`allocate`."""
+        no scratch; rule 13 as :meth:`allocate` (``not_capturing``: the caller's ``cuStreamIsCapturing`` just said
+        so, not asked again).  :raises CudaAPIError: as :meth:`allocate`."""
         if underway:
             return self.capture_router(size, stream)  # rule 13
         if stream is not LEGACY:
-            answer = self._capture_status(stream.handle)  # is_capturing, inline (Note [Compiled driver calls])
-            if answer is not NOT_CAPTURING_ANSWER and answer[0] == SUCCESS and answer[1] != NOT_CAPTURING:
-                return self.capture_router(size, stream)
+            if not not_capturing:
+                answer = self._capture_status(stream.handle)  # is_capturing, inline (Note [Compiled driver calls])
+                if answer is not NOT_CAPTURING_ANSWER and answer[0] == SUCCESS and answer[1] != NOT_CAPTURING:
+                    return self.capture_router(size, stream)
             key = stream.idle_key  # rule 7a (Note [Idle blocks of a stream]); the key after the capture check
             if key is None:
                 key = stream.idle_key = self.stream_idle.key_of(stream)

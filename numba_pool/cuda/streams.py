@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 from cuda.bindings import driver as cu
 
-_LEGACY_HANDLES = (0, int(cu.CU_STREAM_LEGACY))  # 0: the NULL stream, legacy in Numba's builds
+LEGACY_HANDLES = (0, int(cu.CU_STREAM_LEGACY))  #: The legacy stream's handles (0: the NULL stream, legacy in Numba's builds).
 _PER_THREAD = int(cu.CU_STREAM_PER_THREAD)
 
 
@@ -69,7 +69,7 @@ def as_stream_ref(stream: Any) -> StreamRef:
     protocol = getattr(stream, "__cuda_stream__", None)  # first: cuda.core's ``handle`` makes a CUstream a call
     if protocol is not None:  # the doors' case, on their hot path: no further frame
         value = handle_of_protocol(stream, protocol)
-        if value in _LEGACY_HANDLES:
+        if value in LEGACY_HANDLES:
             return LEGACY
         return StreamRef(cu.CUstream(value), stream, value=value)
     if isinstance(stream, StreamRef):
@@ -86,14 +86,14 @@ def as_stream_ref(stream: Any) -> StreamRef:
         raise TypeError(
             f"numba_pool: {type(stream).__name__} is not a CUDA stream: expected a Numba stream, a "
             "CUstream, an int handle or an object with __cuda_stream__")
-    if value in _LEGACY_HANDLES:
+    if value in LEGACY_HANDLES:
         return LEGACY
     return StreamRef(cu.CUstream(value) if handle is None else handle, owner, value=value)
 
 
 def names_stream(value: int, ref: StreamRef) -> bool:
     """Whether stream handle ``value`` (an int) is ``ref``'s stream: the same handle, or one of the legacy stream's."""
-    return value == ref.value or (ref is LEGACY and value in _LEGACY_HANDLES)
+    return value == ref.value or (ref is LEGACY and value in LEGACY_HANDLES)
 
 
 def handle_of_protocol(stream: Any, protocol: Any) -> int:

@@ -82,7 +82,7 @@ def cupy_allocator(nbytes: int):
         failed(manager, "cupy", size, ref)
         raise
     record = None if process.recording is None and manager.log is None else recorded(manager, block, "cupy")
-    return cuda.MemoryPointer(cuda.UnownedMemory(int(block.ptr), size, device_owner(block, record), device_id), 0)
+    return cuda.MemoryPointer(cuda.UnownedMemory(block.start, size, device_owner(block, record), device_id), 0)
 
 
 def cupy_pinned_allocator(nbytes: int):

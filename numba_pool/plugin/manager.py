@@ -165,8 +165,9 @@ class NumbaPoolManager:
         self.initialize()
         return self.allocator.source.allocate(size)
 
-    def allocate_block(self, size: int, stream) -> "Block":
-        """The current generation's ``allocate(size, stream)`` (for an allocation a reset overtook)."""
+    def allocate_block(self, size: int, stream, not_capturing: bool = False) -> "Block":
+        """The current generation's ``allocate(size, stream)`` (for an allocation a reset overtook; ``not_capturing``:
+        the source's, asked again here)."""
         self.initialize()
         return self.allocator.allocate(size, stream)
 

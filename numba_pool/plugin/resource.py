@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import warnings
 from functools import partial
+from threading import get_ident
 
 from cuda.bindings import driver as _cu
 from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Stream
@@ -64,7 +65,7 @@ class MemoryResource(_CoreResource):
                 block, source = manager.allocate_block(size, ref), manager.allocator
             else:
                 block, source = take(size, ref, manager)
-            address = int(block.ptr)
+            address = block.start
             entry = (block, source, None if process.recording is None and manager.log is None
                      else recorded(manager, block, self._door))
             held = self._blocks.setdefault(address, entry)
@@ -73,7 +74,7 @@ class MemoryResource(_CoreResource):
         except CudaAPIError:
             failed(manager, self._door, size, ref)
             raise
-        return Buffer.from_handle(address, size, mr=self, stream=last[2])
+        return self._buffer.from_handle(address, size, mr=self, stream=last[2])
 
     def _entry(self, manager, size: int, ref) -> tuple:
         # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).  The lines of
@@ -84,11 +85,13 @@ class MemoryResource(_CoreResource):
         else:
             block, source = take(size, ref, manager)
         record = None if process.recording is None and manager.log is None else recorded(manager, block, self._door, 5)
-        return int(block.ptr), (block, source, record)
+        return block.start, (block, source, record)
 
     _door = "cuda.core"  # the history's kind for this door's allocations
     #: ``(size, StreamRef, manager) -> (Block, what deallocates it)`` for the other caches; None: the device's pool.
     _take = None
+    #: The ``Buffer`` type handed out: cuda.core's (the CUDA model's resource gives a stand-in: cuda.core's needs a driver).
+    _buffer = Buffer
 
     def deallocate(self, ptr, size: int, stream=None) -> None:
         """Give back the buffer at ``ptr`` (``size`` bytes), ordered on ``stream`` (None: its allocation
@@ -101,14 +104,12 @@ class MemoryResource(_CoreResource):
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
         ref = block.stream
-        if stream is None or stream is ref.owner:
+        owner = ref.owner
+        if (stream is None or stream is owner  # cuda.core passes a new Stream: its == compares handles, in C
+                or type(stream) is Stream and type(owner) is Stream and ref.thread is None and stream == owner):
             named = None
-        else:  # cuda.core passes a new Stream object: compare handles (a protocol's, without a StreamRef)
-            try:
-                same = stream.__cuda_stream__()[1] == ref.value
-            except Exception:  # noqa: BLE001 - not that protocol: the full test below says
-                same = False
-            named = None if same or _same_stream(stream, ref) else as_stream_ref(stream)
+        else:
+            named = _named_at_free(stream, ref)
         if named is None and record is None:  # the common case without a frame: deallocate(block) on its stream
             block.release(block)
         elif record is None:
@@ -184,12 +185,14 @@ def _core_stream(stream, ref):
     return LEGACY_DEFAULT_STREAM if ref is LEGACY else Stream.from_handle(ref.value)
 
 
-def _same_stream(stream, ref) -> bool:
-    # Whether ``stream`` (cuda.core's: a new object per Buffer closed) names ``ref``'s stream, without a StreamRef.
+def _named_at_free(stream, ref):
+    # ``deallocate``'s stream other than the allocation stream's own object: None if it names ``ref``'s stream
+    # (handles compared, a per-thread default stream's thread too), else its StreamRef.
     protocol = getattr(stream, "__cuda_stream__", None)
-    if protocol is None:
-        return False
-    return names_stream(handle_of_protocol(stream, protocol), ref)
+    if protocol is not None and names_stream(handle_of_protocol(stream, protocol), ref) and (
+            ref.thread is None or ref.thread == get_ident()):
+        return None
+    return as_stream_ref(stream)
 
 
 def _current_device() -> int:

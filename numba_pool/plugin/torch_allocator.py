@@ -15,10 +15,11 @@ from __future__ import annotations
 import ctypes
 import sys
 from functools import partial
+from threading import get_ident
 
 from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
-from ..cuda.streams import LEGACY, StreamRef, as_stream_ref, names_stream
+from ..cuda.streams import LEGACY, LEGACY_HANDLES, StreamRef, as_stream_ref
 from ..cuda.errors import CudaAPIError
 from .serving import DoorTable, failed, recorded, release, serving_manager
 from .state import process
@@ -46,9 +47,9 @@ class TorchDoor:
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
             return _say(err)
         try:
-            block = manager.allocate_block(size, ref)
+            block = manager.allocate_block(size, ref, ref is self._last)  # _last: _stream just found it not capturing
             record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
-            address, entry = int(block.ptr), (block, manager.allocator, record)
+            address, entry = block.start, (block, manager.allocator, record)
             held = self._blocks.setdefault(address, entry)
             if held is not entry:  # Note [An address a reset gave again]
                 address = self._blocks.enter_again(address, entry, held, partial(_entry, manager, size, ref))[0]
@@ -96,8 +97,9 @@ class TorchDoor:
         held = blocks.pop(ptr or 0, None)
         if held is not None:  # never raises
             block, allocator, record = held
-            handle, ref = stream or 0, block.stream
-            named = None if names_stream(handle, ref) else as_stream_ref(handle)
+            handle, ref = stream or 0, block.stream  # names_stream inline, and per thread (Note [A raw handle's stream])
+            named = (None if (handle == ref.value and (ref.thread is None or ref.thread == get_ident()))
+                     or (ref is LEGACY and handle in LEGACY_HANDLES) else as_stream_ref(handle))
             if record is None and named is None:  # the common case without a frame
                 block.release(block)
             else:
@@ -112,7 +114,7 @@ def _entry(manager, size: int, ref: StreamRef) -> tuple:
     # ``TorchDoor._malloc`` again, which keeps them inline (Note [No frame between Numba and the source]).
     block = manager.allocate_block(size, ref)
     record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch", 5)
-    return int(block.ptr), (block, manager.allocator, record)
+    return block.start, (block, manager.allocator, record)
 
 
 def _say(err: Exception) -> None:

@@ -196,12 +196,29 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
         stream = data.draw(st.sampled_from(self.streams)) if scoped else None
         self.p.allocate(size, stream, thread)
 
-    @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7), torch=st.booleans())
-    def allocate_door(self, data, size, scoped, thread, torch):
-        """A door's buffer (cuda.core's ``MemoryResource``; ``torch``: PyTorch's callbacks, raw handles): freed by
-        ``deallocate`` on a named stream."""
+    @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7), torch=st.booleans(),
+          core_stream=st.booleans())
+    def allocate_door(self, data, size, scoped, thread, torch, core_stream):
+        """A door's buffer (cuda.core's ``MemoryResource``, named a stream object or a kept cuda.core ``Stream``;
+        ``torch``: PyTorch's callbacks, raw handles): freed by ``deallocate`` on a named stream."""
         stream = data.draw(st.sampled_from(self.streams)) if scoped else None
-        self.p.allocate_door(size, stream, thread, torch)
+        self.p.allocate_door(size, stream, thread, torch, core_stream)
+
+    @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), torch=st.booleans(), core_stream=st.booleans())
+    def door_handoff(self, data, size, thread, torch, core_stream):
+        """The doors' release shape, made often: a buffer allocated on A, used last on B and freed naming B (as
+        cuda.core's ``close(stream)`` and PyTorch's free after ``record_stream`` do), and the next buffer of its
+        size on A, used there at once."""
+        a, b = data.draw(st.sampled_from(self.streams)), data.draw(st.sampled_from(self.streams))
+        on_a = None if a == LEGACY else a
+        family = self.p.allocate_door(size, on_a, thread, torch, core_stream)
+        if family is None:  # out of memory
+            return
+        self.p.launch(b, [family], thread)
+        self.p.drop(family, thread=thread)
+        again = self.p.allocate_door(size, on_a, thread, torch, core_stream)
+        if again is not None:
+            self.p.launch(a, [again], thread)
 
     @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
     def allocate_managed(self, data, size, scoped, thread):

@@ -482,36 +482,56 @@ def test_a_graphs_block_set_aside_goes_back_in_its_capture(programs):
     assert_clean(p)
 
 
-class _Buffer:
-    """cuda.core's ``Buffer`` needs a driver to exist; this stand-in keeps what the resource gives it and closes
-    as a Buffer does (``mr.deallocate(ptr, size, stream)``)."""
+@pytest.mark.parametrize("named_by", ["a cuda.core Stream", "a stream object"])
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_buffer_closed_naming_another_stream_goes_back_after_its_work(programs, arena, named_by):
+    """cuda.core's door: a Buffer allocated on A, used by a kernel on B and closed naming B (cuda.core passes a new
+    ``Stream`` for it) goes back after B's kernel; closed naming A (a new ``Stream`` equal to A's), at once for A."""
+    from cuda.core import Stream
+    from cuda_model.harness import ModelResource
 
-    def __init__(self, address, size, mr, stream):
-        self.handle, self.size, self.memory_resource, self.stream = address, size, mr, stream
+    p = programs(arena=arena)
+    mr = ModelResource(manager=p.mm)
+    a, b = _stream(p), _stream(p)
+    on_a = Stream.from_handle(a) if named_by == "a cuda.core Stream" else _StreamObject(a)
+    first = mr.allocate(1000, on_a)
+    p.model.wait(b, a)
+    p.model.launch(b, [(first.device_pointer_value, 1000, "first")])
+    mr.deallocate(first.device_pointer_value, 1000, Stream.from_handle(b))
+    second = mr.allocate(1000, on_a)
+    p.model.launch(a, [(second.device_pointer_value, 1000, "second")])
+    mr.deallocate(second.device_pointer_value, 1000, Stream.from_handle(a))
+    third = mr.allocate(1000, on_a)
+    assert third.device_pointer_value == second.device_pointer_value  # A's own block, free for A at once
+    p.model.launch(a, [(third.device_pointer_value, 1000, "third")])
+    third.deallocate(None)
+    assert_clean(p)
 
-    @classmethod
-    def from_handle(cls, address, size, mr=None, stream=None):
-        return cls(address, size, mr, stream)
 
-    def close(self, stream=None):  # as cuda.core's: the stream it was allocated for, unless one is named
-        self.memory_resource.deallocate(self.handle, self.size, self.stream if stream is None else stream)
+class _StreamObject:
+    """A library's stream object that is not cuda.core's (CuPy's, PyTorch's): ``__cuda_stream__`` only."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
 
 
 @pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
-def test_a_buffer_alive_across_a_reset_releases_nothing_else_when_closed(programs, monkeypatch, arena):
+def test_a_buffer_alive_across_a_reset_releases_nothing_else_when_closed(programs, arena):
     """Note [An address a reset gave again] in cuda.core's door: ``MemoryResource.allocate`` sets aside a block at a
     dangling buffer's address, and that buffer's ``deallocate`` releases it."""
-    from numba_pool.plugin import resource
+    from cuda_model.harness import ModelResource
 
-    monkeypatch.setattr(resource, "Buffer", _Buffer)
     p = programs(arena=arena)
-    mr = resource.MemoryResource(manager=p.mm)
+    mr = ModelResource(manager=p.mm)
     old = mr.allocate(744)
     p.mm.reset()
     new = mr.allocate(744)
-    assert new.handle != old.handle and sum(map(len, mr._blocks.aside.values())) == 1
-    old.close()
+    assert new.device_pointer_value != old.device_pointer_value and sum(map(len, mr._blocks.aside.values())) == 1
+    old.deallocate(None)
     assert p.mm.statistics().bytes_in_use == 744 and not any(mr._blocks.aside.values())
-    new.close()
+    new.deallocate(None)
     assert p.mm.statistics().bytes_in_use == 0
     assert_clean(p)

@@ -72,7 +72,7 @@ def test_modules_belong_to_their_frontend(module, name):
 def test_objects_belong_to_their_frontend(frontend_name):
     frontend = frontends.load(frontend_name)
     assert frontends.name_of(frontend.MemoryPointer(None, cu.CUdeviceptr(256), 8)) == frontend_name
-    assert frontends.name_of(frontend.PoolPointer(None, cu.CUdeviceptr(256), 8, make_block(None, 8, None, lambda _: None))) == frontend_name
+    assert frontends.name_of(frontend.PoolPointer(None, cu.CUdeviceptr(256), 8, make_block(cu.CUdeviceptr(256), 8, None, lambda _: None))) == frontend_name
     stream = frontend.driver.Stream(cu.CUstream(0))
     assert frontends.name_of(stream) == frontend_name
     context = frontend.driver.Context.__new__(frontend.driver.Context)

@@ -128,9 +128,9 @@ PoolPointer = frontend.load({frontend_name!r}).PoolPointer
 def release(block):
     sys.stdout.write("released\\n")
 
-freed = PoolPointer(None, cu.CUdeviceptr(256), 8, make_block(None, 8, None, release))
+freed = PoolPointer(None, cu.CUdeviceptr(256), 8, make_block(0x100, 8, None, release))
 del freed
-alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, make_block(None, 8, None, release))
+alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, make_block(0x100, 8, None, release))
 """
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from cuda.bindings import driver as real_cu
+from cuda.core import Stream as CoreStream
 
 import numba_pool
 from numba_pool import config as pool_config
@@ -35,6 +36,7 @@ from numba_pool.cuda import frontend as frontends
 from numba_pool.cuda.errors import CudaAPIError
 from numba_pool.cuda.streams import as_stream_ref
 from numba_pool.plugin.manager import manager_class
+from numba_pool.plugin.resource import MemoryResource
 from numba_pool.plugin.torch_allocator import TorchDoor
 
 from .calls import CONTEXT
@@ -168,6 +170,8 @@ class Program(Waits):
         self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
         program = weakref.ref(self)  # no cycle: a dropped Program (and its manager) goes at once
         self.torch_door = TorchDoor(find_manager=lambda device_id, door: program().mm)  # allocate_door(torch=True)
+        self.core_resource = ModelResource(manager=self.mm)  # allocate_door: cuda.core's door
+        self.core_streams: dict[int, CoreStream] = {}  # handle -> the cuda.core Stream allocate_door(core_stream) names
         self.families: dict[int, Family] = {}
         self.pending: list = []  # references whose release a preempt point runs
         self.holds: list[tuple[Family, Hold]] = []  # holds not let go yet, with the family they keep
@@ -250,6 +254,7 @@ class Program(Waits):
             return False
         del self.streams[handle]
         del self.stream_objects[handle]  # a new stream with this handle gets a new object
+        self.core_streams.pop(handle, None)
         self.model.cuStreamDestroy(real_cu.CUstream(handle))
         for f in self.families.values():  # the handle may come back for a new stream
             f.uses = [(DESTROYED if used == handle else used, op) for used, op in f.uses]
@@ -307,20 +312,23 @@ class Program(Waits):
         return family
 
     def allocate_door(self, size: int, stream: int | None = None, thread: int = 0,
-                      torch: bool = False) -> Family | None:
-        """A door's allocation (``numba_pool.MemoryResource``'s, CuPy's): the core's ``allocate(size, stream)`` in
-        host thread ``thread``, on ``stream`` (None: the legacy stream), its Block freed by :meth:`drop` with
-        ``deallocate(block, stream)`` on the stream of its last use (:meth:`_deallocate`); ``torch``: PyTorch's
-        callbacks instead, with raw handles (a destroyed stream's handle given again names the new stream).  None
-        when the pool is out of memory."""
+                      torch: bool = False, core_stream: bool = False) -> Family | None:
+        """A door's allocation: ``numba_pool.MemoryResource.allocate(size, stream)`` (cuda.core's door, its live table
+        and the core's contract behind it) in host thread ``thread``, on ``stream`` (None: the legacy stream) named by
+        its stream object, or (``core_stream``) by the cuda.core ``Stream`` kept for it; freed by :meth:`drop` with
+        ``deallocate`` on the stream of its last use (:meth:`_deallocate`); ``torch``: PyTorch's callbacks instead,
+        with raw handles (a destroyed stream's handle given again names the new stream).  None when the pool is out
+        of memory."""
         handle = stream if stream is not None else LEGACY
-        ref = as_stream_ref(self.stream_objects.get(handle, handle))
 
         def body():
             if torch:
                 return TorchBuffer.allocate(self.torch_door, size, 0 if stream is None else handle)
-            block = self.mm.allocate_block(size, ref)
-            return DoorBuffer(block, self.mm.allocator, ref)
+            if core_stream:
+                named = self.core_streams.setdefault(handle, CoreStream.from_handle(int(handle)))
+            else:
+                named = None if stream is None else self.stream_objects.get(handle, handle)
+            return self.core_resource.allocate(size, named)
         buffer = self._allocated(thread, body, "door", "out of memory allocating")
         if buffer is None:
             return None
@@ -678,19 +686,36 @@ class Hold:
 
 
 class DoorBuffer:
-    """A door's buffer in the harness: the Block the core handed out, its allocator (the generation
-    it came from) and allocation stream; ``deallocate(stream)`` is what cuda.core's ``Buffer.close``
-    makes ``numba_pool.MemoryResource`` do.  A view keeps it, as a view of a ``Buffer`` does."""
+    """A cuda.core ``Buffer`` from ``numba_pool.MemoryResource`` (:class:`ModelResource`'s: cuda.core's own needs a
+    driver): what ``Buffer.from_handle`` is given; ``deallocate(stream)`` is cuda.core's ``Buffer.close``, which
+    calls ``mr.deallocate(ptr, size, stream)`` with a new ``Stream`` for the stream named, else for the one the
+    Buffer recorded.  A view keeps it, as a view of a ``Buffer`` does."""
 
-    def __init__(self, block, allocator, stream):
-        self.block, self.allocator, self.stream = block, allocator, stream
-        self.device_pointer_value = block.address  # what record_stream and the model read
+    def __init__(self, address: int, size: int, mr, stream):
+        self.device_pointer_value, self.size, self.mr, self.recorded = address, size, mr, stream
+
+    @classmethod
+    def from_handle(cls, address: int, size: int, mr=None, stream=None) -> "DoorBuffer":
+        return cls(address, size, mr, stream)
+
+    @property
+    def block(self):
+        """The resource's Block for this buffer (its live table's)."""
+        return self.mr._blocks[self.device_pointer_value][0]
 
     def view(self, start: int) -> "DoorBuffer":
         return self
 
     def deallocate(self, stream) -> None:
-        self.allocator.deallocate(self.block, stream)
+        """``close(stream)`` (a StreamRef; None: the stream recorded at the allocation)."""
+        handle = self.recorded.__cuda_stream__()[1] if stream is None else stream.value
+        self.mr.deallocate(self.device_pointer_value, self.size, CoreStream.from_handle(handle))
+
+
+class ModelResource(MemoryResource):
+    """``numba_pool.MemoryResource`` handing out :class:`DoorBuffer` stand-ins."""
+
+    _buffer = DoorBuffer
 
 
 class TorchBuffer(DoorBuffer):

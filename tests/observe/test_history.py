@@ -245,7 +245,7 @@ def test_the_adaptors_hand_back_upstreams_own_pointer_marked_and_released_once(t
 
     def upstream(size: int):
         pointer = load("numba-cuda").PoolPointer(None, cu.CUdeviceptr(0x7000), size,
-                                                 make_block(None, size, None, lambda _: releases.append(size)))
+                                                 make_block(0x7000, size, None, lambda _: releases.append(size)))
         pointer.captured = 7  # an allocation node of capture 7
         made.append(pointer)
         return pointer
