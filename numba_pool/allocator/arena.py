@@ -77,7 +77,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self._device_pointer = cu.CUdeviceptr
         self.max_block = max_block
         self.delegate = delegate if delegate is not None else partial(_not_served, max_block)
-        #: The core's delegate, ``(size, stream) -> Block``: the mempool blocks' ``allocate_block``.
+        #: The core's delegate, ``(size, stream, not_capturing) -> Block``: the mempool blocks' ``allocate_block``.
         self.delegate_block = delegate_block if delegate_block is not None else partial(_not_served_block, max_block)
         self.quarantine_limit = QUARANTINE_BLOCKS  # tests set -1: fence before every miss
         self._lock = threading.Lock()

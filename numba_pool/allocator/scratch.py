@@ -53,7 +53,7 @@ class ScratchBlock:
         address = self.base + self.offset
         self.offset += need
         block = make_block(cu.CUdeviceptr(address), size, self.stream, self._drop)
-        block.start, block.rounded, block.ref = address, need, self
+        block.rounded, block.ref = need, self
         self._outstanding[address] = block
         if self._dropped():  # rule 12: a reset began, and its snapshot holds the block: not ours
             self._outstanding.pop(address, None)

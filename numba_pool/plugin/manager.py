@@ -166,8 +166,8 @@ class NumbaPoolManager:
         return self.allocator.source.allocate(size)
 
     def allocate_block(self, size: int, stream, not_capturing: bool = False) -> "Block":
-        """The current generation's ``allocate(size, stream)`` (for an allocation a reset overtook; ``not_capturing``:
-        the source's, asked again here)."""
+        """The current generation's ``allocate(size, stream)`` (for an allocation a reset overtook; ``not_capturing``
+        is ignored: the source asks again)."""
         self.initialize()
         return self.allocator.allocate(size, stream)
 

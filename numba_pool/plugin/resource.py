@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import warnings
 from functools import partial
-from threading import get_ident
 
 from cuda.bindings import driver as _cu
 from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Stream
@@ -104,12 +103,14 @@ class MemoryResource(_CoreResource):
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
         ref = block.stream
-        owner = ref.owner
-        if (stream is None or stream is owner  # cuda.core passes a new Stream: its == compares handles, in C
-                or type(stream) is Stream and type(owner) is Stream and ref.thread is None and stream == owner):
-            named = None
+        if stream is None or stream is ref.owner or type(stream) is Stream and hash(stream) == ref.value:
+            named = None  # cuda.core passes a new Stream per close: its hash is its handle (an int < 2**61), in C
         else:
-            named = _named_at_free(stream, ref)
+            try:
+                named = _named_at_free(stream, ref)
+            except Exception:  # not a stream: the buffer's block stays live and counted, nothing lost
+                blocks.setdefault(ptr, held)
+                raise
         if named is None and record is None:  # the common case without a frame: deallocate(block) on its stream
             block.release(block)
         elif record is None:
@@ -187,10 +188,10 @@ def _core_stream(stream, ref):
 
 def _named_at_free(stream, ref):
     # ``deallocate``'s stream other than the allocation stream's own object: None if it names ``ref``'s stream
-    # (handles compared, a per-thread default stream's thread too), else its StreamRef.
+    # (handles compared: a per-thread default stream's block freed from another thread synchronizes anyway, rule
+    # 8a), else its StreamRef.
     protocol = getattr(stream, "__cuda_stream__", None)
-    if protocol is not None and names_stream(handle_of_protocol(stream, protocol), ref) and (
-            ref.thread is None or ref.thread == get_ident()):
+    if protocol is not None and names_stream(handle_of_protocol(stream, protocol), ref):
         return None
     return as_stream_ref(stream)
 

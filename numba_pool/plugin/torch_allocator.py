@@ -15,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import sys
 from functools import partial
-from threading import get_ident
 
 from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
@@ -76,7 +75,11 @@ class TorchDoor:
             (``cuStreamGetId``, unique for the process's life) and takes it again only for the same handle and id:
             a capture query and an id query an allocation instead of a StreamRef and rule 7a's flags and id
             queries.  Never the id of a capturing stream (the query invalidates its capture, :mod:`.capture`): such
-            a stream gets a StreamRef of its own.  Another thread's per-thread default stream has another id."""
+            a stream gets a StreamRef of its own.  So ``_last`` is only ever a StreamRef the capture query just
+            found not capturing (never LEGACY), and the allocation passes that answer on (``not_capturing``) rather
+            than ask again.  Another thread's per-thread default stream has another id.  (A free from another
+            thread naming ``CU_STREAM_PER_THREAD`` is taken for the allocation's stream: the release of a
+            per-thread stream's block from another thread synchronizes anyway, rule 8a.)"""
         answer = capture_status(handle)
         if answer is not NOT_CAPTURING_ANSWER and (answer[0] != SUCCESS or answer[1] != NOT_CAPTURING):
             return as_stream_ref(handle)  # capturing (rule 13 routes it), or the driver won't say
@@ -97,9 +100,8 @@ class TorchDoor:
         held = blocks.pop(ptr or 0, None)
         if held is not None:  # never raises
             block, allocator, record = held
-            handle, ref = stream or 0, block.stream  # names_stream inline, and per thread (Note [A raw handle's stream])
-            named = (None if (handle == ref.value and (ref.thread is None or ref.thread == get_ident()))
-                     or (ref is LEGACY and handle in LEGACY_HANDLES) else as_stream_ref(handle))
+            handle, ref = stream or 0, block.stream  # names_stream, inline (Note [A raw handle's stream])
+            named = None if handle == ref.value or ref is LEGACY and handle in LEGACY_HANDLES else as_stream_ref(handle)
             if record is None and named is None:  # the common case without a frame
                 block.release(block)
             else:

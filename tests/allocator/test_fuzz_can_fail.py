@@ -91,7 +91,7 @@ class Narrowed(LegalPrograms):
 
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = create_stream = park = hold = let_go = None
-    open_defer = close_defer = reset_inside = allocate_managed = host_access = allocate_door = None
+    open_defer = close_defer = reset_inside = allocate_managed = host_access = allocate_door = door_handoff = None
     capture = launch_graph = drop_graph_array = wait_for_a_copy = None
     costs = False  # the rules of reuse only (the legacy stream's cost: the waiting-kernel plants below)
     blocking: tuple = (True, True, False)
@@ -186,6 +186,18 @@ def test_the_fuzzer_finds_a_door_that_ignores_the_deallocation_stream(monkeypatc
     assert "new owner" in str(caught.value)
 
 
+def test_the_fuzzer_finds_a_cuda_core_door_taking_any_stream_for_the_allocations(monkeypatch):
+    """The door's own test of the stream cuda.core names at ``deallocate`` broken (numba_pool.MemoryResource, the
+    fuzzer's door): any stream taken for the allocation's."""
+    from numba_pool.plugin import resource
+
+    monkeypatch.setattr(resource, "_named_at_free", lambda stream, ref: None)
+    machine = type("Planted", (Narrowed,), {"arena": False, "threads": 1, "blocking": (True, False, False),
+                                            "door": True})
+    with pytest.raises(AssertionError, match="unordered reuse"):
+        run_state_machine_as_test(machine, settings=BUDGET)
+
+
 def test_the_fuzzer_finds_another_streams_idle_block_handed_out(monkeypatch):
     """(Rule 7a's blocking-stream exclusion: tests/allocator/test_stream_idle.py, found by the full fuzzer's
     threads; this narrowed machine does not reach it within its budget.)"""
@@ -245,7 +257,7 @@ class Captures(LegalPrograms):
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = park = hold = let_go = record_stream = None
     open_defer = close_defer = reset_inside = allocate_managed = host_access = wait_for_a_copy = None
-    allocate_door = None
+    allocate_door = door_handoff = None
     costs = False
 
 

@@ -535,3 +535,52 @@ def test_a_buffer_alive_across_a_reset_releases_nothing_else_when_closed(program
     new.deallocate(None)
     assert p.mm.statistics().bytes_in_use == 0
     assert_clean(p)
+
+
+@pytest.mark.parametrize("door_kind", ["cuda.core", "torch"])
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_free_from_another_thread_naming_the_per_thread_stream_synchronizes(programs, arena, door_kind):
+    """Thread 0 allocates on its per-thread default stream; thread 1's per-thread stream uses the buffer last, and
+    thread 1 frees it naming ``CU_STREAM_PER_THREAD``, as PyTorch's free and cuda.core's close do.  Thread 1 cannot
+    name thread 0's stream, after which the block must go back: the release synchronizes and says so (rule 8a)."""
+    import warnings
+
+    from cuda.core import Stream
+    from cuda_model.checks import FALLBACK
+    from cuda_model.harness import ModelResource
+
+    per_thread = int(real_cu.CU_STREAM_PER_THREAD)
+    p = programs(arena=arena, threads=2)
+    if door_kind == "torch":
+        door = _door(p, None)
+        allocate, free = (lambda: door._malloc(1000, 0, per_thread)), (lambda ptr: door._free(ptr, 1000, 0, per_thread))
+    else:
+        mr = ModelResource(manager=p.mm)
+        allocate = lambda: mr.allocate(1000, Stream.from_handle(per_thread)).device_pointer_value  # noqa: E731
+        free = lambda ptr: mr.deallocate(ptr, 1000, Stream.from_handle(per_thread))  # noqa: E731
+    ptr = p.run(0, allocate)
+    p.run(1, p.model.launch, per_thread, [(ptr, 1000, "thread 1's kernel")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p.run(1, free, ptr)
+    assert any(FALLBACK in str(w.message) for w in caught), [str(w.message) for w in caught]
+    again = p.run(0, allocate)
+    p.run(0, p.model.launch, per_thread, [(again, 1000, "thread 0's next kernel")])
+    p.run(0, free, again)
+    assert_clean(p)
+
+
+def test_a_deallocate_naming_no_stream_raises_and_loses_nothing(programs):
+    """cuda.core's door given something that is not a stream at ``deallocate``: one line naming it, and the buffer's
+    block stays live and counted, freed by the next ``deallocate``."""
+    from cuda_model.harness import ModelResource
+
+    p = programs(arena=False)
+    mr = ModelResource(manager=p.mm)
+    buffer = mr.allocate(744, _StreamObject(_stream(p)))
+    with pytest.raises(TypeError, match="^numba_pool: str is not a CUDA stream"):
+        mr.deallocate(buffer.device_pointer_value, 744, "stream 7")
+    assert p.mm.statistics().bytes_in_use == 744 and len(mr._blocks) == 1
+    buffer.deallocate(None)
+    assert p.mm.statistics().bytes_in_use == 0 and not mr._blocks
+    assert_clean(p)

@@ -130,7 +130,7 @@ def release(block):
 
 freed = PoolPointer(None, cu.CUdeviceptr(256), 8, make_block(0x100, 8, None, release))
 del freed
-alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, make_block(0x100, 8, None, release))
+alive_at_exit = PoolPointer(None, cu.CUdeviceptr(512), 8, make_block(0x200, 8, None, release))
 """
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr

@@ -241,8 +241,11 @@ class Program(Waits):
         """Whether a live array needs the stream.  A dropped one does not, even while its
         release is held back (``defer_cleanup``) or kept by a hold (an IPC export): the README
         lets a program destroy a stream once the arrays allocated on it are gone, and the
-        driver may give its handle to the next new stream."""
-        return any(f.stream == handle or handle in f.recorded for f in self.families.values() if not f.zombie)
+        driver may give its handle to the next new stream.  A door's buffer alive across a reset
+        is not gone (its library frees it later, ordered on its stream: Note [An address a reset
+        gave again]); a Numba array alive across it is, for the pool (its drop does nothing)."""
+        return any(f.stream == handle or handle in f.recorded for f in self.families.values()
+                   if not f.zombie or f.door)
 
     def destroy_stream(self, handle: int) -> bool:
         """Destroy a created stream that no live array needs (legal); False when one does."""
@@ -696,12 +699,9 @@ class DoorBuffer:
 
     @classmethod
     def from_handle(cls, address: int, size: int, mr=None, stream=None) -> "DoorBuffer":
-        return cls(address, size, mr, stream)
-
-    @property
-    def block(self):
-        """The resource's Block for this buffer (its live table's)."""
-        return self.mr._blocks[self.device_pointer_value][0]
+        buffer = cls(address, size, mr, stream)
+        buffer.block = mr._blocks[address][0]  # the resource's Block for it (entered before from_handle)
+        return buffer
 
     def view(self, start: int) -> "DoorBuffer":
         return self
