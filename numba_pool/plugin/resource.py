@@ -15,7 +15,7 @@ from cuda.core import LEGACY_DEFAULT_STREAM, Buffer, Stream
 from cuda.core import MemoryResource as _CoreResource
 
 from ..allocator.host_blocks import PORTABLE
-from ..cuda.streams import LEGACY, as_stream_ref, handle_of_protocol, names_stream
+from ..cuda.streams import LEGACY, as_stream_ref
 from ..config.values import byte_count, device_ordinal
 from ..cuda.errors import CudaAPIError
 from .serving import DoorTable, cache_block, failed, recorded, release, serving_manager
@@ -98,19 +98,18 @@ class MemoryResource(_CoreResource):
         blocks = self._blocks
         if type(ptr) is not int:
             ptr = _address(ptr, type(self).__name__)
+        # Anything but cuda.core's Stream is made a StreamRef first: one that is no stream raises, the table untouched.
+        named = None if stream is None or type(stream) is Stream else as_stream_ref(stream)
         held = blocks.pop(ptr, None)
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
         ref = block.stream
-        if stream is None or stream is ref.owner or type(stream) is Stream and hash(stream) == ref.value:
+        if stream is None or ref.thread is None and (stream is ref.owner
+                                                     or type(stream) is Stream and hash(stream) == ref.value):
             named = None  # cuda.core passes a new Stream per close: its hash is its handle (an int < 2**61), in C
         else:
-            try:
-                named = _named_at_free(stream, ref)
-            except Exception:  # not a stream: the buffer's block stays live and counted, nothing lost
-                blocks.setdefault(ptr, held)
-                raise
+            named = _named_at_free(stream, ref, named)
         if named is None and record is None:  # the common case without a frame: deallocate(block) on its stream
             block.release(block)
         elif record is None:
@@ -186,14 +185,13 @@ def _core_stream(stream, ref):
     return LEGACY_DEFAULT_STREAM if ref is LEGACY else Stream.from_handle(ref.value)
 
 
-def _named_at_free(stream, ref):
-    # ``deallocate``'s stream other than the allocation stream's own object: None if it names ``ref``'s stream
-    # (handles compared: a per-thread default stream's block freed from another thread synchronizes anyway, rule
-    # 8a), else its StreamRef.
-    protocol = getattr(stream, "__cuda_stream__", None)
-    if protocol is not None and names_stream(handle_of_protocol(stream, protocol), ref):
-        return None
-    return as_stream_ref(stream)
+def _named_at_free(stream, ref, named):
+    # The StreamRef of ``deallocate``'s ``stream`` (``named``: made already, else None), or None where it names the
+    # allocation's stream ``ref`` (a per-thread default stream: in the allocating thread only, Note [A raw handle's
+    # stream] in .torch_allocator).
+    if named is None:
+        named = as_stream_ref(stream)  # a cuda.core Stream: never raises
+    return None if named.same_stream(ref) else named
 
 
 def _current_device() -> int:

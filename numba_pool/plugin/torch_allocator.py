@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import sys
 from functools import partial
+from threading import get_ident
 
 from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
@@ -77,9 +78,10 @@ class TorchDoor:
             queries.  Never the id of a capturing stream (the query invalidates its capture, :mod:`.capture`): such
             a stream gets a StreamRef of its own.  So ``_last`` is only ever a StreamRef the capture query just
             found not capturing (never LEGACY), and the allocation passes that answer on (``not_capturing``) rather
-            than ask again.  Another thread's per-thread default stream has another id.  (A free from another
-            thread naming ``CU_STREAM_PER_THREAD`` is taken for the allocation's stream: the release of a
-            per-thread stream's block from another thread synchronizes anyway, rule 8a.)"""
+            than ask again.  Another thread's per-thread default stream has another id; at a free, handle
+            ``CU_STREAM_PER_THREAD`` names the allocation's stream in the allocating thread only, and another
+            thread's stream elsewhere: the release waits for it (a release held back by a capture may run in the
+            allocating thread, where the allocation's stream alone would order nothing of the freeing thread's)."""
         answer = capture_status(handle)
         if answer is not NOT_CAPTURING_ANSWER and (answer[0] != SUCCESS or answer[1] != NOT_CAPTURING):
             return as_stream_ref(handle)  # capturing (rule 13 routes it), or the driver won't say
@@ -100,8 +102,9 @@ class TorchDoor:
         held = blocks.pop(ptr or 0, None)
         if held is not None:  # never raises
             block, allocator, record = held
-            handle, ref = stream or 0, block.stream  # names_stream, inline (Note [A raw handle's stream])
-            named = None if handle == ref.value or ref is LEGACY and handle in LEGACY_HANDLES else as_stream_ref(handle)
+            handle, ref = stream or 0, block.stream  # names_stream inline, and per thread (Note [A raw handle's stream])
+            named = (None if (handle == ref.value and (ref.thread is None or ref.thread == get_ident()))
+                     or (ref is LEGACY and handle in LEGACY_HANDLES) else as_stream_ref(handle))
             if record is None and named is None:  # the common case without a frame
                 block.release(block)
             else:

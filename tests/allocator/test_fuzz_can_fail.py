@@ -191,7 +191,7 @@ def test_the_fuzzer_finds_a_cuda_core_door_taking_any_stream_for_the_allocations
     fuzzer's door): any stream taken for the allocation's."""
     from numba_pool.plugin import resource
 
-    monkeypatch.setattr(resource, "_named_at_free", lambda stream, ref: None)
+    monkeypatch.setattr(resource, "_named_at_free", lambda stream, ref, named: None)
     machine = type("Planted", (Narrowed,), {"arena": False, "threads": 1, "blocking": (True, False, False),
                                             "door": True})
     with pytest.raises(AssertionError, match="unordered reuse"):

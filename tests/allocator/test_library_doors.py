@@ -10,6 +10,7 @@ from cuda.bindings import driver as real_cu
 
 from cuda_model.checks import assert_clean
 from numba_pool.allocator import captures
+from numba_pool.cuda.streams import as_stream_ref
 from numba_pool.plugin import torch_allocator
 from numba_pool.plugin.torch_allocator import TorchDoor
 
@@ -583,4 +584,41 @@ def test_a_deallocate_naming_no_stream_raises_and_loses_nothing(programs):
     assert p.mm.statistics().bytes_in_use == 744 and len(mr._blocks) == 1
     buffer.deallocate(None)
     assert p.mm.statistics().bytes_in_use == 0 and not mr._blocks
+    assert_clean(p)
+
+
+@pytest.mark.parametrize("door_kind", ["cuda.core", "torch"])
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_free_from_another_thread_held_back_by_a_capture_waits_for_that_threads_stream(programs, arena, door_kind):
+    """As above, but a capture (thread 2's) is under way at thread 1's free: the release is held back and runs at
+    thread 0's next allocation, after the capture.  There ``CU_STREAM_PER_THREAD`` is thread 0's stream; the release
+    must still wait for thread 1's, which the free named (the door takes it as another stream than the allocation's).
+    Seen failing (unordered reuse) with the doors taking the handle for the allocation's stream from any thread."""
+    from cuda.core import Stream
+    from cuda_model.harness import ModelResource
+
+    per_thread = int(real_cu.CU_STREAM_PER_THREAD)
+    p = programs(arena=arena, threads=3)
+    if door_kind == "torch":
+        door = _door(p, None)
+        allocate, free = (lambda: door._malloc(1000, 0, per_thread)), (lambda ptr: door._free(ptr, 1000, 0, per_thread))
+    else:
+        mr = ModelResource(manager=p.mm)
+        allocate = lambda: mr.allocate(1000, Stream.from_handle(per_thread)).device_pointer_value  # noqa: E731
+        free = lambda ptr: mr.deallocate(ptr, 1000, Stream.from_handle(per_thread))  # noqa: E731
+    captured = _stream(p)
+    relaxed = real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    ptr = p.run(0, allocate)
+    p.run(1, p.model.launch, per_thread, [(ptr, 1000, "thread 1's kernel")])
+    assert p.run(2, p.model.cuStreamBeginCapture, real_cu.CUstream(captured), relaxed)[0] == real_cu.CUresult.CUDA_SUCCESS
+    try:
+        graphs = p.run(2, p.mm.allocate_block, 4096, as_stream_ref(captured))  # numba_pool knows of the capture
+        assert captures.underway
+        p.run(1, free, ptr)  # held back (rule 13)
+        p.run(2, graphs.free)  # a free node
+    finally:
+        p.run(2, p.model.cuStreamEndCapture, real_cu.CUstream(captured))
+    again = p.run(0, allocate)  # the held-back release runs here, in thread 0
+    p.run(0, p.model.launch, per_thread, [(again, 1000, "thread 0's next kernel")])
+    p.run(0, free, again)
     assert_clean(p)
