@@ -91,11 +91,6 @@ def as_stream_ref(stream: Any) -> StreamRef:
     return StreamRef(cu.CUstream(value) if handle is None else handle, owner, value=value)
 
 
-def names_stream(value: int, ref: StreamRef) -> bool:
-    """Whether stream handle ``value`` (an int) is ``ref``'s stream: the same handle, or one of the legacy stream's."""
-    return value == ref.value or (ref is LEGACY and value in LEGACY_HANDLES)
-
-
 def handle_of_protocol(stream: Any, protocol: Any) -> int:
     """The handle in a ``__cuda_stream__`` answer, ``(version, handle)`` (``protocol``: the attribute).
     :raises TypeError: for any other answer, naming the object's type and the answer."""

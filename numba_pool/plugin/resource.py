@@ -98,8 +98,9 @@ class MemoryResource(_CoreResource):
         blocks = self._blocks
         if type(ptr) is not int:
             ptr = _address(ptr, type(self).__name__)
-        # Anything but cuda.core's Stream is made a StreamRef first: one that is no stream raises, the table untouched.
-        named = None if stream is None or type(stream) is Stream else as_stream_ref(stream)
+        # Anything but an open cuda.core Stream (a closed one hashes as 0) is made a StreamRef first: one that is no
+        # stream, or closed, raises with the table untouched.
+        named = None if stream is None or type(stream) is Stream and hash(stream) else as_stream_ref(stream)
         held = blocks.pop(ptr, None)
         if held is None:
             return
@@ -190,7 +191,7 @@ def _named_at_free(stream, ref, named):
     # allocation's stream ``ref`` (a per-thread default stream: in the allocating thread only, Note [A raw handle's
     # stream] in .torch_allocator).
     if named is None:
-        named = as_stream_ref(stream)  # a cuda.core Stream: never raises
+        named = as_stream_ref(stream)  # an open cuda.core Stream: never raises
     return None if named.same_stream(ref) else named
 
 

@@ -102,7 +102,7 @@ class TorchDoor:
         held = blocks.pop(ptr or 0, None)
         if held is not None:  # never raises
             block, allocator, record = held
-            handle, ref = stream or 0, block.stream  # names_stream inline, and per thread (Note [A raw handle's stream])
+            handle, ref = stream or 0, block.stream  # the same stream? per thread too (Note [A raw handle's stream])
             named = (None if (handle == ref.value and (ref.thread is None or ref.thread == get_ident()))
                      or (ref is LEGACY and handle in LEGACY_HANDLES) else as_stream_ref(handle))
             if record is None and named is None:  # the common case without a frame
