@@ -538,6 +538,21 @@ def test_a_buffer_alive_across_a_reset_releases_nothing_else_when_closed(program
     assert_clean(p)
 
 
+def _on_per_thread_stream(p, door_kind: str):
+    """``(allocate(), free(address))`` of 1000 bytes through a door (``cuda.core``: ``ModelResource`` with cuda.core
+    ``Stream``s, ``torch``: PyTorch's callbacks), naming ``CU_STREAM_PER_THREAD``: the calling thread's stream."""
+    from cuda.core import Stream
+    from cuda_model.harness import ModelResource
+
+    per_thread = int(real_cu.CU_STREAM_PER_THREAD)
+    if door_kind == "torch":
+        door = _door(p, None)
+        return (lambda: door._malloc(1000, 0, per_thread)), (lambda ptr: door._free(ptr, 1000, 0, per_thread))
+    mr = ModelResource(manager=p.mm)
+    return (lambda: mr.allocate(1000, Stream.from_handle(per_thread)).device_pointer_value,
+            lambda ptr: mr.deallocate(ptr, 1000, Stream.from_handle(per_thread)))
+
+
 @pytest.mark.parametrize("door_kind", ["cuda.core", "torch"])
 @pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
 def test_a_free_from_another_thread_naming_the_per_thread_stream_synchronizes(programs, arena, door_kind):
@@ -546,19 +561,11 @@ def test_a_free_from_another_thread_naming_the_per_thread_stream_synchronizes(pr
     name thread 0's stream, after which the block must go back: the release synchronizes and says so (rule 8a)."""
     import warnings
 
-    from cuda.core import Stream
     from cuda_model.checks import FALLBACK
-    from cuda_model.harness import ModelResource
 
     per_thread = int(real_cu.CU_STREAM_PER_THREAD)
     p = programs(arena=arena, threads=2)
-    if door_kind == "torch":
-        door = _door(p, None)
-        allocate, free = (lambda: door._malloc(1000, 0, per_thread)), (lambda ptr: door._free(ptr, 1000, 0, per_thread))
-    else:
-        mr = ModelResource(manager=p.mm)
-        allocate = lambda: mr.allocate(1000, Stream.from_handle(per_thread)).device_pointer_value  # noqa: E731
-        free = lambda ptr: mr.deallocate(ptr, 1000, Stream.from_handle(per_thread))  # noqa: E731
+    allocate, free = _on_per_thread_stream(p, door_kind)
     ptr = p.run(0, allocate)
     p.run(1, p.model.launch, per_thread, [(ptr, 1000, "thread 1's kernel")])
     with warnings.catch_warnings(record=True) as caught:
@@ -600,18 +607,9 @@ def test_a_free_from_another_thread_held_back_by_a_capture_waits_for_that_thread
     thread 0's next allocation, after the capture.  There ``CU_STREAM_PER_THREAD`` is thread 0's stream; the release
     must still wait for thread 1's, which the free named (the door takes it as another stream than the allocation's).
     Seen failing (unordered reuse) with the doors taking the handle for the allocation's stream from any thread."""
-    from cuda.core import Stream
-    from cuda_model.harness import ModelResource
-
     per_thread = int(real_cu.CU_STREAM_PER_THREAD)
     p = programs(arena=arena, threads=3)
-    if door_kind == "torch":
-        door = _door(p, None)
-        allocate, free = (lambda: door._malloc(1000, 0, per_thread)), (lambda ptr: door._free(ptr, 1000, 0, per_thread))
-    else:
-        mr = ModelResource(manager=p.mm)
-        allocate = lambda: mr.allocate(1000, Stream.from_handle(per_thread)).device_pointer_value  # noqa: E731
-        free = lambda ptr: mr.deallocate(ptr, 1000, Stream.from_handle(per_thread))  # noqa: E731
+    allocate, free = _on_per_thread_stream(p, door_kind)
     captured = _stream(p)
     relaxed = real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     ptr = p.run(0, allocate)
