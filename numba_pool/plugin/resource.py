@@ -98,17 +98,18 @@ class MemoryResource(_CoreResource):
         blocks = self._blocks
         if type(ptr) is not int:
             ptr = _address(ptr, type(self).__name__)
-        # Anything but an open cuda.core Stream (a closed one hashes as 0) is made a StreamRef first: one that is no
-        # stream, or closed, raises with the table untouched.
-        named = None if stream is None or type(stream) is Stream and hash(stream) else as_stream_ref(stream)
+        # cuda.core passes a new Stream per close: its hash is its handle (an int < 2**61, in C; a closed one's 0).
+        # Anything but an open one is made a StreamRef first: one that is no stream, or closed, raises with the
+        # table untouched.
+        handle = hash(stream) if type(stream) is Stream else 0
+        named = None if stream is None or handle else as_stream_ref(stream)
         held = blocks.pop(ptr, None)
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
         ref = block.stream
-        if stream is None or ref.thread is None and (stream is ref.owner
-                                                     or type(stream) is Stream and hash(stream) == ref.value):
-            named = None  # cuda.core passes a new Stream per close: its hash is its handle (an int < 2**61), in C
+        if stream is None or ref.thread is None and (stream is ref.owner or handle == ref.value):  # never 0
+            named = None
         else:
             named = _named_at_free(stream, ref, named)
         if named is None and record is None:  # the common case without a frame: deallocate(block) on its stream
