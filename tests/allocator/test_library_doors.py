@@ -632,3 +632,25 @@ def test_a_free_from_another_thread_held_back_by_a_capture_waits_for_that_thread
     p.run(0, p.model.launch, per_thread, [(again, 1000, "thread 0's next kernel")])
     p.run(0, free, again)
     assert_clean(p)
+
+
+@pytest.mark.xfail(strict=True, reason="known bug (long fuzz, seed 3447): a release naming another stream S makes the "
+                   "allocation stream wait for S (rule 2's ordering); cuda.core's own pool frees on S instead")
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_buffer_closed_naming_a_stream_behind_a_waiting_kernel_deadlocks_nothing(programs, arena):
+    """cuda.core's door: a Buffer allocated and used on A, then closed naming S while a kernel on S waits for a copy
+    on A.  cuda.core's own pool frees on S, after the kernel, and the copy on A runs; no release may order A after
+    the kernel (the model reports such a copy as a deadlock)."""
+    from cuda.core import Stream
+    from cuda_model.harness import ModelResource
+
+    p = programs(arena=arena)
+    mr = ModelResource(manager=p.mm)
+    a, s = _stream(p), _stream(p)
+    buffer = mr.allocate(1000, Stream.from_handle(a))
+    p.model.launch(a, [(buffer.device_pointer_value, 1000, "on A")])
+    p.model.wait(s, a)  # the program orders the use before the free on S, as cuda.core's deallocate asks
+    p.launch_waiting(s)
+    mr.deallocate(buffer.device_pointer_value, 1000, Stream.from_handle(s))
+    p.release_waiting(a)
+    assert_clean(p)
