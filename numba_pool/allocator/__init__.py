@@ -94,16 +94,16 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     legacy stream (a blocking stream's capture makes it unusable) nor synchronizes (which invalidates any
     capture); other driver calls run in relaxed capture mode, allocations come from the mempool (the legacy
     stream's on a synchronized side stream), and releases wait for its end.
-14. **A door's deallocation is ordered on the stream it names** (:meth:`.device.DeviceAllocator.deallocate`).
-    A door other than Numba's EMM plugin frees a block naming a stream, or none, exactly as its library's own
-    pool does: cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the buffer's last use), PyTorch's
-    the tensor's allocation stream, CuPy's none (its drop).  The release waits for a named stream as for a
+14. **A door's deallocation is ordered after the stream it names** (:meth:`.device.DeviceAllocator.deallocate`).
+    A door other than Numba's EMM plugin frees a block naming a stream, or none, as its library's own pool
+    does (but see the known gap below): cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the
+    buffer's last use), PyTorch's the tensor's allocation stream, CuPy's none (its drop).  The release waits for a named stream as for a
     recorded one (rule 2), then is its allocation stream's, as a drop is; the program orders a third stream's
     work before it (``record_stream``), as for those libraries' own pools (:mod:`numba_pool.plugin`'s doors).
     Known gap: that wait makes the allocation stream follow the named stream's work so far, where cuda.core's
     pool frees on the named stream; a kernel there waiting for the allocation stream's later work hangs (the
     strict xfail ``test_a_buffer_closed_naming_a_stream_behind_a_waiting_kernel_deadlocks_nothing``; so does a
-    block set aside at a dangling buffer's address, released after that buffer's stream: long fuzz, seed 3447).
+    block set aside at a dangling buffer's or tensor's address, released after its stream: long fuzz, seed 3447).
     A door whose library frees by address alone never hands out an address that a buffer or tensor from before
     a reset still holds (Note [An address a reset gave again], :mod:`numba_pool.plugin.serving`).
 
