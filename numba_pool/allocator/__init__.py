@@ -94,16 +94,15 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     legacy stream (a blocking stream's capture makes it unusable) nor synchronizes (which invalidates any
     capture); other driver calls run in relaxed capture mode, allocations come from the mempool (the legacy
     stream's on a synchronized side stream), and releases wait for its end.
-14. **A door's deallocation is ordered after the stream it names** (:meth:`.device.DeviceAllocator.deallocate`).
+14. **A door's deallocation is ordered on the stream it names** (:meth:`.device.DeviceAllocator.deallocate`).
     A door other than Numba's EMM plugin frees a block naming a stream, or none, as its library's own pool
-    does (but see the known gap below): cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the
-    buffer's last use), PyTorch's the tensor's allocation stream, CuPy's none (its drop).  The release waits for a named stream as for a
-    recorded one (rule 2), then is its allocation stream's, as a drop is; the program orders a third stream's
-    work before it (``record_stream``), as for those libraries' own pools (:mod:`numba_pool.plugin`'s doors).
-    Known gap: that wait makes the allocation stream follow the named stream's work so far, where cuda.core's
-    pool frees on the named stream; a kernel there waiting for the allocation stream's later work hangs (the
-    strict xfail ``test_a_buffer_closed_naming_a_stream_behind_a_waiting_kernel_deadlocks_nothing``; so does a
-    block set aside at a dangling buffer's or tensor's address, released after its stream: long fuzz, seed 3447).
+    does: cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the buffer's last use), PyTorch's
+    the tensor's allocation stream, CuPy's none (its drop).  A named stream S other than the allocation stream
+    is not waited for by the allocation stream (a kernel on S may wait for its later work): a mempool block
+    of a non-legacy stream is freed on S, as cuda.core's pool frees; other blocks go back after the next fence,
+    which waits for S (Note [A named stream is not waited for] in :mod:`.device`, graph blocks aside); the
+    program orders the block's other uses before S (cuda.core's contract), a third stream's too (``record_stream``), as for those libraries' own
+    pools (:mod:`numba_pool.plugin`'s doors).
     A door whose library frees by address alone never hands out an address that a buffer or tensor from before
     a reset still holds (Note [An address a reset gave again], :mod:`numba_pool.plugin.serving`).
 

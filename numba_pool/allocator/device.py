@@ -24,7 +24,7 @@ from .graph_blocks import GraphBlocks
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
-from .waits import Deferral, Hold, StreamWaits
+from .waits import Deferral, Fenced, Hold, StreamWaits, fenced
 
 
 def _fmt(nbytes: int) -> str:
@@ -60,6 +60,7 @@ class DeviceAllocator:
                 after_reset=after_reset, pointer=pointer, return_stream=self.private_streams[1], **shared))
         self.arena: ArenaBlocks | None = self.arenas[0] if self.arenas else None  #: For statistics, the replay, tests.
         self.sources = [*self.arenas, self.mempool_blocks]  #: Every block source, the one requests start at first.
+        self._pool_gates = tuple(source._release_bound for source in reversed(self.sources))  # the mempool's first
         self.source = self.sources[0]  #: Where requests start; its ``allocate(size)`` is the path with no adaptor.
         self._config = config  # rule 13: captured allocations, and where allocations go while a capture is under way
         self._capture_pool: MemPool | None = None
@@ -87,11 +88,31 @@ class DeviceAllocator:
         return self.source.allocate_block(nbytes, stream)
 
     def deallocate(self, block: Block, stream: StreamRef | None = None) -> None:
-        """Give ``block`` back (RMM, cuda.core), after a differing ``stream`` (rule 2: another thread's per-thread
-        default stream differs too); once, never raising (rule 8)."""
+        """Give ``block`` back (RMM, cuda.core), after a differing ``stream`` (rule 14: another thread's per-thread
+        default stream differs too; Note [A named stream is not waited for]); once, never raising (rule 8)."""
         if stream is not None and not stream.same_stream(block.stream):
-            self.waits.add_wait(block, stream)
+            self._name(block, stream)
         block.release(block)
+
+    def _name(self, block: Block, stream: StreamRef) -> None:
+        """Note [A named stream is not waited for]
+            A release naming a stream S other than the block's allocation stream A must not make A wait for S (the
+            release of rule 2 would): work of A issued later may be what S waits for (a kernel on S waiting for a
+            copy on A would hang), and cuda.core's pool frees on S.  So a mempool block of a non-legacy A is freed
+            on S (``cuMemFreeAsync`` there: reuse follows S's work so far, which the library's contract orders
+            after the block's uses, as for cuda.core's pool); an arena block (its stream's domain takes it back)
+            and a :class:`~.waits.Fenced` S (a block set aside, never used) wait for events on S and on A that the
+            next fence waits for (rule 4), idle after it.  Where A or S is the legacy stream the fence waits
+            already (rule 2's path).  A graph block (rule 13) keeps rule 2's wait; a per-thread default stream of
+            a thread other than the releasing one cannot be named (rule 8's synchronize instead)."""
+        allocated_on = block.stream
+        if stream is LEGACY or allocated_on is LEGACY or block.release not in self._pool_gates:
+            self.waits.add_wait(block, stream)
+        elif block.release is self._pool_gates[0] and type(stream) is StreamRef and stream.thread is None \
+                and allocated_on.thread is None:
+            block.stream = stream
+        else:
+            self.waits.add_wait(block, stream if type(stream) is Fenced else fenced(stream))
 
     # -- what a release waits for (rule 2) --------------------------------------------------
     def _block_at(self, address: int) -> Block | None:

@@ -39,6 +39,26 @@ class Hold(Protocol):
         """True if the block is kept: ``release`` is called once it is not (any thread, never raising), else False."""
 
 
+class Fenced(StreamRef):
+    """A stream a release names that the block's stream must not wait for (Note [A named stream is not waited for]
+    in :mod:`.device`): an event on it joins the next fence's :attr:`StreamWaits.fence_waits`, and the release is
+    idle after that fence, as for the legacy stream (Note [The legacy stream recorded])."""
+
+    __slots__ = ()
+
+
+def fenced(ref: StreamRef) -> Fenced:
+    """``ref`` as a :class:`Fenced` stream (the same handle, owner, thread and keys)."""
+    made = Fenced(ref.handle, ref.owner, key=ref.key, value=ref.value)
+    made.thread, made.idle_key = ref.thread, ref.idle_key
+    return made
+
+
+def _after_a_fence(ref: StreamRef) -> bool:
+    # Recorded for the fence rather than waited for by the block's stream: the legacy stream, or a Fenced one.
+    return ref is LEGACY or type(ref) is Fenced
+
+
 def split_waiting(waiting: list | None) -> tuple[list[StreamRef], list[Hold]]:
     """A block's registered waits as (streams, holds)."""
     if not waiting:
@@ -125,8 +145,9 @@ class StreamWaits:
 
     def _order(self, block: Block, stream: StreamRef, publish, recorded: list[StreamRef], settle, retry: bool) -> None:
         try:
-            if stream is not LEGACY and any(ref is LEGACY for ref in recorded):
-                self._order_on(stream, [ref for ref in recorded if ref is not LEGACY], settle)
+            if stream is not LEGACY and any(_after_a_fence(ref) for ref in recorded):
+                self._order_on(stream, [ref for ref in recorded if not _after_a_fence(ref)], settle)
+                self._record_for_the_fence([ref for ref in recorded if type(ref) is Fenced])
                 self.fence_waits.append(self._record(stream))  # Note [The legacy stream recorded]
                 self.after_fence.append(partial(publish, None))
                 return
@@ -150,8 +171,9 @@ class StreamWaits:
     def _order_for_later(self, block: Block, stream: StreamRef, publish, recorded: list[StreamRef], settle,
                          holds: list, retry: bool) -> None:  # Note [A release made free later orders now]
         try:
-            if stream is not LEGACY and any(ref is LEGACY for ref in recorded):  # Note [The legacy stream recorded]
-                recorded = [ref for ref in recorded if ref is not LEGACY]
+            if stream is not LEGACY and any(_after_a_fence(ref) for ref in recorded):  # Note [The legacy stream recorded]
+                self._record_for_the_fence([ref for ref in recorded if type(ref) is Fenced])
+                recorded = [ref for ref in recorded if not _after_a_fence(ref)]
                 publish = partial(_after_the_next_fence, self.after_fence, publish)
                 settle = settle or _no_settle  # the event below is named by the fence, not here
                 self._order_on(stream, recorded, settle)
@@ -168,6 +190,13 @@ class StreamWaits:
             self._later(block, None, partial(_after_synchronize, block, publish), holds)
             return
         self._later(block, event, publish, holds)
+
+    def _record_for_the_fence(self, streams: list[StreamRef]) -> None:
+        # An event on each of ``streams`` for the next fence to wait for (Note [A named stream is not waited for]).
+        for ref in streams:
+            if ref.belongs_to_another_thread():
+                raise CannotOrder("a stream it names is another thread's per-thread default stream")
+            self.fence_waits.append(self._record(ref))
 
     def _record(self, stream: StreamRef):
         cu = self._cu

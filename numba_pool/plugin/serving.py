@@ -9,7 +9,9 @@ import weakref
 from functools import partial
 from typing import Callable
 
+from ..allocator.waits import fenced
 from ..cuda import frontend as frontends
+from ..cuda.streams import LEGACY
 from .state import process
 
 
@@ -159,9 +161,10 @@ class DoorTable(dict):
 
     def _release(self, address: int, key: int, stream) -> None:
         taken = self.aside[address].pop(key, None)  # the one pop that wins releases
-        if taken is not None:
+        if taken is not None:  # never used: after the stream named (Fenced: not waited for by the block's own)
             (block, source, record), holders_stream = taken
-            release(record, source.deallocate, block, holders_stream if stream is None else stream)
+            after = holders_stream if stream is None else stream
+            release(record, source.deallocate, block, after if after is LEGACY else fenced(after))
 
 
 def cache_block(cache, unavailable: str, size: int, stream, flags: int):

@@ -106,9 +106,11 @@ class Waits:
             return True
         if not all(self.may_enqueue(stream) for stream in family.recorded):  # record_stream's events: any family
             return False
-        if family.door:  # the program's own waits onto the deallocation stream (Program._deallocate)
+        if family.door:  # the program's own waits onto the deallocation stream (Program._deallocate), which may
+            # follow the kernel: the release never makes another stream wait for it (Note [A named stream is not
+            # waited for] in numba_pool.allocator.device)
             on = self.deallocation_stream(family)
-            return self.may_enqueue(on) and all(
+            return all(
                 used != DESTROYED and self.may_enqueue(used)
                 for used, op in family.uses if not self.model.would_follow(on, op))
         if legalize == "record":
