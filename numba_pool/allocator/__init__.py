@@ -99,10 +99,10 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     does: cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the buffer's last use), PyTorch's
     the tensor's allocation stream, CuPy's none (its drop).  A named stream S other than the allocation stream
     is not waited for by the allocation stream (a kernel on S may wait for its later work): a mempool block
-    of a non-legacy stream is freed on S, as cuda.core's pool frees; other blocks go back after the next fence,
-    which waits for S (Note [A named stream is not waited for] in :mod:`.device`, graph blocks aside); the
-    program orders the block's other uses before S (cuda.core's contract), a third stream's too (``record_stream``), as for those libraries' own
-    pools (:mod:`numba_pool.plugin`'s doors).
+    of a non-legacy stream is freed on S, as cuda.core's pool frees; an arena block goes back after a fence once
+    the host sees S's work so far done (Note [A named stream is not waited for] in :mod:`.device`; legacy and
+    graph blocks aside); the program orders the block's other uses before S (cuda.core's contract), a third
+    stream's too (``record_stream``), as for those libraries' own pools (:mod:`numba_pool.plugin`'s doors).
     A door whose library frees by address alone never hands out an address that a buffer or tensor from before
     a reset still holds (Note [An address a reset gave again], :mod:`numba_pool.plugin.serving`).
 

@@ -101,9 +101,10 @@ class DeviceAllocator:
             copy on A would hang), and cuda.core's pool frees on S.  So a mempool block of a non-legacy A is freed
             on S (``cuMemFreeAsync`` there: reuse follows S's work so far, which the library's contract orders
             after the block's uses, as for cuda.core's pool); an arena block (its stream's domain takes it back)
-            and a :class:`~.waits.Fenced` S (a block set aside, never used) wait for events on S and on A that the
-            next fence waits for (rule 4), idle after it.  Where A or S is the legacy stream the fence waits
-            already (rule 2's path).  A graph block (rule 13) keeps rule 2's wait; a per-thread default stream of
+            and a :class:`~.waits.Fenced` S (a block set aside, never used) go back after the next fence (rule 4)
+            once the host sees events on S and on A done (``cuEventQuery``; a later fence looks again): no stream,
+            the legacy one included, waits for them.  Where A or S is the legacy stream the fence waits already
+            (rule 2's path).  A graph block (rule 13) keeps rule 2's wait; a per-thread default stream of
             a thread other than the releasing one cannot be named (rule 8's synchronize instead)."""
         allocated_on = block.stream
         if stream is LEGACY or allocated_on is LEGACY or block.release not in self._pool_gates:

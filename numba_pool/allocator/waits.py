@@ -20,12 +20,17 @@ import threading
 from functools import partial
 from typing import Callable, Protocol
 
+from cuda.bindings.driver import CUresult
+
 from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .block import AWAITING_FREE, Block, add_wait, take_waits
 from .held import Held
+
+
+_NOT_READY = CUresult.CUDA_ERROR_NOT_READY
 
 
 class CannotOrder(RuntimeError):
@@ -147,9 +152,8 @@ class StreamWaits:
         try:
             if stream is not LEGACY and any(_after_a_fence(ref) for ref in recorded):
                 self._order_on(stream, [ref for ref in recorded if not _after_a_fence(ref)], settle)
-                self._record_for_the_fence([ref for ref in recorded if type(ref) is Fenced])
-                self.fence_waits.append(self._record(stream))  # Note [The legacy stream recorded]
-                self.after_fence.append(partial(publish, None))
+                events = self._after_fence_events(stream, recorded)
+                self.after_fence.append(_once_done(self._cu, self.after_fence, events, partial(publish, None)))
                 return
             self._order_on(stream, recorded, settle)
             publish(stream)
@@ -172,12 +176,10 @@ class StreamWaits:
                          holds: list, retry: bool) -> None:  # Note [A release made free later orders now]
         try:
             if stream is not LEGACY and any(_after_a_fence(ref) for ref in recorded):  # Note [The legacy stream recorded]
-                self._record_for_the_fence([ref for ref in recorded if type(ref) is Fenced])
-                recorded = [ref for ref in recorded if not _after_a_fence(ref)]
-                publish = partial(_after_the_next_fence, self.after_fence, publish)
                 settle = settle or _no_settle  # the event below is named by the fence, not here
-                self._order_on(stream, recorded, settle)
-                self.fence_waits.append(self._record(stream))
+                self._order_on(stream, [ref for ref in recorded if not _after_a_fence(ref)], settle)
+                events = self._after_fence_events(stream, recorded)
+                publish = partial(_after_the_next_fence, self.after_fence, publish, self._cu, events)
                 event = None
             else:
                 self._order_on(stream, recorded, settle)
@@ -191,12 +193,28 @@ class StreamWaits:
             return
         self._later(block, event, publish, holds)
 
-    def _record_for_the_fence(self, streams: list[StreamRef]) -> None:
-        # An event on each of ``streams`` for the next fence to wait for (Note [A named stream is not waited for]).
-        for ref in streams:
-            if ref.belongs_to_another_thread():
-                raise CannotOrder("a stream it names is another thread's per-thread default stream")
-            self.fence_waits.append(self._record(ref))
+    def _after_fence_events(self, stream: StreamRef, recorded: list[StreamRef]) -> list:
+        """For a release of ``stream`` (not legacy) after the legacy stream or a :class:`Fenced` one among
+        ``recorded``: the legacy stream's wait is the fence's, an event on ``stream`` in :attr:`fence_waits` (Note
+        [The legacy stream recorded]); returns events on each Fenced stream, and then on ``stream``, that the host
+        must see done (``cuEventQuery``) after the fence: never a stream's wait (Note [A named stream is not waited
+        for] in :mod:`.device`).  :raises CannotOrder: another thread's per-thread stream."""
+        fenced = [ref for ref in recorded if type(ref) is Fenced]
+        if any(ref is LEGACY for ref in recorded):
+            self.fence_waits.append(self._record(stream))
+        elif fenced:
+            fenced.append(stream)
+        events = []
+        try:
+            for ref in fenced:
+                if ref.belongs_to_another_thread():
+                    raise CannotOrder("a stream it names is another thread's per-thread default stream")
+                events.append(self._record(ref))
+        except Exception:
+            for event in events:
+                self._cu.cuEventDestroy(event)
+            raise
+        return events
 
     def _record(self, stream: StreamRef):
         cu = self._cu
@@ -304,8 +322,25 @@ class StreamWaits:
             warn(f"could not release {which} after synchronizing: {err}")
 
 
-def _after_the_next_fence(after_fence: list, publish, on: StreamRef | None) -> None:
-    after_fence.append(partial(publish, None))  # Note [The legacy stream recorded]: idle once the next fence completes
+def _after_the_next_fence(after_fence: list, publish, cu, events: list, on: StreamRef | None) -> None:
+    # Note [The legacy stream recorded]: idle once the next fence completes (and ``events`` are seen done).
+    after_fence.append(_once_done(cu, after_fence, events, partial(publish, None)))
+
+
+def _once_done(cu, after_fence: list, events: list, release):
+    """``release``, or with ``events`` to see done first: what ``after_fence`` runs."""
+    return partial(_once_seen_done, cu, after_fence, events, release) if events else release
+
+
+def _once_seen_done(cu, after_fence: list, events: list, release) -> None:
+    # Run after a fence: ``release()`` once the host sees ``events`` done, else after the next fence (Note [A named
+    # stream is not waited for] in .device).  An error other than "not ready" counts as done (a context gone).
+    while events:
+        if cu.cuEventQuery(events[-1])[0] == _NOT_READY:
+            after_fence.append(partial(_once_seen_done, cu, after_fence, events, release))
+            return
+        cu.cuEventDestroy(events.pop())
+    release()
 
 
 def _no_settle(stream: StreamRef) -> None:

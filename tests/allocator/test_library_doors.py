@@ -681,10 +681,10 @@ def test_a_dangling_buffer_closed_behind_a_waiting_kernel_deadlocks_nothing(prog
     assert_clean(p)
 
 
-def test_an_arena_block_closed_naming_another_stream_goes_back_after_the_fence_that_waits_for_it(programs):
+def test_an_arena_block_closed_naming_another_stream_goes_back_once_that_streams_work_is_seen_done(programs):
     """Note [A named stream is not waited for], the arena: a buffer on A used on B and closed naming B goes back to
-    A's domain after the next fence, which waits for B's work so far; seen done on the host (the legacy stream
-    synchronized, B not), the fence lets A's next allocation take the memory."""
+    A's domain after a fence, once the host sees B's (and A's) work so far done, events, never a stream's wait: not
+    while B's kernel may run (the fence and A seen done), and then at A's next allocations."""
     from cuda.core import Stream
     from cuda_model.harness import ModelResource
 
@@ -694,16 +694,20 @@ def test_an_arena_block_closed_naming_another_stream_goes_back_after_the_fence_t
     arena.fences.fence_blocks = 1
     mr = ModelResource(manager=p.mm)
     a, b = _stream(p), _stream(p)
+    legacy = real_cu.CUstream(int(real_cu.CU_STREAM_LEGACY))
     first = mr.allocate(1000, Stream.from_handle(a))
     p.model.wait(b, a)
     p.model.launch(b, [(first.device_pointer_value, 1000, "first")])
     mr.deallocate(first.device_pointer_value, 1000, Stream.from_handle(b))
-    other = mr.allocate(256)  # a legacy allocation: records the fence
-    assert p.model.cuStreamSynchronize(real_cu.CUstream(int(real_cu.CU_STREAM_LEGACY)))[0] == 0
-    taken = [mr.allocate(1000, Stream.from_handle(a)) for _ in range(4)]
-    assert first.device_pointer_value in [t.device_pointer_value for t in taken]  # the memory came back to A
+    taken = []
+    for synchronized in ([legacy, real_cu.CUstream(a)], [legacy, real_cu.CUstream(a), real_cu.CUstream(b)]):
+        taken.append(mr.allocate(256))  # a legacy allocation: records a fence
+        for stream in synchronized:
+            assert p.model.cuStreamSynchronize(stream)[0] == 0
+        taken += [mr.allocate(1000, Stream.from_handle(a)) for _ in range(3)]
+        came_back = first.device_pointer_value in [t.device_pointer_value for t in taken]
+        assert came_back == (len(synchronized) == 3)  # only once B's kernel is seen done
     for t in taken:
-        p.model.launch(a, [(t.device_pointer_value, 1000, "next")])
+        p.model.launch(a, [(t.device_pointer_value, t.size, "next")])
         t.deallocate(None)
-    other.deallocate(None)
     assert_clean(p)
