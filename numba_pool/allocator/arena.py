@@ -152,7 +152,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self._publish_released()
         quarantine = self.quarantine
         quarantine.fence_if_due(REFILL_AT, self.quarantine_limit, self._deferral)
-        if self.fences.batches:  # rule 4: the blocks whose fence the host has seen complete
+        if self.fences.batches or self.fences.unseen:  # rule 4: the blocks whose fence the host has seen complete
             self._free_into_legacy(quarantine.collect())
             ready = self.ready.get(rounded)
             if ready:
@@ -167,7 +167,7 @@ class ArenaBlocks(ArenaDoor, BlockSource):
     def _take_scoped(self, rounded: int, stream: StreamRef) -> Block:
         self._publish_released()
         self.quarantine.fence_if_due(QUARANTINE_BLOCKS, self.quarantine_limit, self._deferral)
-        if self.fences.batches:  # their blocks, and the releases waiting for them
+        if self.fences.batches or self.fences.unseen:  # their blocks, and the releases waiting for them
             self._free_into_legacy(self.quarantine.collect())
         domain = self._domains.of_stream(stream)
         block = self._carve(domain, rounded, stream)

@@ -24,13 +24,16 @@ class Fences:
     (events the next fence waits for), ``lock`` and ``after_fence`` (Note [The legacy stream recorded])."""
 
     def __init__(self, cu, fence_bytes: int, waits_for: list | None = None, lock=None,
-                 after_fence: list | None = None):
+                 after_fence: list | None = None, unseen: list | None = None):
         self._cu = cu
         self._query = cu.cuEventQuery
         self.fence_blocks, self.fence_bytes = FENCE_BLOCKS, fence_bytes  # tests lower them
         self.waits_for = waits_for if waits_for is not None else []
         self.lock = lock if lock is not None else threading.Lock()
         self.after_fence = after_fence if after_fence is not None else []
+        # Releases a fence ran whose events were not yet seen done (Note [A named stream is not waited for] in
+        # .device): run again after each later fence, never counted toward one being due.
+        self.unseen = unseen if unseen is not None else []
         self.batches: deque = deque()  # (event, batch), oldest first; under lock
         self._spare: list = []  # events whose fence completed, to record again; under lock
         self.recorded = 0  # fences recorded so far (statistics)
@@ -41,16 +44,17 @@ class Fences:
 
     def record(self, batch) -> None:
         """A legacy-stream event after ``batch``, for :meth:`completed`.  :raises CudaAPIError: if not made/recorded."""
-        cu = self._cu
+        cu = self._cu  # the fence's event first: a failure to make one loses no release
+        event = self._spare.pop() if self._spare else check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate (fence)")
         releases = take_list(self.after_fence)  # before the waits: their events were queued first
+        releases += take_list(self.unseen)
         waits_for = self.waits_for
         while waits_for:  # taken after the batch: a block's events were queued before it
-            event = waits_for.pop()
-            result = cu.cuStreamWaitEvent(LEGACY.handle, event, 0)
-            cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
+            waited = waits_for.pop()
+            result = cu.cuStreamWaitEvent(LEGACY.handle, waited, 0)
+            cu.cuEventDestroy(waited)  # the driver keeps it until the wait is done
             if not report_failure(result, "cuStreamWaitEvent (fence)"):  # rule 8's fallback
                 report_failure(cu.cuCtxSynchronize(), "cuCtxSynchronize (fence)")
-        event = self._spare.pop() if self._spare else check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate (fence)")
         result = cu.cuEventRecord(event, LEGACY.handle)
         if result[0] != SUCCESS:
             self._spare.append(event)
@@ -60,7 +64,8 @@ class Fences:
         self.recorded += 1
 
     def completed(self) -> list:
-        """The batches whose fence completed (``cuEventQuery``), oldest first, stopping at one not."""
+        """The batches whose fence completed (``cuEventQuery``), oldest first, stopping at one not; their releases
+        run, and the :attr:`unseen` ones again."""
         done = []
         batches, query = self.batches, self._query
         while batches:
@@ -71,6 +76,8 @@ class Fences:
             self._spare.append(event)
             done.append(batch)
             run_releases(releases)
+        if self.unseen:  # looked at again (cuEventQuery), with no fence of their own
+            run_releases(take_list(self.unseen))
         return done
 
     def take_all(self, releases: list) -> list:
@@ -82,6 +89,7 @@ class Fences:
             done.append(batch)
             releases += waiting
         releases += take_list(self.after_fence)
+        releases += take_list(self.unseen)
         return done
 
     def destroy(self) -> None:

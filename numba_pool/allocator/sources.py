@@ -40,7 +40,8 @@ class BlockSource:
         self._on_out_of_memory = on_out_of_memory
         self.alloc_stream = alloc_stream if alloc_stream is not None else PrivateStream(cu, "allocations")
         # Rule 4: the batches of released legacy-stream blocks and their fences.
-        self.fences = Fences(cu, fence_bytes or 1 << 62, waits.fence_waits, waits.fence_lock, waits.after_fence)
+        self.fences = Fences(cu, fence_bytes or 1 << 62, waits.fence_waits, waits.fence_lock, waits.after_fence,
+                             waits.unseen)
         #: Rule 13's slow branch (:class:`~.captures.CaptureRouter`), set by the device allocator: an allocation
         #: while a capture is under way, or on a capturing stream, ``(size, stream) -> Block``.
         self.capture_router: Callable[[int, object], Block] = _no_router

@@ -127,6 +127,7 @@ class StreamWaits:
         self._lock = threading.Lock()  # held by add_wait: two registrations at once both count
         self.fence_waits: list = []  # events the next fence waits for (rule 4); atomic operations only
         self.after_fence: list = []  # releases made free after it (Note [The legacy stream recorded]); likewise
+        self.unseen: list = []  # those a fence ran before their events were seen done (:func:`_once_seen_done`)
         self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
         self.held = Held()  # Block -> (event or None, publish) of a release a hold keeps
 
@@ -153,7 +154,7 @@ class StreamWaits:
             if stream is not LEGACY and any(_after_a_fence(ref) for ref in recorded):
                 self._order_on(stream, [ref for ref in recorded if not _after_a_fence(ref)], settle)
                 events = self._after_fence_events(stream, recorded)
-                self.after_fence.append(_once_done(self._cu, self.after_fence, events, partial(publish, None)))
+                self.after_fence.append(_once_done(self._cu, self.unseen, events, partial(publish, None)))
                 return
             self._order_on(stream, recorded, settle)
             publish(stream)
@@ -179,7 +180,7 @@ class StreamWaits:
                 settle = settle or _no_settle  # the event below is named by the fence, not here
                 self._order_on(stream, [ref for ref in recorded if not _after_a_fence(ref)], settle)
                 events = self._after_fence_events(stream, recorded)
-                publish = partial(_after_the_next_fence, self.after_fence, publish, self._cu, events)
+                publish = partial(_after_the_next_fence, self.after_fence, publish, self._cu, self.unseen, events)
                 event = None
             else:
                 self._order_on(stream, recorded, settle)
@@ -322,22 +323,22 @@ class StreamWaits:
             warn(f"could not release {which} after synchronizing: {err}")
 
 
-def _after_the_next_fence(after_fence: list, publish, cu, events: list, on: StreamRef | None) -> None:
+def _after_the_next_fence(after_fence: list, publish, cu, unseen: list, events: list, on: StreamRef | None) -> None:
     # Note [The legacy stream recorded]: idle once the next fence completes (and ``events`` are seen done).
-    after_fence.append(_once_done(cu, after_fence, events, partial(publish, None)))
+    after_fence.append(_once_done(cu, unseen, events, partial(publish, None)))
 
 
-def _once_done(cu, after_fence: list, events: list, release):
+def _once_done(cu, unseen: list, events: list, release):
     """``release``, or with ``events`` to see done first: what ``after_fence`` runs."""
-    return partial(_once_seen_done, cu, after_fence, events, release) if events else release
+    return partial(_once_seen_done, cu, unseen, events, release) if events else release
 
 
-def _once_seen_done(cu, after_fence: list, events: list, release) -> None:
-    # Run after a fence: ``release()`` once the host sees ``events`` done, else after the next fence (Note [A named
-    # stream is not waited for] in .device).  An error other than "not ready" counts as done (a context gone).
+def _once_seen_done(cu, unseen: list, events: list, release) -> None:
+    # Run after a fence: ``release()`` once the host sees ``events`` done, else into ``unseen``, run after a later
+    # fence (Note [A named stream is not waited for] in .device).  An error other than "not ready" counts as done.
     while events:
         if cu.cuEventQuery(events[-1])[0] == _NOT_READY:
-            after_fence.append(partial(_once_seen_done, cu, after_fence, events, release))
+            unseen.append(partial(_once_seen_done, cu, unseen, events, release))
             return
         cu.cuEventDestroy(events.pop())
     release()

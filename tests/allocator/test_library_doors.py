@@ -711,3 +711,36 @@ def test_an_arena_block_closed_naming_another_stream_goes_back_once_that_streams
         p.model.launch(a, [(t.device_pointer_value, t.size, "next")])
         t.deallocate(None)
     assert_clean(p)
+
+
+def test_blocks_held_back_by_a_busy_named_stream_make_no_fence_of_their_own(programs):
+    """Note [A named stream is not waited for]: 40 arena blocks closed naming B while B's kernel runs wait for B on
+    the host; legacy allocations meanwhile fence as if they were not there (none is due: 20 allocations, nothing
+    else released), and once B is seen done they go back, every event destroyed."""
+    from cuda.core import Stream
+    from cuda_model.harness import ModelResource
+
+    p = programs(arena=True)
+    arena = p.mm.allocator.arena
+    mr = ModelResource(manager=p.mm)
+    a, b = _stream(p), _stream(p)
+    events_before = p.model.live_events()
+    buffers = [mr.allocate(1000, Stream.from_handle(a)) for _ in range(40)]
+    p.model.wait(b, a)
+    p.model.launch(b, [(buffer.device_pointer_value, 1000, "on B") for buffer in buffers])
+    for buffer in buffers:
+        mr.deallocate(buffer.device_pointer_value, 1000, Stream.from_handle(b))
+    legacy = real_cu.CUstream(int(real_cu.CU_STREAM_LEGACY))
+    taken, fences = [], arena.fences.recorded
+    for _ in range(20):
+        taken.append(mr.allocate(256))
+        assert p.model.cuStreamSynchronize(legacy)[0] == 0
+        taken.append(mr.allocate(600, Stream.from_handle(a)))
+        assert p.model.cuStreamSynchronize(real_cu.CUstream(a))[0] == 0
+    assert arena.fences.recorded - fences <= 1, arena.fences.recorded - fences
+    assert p.model.cuStreamSynchronize(real_cu.CUstream(b))[0] == 0
+    for buffer in taken:
+        buffer.deallocate(None)
+    p.mm.trim()
+    assert p.model.live_events() - events_before <= 2  # the arena's own: a domain's event, a fence's spare
+    assert_clean(p)
