@@ -744,3 +744,30 @@ def test_blocks_held_back_by_a_busy_named_stream_make_no_fence_of_their_own(prog
     p.mm.trim()
     assert p.model.live_events() - events_before <= 2  # the arena's own: a domain's event, a fence's spare
     assert_clean(p)
+
+
+@pytest.mark.xfail(strict=True, reason="known bug (long fuzz, seed 3450; also at 7e5ead6): a block set aside at a "
+                   "dangling buffer's address keeps the stream it was allocated on, and its release after the "
+                   "holder's free orders on that stream, which the program may have destroyed meanwhile")
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_block_set_aside_on_a_stream_destroyed_since_goes_back_without_it(programs, arena):
+    """Note [An address a reset gave again]: a buffer dangles across a reset, a buffer on A is given its address (the
+    block set aside, on A) and then freed, A is destroyed (nothing of the program's is on it), then the dangling
+    buffer is closed: the block set aside must go back without naming A."""
+    from cuda.core import Stream
+    from cuda_model.harness import ModelResource
+
+    p = programs(arena=arena)
+    mr = ModelResource(manager=p.mm)
+    old = mr.allocate(1)
+    p.mm.reset()
+    a = _stream(p)
+    new = mr.allocate(1, Stream.from_handle(a))
+    assert sum(map(len, mr._blocks.aside.values())) == 1  # the scenario: a block set aside at old's address
+    p.model.launch(a, [(new.device_pointer_value, 1, "new")])
+    new.deallocate(None)
+    assert p.model.cuStreamSynchronize(real_cu.CUstream(a))[0] == 0
+    assert p.model.cuStreamDestroy(real_cu.CUstream(a))[0] == 0
+    old.deallocate(None)
+    p.mm.trim()
+    assert_clean(p)
