@@ -119,7 +119,9 @@ class DoorTable(dict):
         late work lands in it.  (A free racing the set-aside in another thread: after the holder's allocation
         stream.)  The dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is not kept
         past its allocation call, whose capture must free it: it goes back when the call returns or fails.  Until
-        the holder's free, the block set aside (of the new request's size) counts as in use."""
+        the holder's free, the block set aside (of the new request's size) counts as in use.  Known gap: its release
+        still names the stream it was allocated on, which the program may have destroyed since (the strict xfail
+        ``test_a_block_set_aside_on_a_stream_destroyed_since_goes_back_without_it``)."""
 
     __slots__ = ("aside",)
 
