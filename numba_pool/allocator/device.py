@@ -60,7 +60,7 @@ class DeviceAllocator:
                 after_reset=after_reset, pointer=pointer, return_stream=self.private_streams[1], **shared))
         self.arena: ArenaBlocks | None = self.arenas[0] if self.arenas else None  #: For statistics, the replay, tests.
         self.sources = [*self.arenas, self.mempool_blocks]  #: Every block source, the one requests start at first.
-        self._pool_gates = tuple(source._release_bound for source in reversed(self.sources))  # the mempool's first
+        self._pool_gates = tuple(source._release_bound for source in self.sources)  # Note [A named stream is ...]
         self.source = self.sources[0]  #: Where requests start; its ``allocate(size)`` is the path with no adaptor.
         self._config = config  # rule 13: captured allocations, and where allocations go while a capture is under way
         self._capture_pool: MemPool | None = None
@@ -109,8 +109,8 @@ class DeviceAllocator:
         allocated_on = block.stream
         if stream is LEGACY or allocated_on is LEGACY or block.release not in self._pool_gates:
             self.waits.add_wait(block, stream)
-        elif block.release is self._pool_gates[0] and type(stream) is StreamRef and stream.thread is None \
-                and allocated_on.thread is None:
+        elif block.release is self.mempool_blocks._release_bound and type(stream) is StreamRef \
+                and stream.thread is None and allocated_on.thread is None:
             block.stream = stream
         else:
             self.waits.add_wait(block, stream if type(stream) is Fenced else fenced(stream))

@@ -20,17 +20,13 @@ import threading
 from functools import partial
 from typing import Callable, Protocol
 
-from cuda.bindings.driver import CUresult
-
 from ..cuda.context import OwnerContext
-from ..cuda.driver import EVENT_FLAGS, check, report_failure, warn
+from ..cuda.driver import EVENT_FLAGS, NOT_READY, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .block import AWAITING_FREE, Block, add_wait, take_waits
 from .held import Held
 
-
-_NOT_READY = CUresult.CUDA_ERROR_NOT_READY
 
 
 class CannotOrder(RuntimeError):
@@ -46,8 +42,8 @@ class Hold(Protocol):
 
 class Fenced(StreamRef):
     """A stream a release names that the block's stream must not wait for (Note [A named stream is not waited for]
-    in :mod:`.device`): an event on it joins the next fence's :attr:`StreamWaits.fence_waits`, and the release is
-    idle after that fence, as for the legacy stream (Note [The legacy stream recorded])."""
+    in :mod:`.device`): the release records an event on it (and on the block's stream), and is idle after the next
+    fence once the host sees those events done (:meth:`StreamWaits._after_fence_events`)."""
 
     __slots__ = ()
 
@@ -200,14 +196,14 @@ class StreamWaits:
         [The legacy stream recorded]); returns events on each Fenced stream, and then on ``stream``, that the host
         must see done (``cuEventQuery``) after the fence: never a stream's wait (Note [A named stream is not waited
         for] in :mod:`.device`).  :raises CannotOrder: another thread's per-thread stream."""
-        fenced = [ref for ref in recorded if type(ref) is Fenced]
+        named = [ref for ref in recorded if type(ref) is Fenced]
         if any(ref is LEGACY for ref in recorded):
             self.fence_waits.append(self._record(stream))
-        elif fenced:
-            fenced.append(stream)
+        elif named:
+            named.append(stream)
         events = []
         try:
-            for ref in fenced:
+            for ref in named:
                 if ref.belongs_to_another_thread():
                     raise CannotOrder("a stream it names is another thread's per-thread default stream")
                 events.append(self._record(ref))
@@ -337,7 +333,7 @@ def _once_seen_done(cu, unseen: list, events: list, release) -> None:
     # Run after a fence: ``release()`` once the host sees ``events`` done, else into ``unseen``, run after a later
     # fence (Note [A named stream is not waited for] in .device).  An error other than "not ready" counts as done.
     while events:
-        if cu.cuEventQuery(events[-1])[0] == _NOT_READY:
+        if cu.cuEventQuery(events[-1])[0] == NOT_READY:
             unseen.append(partial(_once_seen_done, cu, unseen, events, release))
             return
         cu.cuEventDestroy(events.pop())

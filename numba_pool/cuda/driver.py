@@ -17,6 +17,7 @@ cu: Any = cuda_driver  #: The driver object new managers use: cuda-python's modu
 
 SUCCESS = cuda_driver.CUresult.CUDA_SUCCESS
 OUT_OF_MEMORY = cuda_driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+NOT_READY = cuda_driver.CUresult.CUDA_ERROR_NOT_READY  #: cuEventQuery's answer for work not yet done.
 #: Errors once the context (and its memory) or driver is gone (interpreter exit, ``cuda.close()``): not reported.
 GONE = frozenset({cuda_driver.CUresult.CUDA_ERROR_DEINITIALIZED, cuda_driver.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED,
                   cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT})
