@@ -587,9 +587,11 @@ class Program(Waits):
                 else:
                     self.model.wait(family.stream, used)
             del self.families[family.id]
-            if family.door:  # on its allocation stream, which the waits above ordered after every use
-                family.refs.pop().deallocate(None)
-            family.refs.clear()
+            # A release like drop()'s: its block counts toward the fences' bound (checks.legacy_cost_problems).
+            with self.attributed("release", "door" if family.door else "managed" if family.managed else ""):
+                if family.door:  # on its allocation stream, which the waits above ordered after every use
+                    family.refs.pop().deallocate(None)
+                family.refs.clear()
         self.operations += 1
 
     def reset(self) -> None:
