@@ -60,9 +60,11 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
    guarantee, ``cuCtxSynchronize``: no earlier work remains and the block is free; a warning says so.
 8a. **A release made free later orders at the drop** (:mod:`.waits`, its Note).  Inside ``defer_cleanup`` a
    released block is made free when the outermost block exits (surviving a reset, :class:`.waits.Deferral`);
-   under an IPC export's hold, when the last importer lets go.  Either way it waits for its recorded streams
-   and records the arena's domain event or an event on its stream *at the drop*, later naming only that event
-   and the legacy stream: once its arrays are gone a stream may be destroyed and its handle reused.
+   under an IPC export's hold, when the last importer lets go; set aside at a dangling buffer's address
+   (rule 14), after its holder's free.  Either way it waits for its recorded streams and records the arena's
+   domain event or an event on its stream *at the drop*, later naming only that event (which the host polls: no
+   stream waits for it) and the legacy stream: once its arrays are gone a stream may be destroyed and its handle
+   reused.
 9. **Blocks whose next owner may be the CPU wait for the host** (:mod:`.host_blocks` on :mod:`.backings`;
    sharing nothing with the rules above).  Pinned and mapped (``NUMBA_POOL_HOST``) and managed memory
    (``NUMBA_POOL_MANAGED``): the host writes a new owner's block at once

@@ -24,7 +24,7 @@ from .graph_blocks import GraphBlocks
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
-from .waits import Deferral, Fenced, Hold, StreamWaits, fenced
+from .waits import AsideHold, Deferral, Fenced, Hold, StreamWaits, fenced
 
 
 def _fmt(nbytes: int) -> str:
@@ -114,6 +114,18 @@ class DeviceAllocator:
             block.stream = stream
         else:
             self.waits.add_wait(block, stream if type(stream) is Fenced else fenced(stream))
+
+    def set_aside(self, block: Block, hold: AsideHold) -> None:
+        """Release ``block`` (never used) now, ordered on its allocation stream while that lives, kept from reuse
+        by ``hold`` until :meth:`let_go_after` (Note [An address a reset gave again] in
+        :mod:`numba_pool.plugin.serving`); never raises (rule 8)."""
+        self.waits.add_wait(block, hold)
+        block.release(block)
+
+    def let_go_after(self, hold: AsideHold, stream: StreamRef) -> None:
+        """The block ``hold`` keeps (:meth:`set_aside`) goes back after the next fence, once the host sees
+        ``stream``'s work so far done; no stream waits for it.  Never raises (rule 8)."""
+        self.waits.let_go_after(hold, stream)
 
     # -- what a release waits for (rule 2) --------------------------------------------------
     def _block_at(self, address: int) -> Block | None:

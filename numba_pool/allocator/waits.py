@@ -1,12 +1,13 @@
 """Rules 2 and 8 of :mod:`numba_pool.allocator`, for every block source: what a release waits for, the releases
 ``defer_cleanup`` holds back, the synchronize fallback.  A block's ``waits``: :func:`numba_pool.record_stream`
-streams and *holds* (IPC leases, :class:`Hold`) registered on it (:meth:`StreamWaits.add_wait`); with some, inside
+streams and *holds* (IPC leases, a block set aside: :class:`Hold`) registered on it (:meth:`StreamWaits.add_wait`); with some, inside
 ``defer_cleanup``, or when its stream needs care, the release gate takes :meth:`StreamWaits.release`.
 
 Note [A release made free later orders now]
     A release made free later (``defer_cleanup``, a hold) orders *at the drop*, while its streams live: its stream waits
-    for the recorded ones, ``settle`` runs, an event is recorded on it.  Made free, the fence names only that event (a
-    legacy-stream operation then is a barrier, rule 4); no stream handle outlives the drop (the driver may reuse it).
+    for the recorded ones, ``settle`` runs, an event is recorded on it.  Made free, it is idle once the host sees that
+    event done after the next fence (``cuEventQuery``; no stream waits for it: the legacy stream's wait would be a
+    barrier, rule 4); no stream handle outlives the drop (the driver may reuse it).
 
 Note [The legacy stream recorded]
     A block of stream S whose release must wait for the legacy stream would need a legacy-stream operation at
@@ -46,6 +47,40 @@ class Fenced(StreamRef):
     fence once the host sees those events done (:meth:`StreamWaits._after_fence_events`)."""
 
     __slots__ = ()
+
+
+class AsideHold:
+    """The hold (rule 2) on a block set aside at a dangling holder's address (Note [An address a reset gave again] in
+    :mod:`numba_pool.plugin.serving`): its release, made at the set-aside, waits until :meth:`let_go` (run by
+    :meth:`StreamWaits.let_go_after` once the holder's stream's work is seen done).  Atomic operations only: the
+    holder frees in any thread, and a capture may hold the release back past the let-go."""
+
+    __slots__ = ("_kept", "_gone")
+
+    def __init__(self):
+        self._kept: list = []  # the release, until let go; atomic operations only
+        self._gone = False
+
+    def defer(self, release: Callable[[], None]) -> bool:
+        """Keep ``release`` until :meth:`let_go` (run now if that came first); True."""
+        self._kept.append(release)
+        if self._gone:  # let go already (or meanwhile): whoever pops it runs it
+            self._run()
+        return True
+
+    def let_go(self) -> None:
+        """The holder's stream's work is seen done: the release kept (or kept later) runs."""
+        self._gone = True
+        self._run()
+
+    def _run(self) -> None:
+        kept = self._kept
+        while True:
+            try:
+                release = kept.pop()
+            except IndexError:
+                return
+            release()
 
 
 def fenced(ref: StreamRef) -> Fenced:
@@ -242,19 +277,20 @@ class StreamWaits:
         self.owner.enter(self._publish_after, block, event, publish)  # rule 10
 
     def _publish_after(self, block: Block, event, publish, retry: bool) -> None:
-        cu = self._cu
+        on = LEGACY
+        if event is not None:  # idle once the host sees it done (else after the next fence): no stream waits for it
+            if self._cu.cuEventQuery(event)[0] == NOT_READY:
+                self.after_fence.append(_once_done(self._cu, self.unseen, [event], partial(publish, None)))
+                return
+            self._cu.cuEventDestroy(event)
+            event = on = None
         try:
-            if event is not None:  # the fence that frees the block waits for it (rule 4): no legacy operation now
-                self.fence_waits.append(event)
-                event = None
-            publish(LEGACY)
+            publish(on)
         except Exception as err:  # noqa: BLE001 - rule 8
             if retry and self.owner.retry(self._publish_after, block, event, publish):  # rule 10
                 return
             if self._synchronize_instead(block, LEGACY, err):
                 self._publish_synchronized(block, publish)
-        if event is not None:
-            cu.cuEventDestroy(event)  # the driver keeps it until the wait is done
 
     def release_held(self) -> None:
         """After a synchronize (reset): free every block a hold keeps, naming no stream."""
@@ -262,6 +298,34 @@ class StreamWaits:
             if event is not None:
                 self._cu.cuEventDestroy(event)
             self._publish_synchronized(None, publish)
+
+    def let_go_after(self, hold: AsideHold, stream: StreamRef) -> None:
+        """Let ``hold`` go after the next fence, once the host sees ``stream``'s work so far done (an event on it,
+        ``cuEventQuery``; the legacy stream's: the fence's).  No stream waits for it (Note [A named stream is not
+        waited for] in :mod:`.device`).  Never raises (rule 8: synchronizes instead); during a capture, waits
+        (rule 13)."""
+        if captures.underway and captures.still_capturing(self._cu):
+            captures.defer(partial(self.let_go_after, hold, stream))
+            return
+        self.owner.enter(self._let_go_after, hold, stream)  # rule 10
+
+    def _let_go_after(self, hold: AsideHold, stream: StreamRef, retry: bool) -> None:
+        try:
+            if stream is LEGACY:
+                events = []
+            elif stream.belongs_to_another_thread():
+                raise CannotOrder("the stream it names is another thread's per-thread default stream")
+            else:
+                events = [self._record(stream)]
+        except Exception as err:  # noqa: BLE001 - rule 8
+            if retry and self.owner.retry(self._let_go_after, hold, stream):  # rule 10
+                return
+            if report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
+                warn(f"could not order a block set aside after stream {stream.value:#x} ({err}); synchronized the "
+                     "device instead")
+            hold.let_go()
+            return
+        self.after_fence.append(_once_done(self._cu, self.unseen, events, hold.let_go))
 
     def order_now(self, recorded: list[StreamRef], stream: StreamRef) -> None:
         """Make ``stream`` wait for each ``recorded`` stream's work so far (a scratch array, whose block is released

@@ -9,9 +9,9 @@ import weakref
 from functools import partial
 from typing import Callable
 
-from ..allocator.waits import fenced
-from ..cuda import frontend as frontends
+from ..allocator.waits import AsideHold, fenced
 from ..cuda.streams import LEGACY
+from ..cuda import frontend as frontends
 from .state import process
 
 
@@ -107,21 +107,27 @@ class DoorTable(dict):
     """The live blocks of a door whose library frees by address alone (cuda.core's ``deallocate``, PyTorch's
     ``free``): address (int) -> ``(Block, what deallocates it, history record)``.  Single dict operations only
     (atomic under the GIL: the libraries free from any thread).  :attr:`aside`: address -> ``{id(entry): (entry,
-    the holder's stream)}``, an address's dict never removed (so a release never misses one being filled).
+    its AsideHold or None, the holder's stream)}``, an address's dict never removed (so a release never misses one
+    being filled).
 
     Note [An address a reset gave again]
         A reset (rule 12) drops every block of its generation, a live tensor's or buffer's too; its library frees
         it later, by address, and the pool may meanwhile have given that address to a new block.  Found by
         address, that late free would release the new block under its new owner.  So a door never hands out an
         address its table still holds: finding it there (``setdefault``), it sets the block aside, never used, and
-        allocates again (:meth:`enter_again`); the holder's free releases what was set aside at its address,
-        ordered after the stream that free names, else after the holder's allocation stream: the dangling holder's
-        late work lands in it.  (A free racing the set-aside in another thread: after the holder's allocation
-        stream.)  The dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is not kept
-        past its allocation call, whose capture must free it: it goes back when the call returns or fails.  Until
-        the holder's free, the block set aside (of the new request's size) counts as in use.  Known gap: its release
-        still names the stream it was allocated on, which the program may have destroyed since (the strict xfail
-        ``test_a_block_set_aside_on_a_stream_destroyed_since_goes_back_without_it``)."""
+        allocates again (:meth:`enter_again`).  The holder's free releases what was set aside at its address after
+        the stream that free names, else after the holder's allocation stream: the dangling holder's late work lands
+        in it.  A block set aside on a stream A other than the legacy one is released at once, while A lives (the
+        program may destroy A before the holder's free), and kept from reuse by a hold
+        (:class:`~numba_pool.allocator.waits.AsideHold`, rule 2) until that free, then until the host sees that
+        stream's work so far done after a fence; no stream waits for it
+        (:meth:`~numba_pool.allocator.device.DeviceAllocator.let_go_after`).  The legacy stream's is released at
+        the holder's free, a :class:`~numba_pool.allocator.waits.Fenced` stream named (Note [A named stream is not
+        waited for]).  (A free racing the set-aside in another thread: after the holder's allocation stream.)  The
+        dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is not kept past its
+        allocation call, whose capture must free it: it goes back when the call returns or fails.  Only device
+        blocks are set aside: a host cache never gives a live block's address again (a reset leaves its live blocks
+        allocated, rule 12)."""
 
     __slots__ = ("aside",)
 
@@ -150,8 +156,13 @@ class DoorTable(dict):
                 release(record, source.deallocate, block, None)
 
     def _set_aside(self, address: int, entry: tuple, holders_stream) -> None:
+        block, allocator, record = entry
+        hold = None  # the legacy stream's block: released at the holder's free (that stream is never destroyed)
+        if block.stream is not LEGACY:  # released now, while its stream lives; held until the holder's free
+            hold = AsideHold()
+            release(record, allocator.set_aside, block, hold)
         key = id(entry)  # unique while the entry is kept here
-        self.aside.setdefault(address, {})[key] = (entry, holders_stream)
+        self.aside.setdefault(address, {})[key] = (entry, hold, holders_stream)
         if address not in self:  # its holder freed it meanwhile (another thread): nothing else would release it
             self._release(address, key, None)
 
@@ -163,10 +174,13 @@ class DoorTable(dict):
 
     def _release(self, address: int, key: int, stream) -> None:
         taken = self.aside[address].pop(key, None)  # the one pop that wins releases
-        if taken is not None:  # never used: after the stream named (Fenced: not waited for by the block's own)
-            (block, source, record), holders_stream = taken
+        if taken is not None:  # never used: after the stream named, which its own does not wait for (Fenced)
+            (block, allocator, record), hold, holders_stream = taken
             after = holders_stream if stream is None else stream
-            release(record, source.deallocate, block, after if after is LEGACY else fenced(after))
+            if hold is not None:
+                allocator.let_go_after(hold, after)
+            else:
+                release(record, allocator.deallocate, block, after if after is LEGACY else fenced(after))
 
 
 def cache_block(cache, unavailable: str, size: int, stream, flags: int):
