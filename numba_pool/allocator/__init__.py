@@ -28,10 +28,13 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
    only.  Memory moves between streams only through the mempool, whose driver orders it: a wholly free slab
    goes back with ``cuMemFreeAsync``, and the pool hands it to another stream only after that free ("Stream
    Ordered Memory Allocator", reuse policies).  The rule of PyTorch's caching allocator and CuPy's pool.
-2. **Releases wait for recorded streams** (:mod:`.waits`).  Before a block leaves its owner, S waits on the
-   device (``cuStreamWaitEvent``) for an event recorded on each stream registered for it, so all its owner's
-   work is ordered before S's later work.  A release also waits for the *holds* on its block (an IPC export's
-   leases, :mod:`numba_pool.ipc`): it runs once the last lets go.
+2. **Releases wait for recorded streams** (:mod:`.waits`).  A release records an event on each stream
+   registered for its block (:func:`numba_pool.record_stream`) and on S, and the block goes back after the
+   next fence once the host sees them done (``cuEventQuery``): no stream waits for them (Note [A named stream is
+   not waited for] in :mod:`.device`), as PyTorch's caching allocator.  A legacy-stream block's fence waits for
+   them instead (rule 4), and a scratch array's S waits on the device (``cuStreamWaitEvent``) at its drop.  A
+   release also waits for the *holds* on its block (an IPC export's leases, :mod:`numba_pool.ipc`; a block set
+   aside, :mod:`numba_pool.plugin.serving`): it runs once the last lets go.
 3. **A block of a domain other than the legacy one is free for S at once** (:mod:`.arena`): S runs the next
    owner's work after the previous owner's.
 4. **A legacy-stream block is idle when handed out** (:mod:`.fences`, :mod:`.quarantine`, :mod:`.arena`,
@@ -63,8 +66,8 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
    under an IPC export's hold, when the last importer lets go; set aside at a dangling buffer's address
    (rule 14), after its holder's free.  Either way it waits for its recorded streams and records the arena's
    domain event or an event on its stream *at the drop*, later naming only that event (which the host polls: no
-   stream waits for it) and the legacy stream: once its arrays are gone a stream may be destroyed and its handle
-   reused.
+   stream waits for it) and, at ``defer_cleanup``'s exit, the legacy stream's next fence: once its arrays are gone
+   a stream may be destroyed and its handle reused.
 9. **Blocks whose next owner may be the CPU wait for the host** (:mod:`.host_blocks` on :mod:`.backings`;
    sharing nothing with the rules above).  Pinned and mapped (``NUMBA_POOL_HOST``) and managed memory
    (``NUMBA_POOL_MANAGED``): the host writes a new owner's block at once

@@ -125,6 +125,9 @@ class DeviceAllocator:
     def let_go_after(self, hold: AsideHold, stream: StreamRef) -> None:
         """The block ``hold`` keeps (:meth:`set_aside`) goes back after the next fence, once the host sees
         ``stream``'s work so far done; no stream waits for it.  Never raises (rule 8)."""
+        if self.mempool_blocks.dropped:  # a reset freed the block (StreamWaits.release_held): record nothing
+            hold.let_go()
+            return
         self.waits.let_go_after(hold, stream)
 
     # -- what a release waits for (rule 2) --------------------------------------------------
@@ -136,8 +139,10 @@ class DeviceAllocator:
         return None
 
     def record_stream(self, address: int, stream: StreamRef) -> bool:
-        """Rule 2 for the block at ``address`` (False if none); a carved scratch array applies it when dropped."""
-        return self._add_wait(address, stream)
+        """Rule 2 for the block at ``address`` (False if none); a carved scratch array applies it when dropped.
+        A stream other than the legacy one is named :class:`~.waits.Fenced`: the block's stream does not wait for
+        it (Note [A named stream is not waited for]); the host sees its work done, as PyTorch's ``record_stream``."""
+        return self._add_wait(address, stream if stream is LEGACY else fenced(stream), stream)
 
     def hold(self, address: int, hold: Hold) -> bool:
         """Keep the block holding ``address`` from reuse until ``hold`` lets go (IPC leases); False if none does."""
@@ -153,13 +158,13 @@ class DeviceAllocator:
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (IPC export)")
         return True
 
-    def _add_wait(self, address: int, what) -> bool:
+    def _add_wait(self, address: int, what, for_scratch=None) -> bool:
         block = self._block_at(address)
         if block is None:
             return False
         scratch = self.scratch_blocks.get(block.address)
-        if scratch is not None:
-            return scratch.add_wait(address, what)
+        if scratch is not None:  # its arrays' drops order it (StreamWaits.order_now): ``for_scratch``, else ``what``
+            return scratch.add_wait(address, what if for_scratch is None else for_scratch)
         self.waits.add_wait(block, what)
         return True
 

@@ -89,7 +89,7 @@ class PooledBlocks(PooledDoor, BlockSource):
                         self._drain_if_due()
                     return block
         fences, pending = self.fences, self.pending
-        if (fences.batches or len(pending) + len(fences.after_fence) >= fences.fence_blocks
+        if (fences.batches or fences.unseen or len(pending) + len(fences.after_fence) >= fences.fence_blocks
                 or pending.nbytes >= fences.fence_bytes):
             self.settle()
         if stream is LEGACY:
@@ -189,7 +189,7 @@ class PooledBlocks(PooledDoor, BlockSource):
                 except Exception as err:  # noqa: BLE001 - the allocation goes on with other memory
                     pending.add(batch)
                     warn(f"could not record a fence for {len(batch)} released blocks ({err}); they wait for the next")
-            if fences.batches:
+            if fences.batches or fences.unseen:  # the releases waiting to be seen done: looked at again too
                 for batch in fences.completed():
                     self.keep_idle(batch)
         finally:
@@ -236,7 +236,7 @@ class PooledBlocks(PooledDoor, BlockSource):
 
     def free_completed(self) -> None:
         """Free completed batches, in the owner's context; records no fence."""
-        if self.fences.batches and not underway:  # rule 13: no query or free during a capture
+        if (self.fences.batches or self.fences.unseen) and not underway:  # rule 13: no query or free in a capture
             self._waits.owner.enter(self._free_completed)
 
     def _free_completed(self, retry: bool) -> None:  # OwnerContext.enter's signature

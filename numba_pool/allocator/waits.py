@@ -1,13 +1,14 @@
 """Rules 2 and 8 of :mod:`numba_pool.allocator`, for every block source: what a release waits for, the releases
 ``defer_cleanup`` holds back, the synchronize fallback.  A block's ``waits``: :func:`numba_pool.record_stream`
-streams and *holds* (IPC leases, a block set aside: :class:`Hold`) registered on it (:meth:`StreamWaits.add_wait`); with some, inside
+streams and *holds* (:class:`Hold`: IPC leases, :class:`AsideHold`) registered on it (:meth:`StreamWaits.add_wait`); with some, inside
 ``defer_cleanup``, or when its stream needs care, the release gate takes :meth:`StreamWaits.release`.
 
 Note [A release made free later orders now]
     A release made free later (``defer_cleanup``, a hold) orders *at the drop*, while its streams live: its stream waits
-    for the recorded ones, ``settle`` runs, an event is recorded on it.  Made free, it is idle once the host sees that
-    event done after the next fence (``cuEventQuery``; no stream waits for it: the legacy stream's wait would be a
-    barrier, rule 4); no stream handle outlives the drop (the driver may reuse it).
+    for the recorded ones, ``settle`` runs, an event is recorded on it.  Made free, it waits until the host sees that
+    event done (``cuEventQuery``, else after each later fence; no stream waits for it: the legacy stream's wait would
+    be a barrier, rule 4), then, at ``defer_cleanup``'s exit, for the next fence (after the blocking streams' work
+    queued by then, docs/guide.md), else (a hold let go) no more; no stream handle outlives the drop.
 
 Note [The legacy stream recorded]
     A block of stream S whose release must wait for the legacy stream would need a legacy-stream operation at
@@ -263,31 +264,34 @@ class StreamWaits:
             self.held.keep((event, publish), block)
             run_when_released(holds, partial(self._release_unheld, block))
             return
-        made_free = partial(self._made_free, block, event, publish)
+        made_free = partial(self._made_free, block, event, publish, LEGACY)  # Note [... made free later orders now]
         if not self.deferral.defer(made_free):
             made_free()
 
     def _release_unheld(self, block: Block) -> None:
         kept = self.held.let_go(block)
         if kept is not None:  # else a reset released it (release_held)
-            self._made_free(block, *kept)
+            self._made_free(block, *kept, None)
 
-    def _made_free(self, block: Block, event, publish) -> None:
+    def _made_free(self, block: Block, event, publish, seen) -> None:
         block.state = AWAITING_FREE
-        self.owner.enter(self._publish_after, block, event, publish)  # rule 10
+        self.owner.enter(self._publish_after, block, event, publish, seen)  # rule 10
 
-    def _publish_after(self, block: Block, event, publish, retry: bool) -> None:
+    def _publish_after(self, block: Block, event, publish, seen, retry: bool) -> None:
+        # ``seen``: what ``publish`` names if ``event`` (on the block's stream) is seen done now: the legacy stream
+        # (defer_cleanup's exit: the next fence, after blocking streams' work queued by then), or None (idle).  Not
+        # done yet: idle once seen done after the next fence, which is recorded after now.
         on = LEGACY
-        if event is not None:  # idle once the host sees it done (else after the next fence): no stream waits for it
+        if event is not None:  # seen done by the host: no stream waits for it
             if self._cu.cuEventQuery(event)[0] == NOT_READY:
                 self.after_fence.append(_once_done(self._cu, self.unseen, [event], partial(publish, None)))
                 return
             self._cu.cuEventDestroy(event)
-            event = on = None
+            event, on = None, seen
         try:
             publish(on)
         except Exception as err:  # noqa: BLE001 - rule 8
-            if retry and self.owner.retry(self._publish_after, block, event, publish):  # rule 10
+            if retry and self.owner.retry(self._publish_after, block, event, publish, seen):  # rule 10
                 return
             if self._synchronize_instead(block, LEGACY, err):
                 self._publish_synchronized(block, publish)

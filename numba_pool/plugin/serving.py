@@ -10,8 +10,8 @@ from functools import partial
 from typing import Callable
 
 from ..allocator.waits import AsideHold, fenced
-from ..cuda.streams import LEGACY
 from ..cuda import frontend as frontends
+from ..cuda.streams import LEGACY
 from .state import process
 
 
@@ -127,7 +127,10 @@ class DoorTable(dict):
         dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is not kept past its
         allocation call, whose capture must free it: it goes back when the call returns or fails.  Only device
         blocks are set aside: a host cache never gives a live block's address again (a reset leaves its live blocks
-        allocated, rule 12)."""
+        allocated, rule 12).  The history and log record the set-aside block's free at the set-aside.  Known gap:
+        while a capture is under way the release is held back (rule 13) and may run after A was destroyed, as for
+        any release a capture holds back (the xfail
+        ``test_a_release_held_back_by_a_capture_survives_its_stream_being_destroyed``)."""
 
     __slots__ = ("aside",)
 
@@ -158,7 +161,7 @@ class DoorTable(dict):
     def _set_aside(self, address: int, entry: tuple, holders_stream) -> None:
         block, allocator, record = entry
         hold = None  # the legacy stream's block: released at the holder's free (that stream is never destroyed)
-        if block.stream is not LEGACY:  # released now, while its stream lives; held until the holder's free
+        if block.stream is not LEGACY and hasattr(allocator, "set_aside"):  # released now, while its stream lives
             hold = AsideHold()
             release(record, allocator.set_aside, block, hold)
         key = id(entry)  # unique while the entry is kept here

@@ -101,10 +101,13 @@ class Waits:
         "scope" inside ``defer_cleanup``), orders nothing after the waiting kernel on the
         program's behalf: no use to legalize through a stream that follows the kernel (its
         ``record_stream`` event would come after it), none on a destroyed stream (a synchronize
-        would legalize it), and no recorded stream that follows it."""
+        would legalize it), and, for a legacy-stream block or a scratch array, no recorded stream that follows it
+        (the fence, or the stream, waits for their events; other blocks' the host polls: Note [A named stream is
+        not waited for] in numba_pool.allocator.device, rule 9's host blocks)."""
         if family.zombie or len(family.refs) > 1:
             return True
-        if not all(self.may_enqueue(stream) for stream in family.recorded):  # record_stream's events: any family
+        waited_for = family.scratch or family.stream == LEGACY and not family.managed
+        if waited_for and not all(self.may_enqueue(stream) for stream in family.recorded):
             return False
         if family.door:  # the program's own waits onto the deallocation stream (Program._deallocate), which may
             # follow the kernel: the release never makes another stream wait for it (Note [A named stream is not
