@@ -162,6 +162,8 @@ class DeviceAllocator:
         block = self._block_at(address)
         if block is None:
             return False
+        if isinstance(what, StreamRef) and what.same_stream(block.stream):  # its own stream orders it already
+            return True
         scratch = self.scratch_blocks.get(block.address)
         if scratch is not None:  # its arrays' drops order it (StreamWaits.order_now): ``for_scratch``, else ``what``
             return scratch.add_wait(address, what if for_scratch is None else for_scratch)

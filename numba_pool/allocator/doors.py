@@ -57,7 +57,7 @@ class PooledDoor:
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream is LEGACY:
             fences, pending = self.fences, self.pending
-            if not (underway or fences.batches or fences.unseen or pending.nbytes >= fences.fence_bytes
+            if not (underway or fences.batches or pending.nbytes >= fences.fence_bytes
                     or len(pending) + len(fences.after_fence) >= fences.fence_blocks):
                 idle = self.idle.get(size)
                 if idle:  # the hot path: an idle block, no lock, no driver call

@@ -12,8 +12,10 @@ Note [A release made free later orders now]
 
 Note [The legacy stream recorded]
     A block of stream S whose release must wait for the legacy stream would need a legacy-stream operation at
-    the drop.  Instead S waits for the other streams, settle runs, an event on S joins the next fence's
-    :attr:`StreamWaits.fence_waits`, and the release, in :attr:`StreamWaits.after_fence`, is idle after it."""
+    the drop.  Instead S waits for the other streams, settle runs, an event is recorded on S, and the release, in
+    :attr:`StreamWaits.after_fence`, is idle once the next fence completes and the host sees that event done.  No
+    stream waits for the event: had the fence waited for it, a kernel on S waiting for later work of a blocking
+    stream would hang, that work following the fence (a legacy-stream operation)."""
 
 from __future__ import annotations
 
@@ -228,15 +230,12 @@ class StreamWaits:
 
     def _after_fence_events(self, stream: StreamRef, recorded: list[StreamRef]) -> list:
         """For a release of ``stream`` (not legacy) after the legacy stream or a :class:`Fenced` one among
-        ``recorded``: the legacy stream's wait is the fence's, an event on ``stream`` in :attr:`fence_waits` (Note
-        [The legacy stream recorded]); returns events on each Fenced stream, and then on ``stream``, that the host
-        must see done (``cuEventQuery``) after the fence: never a stream's wait (Note [A named stream is not waited
-        for] in :mod:`.device`).  :raises CannotOrder: another thread's per-thread stream."""
+        ``recorded``: returns events on each Fenced stream, and then on ``stream``, that the host must see done
+        (``cuEventQuery``) after the next fence, which orders the legacy stream's work (Note [The legacy stream
+        recorded]): never a stream's wait (Note [A named stream is not waited for] in :mod:`.device`).
+        :raises CannotOrder: another thread's per-thread stream."""
         named = [ref for ref in recorded if type(ref) is Fenced]
-        if any(ref is LEGACY for ref in recorded):
-            self.fence_waits.append(self._record(stream))
-        elif named:
-            named.append(stream)
+        named.append(stream)  # the legacy stream's work: the fence's; the block's stream: seen done, never waited on
         events = []
         try:
             for ref in named:

@@ -157,3 +157,45 @@ def test_a_recorded_stream_behind_a_waiting_kernel_deadlocks_nothing(programs, a
     p.drop(family, legalize="record")
     p.release_waiting(a)
     assert_clean(p)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_the_legacy_stream_recorded_behind_a_waiting_kernel_deadlocks_nothing(programs, arena):
+    """Note [The legacy stream recorded]: an array of non-blocking A, used on the legacy stream and recorded there,
+    is dropped while a kernel on A waits for a copy on blocking B, and a fence follows.  Had the fence waited for an
+    event on A, B's copy (after the fence) would follow the kernel (found by a review: it deadlocked before)."""
+    p = programs(arena=arena)
+    a, b = p.create_stream(False), p.create_stream(True)
+    legacy = int(real_cu.CU_STREAM_LEGACY)
+    family = p.allocate(1000, a)
+    p.launch(a, [family])
+    p.launch(legacy, [family])
+    p.record_stream(family, legacy)
+    p.launch_waiting(a)
+    assert p.may_drop_while_waiting(family, "record") and p.may_enqueue(b)  # legal, as the fuzzer sees it
+    p.drop(family, legalize="record")
+    for _ in range(40):  # a fence
+        p.mm.memalloc(256)
+    p.release_waiting(b)
+    assert_clean(p)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_record_stream_on_the_arrays_own_stream_changes_nothing(programs, arena):
+    """``record_stream(x, A)`` for an array of A (PyTorch programs do it): its own stream orders its release, so the
+    block is free for A at once, as without it (rule 7a's idle list, or A's arena domain)."""
+    p = programs(arena=arena)
+    a = p.create_stream(False)
+    with p.using_stream(a):
+        x = p.mm.memalloc(1024)
+    addr = x.device_pointer_value
+    p.model.launch(a, [(addr, 1024, "x")])
+    assert p.mm.record_stream(x, a)
+    del x
+    gc.collect()
+    with p.using_stream(a):
+        y = p.mm.memalloc(1024)
+    assert y.device_pointer_value == addr and not p.mm.allocator.waits.after_fence
+    p.model.launch(a, [(addr, 1024, "y")])
+    del y
+    assert_clean(p)
