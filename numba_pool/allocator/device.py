@@ -24,7 +24,7 @@ from .graph_blocks import GraphBlocks
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
-from .waits import AsideHold, Deferral, Fenced, Hold, StreamWaits, fenced
+from .waits import AsideHold, Deferral, Hold, StreamWaits, fenced
 
 
 def _fmt(nbytes: int) -> str:
@@ -101,7 +101,7 @@ class DeviceAllocator:
             copy on A would hang), and cuda.core's pool frees on S.  So a mempool block of a non-legacy A is freed
             on S (``cuMemFreeAsync`` there: reuse follows S's work so far, which the library's contract orders
             after the block's uses, as for cuda.core's pool); an arena block (its stream's domain takes it back)
-            and a :class:`~.waits.Fenced` S (a block set aside, never used) go back after the next fence (rule 4)
+            goes back after the next fence (rule 4), S named as a :class:`~.waits.Fenced` stream,
             once the host sees events on S and on A done (``cuEventQuery``; a later fence looks again): no stream,
             the legacy one included, waits for them.  Where A or S is the legacy stream the fence waits already
             (rule 2's path).  A graph block (rule 13) keeps rule 2's wait; a per-thread default stream of
@@ -113,7 +113,7 @@ class DeviceAllocator:
                 and stream.thread is None and allocated_on.thread is None:
             block.stream = stream
         else:
-            self.waits.add_wait(block, stream if type(stream) is Fenced else fenced(stream))
+            self.waits.add_wait(block, fenced(stream))
 
     def set_aside(self, block: Block, hold: AsideHold) -> None:
         """Release ``block`` (never used) now, ordered on its allocation stream while that lives, kept from reuse
@@ -142,7 +142,7 @@ class DeviceAllocator:
         """Rule 2 for the block at ``address`` (False if none); a carved scratch array applies it when dropped.
         A stream other than the legacy one is named :class:`~.waits.Fenced`: the block's stream does not wait for
         it (Note [A named stream is not waited for]); the host sees its work done, as PyTorch's ``record_stream``."""
-        return self._add_wait(address, stream if stream is LEGACY else fenced(stream), stream)
+        return self._add_wait(address, stream, named=True)
 
     def hold(self, address: int, hold: Hold) -> bool:
         """Keep the block holding ``address`` from reuse until ``hold`` lets go (IPC leases); False if none does."""
@@ -158,16 +158,18 @@ class DeviceAllocator:
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize (IPC export)")
         return True
 
-    def _add_wait(self, address: int, what, for_scratch=None) -> bool:
+    def _add_wait(self, address: int, what, named: bool = False) -> bool:
+        # ``named``: ``what`` is a recorded stream, Fenced unless the legacy one (a scratch array's drop orders it,
+        # StreamWaits.order_now: as it is).
         block = self._block_at(address)
         if block is None:
             return False
-        if isinstance(what, StreamRef) and what.same_stream(block.stream):  # its own stream orders it already
+        if named and what.same_stream(block.stream):  # its own stream orders it already
             return True
         scratch = self.scratch_blocks.get(block.address)
-        if scratch is not None:  # its arrays' drops order it (StreamWaits.order_now): ``for_scratch``, else ``what``
-            return scratch.add_wait(address, what if for_scratch is None else for_scratch)
-        self.waits.add_wait(block, what)
+        if scratch is not None:
+            return scratch.add_wait(address, what)
+        self.waits.add_wait(block, fenced(what) if named and what is not LEGACY else what)
         return True
 
     def allocation_of(self, address: int) -> tuple[int, int] | None:

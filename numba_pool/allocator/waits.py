@@ -1,7 +1,7 @@
 """Rules 2 and 8 of :mod:`numba_pool.allocator`, for every block source: what a release waits for, the releases
 ``defer_cleanup`` holds back, the synchronize fallback.  A block's ``waits``: :func:`numba_pool.record_stream`
-streams and *holds* (:class:`Hold`: IPC leases, :class:`AsideHold`) registered on it (:meth:`StreamWaits.add_wait`); with some, inside
-``defer_cleanup``, or when its stream needs care, the release gate takes :meth:`StreamWaits.release`.
+streams and *holds* (:class:`Hold`: IPC leases, :class:`AsideHold`) registered on it (:meth:`StreamWaits.add_wait`);
+with some, inside ``defer_cleanup``, or when its stream needs care, the release gate takes :meth:`StreamWaits.release`.
 
 Note [A release made free later orders now]
     A release made free later (``defer_cleanup``, a hold) orders *at the drop*, while its streams live: its stream waits
@@ -29,8 +29,8 @@ from ..cuda.driver import EVENT_FLAGS, NOT_READY, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .block import AWAITING_FREE, Block, add_wait, take_waits
+from .fences import take_list
 from .held import Held
-
 
 
 class CannotOrder(RuntimeError):
@@ -77,12 +77,7 @@ class AsideHold:
         self._run()
 
     def _run(self) -> None:
-        kept = self._kept
-        while True:
-            try:
-                release = kept.pop()
-            except IndexError:
-                return
+        for release in take_list(self._kept):  # each popped once, whichever thread runs it
             release()
 
 
@@ -234,11 +229,15 @@ class StreamWaits:
         (``cuEventQuery``) after the next fence, which orders the legacy stream's work (Note [The legacy stream
         recorded]): never a stream's wait (Note [A named stream is not waited for] in :mod:`.device`).
         :raises CannotOrder: another thread's per-thread stream."""
-        named = [ref for ref in recorded if type(ref) is Fenced]
-        named.append(stream)  # the legacy stream's work: the fence's; the block's stream: seen done, never waited on
+        # The legacy stream's work: the fence's; the block's stream: seen done, never waited on.
+        return self._events_on([ref for ref in recorded if type(ref) is Fenced] + [stream])
+
+    def _events_on(self, streams: list[StreamRef]) -> list:
+        """An event recorded on each of ``streams``, for the host to see done; none left if one fails.
+        :raises CannotOrder: another thread's per-thread stream.  :raises CudaAPIError: the driver refused."""
         events = []
         try:
-            for ref in named:
+            for ref in streams:
                 if ref.belongs_to_another_thread():
                     raise CannotOrder("a stream it names is another thread's per-thread default stream")
                 events.append(self._record(ref))
@@ -314,12 +313,7 @@ class StreamWaits:
 
     def _let_go_after(self, hold: AsideHold, stream: StreamRef, retry: bool) -> None:
         try:
-            if stream is LEGACY:
-                events = []
-            elif stream.belongs_to_another_thread():
-                raise CannotOrder("the stream it names is another thread's per-thread default stream")
-            else:
-                events = [self._record(stream)]
+            events = [] if stream is LEGACY else self._events_on([stream])  # the legacy stream's work: the fence's
         except Exception as err:  # noqa: BLE001 - rule 8
             if retry and self.owner.retry(self._let_go_after, hold, stream):  # rule 10
                 return

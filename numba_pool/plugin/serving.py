@@ -9,7 +9,7 @@ import weakref
 from functools import partial
 from typing import Callable
 
-from ..allocator.waits import AsideHold, fenced
+from ..allocator.waits import AsideHold
 from ..cuda import frontend as frontends
 from ..cuda.streams import LEGACY
 from .state import process
@@ -122,8 +122,7 @@ class DoorTable(dict):
         (:class:`~numba_pool.allocator.waits.AsideHold`, rule 2) until that free, then until the host sees that
         stream's work so far done after a fence; no stream waits for it
         (:meth:`~numba_pool.allocator.device.DeviceAllocator.let_go_after`).  The legacy stream's is released at
-        the holder's free, a :class:`~numba_pool.allocator.waits.Fenced` stream named (Note [A named stream is not
-        waited for]).  (A free racing the set-aside in another thread: after the holder's allocation stream.)  The
+        the holder's free, after the stream it names (rule 14: the legacy stream's fence waits for it).  (A free racing the set-aside in another thread: after the holder's allocation stream.)  The
         dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is not kept past its
         allocation call, whose capture must free it: it goes back when the call returns or fails.  Only device
         blocks are set aside: a host cache never gives a live block's address again (a reset leaves its live blocks
@@ -177,13 +176,13 @@ class DoorTable(dict):
 
     def _release(self, address: int, key: int, stream) -> None:
         taken = self.aside[address].pop(key, None)  # the one pop that wins releases
-        if taken is not None:  # never used: after the stream named, which its own does not wait for (Fenced)
+        if taken is not None:  # never used: after the stream named
             (block, allocator, record), hold, holders_stream = taken
             after = holders_stream if stream is None else stream
             if hold is not None:
                 allocator.let_go_after(hold, after)
             else:
-                release(record, allocator.deallocate, block, after if after is LEGACY else fenced(after))
+                release(record, allocator.deallocate, block, after)
 
 
 def cache_block(cache, unavailable: str, size: int, stream, flags: int):
