@@ -1,4 +1,4 @@
-"""The ``programs`` fixture of the allocator's tests on the CUDA model."""
+"""The ``programs`` fixture of the allocator's tests on the CUDA model, and ``no_capture_left``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 
 from cuda_model.checks import FALLBACK
 from cuda_model.harness import Program
+from numba_pool.allocator import captures
 
 
 @pytest.fixture
@@ -31,3 +32,12 @@ def programs(frontend_name):
     for p in closed:
         unexpected = [str(w.message) for w in p.warnings if FALLBACK not in str(w.message)]
         assert unexpected == [] and p.problems == [], (unexpected, p.problems)
+
+
+@pytest.fixture
+def no_capture_left():
+    """After the test, no capture numba_pool knows of and no release it held back (rule 13): a capture a failed
+    test left under way would hold back the next tests' releases."""
+    yield
+    captures.underway.clear()
+    captures._deferred.take()

@@ -14,11 +14,7 @@ R = cu.CUresult
 GLOBAL = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
 
 
-@pytest.fixture(autouse=True)
-def _no_capture_left():
-    yield
-    captures.underway.clear()
-    captures._deferred.take()
+pytestmark = pytest.mark.usefixtures("no_capture_left")
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ import pytest
 from cuda.bindings import driver as cu
 
 from cuda_model.harness import Program
-from numba_pool.allocator import captures
 from numba_pool.allocator.release import Pending
 from pausing import Paused
 from test_capture_model import _capture_one_array
@@ -29,11 +28,7 @@ from test_capture_model import _capture_one_array
 R = cu.CUresult
 
 
-@pytest.fixture(autouse=True)
-def _no_capture_left():
-    yield
-    captures.underway.clear()
-    captures._deferred.take()
+pytestmark = pytest.mark.usefixtures("no_capture_left")
 
 
 @pytest.mark.parametrize("pause_at", [1, 2, 3, 4, 5])
