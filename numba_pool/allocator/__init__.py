@@ -32,9 +32,11 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
    registered for its block (:func:`numba_pool.record_stream`) and on S, and the block goes back after the
    next fence once the host sees them done (``cuEventQuery``): no stream waits for them (Note [A named stream is
    not waited for] in :mod:`.device`), as PyTorch's caching allocator.  A legacy-stream block's fence waits for
-   them instead (rule 4), and a scratch array's S waits on the device (``cuStreamWaitEvent``) at its drop.  A
-   release also waits for the *holds* on its block (an IPC export's leases, :mod:`numba_pool.ipc`; a block set
-   aside, :mod:`numba_pool.plugin.serving`): it runs once the last lets go.
+   them instead (rule 4).  A carved scratch array records the events at its drop, and its block is held until
+   the host sees them done (:mod:`.scratch`).  Blocks awaiting a fence count toward one being due, by number and
+   by bytes (:class:`.fences.AfterFence`).  A release also waits for the *holds* on its block (an IPC export's
+   leases, :mod:`numba_pool.ipc`; a block set aside, :mod:`numba_pool.plugin.serving`): it runs once the last
+   lets go.
 3. **A block of a domain other than the legacy one is free for S at once** (:mod:`.arena`): S runs the next
    owner's work after the previous owner's.
 4. **A legacy-stream block is idle when handed out** (:mod:`.fences`, :mod:`.quarantine`, :mod:`.arena`,

@@ -24,7 +24,7 @@ from .graph_blocks import GraphBlocks
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
-from .waits import AsideHold, Deferral, Hold, StreamWaits, fenced
+from .waits import SeenHold, Deferral, Hold, StreamWaits, fenced
 
 
 def _fmt(nbytes: int) -> str:
@@ -115,14 +115,14 @@ class DeviceAllocator:
         else:
             self.waits.add_wait(block, fenced(stream))
 
-    def set_aside(self, block: Block, hold: AsideHold) -> None:
+    def set_aside(self, block: Block, hold: SeenHold) -> None:
         """Release ``block`` (never used) now, ordered on its allocation stream while that lives, kept from reuse
         by ``hold`` until :meth:`let_go_after` (Note [An address a reset gave again] in
         :mod:`numba_pool.plugin.serving`); never raises (rule 8)."""
         self.waits.add_wait(block, hold)
         block.release(block)
 
-    def let_go_after(self, hold: AsideHold, stream: StreamRef) -> None:
+    def let_go_after(self, hold: SeenHold, stream: StreamRef) -> None:
         """The block ``hold`` keeps (:meth:`set_aside`) goes back after the next fence, once the host sees
         ``stream``'s work so far done; no stream waits for it.  Never raises (rule 8)."""
         if self.mempool_blocks.dropped:  # a reset freed the block (StreamWaits.release_held): record nothing
@@ -255,6 +255,17 @@ class DeviceAllocator:
         ``cuMemPoolTrimTo(keep_bytes)``, ``cuDeviceGraphMemTrim``.  :raises RuntimeError: during a capture (rule 13)."""
         self.refuse_during_capture("trim()")
         self.issue_frees()
+        if self._free_released():  # those releases may free blocks on the legacy stream (a hold let go): theirs too
+            self._free_released()
+        check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        self.pool.trim(keep_bytes)
+        if self._capture_pool is not None:
+            self._capture_pool.trim(keep_bytes)
+        trim_graph_memory(self.cu, self.pool.device_id)  # what no graph uses
+
+    def _free_released(self) -> bool:
+        """Rule 4's snapshot of released blocks, ``cuCtxSynchronize``, then they are freed (arena: slabs emptied) and
+        the releases awaiting a fence run; True if there were any.  :raises CudaAPIError: the synchronize failed."""
         releases: list = []  # Note [The legacy stream recorded] in .waits: made free after the synchronize
         released = self.mempool_blocks.take_released(releases)
         arena_released = [arena.take_released(releases) for arena in self.arenas]
@@ -263,11 +274,7 @@ class DeviceAllocator:
         run_releases(releases)
         for arena, taken in zip(self.arenas, arena_released):
             arena.release_cached(taken)
-        check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
-        self.pool.trim(keep_bytes)
-        if self._capture_pool is not None:
-            self._capture_pool.trim(keep_bytes)
-        trim_graph_memory(self.cu, self.pool.device_id)  # what no graph uses
+        return bool(releases)
 
     def reset(self) -> None:
         """Free everything (snapshot, then synchronize): later finalizers find nothing, allocations under way go to the

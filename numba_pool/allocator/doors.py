@@ -56,9 +56,9 @@ class PooledDoor:
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after the out-of-memory handler made room; other errors."""
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream is LEGACY:
-            fences, pending = self.fences, self.pending
-            if not (underway or fences.batches or pending.nbytes >= fences.fence_bytes
-                    or len(pending) + len(fences.after_fence) >= fences.fence_blocks):
+            fences, pending, after = self.fences, self.pending, self.fences.after_fence
+            if not (underway or fences.batches or pending.nbytes + after.nbytes >= fences.fence_bytes
+                    or len(pending) + len(after) >= fences.fence_blocks):
                 idle = self.idle.get(size)
                 if idle:  # the hot path: an idle block, no lock, no driver call
                     try:

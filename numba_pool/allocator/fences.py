@@ -19,18 +19,40 @@ FENCE_BLOCKS = 32  #: A fence is recorded once at least this many released block
 FENCE_FRACTION = 0.2  #: ... or once they hold this fraction of the device's memory (Numba's ``CUDA_DEALLOCS_RATIO``).
 
 
+class AfterFence(list):
+    """Releases made free after the next fence (Note [The legacy stream recorded] in .waits), appended and taken with
+    atomic list operations; ``nbytes``, the bytes their blocks hold, counts toward a fence being due with the
+    pending blocks' (:meth:`Fences.due`).  Added and zeroed without a lock: a lost update only moves a fence."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self):
+        super().__init__()
+        self.nbytes = 0
+
+    def add(self, release, nbytes: int) -> None:
+        """``release`` (any thread) runs after the next fence; ``nbytes``: the bytes it makes free."""
+        self.append(release)
+        self.nbytes += nbytes
+
+    def take(self) -> list:
+        """Every release in the list (:func:`take_list`); the byte count starts again."""
+        self.nbytes = 0
+        return take_list(self)
+
+
 class Fences:
     """The fences recorded, not yet seen complete, with their batches; a device's sources share ``waits_for``
     (events the next fence waits for), ``lock`` and ``after_fence`` (Note [The legacy stream recorded])."""
 
     def __init__(self, cu, fence_bytes: int, waits_for: list | None = None, lock=None,
-                 after_fence: list | None = None, unseen: list | None = None):
+                 after_fence: AfterFence | None = None, unseen: list | None = None):
         self._cu = cu
         self._query = cu.cuEventQuery
         self.fence_blocks, self.fence_bytes = FENCE_BLOCKS, fence_bytes  # tests lower them
         self.waits_for = waits_for if waits_for is not None else []
         self.lock = lock if lock is not None else threading.Lock()
-        self.after_fence = after_fence if after_fence is not None else []
+        self.after_fence = after_fence if after_fence is not None else AfterFence()
         # Releases a fence ran whose events were not yet seen done (Note [A named stream is not waited for] in
         # .device): run again after each later fence, never counted toward one being due.
         self.unseen = unseen if unseen is not None else []
@@ -39,14 +61,18 @@ class Fences:
         self.recorded = 0  # fences recorded so far (statistics)
 
     def due(self, blocks: int, nbytes: int, deferral) -> bool:
-        """Whether ``blocks`` blocks of ``nbytes`` bytes call for a fence, outside ``defer_cleanup``."""
+        """Whether ``blocks`` blocks of ``nbytes`` bytes (the releases in :attr:`after_fence` added) call for a
+        fence, outside ``defer_cleanup``."""
+        after = self.after_fence
+        blocks, nbytes = blocks + len(after), nbytes + after.nbytes
         return (blocks >= self.fence_blocks or (blocks and nbytes >= self.fence_bytes)) and not deferral.depth
 
     def record(self, batch) -> None:
         """A legacy-stream event after ``batch``, for :meth:`completed`.  :raises CudaAPIError: if not made/recorded."""
         cu = self._cu  # the fence's event first: a failure to make one loses no release
         event = self._spare.pop() if self._spare else check(cu.cuEventCreate(EVENT_FLAGS), "cuEventCreate (fence)")
-        releases = take_list(self.after_fence)  # before the waits: their events were queued first
+        taken_bytes = self.after_fence.nbytes
+        releases = self.after_fence.take()  # before the waits: their events were queued first
         releases += take_list(self.unseen)
         waits_for = self.waits_for
         while waits_for:  # taken after the batch: a block's events were queued before it
@@ -59,6 +85,7 @@ class Fences:
         if result[0] != SUCCESS:
             self._spare.append(event)
             self.after_fence.extend(releases)
+            self.after_fence.nbytes += taken_bytes
             check(result, "cuEventRecord (fence)")
         self.batches.append((event, batch, releases))
         self.recorded += 1
@@ -88,7 +115,7 @@ class Fences:
             self._spare.append(event)
             done.append(batch)
             releases += waiting
-        releases += take_list(self.after_fence)
+        releases += self.after_fence.take()
         releases += take_list(self.unseen)
         return done
 

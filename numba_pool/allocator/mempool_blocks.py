@@ -89,8 +89,9 @@ class PooledBlocks(PooledDoor, BlockSource):
                         self._drain_if_due()
                     return block
         fences, pending = self.fences, self.pending
-        if (fences.batches or fences.unseen or len(pending) + len(fences.after_fence) >= fences.fence_blocks
-                or pending.nbytes >= fences.fence_bytes):
+        after = fences.after_fence
+        if (fences.batches or fences.unseen or len(pending) + len(after) >= fences.fence_blocks
+                or pending.nbytes + after.nbytes >= fences.fence_bytes):
             self.settle()
         if stream is LEGACY:
             idle = self.idle.get(size)
@@ -182,7 +183,7 @@ class PooledBlocks(PooledDoor, BlockSource):
             return
         try:
             pending = self.pending
-            if fences.due(len(pending) + len(fences.after_fence), pending.nbytes, self._deferral):
+            if fences.due(len(pending), pending.nbytes, self._deferral):
                 batch = pending.take()
                 try:
                     fences.record(batch)

@@ -24,8 +24,11 @@ class Quarantine:
         ``defer_cleanup`` (``deferral.depth``), nor while another thread records one (the next miss fences these).
         :raises CudaAPIError: when the fence cannot be recorded (the blocks wait on)."""
         fences = self.fences
-        count = len(self.waiting) + len(fences.after_fence)
-        if not count or (count < at and count <= limit) or deferral.depth:
+        after = fences.after_fence
+        count = len(self.waiting) + len(after)
+        if not count or deferral.depth:
+            return
+        if count < at and count <= limit and not fences.due(0, 0, deferral):  # releases after a fence: as in mempool mode
             return
         if not fences.lock.acquire(blocking=False):
             return

@@ -2,8 +2,8 @@
 ``with numba_pool.scratch(n):`` each device allocation of the thread takes the next 256-byte-aligned piece of the block
 reserved on entry, or the normal path if too big.  The block (one mempool allocation) goes back, stream-ordered, once
 the scope has exited *and* every carved array is gone.  Carved arrays never share memory: the stream rule needs nothing
-more.  A carved array's ``record_stream`` streams are waited for at its drop (they may be gone when the block goes); an
-IPC export holds the block until the last importer.  ``NUMBA_POOL_LOG`` logs the arrays, not the block."""
+more.  A carved array's ``record_stream`` streams get an event at its drop (they may be gone when the block goes): the
+block goes back once the host sees them done; an IPC export holds the block until the last importer.  ``NUMBA_POOL_LOG`` logs the arrays, not the block."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef, enter_scope, leave_scope, per_thread
 from .block import Block, make_block, take_waits
 from .free_list import round_up
-from .waits import split_waiting
+from .waits import SeenHold, split_waiting
 
 
 class ScratchBlock:
@@ -89,18 +89,23 @@ class ScratchBlock:
         self._allocator = None
 
     def _drop(self, carved: Block) -> None:
-        # Release of a carved array (any thread, never raising; Note [A release made free later orders now]): recorded
-        # streams are waited for now, while alive; holds pass to the block, which orders at once, free once they let go.
+        # Release of a carved array (any thread, never raising; Note [A release made free later orders now]): each
+        # recorded stream's work so far is seen done by the host before the block goes back (an event recorded now,
+        # while the stream lives), no stream waiting for it (Note [A named stream is not waited for] in .device); the
+        # legacy stream's, the next fence's (Note [The legacy stream recorded] in .waits).  Holds pass to the block.
         address = carved.start
         streams, holds = split_waiting(take_waits(carved))
         allocator = self._allocator
         if allocator is not None:
-            if self.stream is not LEGACY and any(ref is LEGACY for ref in streams):
-                # Via the next fence, not a legacy-stream operation now (Note [The legacy stream recorded] in .waits).
-                allocator.waits.add_wait(self._parent, LEGACY)
-                streams = [ref for ref in streams if ref is not LEGACY]
-            if streams:  # ordered now, before the block's release on self.stream
-                allocator.waits.order_now(streams, self.stream)
+            for ref in streams:
+                if ref.same_stream(self.stream):
+                    continue
+                if ref is LEGACY:
+                    allocator.waits.add_wait(self._parent, LEGACY)
+                    continue
+                seen = SeenHold(self.size)
+                allocator.waits.add_wait(self._parent, seen)
+                allocator.let_go_after(seen, ref)
             for hold in holds:
                 allocator.waits.add_wait(self._parent, hold)
         self._outstanding.pop(address, None)

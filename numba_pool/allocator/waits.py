@@ -1,6 +1,6 @@
 """Rules 2 and 8 of :mod:`numba_pool.allocator`, for every block source: what a release waits for, the releases
 ``defer_cleanup`` holds back, the synchronize fallback.  A block's ``waits``: :func:`numba_pool.record_stream`
-streams and *holds* (:class:`Hold`: IPC leases, :class:`AsideHold`) registered on it (:meth:`StreamWaits.add_wait`);
+streams and *holds* (:class:`Hold`: IPC leases, :class:`SeenHold`) registered on it (:meth:`StreamWaits.add_wait`);
 with some, inside ``defer_cleanup``, or when its stream needs care, the release gate takes :meth:`StreamWaits.release`.
 
 Note [A release made free later orders now]
@@ -29,7 +29,7 @@ from ..cuda.driver import EVENT_FLAGS, NOT_READY, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
 from . import captures
 from .block import AWAITING_FREE, Block, add_wait, take_waits
-from .fences import take_list
+from .fences import AfterFence, take_list
 from .held import Held
 
 
@@ -52,17 +52,19 @@ class Fenced(StreamRef):
     __slots__ = ()
 
 
-class AsideHold:
-    """The hold (rule 2) on a block set aside at a dangling holder's address (Note [An address a reset gave again] in
-    :mod:`numba_pool.plugin.serving`): its release, made at the set-aside, waits until :meth:`let_go` (run by
-    :meth:`StreamWaits.let_go_after` once the holder's stream's work is seen done).  Atomic operations only: the
-    holder frees in any thread, and a capture may hold the release back past the let-go."""
+class SeenHold:
+    """A hold (rule 2) let go once the host sees a stream's work done (:meth:`StreamWaits.let_go_after`): on a block set
+    aside at a dangling holder's address (Note [An address a reset gave again] in :mod:`numba_pool.plugin.serving`),
+    and on a scratch block for a carved array's recorded stream (:mod:`.scratch`).  The block's release waits until
+    :meth:`let_go`.  Atomic operations only: the holder frees in any thread, and a capture may hold the release back
+    past the let-go."""
 
-    __slots__ = ("_kept", "_gone")
+    __slots__ = ("_kept", "_gone", "nbytes")
 
-    def __init__(self):
+    def __init__(self, nbytes: int):
         self._kept: list = []  # the release, until let go; atomic operations only
         self._gone = False
+        self.nbytes = nbytes  # the bytes of the block it keeps (toward a fence being due: Fences.due)
 
     def defer(self, release: Callable[[], None]) -> bool:
         """Keep ``release`` until :meth:`let_go` (run now if that came first); True."""
@@ -155,7 +157,7 @@ class StreamWaits:
         self.deferral = deferral if deferral is not None else Deferral()
         self._lock = threading.Lock()  # held by add_wait: two registrations at once both count
         self.fence_waits: list = []  # events the next fence waits for (rule 4); atomic operations only
-        self.after_fence: list = []  # releases made free after it (Note [The legacy stream recorded]); likewise
+        self.after_fence = AfterFence()  # releases made free after it (Note [The legacy stream recorded]); likewise
         self.unseen: list = []  # those a fence ran before their events were seen done (:func:`_once_seen_done`)
         self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
         self.held = Held()  # Block -> (event or None, publish) of a release a hold keeps
@@ -183,7 +185,7 @@ class StreamWaits:
             if stream is not LEGACY and any(_after_a_fence(ref) for ref in recorded):
                 self._order_on(stream, [ref for ref in recorded if not _after_a_fence(ref)], settle)
                 events = self._after_fence_events(stream, recorded)
-                self.after_fence.append(_once_done(self._cu, self.unseen, events, partial(publish, None)))
+                self.after_fence.add(_once_done(self._cu, self.unseen, events, partial(publish, None)), block.size)
                 return
             self._order_on(stream, recorded, settle)
             publish(stream)
@@ -209,7 +211,8 @@ class StreamWaits:
                 settle = settle or _no_settle  # the event below is named by the fence, not here
                 self._order_on(stream, [ref for ref in recorded if not _after_a_fence(ref)], settle)
                 events = self._after_fence_events(stream, recorded)
-                publish = partial(_after_the_next_fence, self.after_fence, publish, self._cu, self.unseen, events)
+                publish = partial(_after_the_next_fence, self.after_fence, publish, self._cu, self.unseen, events,
+                                  block.size)
                 event = None
             else:
                 self._order_on(stream, recorded, settle)
@@ -282,7 +285,7 @@ class StreamWaits:
         on = LEGACY
         if event is not None:  # seen done by the host: no stream waits for it
             if self._cu.cuEventQuery(event)[0] == NOT_READY:
-                self.after_fence.append(_once_done(self._cu, self.unseen, [event], partial(publish, None)))
+                self.after_fence.add(_once_done(self._cu, self.unseen, [event], partial(publish, None)), block.size)
                 return
             self._cu.cuEventDestroy(event)
             event, on = None, seen
@@ -301,7 +304,7 @@ class StreamWaits:
                 self._cu.cuEventDestroy(event)
             self._publish_synchronized(None, publish)
 
-    def let_go_after(self, hold: AsideHold, stream: StreamRef) -> None:
+    def let_go_after(self, hold: SeenHold, stream: StreamRef) -> None:
         """Let ``hold`` go after the next fence, once the host sees ``stream``'s work so far done (an event on it,
         ``cuEventQuery``; the legacy stream's: the fence's).  No stream waits for it (Note [A named stream is not
         waited for] in :mod:`.device`).  Never raises (rule 8: synchronizes instead); during a capture, waits
@@ -311,7 +314,7 @@ class StreamWaits:
             return
         self.owner.enter(self._let_go_after, hold, stream)  # rule 10
 
-    def _let_go_after(self, hold: AsideHold, stream: StreamRef, retry: bool) -> None:
+    def _let_go_after(self, hold: SeenHold, stream: StreamRef, retry: bool) -> None:
         try:
             events = [] if stream is LEGACY else self._events_on([stream])  # the legacy stream's work: the fence's
         except Exception as err:  # noqa: BLE001 - rule 8
@@ -322,27 +325,7 @@ class StreamWaits:
                      "device instead")
             hold.let_go()
             return
-        self.after_fence.append(_once_done(self._cu, self.unseen, events, hold.let_go))
-
-    def order_now(self, recorded: list[StreamRef], stream: StreamRef) -> None:
-        """Make ``stream`` wait for each ``recorded`` stream's work so far (a scratch array, whose block is released
-        later).  Never raises (rule 8); during a capture, waits (rule 13)."""
-        if captures.underway and captures.still_capturing(self._cu):
-            captures.defer(partial(self.order_now, recorded, stream))
-            return
-        self.owner.enter(self._order_now, recorded, stream)  # rule 10
-
-    def _order_now(self, recorded: list[StreamRef], stream: StreamRef, retry: bool) -> None:
-        try:
-            if stream.belongs_to_another_thread():
-                raise CannotOrder("the block is on another thread's per-thread default stream")
-            self._wait_on_streams(recorded, stream)
-        except Exception as err:  # noqa: BLE001 - rule 8
-            if retry and self.owner.retry(self._order_now, recorded, stream):  # rule 10
-                return
-            if report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
-                warn(f"could not order a scratch array's recorded streams on stream {stream.value:#x} "
-                     f"({err}); synchronized the device instead")
+        self.after_fence.add(_once_done(self._cu, self.unseen, events, hold.let_go), hold.nbytes)
 
     def _wait_on_streams(self, recorded: list[StreamRef], stream: StreamRef) -> None:
         cu = self._cu
@@ -380,9 +363,10 @@ class StreamWaits:
             warn(f"could not release {which} after synchronizing: {err}")
 
 
-def _after_the_next_fence(after_fence: list, publish, cu, unseen: list, events: list, on: StreamRef | None) -> None:
+def _after_the_next_fence(after_fence: AfterFence, publish, cu, unseen: list, events: list, nbytes: int,
+                          on: StreamRef | None) -> None:
     # Note [The legacy stream recorded]: idle once the next fence completes (and ``events`` are seen done).
-    after_fence.append(_once_done(cu, unseen, events, partial(publish, None)))
+    after_fence.add(_once_done(cu, unseen, events, partial(publish, None)), nbytes)
 
 
 def _once_done(cu, unseen: list, events: list, release):

@@ -9,7 +9,7 @@ import weakref
 from functools import partial
 from typing import Callable
 
-from ..allocator.waits import AsideHold
+from ..allocator.waits import SeenHold
 from ..cuda import frontend as frontends
 from ..cuda.streams import LEGACY
 from .state import process
@@ -107,7 +107,7 @@ class DoorTable(dict):
     """The live blocks of a door whose library frees by address alone (cuda.core's ``deallocate``, PyTorch's
     ``free``): address (int) -> ``(Block, what deallocates it, history record)``.  Single dict operations only
     (atomic under the GIL: the libraries free from any thread).  :attr:`aside`: address -> ``{id(entry): (entry,
-    its AsideHold or None, the holder's stream)}``, an address's dict never removed (so a release never misses one
+    its SeenHold or None, the holder's stream)}``, an address's dict never removed (so a release never misses one
     being filled).
 
     Note [An address a reset gave again]
@@ -119,7 +119,7 @@ class DoorTable(dict):
         the stream that free names, else after the holder's allocation stream: the dangling holder's late work lands
         in it.  A block set aside on a stream A other than the legacy one is released at once, while A lives (the
         program may destroy A before the holder's free), and kept from reuse by a hold
-        (:class:`~numba_pool.allocator.waits.AsideHold`, rule 2) until that free, then until the host sees that
+        (:class:`~numba_pool.allocator.waits.SeenHold`, rule 2) until that free, then until the host sees that
         stream's work so far done after a fence; no stream waits for it
         (:meth:`~numba_pool.allocator.device.DeviceAllocator.let_go_after`).  The legacy stream's is released at
         the holder's free, after the stream it names (rule 14: the legacy stream's fence waits for it).  (A free racing the set-aside in another thread: after the holder's allocation stream.)  The
@@ -161,7 +161,7 @@ class DoorTable(dict):
         block, allocator, record = entry
         hold = None  # the legacy stream's block: released at the holder's free (that stream is never destroyed)
         if block.stream is not LEGACY and hasattr(allocator, "set_aside"):  # released now, while its stream lives
-            hold = AsideHold()
+            hold = SeenHold(block.size)
             release(record, allocator.set_aside, block, hold)
         key = id(entry)  # unique while the entry is kept here
         self.aside.setdefault(address, {})[key] = (entry, hold, holders_stream)

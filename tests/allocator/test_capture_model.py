@@ -109,8 +109,8 @@ def test_a_release_held_back_by_a_capture_survives_its_stream_being_destroyed(pr
 
 def test_a_scratch_array_recorded_on_a_stream_dropped_during_a_capture(programs):
     """A regression test: the drop of an array carved from a scratch block applies its
-    record_stream at once (StreamWaits.order_now), which once waited on the legacy stream beside a
-    blocking stream's capture and invalidated it."""
+    record_stream at once (an event on the recorded stream, StreamWaits.let_go_after), which once
+    waited on the legacy stream beside a blocking stream's capture and invalidated it."""
     p = programs(arena=False)
     stream, other = p.create_stream(True), p.create_stream(False)
     family, = p.scratch([1000], 8192)  # on the legacy stream

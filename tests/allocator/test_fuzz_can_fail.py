@@ -343,11 +343,49 @@ def test_the_fuzzer_finds_a_release_put_back_on_the_legacy_stream_inside_defer_c
     assert "the waiting kernel on the stream" in text, text
 
 
+def scratch_stream_waits_at_the_drop(self, carved):
+    """Rule 2 broken for a carved scratch array (the code before the fix): its drop makes the scratch block's stream
+    wait for each recorded stream, where the host must see their work done instead (Note [A named stream is not
+    waited for] in numba_pool.allocator.device)."""
+    from numba_pool.allocator.block import take_waits
+    streams, holds = waits_module.split_waiting(take_waits(carved))
+    allocator = self._allocator
+    if allocator is not None:
+        waits = allocator.waits
+        streams = [ref for ref in streams if not ref.same_stream(self.stream)]
+        if streams:
+            waits.owner.enter(lambda retry: waits._wait_on_streams(streams, self.stream))
+        for hold in holds:
+            waits.add_wait(self._parent, hold)
+    self._outstanding.pop(carved.start, None)
+    if not self._scope_open and not self._outstanding:
+        self._release()
+
+
+class ScratchWaiting(Waiting):
+    """The waiting-kernel rule with scratch arrays recorded on other streams, dropped outside ``defer_cleanup``."""
+
+    scratch = LegalPrograms.scratch
+    record_stream = LegalPrograms.record_stream
+    wait_scopes = ("none",)
+    blocking = (False, False)
+
+
+def test_the_fuzzer_finds_a_scratch_arrays_stream_made_to_wait_for_its_recorded_stream(monkeypatch):
+    from numba_pool.allocator import scratch as scratch_module
+    monkeypatch.setattr(scratch_module.ScratchBlock, "_drop", scratch_stream_waits_at_the_drop)
+    machine = type("Planted", (ScratchWaiting,), {"arena": False, "threads": 1})
+    with pytest.raises(AssertionError, match="deadlock") as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    assert "stream wait" in str(caught.value) and "numba_pool queued" in str(caught.value), str(caught.value)
+
+
 def test_the_waiting_fuzzer_passes_on_the_real_allocator():
     """The control: nothing planted, a shorter run."""
     for arena in (False, True):
-        machine = type("Real", (Waiting,), {"arena": arena, "threads": 1})
-        run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
+        for waiting in (Waiting, ScratchWaiting):
+            machine = type("Real", (waiting,), {"arena": arena, "threads": 1})
+            run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
 
 
 def hand_out_every_batch(self):

@@ -191,3 +191,79 @@ def test_record_stream_on_the_arrays_own_stream_changes_nothing(programs, arena)
     p.model.launch(a, [(addr, 1024, "y")])
     del y
     assert_clean(p)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_scratch_arrays_recorded_stream_behind_a_waiting_kernel_deadlocks_nothing(programs, arena):
+    """``record_stream`` on an array carved from a ``scratch`` block (rule 2): as for any array, the carved array's
+    drop records an event on R and the host sees it done before the block goes back; A never waits for R, so the
+    copy on A that R's waiting kernel needs runs.  With A made to wait for R at the drop (before), it deadlocked."""
+    p = programs(arena=arena)
+    a, r = p.create_stream(False), p.create_stream(False)
+    family, = p.scratch([1000], 4096, stream=a)
+    p.launch(a, [family])
+    p.model.wait(r, a)
+    p.launch(r, [family])
+    p.mm.record_stream(family.refs[0], r)
+    family.recorded.add(r)
+    p.launch_waiting(r)
+    assert p.may_drop_while_waiting(family, "record")  # legal, as the fuzzer sees it
+    p.drop(family, legalize="record")
+    p.release_waiting(a)
+    assert_clean(p)
+
+
+def test_trim_frees_a_legacy_scratch_block_its_recorded_stream_kept(programs):
+    """Found by the fuzzer: a scratch block of the legacy stream whose carved array was recorded on R is kept by a
+    hold until the host sees R's event done; the hold, let go by ``trim()``'s synchronize, puts the block among the
+    legacy stream's releases, which the same ``trim()`` frees (it looks again): no byte stays used."""
+    p = programs(arena=False)
+    r = p.create_stream(False)
+    family, = p.scratch([1000], 4096)
+    p.launch(r, [family])
+    p.record_stream(family, r)
+    p.drop(family, legalize="record")
+    gc.collect()
+    p.mm.trim()
+    assert p.mm.statistics().pool_used_bytes == 0
+    assert_clean(p)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_recorded_blocks_awaiting_a_fence_make_one_due_by_their_bytes(programs, arena):
+    """Blocks ``record_stream`` sent after the next fence (rule 2) count toward a fence being due by their bytes too
+    (rule 4's ``fence_bytes``, Numba's ``CUDA_DEALLOCS_RATIO``): with a 4 MiB threshold, two such 3 MiB blocks make
+    the next allocation record a fence, where they counted as two releases of the 32 needed before."""
+    p = programs(arena=arena)
+    for source in p.mm.allocator.sources:
+        source.fences.fence_bytes = 4 << 20
+    a, r = p.create_stream(False), p.create_stream(False)
+    for _ in range(2):
+        family = p.allocate(3 << 20, a)
+        p.launch(r, [family])
+        p.record_stream(family, r)
+        p.drop(family, legalize="record")
+    gc.collect()
+    waits = p.mm.allocator.waits
+    assert len(waits.after_fence) == 2 and waits.after_fence.nbytes == 6 << 20
+    p.mm.memalloc(256)
+    assert not waits.after_fence and waits.after_fence.nbytes == 0  # a fence took them
+    assert_clean(p)
+
+
+def test_the_arenas_recorded_blocks_make_a_fence_due_at_32_not_256(programs):
+    """Arena mode: a ``using_stream`` allocation fences once 256 blocks wait in the quarantine (rule 4); blocks
+    ``record_stream`` sent after the next fence make one due at 32, as in mempool mode (they held memory till 256)."""
+    p = programs(arena=True)
+    a, r = p.create_stream(False), p.create_stream(False)
+    for _ in range(32):
+        family = p.allocate(1000, a)
+        p.launch(r, [family])
+        p.record_stream(family, r)
+        p.drop(family, legalize="record")
+    gc.collect()
+    waits = p.mm.allocator.waits
+    assert len(waits.after_fence) == 32
+    p.allocate(1000, a)
+    assert not waits.after_fence
+    assert_clean(p)

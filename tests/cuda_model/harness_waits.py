@@ -101,12 +101,12 @@ class Waits:
         "scope" inside ``defer_cleanup``), orders nothing after the waiting kernel on the
         program's behalf: no use to legalize through a stream that follows the kernel (its
         ``record_stream`` event would come after it), none on a destroyed stream (a synchronize
-        would legalize it), and, for a legacy-stream block or a scratch array, no recorded stream that follows it
-        (the fence, or the stream, waits for their events; other blocks' the host polls: Note [A named stream is
-        not waited for] in numba_pool.allocator.device, rule 9's host blocks)."""
+        would legalize it), and, for a legacy-stream block, no recorded stream that follows it (the fence waits for
+        their events; other blocks', scratch arrays' too, the host polls: Note [A named stream is not waited for] in
+        numba_pool.allocator.device, rule 9's host blocks)."""
         if family.zombie or len(family.refs) > 1:
             return True
-        waited_for = family.scratch or family.stream == LEGACY and not family.managed
+        waited_for = family.stream == LEGACY and not family.managed and not family.scratch
         if waited_for and not all(self.may_enqueue(stream) for stream in family.recorded):
             return False
         if family.door:  # the program's own waits onto the deallocation stream (Program._deallocate), which may

@@ -160,6 +160,17 @@ def pattern(scenario, cleanup="none", control=""):
                 set_and_wait()
         if cleanup != "inside":
             set_and_wait()
+    elif scenario == "scratch":
+        import numba_pool
+        with numba_pool.using_stream(other), numba_pool.scratch(1 << 16):
+            held = [cuda.device_array(1024, dtype=np.float32)]
+        numba_pool.record_stream(held[0], spinning)
+        drop(held, 0, "scratch array recorded on the spinning stream")
+        if control == "wait":  # what its drop did before: the second stream waits for the spinning one
+            handle = lambda s: cu.CUstream(int(getattr(s.handle, "value", s.handle)))
+            assert not cu.cuEventRecord(event, handle(spinning))[0]
+            assert not cu.cuStreamWaitEvent(handle(other), event, 0)[0]
+        set_and_wait()
     else:
         temporary = timed("device_array with stream=", lambda: cuda.device_array(MiB // 4, dtype=np.float32,
                                                                                    stream=other))
@@ -222,6 +233,16 @@ def test_the_same_patterns_finish_under_numbas_default_manager(scenario, cleanup
     manager holds its frees back, and ``cuMemAlloc`` is no stream operation)."""
     facts = run_pattern(DEFAULT, scenario, cleanup)
     assert_the_flag_was_seen(facts, DEFAULT)
+
+
+def test_a_scratch_array_recorded_on_the_waiting_stream_and_dropped_makes_nothing_wait():
+    """``record_stream`` on an array carved from a ``scratch`` block of the second stream, naming the spinning stream,
+    then the array dropped during the spin: the second stream must not wait for the spinning one (the host sees the
+    event done instead), so the flag's copy runs.  The control makes the second stream wait, as the drop once did."""
+    facts = run_pattern(NUMBA_POOL, "scratch")
+    assert_the_flag_was_seen(facts, NUMBA_POOL)
+    control = run_pattern(NUMBA_POOL, "scratch", "none", "wait")
+    assert control["seen"] == 0 and control["steps"] == ESCAPE_SLEEPS, control
 
 
 @pytest.mark.parametrize("scenario", ["release", "overlap"])
