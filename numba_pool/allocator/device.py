@@ -24,7 +24,7 @@ from .graph_blocks import GraphBlocks
 from .fences import FENCE_FRACTION, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
-from .waits import SeenHold, Deferral, Hold, StreamWaits, fenced
+from .waits import Deferral, Hold, SeenHold, StreamWaits, fenced
 
 
 def _fmt(nbytes: int) -> str:
@@ -122,13 +122,14 @@ class DeviceAllocator:
         self.waits.add_wait(block, hold)
         block.release(block)
 
-    def let_go_after(self, hold: SeenHold, stream: StreamRef) -> None:
-        """The block ``hold`` keeps (:meth:`set_aside`) goes back after the next fence, once the host sees
-        ``stream``'s work so far done; no stream waits for it.  Never raises (rule 8)."""
+    def let_go_after(self, hold: SeenHold, stream: StreamRef, what: str = "a block set aside") -> None:
+        """The block ``hold`` keeps (a set-aside one, :meth:`set_aside`; a scratch block, :mod:`.scratch`) goes back
+        after the next fence, once the host sees ``stream``'s work so far done; no stream waits for it.  Never raises
+        (rule 8: a synchronize instead, warning of ``what``)."""
         if self.mempool_blocks.dropped:  # a reset freed the block (StreamWaits.release_held): record nothing
             hold.let_go()
             return
-        self.waits.let_go_after(hold, stream)
+        self.waits.let_go_after(hold, stream, what)
 
     # -- what a release waits for (rule 2) --------------------------------------------------
     def _block_at(self, address: int) -> Block | None:
@@ -159,8 +160,8 @@ class DeviceAllocator:
         return True
 
     def _add_wait(self, address: int, what, named: bool = False) -> bool:
-        # ``named``: ``what`` is a recorded stream, Fenced unless the legacy one (a scratch array's drop orders it,
-        # StreamWaits.order_now: as it is).
+        # ``named``: ``what`` is a recorded stream, Fenced unless the legacy one (a scratch array's drop takes it as it
+        # is: ScratchBlock._drop).
         block = self._block_at(address)
         if block is None:
             return False
@@ -251,12 +252,14 @@ class DeviceAllocator:
             raise api_error(err.code, self.describe_out_of_memory(size)) from None
 
     def trim(self, keep_bytes: int) -> None:
-        """Snapshot released blocks (rule 4), ``cuCtxSynchronize``, free them and empty slabs, synchronize again,
-        ``cuMemPoolTrimTo(keep_bytes)``, ``cuDeviceGraphMemTrim``.  :raises RuntimeError: during a capture (rule 13)."""
+        """Snapshot released blocks (rule 4), ``cuCtxSynchronize``, free them and empty slabs (again for what the
+        releases run meanwhile freed on the legacy stream), synchronize again, ``cuMemPoolTrimTo(keep_bytes)``,
+        ``cuDeviceGraphMemTrim``.  :raises RuntimeError: during a capture (rule 13)."""
         self.refuse_during_capture("trim()")
         self.issue_frees()
-        if self._free_released():  # those releases may free blocks on the legacy stream (a hold let go): theirs too
-            self._free_released()
+        for _ in range(3):  # the releases run may free blocks on the legacy stream (a hold let go): those too
+            if not self._free_released():
+                break
         check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
         self.pool.trim(keep_bytes)
         if self._capture_pool is not None:

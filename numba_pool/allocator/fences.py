@@ -22,7 +22,9 @@ FENCE_FRACTION = 0.2  #: ... or once they hold this fraction of the device's mem
 class AfterFence(list):
     """Releases made free after the next fence (Note [The legacy stream recorded] in .waits), appended and taken with
     atomic list operations; ``nbytes``, the bytes their blocks hold, counts toward a fence being due with the
-    pending blocks' (:meth:`Fences.due`).  Added and zeroed without a lock: a lost update only moves a fence."""
+    pending blocks' (:meth:`Fences.due`).  Added and zeroed without a lock, bytes before the release and the list
+    before the bytes, so that a race loses bytes (a fence comes later); bytes left with the list empty (a
+    finalizer's add inside ``+=``) are dropped by :meth:`Fences.due`."""
 
     __slots__ = ("nbytes",)
 
@@ -32,13 +34,14 @@ class AfterFence(list):
 
     def add(self, release, nbytes: int) -> None:
         """``release`` (any thread) runs after the next fence; ``nbytes``: the bytes it makes free."""
-        self.append(release)
         self.nbytes += nbytes
+        self.append(release)
 
     def take(self) -> list:
         """Every release in the list (:func:`take_list`); the byte count starts again."""
+        taken = take_list(self)
         self.nbytes = 0
-        return take_list(self)
+        return taken
 
 
 class Fences:
@@ -64,6 +67,8 @@ class Fences:
         """Whether ``blocks`` blocks of ``nbytes`` bytes (the releases in :attr:`after_fence` added) call for a
         fence, outside ``defer_cleanup``."""
         after = self.after_fence
+        if not after and after.nbytes:  # left by a race (AfterFence): nothing holds them
+            after.nbytes = 0
         blocks, nbytes = blocks + len(after), nbytes + after.nbytes
         return (blocks >= self.fence_blocks or (blocks and nbytes >= self.fence_bytes)) and not deferral.depth
 

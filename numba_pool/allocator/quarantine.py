@@ -28,7 +28,7 @@ class Quarantine:
         count = len(self.waiting) + len(after)
         if not count or deferral.depth:
             return
-        if count < at and count <= limit and not fences.due(0, 0, deferral):  # releases after a fence: as in mempool mode
+        if count < at and count <= limit and not fences.due(0, 0, deferral):  # after_fence's: as in mempool mode
             return
         if not fences.lock.acquire(blocking=False):
             return

@@ -3,7 +3,8 @@
 reserved on entry, or the normal path if too big.  The block (one mempool allocation) goes back, stream-ordered, once
 the scope has exited *and* every carved array is gone.  Carved arrays never share memory: the stream rule needs nothing
 more.  A carved array's ``record_stream`` streams get an event at its drop (they may be gone when the block goes): the
-block goes back once the host sees them done; an IPC export holds the block until the last importer.  ``NUMBA_POOL_LOG`` logs the arrays, not the block."""
+block goes back once the host sees them done; an IPC export holds the block until the last importer.
+``NUMBA_POOL_LOG`` logs the arrays, not the block."""
 
 from __future__ import annotations
 
@@ -103,9 +104,9 @@ class ScratchBlock:
                 if ref is LEGACY:
                     allocator.waits.add_wait(self._parent, LEGACY)
                     continue
-                seen = SeenHold(self.size)
+                seen = SeenHold(carved.rounded)  # its share: the holds' bytes add up to the block's at most
                 allocator.waits.add_wait(self._parent, seen)
-                allocator.let_go_after(seen, ref)
+                allocator.let_go_after(seen, ref, "a scratch block")
             for hold in holds:
                 allocator.waits.add_wait(self._parent, hold)
         self._outstanding.pop(address, None)

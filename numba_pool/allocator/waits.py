@@ -64,7 +64,7 @@ class SeenHold:
     def __init__(self, nbytes: int):
         self._kept: list = []  # the release, until let go; atomic operations only
         self._gone = False
-        self.nbytes = nbytes  # the bytes of the block it keeps (toward a fence being due: Fences.due)
+        self.nbytes = nbytes  # the bytes it stands for (toward a fence being due: Fences.due): its block's, its carve's
 
     def defer(self, release: Callable[[], None]) -> bool:
         """Keep ``release`` until :meth:`let_go` (run now if that came first); True."""
@@ -281,10 +281,11 @@ class StreamWaits:
     def _publish_after(self, block: Block, event, publish, seen, retry: bool) -> None:
         # ``seen``: what ``publish`` names if ``event`` (on the block's stream) is seen done now: the legacy stream
         # (defer_cleanup's exit: the next fence, after blocking streams' work queued by then), or None (idle).  Not
-        # done yet: idle once seen done after the next fence, which is recorded after now.
+        # done yet: idle once seen done after the next fence, which is recorded after now.  While a capture is known
+        # to be under way, not asked (rule 13: ``cuEventQuery`` invalidates a global-mode capture): as not done.
         on = LEGACY
         if event is not None:  # seen done by the host: no stream waits for it
-            if self._cu.cuEventQuery(event)[0] == NOT_READY:
+            if captures.underway or self._cu.cuEventQuery(event)[0] == NOT_READY:
                 self.after_fence.add(_once_done(self._cu, self.unseen, [event], partial(publish, None)), block.size)
                 return
             self._cu.cuEventDestroy(event)
@@ -304,25 +305,24 @@ class StreamWaits:
                 self._cu.cuEventDestroy(event)
             self._publish_synchronized(None, publish)
 
-    def let_go_after(self, hold: SeenHold, stream: StreamRef) -> None:
+    def let_go_after(self, hold: SeenHold, stream: StreamRef, what: str = "a block set aside") -> None:
         """Let ``hold`` go after the next fence, once the host sees ``stream``'s work so far done (an event on it,
         ``cuEventQuery``; the legacy stream's: the fence's).  No stream waits for it (Note [A named stream is not
-        waited for] in :mod:`.device`).  Never raises (rule 8: synchronizes instead); during a capture, waits
-        (rule 13)."""
+        waited for] in :mod:`.device`).  Never raises (rule 8: synchronizes instead, warning of ``what``, the held
+        block); during a capture, waits (rule 13)."""
         if captures.underway and captures.still_capturing(self._cu):
-            captures.defer(partial(self.let_go_after, hold, stream))
+            captures.defer(partial(self.let_go_after, hold, stream, what))
             return
-        self.owner.enter(self._let_go_after, hold, stream)  # rule 10
+        self.owner.enter(self._let_go_after, hold, stream, what)  # rule 10
 
-    def _let_go_after(self, hold: SeenHold, stream: StreamRef, retry: bool) -> None:
+    def _let_go_after(self, hold: SeenHold, stream: StreamRef, what: str, retry: bool) -> None:
         try:
             events = [] if stream is LEGACY else self._events_on([stream])  # the legacy stream's work: the fence's
         except Exception as err:  # noqa: BLE001 - rule 8
-            if retry and self.owner.retry(self._let_go_after, hold, stream):  # rule 10
+            if retry and self.owner.retry(self._let_go_after, hold, stream, what):  # rule 10
                 return
             if report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
-                warn(f"could not order a block set aside after stream {stream.value:#x} ({err}); synchronized the "
-                     "device instead")
+                warn(f"could not order {what} after stream {stream.value:#x} ({err}); synchronized the device instead")
             hold.let_go()
             return
         self.after_fence.add(_once_done(self._cu, self.unseen, events, hold.let_go), hold.nbytes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import pytest
 from cuda.bindings import driver as cu
@@ -133,3 +134,53 @@ def test_using_stream_entered_during_a_capture_makes_it_known_before_any_allocat
     with numba_pool.using_stream(p.stream_objects[stream]):
         assert [int(c.stream) for c in captures.underway] == [stream]
     assert p.model.cuStreamEndCapture(handle)[0] == R.CUDA_SUCCESS
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+@pytest.mark.parametrize("idle", [True, False], ids=["idle", "busy"])
+def test_defer_cleanups_exit_during_a_global_capture_leaves_it_valid(programs, arena, idle):
+    """Rule 13: an array of non-blocking A dropped inside ``defer_cleanup``, whose outermost exit comes while another
+    stream captures in global mode.  The exit asked ``cuEventQuery`` of A's event, which invalidates such a capture
+    (found by probing the suspicion of the last session: the busy cases failed); now the release waits for the next
+    fence as one not yet seen done, and its block goes back after the capture."""
+    p = programs(arena=arena)
+    a, c = p.create_stream(False), p.create_stream(False)
+    p.open_defer()
+    family = p.allocate(1000, a)
+    p.launch(a, [family])
+    if idle:
+        assert p.model.cuStreamSynchronize(cu.CUstream(a))[0] == R.CUDA_SUCCESS
+    p.drop(family, legalize="scope")
+    gc.collect()
+    with _capturing(p, c):
+        p.defer_scopes.pop().__exit__(None, None, None)
+    p.model.assert_no_violations()
+    p.finish()
+
+
+def test_defer_cleanups_exit_during_a_global_capture_after_a_reset_leaves_it_valid(programs):
+    """Rule 13, found by the long fuzzer once its capture rule could exit ``defer_cleanup``: a legacy-stream array
+    dropped inside ``defer_cleanup`` while another thread resets, and the exit during a global-mode capture.
+    The held-back release of the dropped generation's block freed it at once (``cuMemFreeAsync``, which invalidates
+    such a capture); now it waits until the capture ends."""
+    p = programs(arena=False)
+    c = p.create_stream(False)
+    p.open_defer()
+    family = p.allocate(1000)
+    p.inject_reset(7, "drop")  # another thread's reset, in the middle of the drop (the fuzzer's reset_inside)
+    try:
+        p.drop(family, legalize="record")
+    finally:
+        p.inject = None
+    address = family.address
+    with _capturing(p, c):
+        p.defer_scopes.pop().__exit__(None, None, None)
+    p.model.assert_no_violations()
+    p.open_defer()
+    p.allocate(1000)  # numba_pool learns the capture ended: the free waits for the exit (no legacy-stream op inside)
+    p.model.cuCtxSynchronize()
+    assert p.model._memory.find(address) is not None
+    p.close_defer()
+    p.model.cuCtxSynchronize()
+    assert p.model._memory.find(address) is None
+    p.finish()

@@ -88,7 +88,7 @@ CAPTURE_MODES = [real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
                  real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                  real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED]
 CAPTURE_STEPS = ["alloc", "alloc", "torch alloc", "kernel", "kernel", "drop captured", "other alloc", "other launch",
-                 "other drop", "statistics", "trim"]
+                 "other drop", "statistics", "trim", "close defer"]
 
 
 @dataclass(eq=False)
@@ -469,6 +469,8 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                        thread=data.draw(st.integers(0, 7)))
         elif step == "statistics":
             p._in(data.draw(st.sampled_from([T, self.side])), p.mm.statistics)
+        elif step == "close defer" and p.defer_scopes and not (len(p.defer_scopes) == 1 and p.reliant):
+            p.close_defer()  # its releases made free during the capture (the program's synchronize would end it)
         elif step == "trim":
             try:
                 p._in(data.draw(st.sampled_from([T, self.side])), p.mm.trim)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 
 from numba_pool.allocator import arena as arena_module
+from numba_pool.allocator import captures as captures_module
 from numba_pool.allocator import device as device_module
 from numba_pool.allocator import mempool_blocks as mempool_blocks_module
 from numba_pool.allocator import host_blocks as host_blocks_module
@@ -288,18 +289,54 @@ def test_the_fuzzer_finds_a_planted_capture_bug(monkeypatch, plant, arena):
     # check that an array allocated in a capture is the graph's (an arena block carved there).
     with pytest.raises(Exception) as caught:
         run_state_machine_as_test(machine, settings=BUDGET)
-    chain, error = [], caught.value
-    while error is not None:
-        chain.append(str(error))
-        error = error.__context__
+    chain = _messages(caught.value)
     assert any(re.search("capture invalidated|STREAM_CAPTURE|NOT_SUPPORTED|allocated in a capture is not the graph's",
                          text) for text in chain), chain
 
 
+def _messages(error: BaseException | None) -> list[str]:
+    """The messages of ``error`` and the errors it was raised while handling."""
+    chain = []
+    while error is not None:
+        chain.append(str(error))
+        error = error.__context__
+    return chain
+
+
+def query_even_in_a_capture(self, block, event, publish, seen, retry):
+    """Rule 13 broken at ``defer_cleanup``'s exit: the release asks ``cuEventQuery`` of its event while a capture
+    is known to be under way (a global-mode capture is invalidated by it, from any thread)."""
+    underway = list(captures_module.underway)
+    captures_module.underway.clear()
+    try:
+        REAL_PUBLISH_AFTER(self, block, event, publish, seen, retry)
+    finally:
+        captures_module.underway.extend(underway)
+
+
+REAL_PUBLISH_AFTER = waits_module.StreamWaits._publish_after
+
+
+class CapturesBesideDefer(Captures):
+    """The capture rule with ``defer_cleanup`` blocks opened before it (its ``close defer`` step exits them)."""
+
+    open_defer = LegalPrograms.open_defer
+
+
+def test_the_fuzzer_finds_a_defer_cleanup_exit_that_queries_an_event_in_a_capture(monkeypatch):
+    monkeypatch.setattr(waits_module.StreamWaits, "_publish_after", query_even_in_a_capture)
+    machine = type("Planted", (CapturesBesideDefer,), {"arena": False, "threads": 1})
+    with pytest.raises(Exception) as caught:
+        run_state_machine_as_test(machine, settings=BUDGET)
+    chain = _messages(caught.value)
+    assert any("cuEventQuery (potentially unsafe" in text for text in chain), chain
+
+
 def test_the_capture_fuzzer_passes_on_the_real_allocator():
     for arena in (False, True):
-        machine = type("Real", (Captures,), {"arena": arena, "threads": 1})
-        run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
+        for capturing in (Captures, CapturesBesideDefer):
+            machine = type("Real", (capturing,), {"arena": arena, "threads": 1})
+            run_state_machine_as_test(machine, settings=settings(BUDGET, max_examples=100))
 
 
 # --------------------------------------------------------------------------- issue 33 (no barrier)

@@ -132,20 +132,23 @@ def test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end
 
 
 @pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
-def test_a_recorded_stream_behind_a_waiting_kernel_deadlocks_nothing(programs, arena):
-    """``record_stream`` (rule 2): an array of non-blocking A, read on R (ordered after A) and recorded there, is
-    dropped while a kernel on R waits for a copy on A.  As PyTorch's ``record_stream``, the release records events
-    and the host sees them done: A never waits for R, so the copy on A runs (the model reports a copy ordered after
-    the kernel as a deadlock)."""
+@pytest.mark.parametrize("scratch", [False, True], ids=["array", "scratch array"])
+def test_a_recorded_stream_behind_a_waiting_kernel_deadlocks_nothing(programs, arena, scratch):
+    """``record_stream`` (rule 2): an array of non-blocking A (or one carved from a ``scratch`` block of A), read on
+    R (ordered after A) and recorded there, is dropped while a kernel on R waits for a copy on A.  As PyTorch's
+    ``record_stream``, the release records events and the host sees them done: A never waits for R, so the copy on
+    A runs (the model reports a copy ordered after the kernel as a deadlock).  The scratch array's drop made A wait
+    for R before: this test, test_fuzz_can_fail's planted scratch wait and GPU test_gpu_overlap's control."""
     p = programs(arena=arena)
     a, r = p.create_stream(False), p.create_stream(False)
-    family = p.allocate(1000, a)
+    family = p.scratch([1000], 4096, stream=a)[0] if scratch else p.allocate(1000, a)
     p.launch(a, [family])
     p.model.wait(r, a)
     p.launch(r, [family])
     p.mm.record_stream(family.refs[0], r)
     family.recorded.add(r)
     p.launch_waiting(r)
+    assert p.may_drop_while_waiting(family, "record")  # legal, as the fuzzer sees it
     p.drop(family, legalize="record")
     p.release_waiting(a)
     assert_clean(p)
@@ -190,26 +193,6 @@ def test_record_stream_on_the_arrays_own_stream_changes_nothing(programs, arena)
     assert y.device_pointer_value == addr and not p.mm.allocator.waits.after_fence
     p.model.launch(a, [(addr, 1024, "y")])
     del y
-    assert_clean(p)
-
-
-@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
-def test_a_scratch_arrays_recorded_stream_behind_a_waiting_kernel_deadlocks_nothing(programs, arena):
-    """``record_stream`` on an array carved from a ``scratch`` block (rule 2): as for any array, the carved array's
-    drop records an event on R and the host sees it done before the block goes back; A never waits for R, so the
-    copy on A that R's waiting kernel needs runs.  With A made to wait for R at the drop (before), it deadlocked."""
-    p = programs(arena=arena)
-    a, r = p.create_stream(False), p.create_stream(False)
-    family, = p.scratch([1000], 4096, stream=a)
-    p.launch(a, [family])
-    p.model.wait(r, a)
-    p.launch(r, [family])
-    p.mm.record_stream(family.refs[0], r)
-    family.recorded.add(r)
-    p.launch_waiting(r)
-    assert p.may_drop_while_waiting(family, "record")  # legal, as the fuzzer sees it
-    p.drop(family, legalize="record")
-    p.release_waiting(a)
     assert_clean(p)
 
 
@@ -266,4 +249,32 @@ def test_the_arenas_recorded_blocks_make_a_fence_due_at_32_not_256(programs):
     assert len(waits.after_fence) == 32
     p.allocate(1000, a)
     assert not waits.after_fence
+    assert_clean(p)
+
+
+def test_a_scratch_blocks_recorded_carves_count_their_own_bytes_toward_a_fence(programs):
+    """Found by the review: each recorded carved array's hold counted the whole scratch block's bytes, so 8 carves of
+    a 4 MiB block counted 32 MiB toward a fence (one that could free nothing, the block still in use).  Each counts
+    its carve's."""
+    p = programs(arena=False)
+    r = p.create_stream(False)
+    carved = p.scratch([256] * 9, 4 << 20)
+    for family in carved[1:]:
+        p.launch(r, [family])
+        p.record_stream(family, r)
+        p.drop(family, legalize="record")
+    gc.collect()
+    assert p.mm.allocator.waits.after_fence.nbytes == 8 * 256
+    p.drop(carved[0])
+    assert_clean(p)
+
+
+def test_bytes_a_race_left_behind_an_empty_list_are_dropped_at_the_next_allocation(programs):
+    """``AfterFence``: a release's bytes counted after its list was taken (a finalizer inside ``+=``) would keep the
+    EMM door's fast path off and fence at every miss; ``Fences.due`` drops them once the list is empty."""
+    p = programs(arena=False)
+    after = p.mm.allocator.waits.after_fence
+    after.nbytes = 1 << 40  # as that race leaves it
+    p.mm.memalloc(256)
+    assert after.nbytes == 0
     assert_clean(p)
