@@ -256,12 +256,10 @@ class PooledBlocks(PooledDoor, BlockSource):
 
     def _free_after_capture(self) -> None:
         # Run by the allocation that finds the capture ended: inside defer_cleanup, at its exit instead (no
-        # legacy-stream operation inside it, rule 4); a reset's flush of the deferral runs it too.
-        if not self._deferral.defer(self._free_on_legacy_now):
-            self._free_on_legacy_now()
-
-    def _free_on_legacy_now(self) -> None:
-        self._waits.owner.enter(self._free_on_legacy)
+        # legacy-stream operation inside it, rule 4; a capture begun by then: after it again); a reset's flush of
+        # the deferral runs it too.
+        if not self._deferral.defer(self.free_after_reset):
+            self.free_after_reset()
 
     def _free_on_legacy(self, retry: bool) -> None:  # OwnerContext.enter's signature
         kept = self.stream_idle.take_all()  # a release raced the reset (rule 7a): its stream's work may still run

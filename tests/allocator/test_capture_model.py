@@ -184,3 +184,62 @@ def test_defer_cleanups_exit_during_a_global_capture_after_a_reset_leaves_it_val
     p.model.cuCtxSynchronize()
     assert p.model._memory.find(address) is None
     p.finish()
+
+
+def test_a_dropped_generations_free_waits_again_for_a_capture_at_the_defer_cleanup_exit(programs):
+    """Found by a review: the free above, put off to a ``defer_cleanup`` exit, came during a second known global
+    capture and called ``cuMemFreeAsync`` there (the capture invalidated, the block lost); it asks again."""
+    p = programs(arena=False)
+    c, d = p.create_stream(False), p.create_stream(False)
+    p.open_defer()
+    family = p.allocate(1000)
+    p.inject_reset(7, "drop")
+    try:
+        p.drop(family, legalize="record")
+    finally:
+        p.inject = None
+    with _capturing(p, c):
+        p.defer_scopes.pop().__exit__(None, None, None)
+    p.open_defer()
+    p.allocate(1000)  # the capture ended: the free now waits for this defer_cleanup's exit
+    with _capturing(p, d):
+        p.close_defer()
+    p.model.assert_no_violations()
+    p.allocate(1000)
+    p.model.cuCtxSynchronize()
+    assert p.model._memory.find(family.address) is None
+    p.finish()
+
+
+@pytest.mark.parametrize("capture, idle", [
+    pytest.param(True, True, marks=pytest.mark.xfail(strict=True, reason="known gap: the dropped generation's "
+                                                     "after_fence is never fenced again")),
+    pytest.param(True, False, marks=pytest.mark.xfail(strict=True, reason="known gap, as above")),
+    pytest.param(False, False, marks=pytest.mark.xfail(strict=True, reason="known gap, as above (older)")),
+    (False, True)], ids=["capture-idle", "capture-busy", "busy", "idle"])
+def test_a_non_legacy_release_a_reset_overtook_inside_defer_cleanup_is_freed(programs, capture, idle):
+    """Found by a review: an array of non-blocking A dropped inside ``defer_cleanup`` while another thread resets.
+    At the exit its release, not seen done (A busy, or not asked during a capture), waits in the dropped
+    generation's ``after_fence``, which no fence of that generation runs again: the block is never freed."""
+    p = programs(arena=False)
+    a, c = p.create_stream(False), p.create_stream(False)
+    p.open_defer()
+    family = p.allocate(1000, a)
+    p.launch(a, [family])
+    p.inject_reset(7, "drop")
+    try:
+        p.drop(family, legalize="record")
+    finally:
+        p.inject = None
+    if idle:
+        assert p.model.cuStreamSynchronize(cu.CUstream(a))[0] == R.CUDA_SUCCESS
+    with _capturing(p, c) if capture else contextlib.nullcontext():
+        p.defer_scopes.pop().__exit__(None, None, None)
+    p.model.assert_no_violations()
+    for _ in range(80):
+        p.allocate(1000)
+    p.mm.trim()
+    p.model.cuCtxSynchronize()
+    gc.collect()
+    assert p.model._memory.find(family.address) is None, "never freed"
+    p.finish()
