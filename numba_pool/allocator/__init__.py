@@ -100,8 +100,8 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     capture stream after it.  While a capture numba_pool knows of is under way, numba_pool neither uses the
     legacy stream (a blocking stream's capture makes it unusable) nor synchronizes (which invalidates any
     capture); other driver calls run in relaxed capture mode, allocations come from the mempool (the legacy
-    stream's on a synchronized side stream), and releases wait for its end (those ``defer_cleanup``'s exit
-    makes free too: no ``cuEventQuery``, no ``cuMemFreeAsync`` of a generation a reset dropped).
+    stream's on a synchronized side stream), and releases wait for its end (at ``defer_cleanup``'s exit too: no
+    ``cuEventQuery``; a known gap: the legacy blocks of a generation a reset dropped are freed at once).
 14. **A door's deallocation is ordered on the stream it names** (:meth:`.device.DeviceAllocator.deallocate`).
     A door other than Numba's EMM plugin frees a block naming a stream, or none, as its library's own pool
     does: cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the buffer's last use), PyTorch's

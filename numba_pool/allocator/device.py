@@ -21,7 +21,7 @@ from .arena import ArenaBlocks
 from .block import Block
 from .captures import CaptureRouter, capture_pool_config
 from .graph_blocks import GraphBlocks
-from .fences import FENCE_FRACTION, PrivateStream, run_releases
+from .fences import FENCE_FRACTION, AfterFence, PrivateStream, run_releases
 from .mempool_blocks import PooledBlocks
 from .usage import UsageTracker
 from .waits import Deferral, Hold, SeenHold, StreamWaits, fenced
@@ -38,12 +38,13 @@ class DeviceAllocator:
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
                  before_retry: Callable[[], None] = lambda: None, deferral: Deferral | None = None,
+                 after_fence: AfterFence | None = None, unseen: list | None = None,
                  after_reset: Callable[[int, StreamRef], Block] | None = None, pointer: type):
         self.cu = cu  # the driver object (IPC exports through it)
         self.pool = pool
         self._usage = usage
         self._before_retry = before_retry
-        self.waits = StreamWaits(cu, OwnerContext.of(cu, context), deferral)
+        self.waits = StreamWaits(cu, OwnerContext.of(cu, context), deferral, after_fence, unseen)
         self.scratch_blocks: dict[int, object] = {}  # live scratch blocks by start address (atomic dict ops only)
         # Rule 4: new memory from a private stream; other streams' slabs go back on another.
         self.private_streams = (PrivateStream(cu, "allocations"), PrivateStream(cu, "arena slab returns"))

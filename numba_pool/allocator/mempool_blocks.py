@@ -22,8 +22,7 @@ from ..cuda.driver import NOT_CAPTURING_ANSWER, OUT_OF_MEMORY, SUCCESS, check, h
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
 from .block import ALLOCATED, Block, make_block
-from .captures import SideStream, still_capturing, underway
-from .captures import defer as defer_until_captured  # rule 13
+from .captures import SideStream, underway
 from .doors import PooledDoor
 from .fences import take_list
 from .release import Pending, gate
@@ -247,19 +246,8 @@ class PooledBlocks(PooledDoor, BlockSource):
                 self.keep_idle(batch)
 
     def free_after_reset(self) -> None:
-        """Free a dropped generation's released legacy blocks on the legacy stream; during a capture, once it ends
-        (rule 13: ``defer_cleanup``'s exit may release them then, and ``cuMemFreeAsync`` would invalidate it)."""
-        if underway and still_capturing(self._cu):
-            defer_until_captured(self._free_after_capture)
-            return
+        """Free a dropped generation's released legacy blocks on the legacy stream."""
         self._waits.owner.enter(self._free_on_legacy)
-
-    def _free_after_capture(self) -> None:
-        # Run by the allocation that finds the capture ended: inside defer_cleanup, at its exit instead (no
-        # legacy-stream operation inside it, rule 4; a capture begun by then: after it again); a reset's flush of
-        # the deferral runs it too.
-        if not self._deferral.defer(self.free_after_reset):
-            self.free_after_reset()
 
     def _free_on_legacy(self, retry: bool) -> None:  # OwnerContext.enter's signature
         kept = self.stream_idle.take_all()  # a release raced the reset (rule 7a): its stream's work may still run

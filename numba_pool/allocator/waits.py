@@ -151,14 +151,19 @@ class Deferral:
 class StreamWaits:
     """An allocator's release ordering (rules 2, 8): ``held`` takes atomic operations only, registrations ``_lock``."""
 
-    def __init__(self, cu, owner: OwnerContext | None = None, deferral: Deferral | None = None):
+    def __init__(self, cu, owner: OwnerContext | None = None, deferral: Deferral | None = None,
+                 after_fence: AfterFence | None = None, unseen: list | None = None):
+        # ``after_fence`` and ``unseen`` (as ``deferral``) the manager's, across resets: a dropped generation's
+        # releases made free later are run by the next generation's fences (a reset's own, before them).
         self._cu = cu
         self.owner = owner if owner is not None else OwnerContext(cu, None)  # rule 10
         self.deferral = deferral if deferral is not None else Deferral()
         self._lock = threading.Lock()  # held by add_wait: two registrations at once both count
         self.fence_waits: list = []  # events the next fence waits for (rule 4); atomic operations only
-        self.after_fence = AfterFence()  # releases made free after it (Note [The legacy stream recorded]); likewise
-        self.unseen: list = []  # those a fence ran before their events were seen done (:func:`_once_seen_done`)
+        # Releases made free after the next fence (Note [The legacy stream recorded]); atomic operations only.
+        self.after_fence = after_fence if after_fence is not None else AfterFence()
+        # Those a fence ran before their events were seen done (:func:`_once_seen_done`); likewise.
+        self.unseen = unseen if unseen is not None else []
         self.fence_lock = threading.Lock()  # held by whoever records a fence or takes the batches
         self.held = Held()  # Block -> (event or None, publish) of a release a hold keeps
 

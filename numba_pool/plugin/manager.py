@@ -25,6 +25,7 @@ from functools import partial
 from .. import config as _config
 from ..allocator import threads
 from ..allocator.device import DeviceAllocator
+from ..allocator.fences import AfterFence
 from ..allocator.host_blocks import HostBlocks
 from ..allocator.scratch import scratch_scope
 from ..allocator.usage import UsageTracker
@@ -82,6 +83,8 @@ class NumbaPoolManager:
         self.log: AllocationLog | None = None  # NUMBA_POOL_LOG's, kept across resets
         self.context_proxy = None  # what pinned memory holds, as Numba's memhostalloc passes
         self.deferral = Deferral()  # defer_cleanup's blocks and held-back releases, across resets
+        # Releases made free after a fence, across resets (a dropped generation's run by the next one's fences).
+        self.after_fence, self.unseen = AfterFence(), []
 
     @property
     def device_id(self) -> int:
@@ -112,6 +115,7 @@ class NumbaPoolManager:
             pool.reserve(config.initial_size)
             allocator = DeviceAllocator(cu, pool, self.context, self._usage, config,
                                         before_retry=self.deallocations.clear, deferral=self.deferral,
+                                        after_fence=self.after_fence, unseen=self.unseen,
                                         after_reset=partial(NumbaPoolManager.allocate_block, self), pointer=self.frontend.PoolPointer)
             self.config = config
             if self.context_proxy is None:

@@ -469,7 +469,8 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                        thread=data.draw(st.integers(0, 7)))
         elif step == "statistics":
             p._in(data.draw(st.sampled_from([T, self.side])), p.mm.statistics)
-        elif step == "close defer" and p.defer_scopes and not (len(p.defer_scopes) == 1 and p.reliant):
+        elif step == "close defer" and p.defer_scopes and not (len(p.defer_scopes) == 1 and p.reliant) \
+                and not p.reset_in_defer:  # a known gap (test_capture_model.py, the strict xfail after a reset)
             p.close_defer()  # its releases made free during the capture (the program's synchronize would end it)
         elif step == "trim":
             try:

@@ -164,6 +164,7 @@ class Program(Waits):
         self.resetter = ThreadPoolExecutor(max_workers=1)  # where an injected reset runs (inject_reset)
         self._stack.callback(lambda: [w.shutdown() for w in self.workers + [self.bare, self.foreign, self.resetter]])
         self.defer_scopes: list = []  # defer_cleanup blocks open across steps (open_defer)
+        self.reset_in_defer = False  # a reset came while one was open (until the outermost closes)
         self.reliant: list[Family] = []  # dropped inside them unordered: the program syncs before the exit
         self.inject: ResetInjection | None = None  # a reset to run inside the next call (inject_reset)
         self.streams: dict[int, bool] = {}  # handle -> blocking, of live created streams
@@ -605,6 +606,7 @@ class Program(Waits):
         arrays outlive a reset (their memory stays valid until they are dropped)."""
         for f in [*self.families.values(), *(f for f, _ in self.holds), *self.reliant]:
             f.zombie = f.zombie or not f.managed
+        self.reset_in_defer = self.reset_in_defer or bool(self.defer_scopes)
         self.reliant = [f for f in self.reliant if not f.zombie]
         self.operations += 1
 
@@ -629,6 +631,7 @@ class Program(Waits):
             self.model.cuCtxSynchronize()
             self.reliant.clear()
         self.defer_scopes.pop().__exit__(None, None, None)
+        self.reset_in_defer = self.reset_in_defer and bool(self.defer_scopes)
         self.operations += 1
 
     def check(self) -> None:
@@ -644,6 +647,20 @@ class Program(Waits):
             self.mm.managed.check_invariants()
         if self.mm.host is not None:
             self.mm.host.check_invariants()
+
+    def _assert_no_dropped_generation_memory(self) -> None:
+        """Every allocation of a pool other than the current generation's (a reset dropped it), its capture pool's,
+        a managed pool's or the device's default pool's has been freed: a release a reset overtook is not lost.
+        Graph memory (allocation nodes) is its graphs', freed with them."""
+        allocator = self.mm.allocator
+        kept = set() if allocator is None else {int(allocator.pool.handle)}
+        if allocator is not None and allocator._capture_pool is not None:
+            kept.add(int(allocator._capture_pool.handle))
+        self.model.cuCtxSynchronize()
+        lost = [a for a in self.model._memory.live.values()
+                if a.pool.handle not in kept and not a.pool.managed and not a.pool.is_default
+                and not a.op.kind.startswith("graph")]
+        assert not lost, f"{len(lost)} allocation(s) of a dropped generation's pool never freed: {lost[:3]}"
 
     def finish(self) -> dict:
         """Drop everything, let every hold go, trim, and check that every byte is accounted for.
@@ -661,6 +678,7 @@ class Program(Waits):
         gc.collect()
         self.mm.trim()
         self.check()
+        self._assert_no_dropped_generation_memory()
         stats = self.mm.statistics()
         assert stats.bytes_in_use == 0 and stats.blocks_in_use == 0, stats
         assert stats.pool_used_bytes == 0, stats
