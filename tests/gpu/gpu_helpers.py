@@ -8,6 +8,7 @@ not ``tests/``): hence ``cuda`` from :func:`numba_pool.cuda.frontend.for_tools` 
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import numpy as np
 from cuda.bindings import driver as cu
@@ -50,6 +51,9 @@ def non_blocking_stream():
     try:
         yield cuda.external_stream(int(handle))
     finally:
+        # Arrays recorded on it (record_stream) are released while it lives: their release records an event on it,
+        # and a destroyed handle crashed the driver (an array a kernel launch kept alive till a later collect).
+        gc.collect()
         cuda.synchronize()
         cu.cuStreamDestroy(handle)
 
