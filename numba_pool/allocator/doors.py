@@ -56,7 +56,8 @@ class PooledDoor:
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` after the out-of-memory handler made room; other errors."""
         stream = per_thread.stream if scopes_entered else LEGACY
         if stream is LEGACY:
-            fences, pending, after = self.fences, self.pending, self.fences.after_fence
+            fences, pending = self.fences, self.pending
+            after = fences.after_fence
             if not (underway or fences.batches or pending.nbytes + after.nbytes >= fences.fence_bytes
                     or len(pending) + len(after) >= fences.fence_blocks):
                 idle = self.idle.get(size)

@@ -34,7 +34,7 @@ class Quarantine:
             return
         try:
             taken = self.waiting.take()
-            if taken or fences.after_fence:
+            if taken or after:
                 try:
                     fences.record(taken)
                 except Exception:

@@ -310,7 +310,7 @@ class StreamWaits:
                 self._cu.cuEventDestroy(event)
             self._publish_synchronized(None, publish)
 
-    def let_go_after(self, hold: SeenHold, stream: StreamRef, what: str = "a block set aside") -> None:
+    def let_go_after(self, hold: SeenHold, stream: StreamRef, what: str) -> None:
         """Let ``hold`` go after the next fence, once the host sees ``stream``'s work so far done (an event on it,
         ``cuEventQuery``; the legacy stream's: the fence's).  No stream waits for it (Note [A named stream is not
         waited for] in :mod:`.device`).  Never raises (rule 8: synchronizes instead, warning of ``what``, the held

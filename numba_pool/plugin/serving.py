@@ -122,9 +122,10 @@ class DoorTable(dict):
         (:class:`~numba_pool.allocator.waits.SeenHold`, rule 2) until that free, then until the host sees that
         stream's work so far done after a fence; no stream waits for it
         (:meth:`~numba_pool.allocator.device.DeviceAllocator.let_go_after`).  The legacy stream's is released at
-        the holder's free, after the stream it names (rule 14: the legacy stream's fence waits for it).  (A free racing the set-aside in another thread: after the holder's allocation stream.)  The
-        dropped block's own release does nothing (rule 12).  A graph's block (rule 13) is not kept past its
-        allocation call, whose capture must free it: it goes back when the call returns or fails.  Only device
+        the holder's free, after the stream it names (rule 14: the legacy stream's fence waits for it).  (A free
+        racing the set-aside in another thread: after the holder's allocation stream.)  The dropped block's own
+        release does nothing (rule 12).  A graph's block (rule 13) is not kept past its allocation call, whose
+        capture must free it: it goes back when the call returns or fails.  Only device
         blocks are set aside: a host cache never gives a live block's address again (a reset leaves its live blocks
         allocated, rule 12).  The history and log record the set-aside block's free at the set-aside.  Known gap:
         while a capture is under way the release is held back (rule 13) and may run after A was destroyed, as for
