@@ -27,7 +27,7 @@ from .doors import PooledDoor
 from .fences import take_list
 from .release import Pending, gate
 from .sources import BlockSource
-from .stream_idle import StreamIdle
+from .stream_idle import NON_BLOCKING, StreamIdle
 from .usage import DRAIN_AT
 
 IDLE_BLOCKS = 64  #: Idle blocks kept per size in front of the mempool (Note [Idle blocks are kept by size]).
@@ -54,7 +54,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
                                    note=self._note, ordered=self._ordered, pending=self.pending,
                                    free_async=self._free_async, keep=self.stream_idle.keep, ledger=True,
-                                   on_dropped=self.free_after_reset)
+                                   on_dropped=self.free_after_reset, beside=self.released_beside)
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
     def allocate_block(self, size: int, stream: StreamRef, not_capturing: bool = False) -> Block:
@@ -103,6 +103,24 @@ class PooledBlocks(PooledDoor, BlockSource):
                 else:
                     return self.reuse(block)
         return self.allocate_on(size, stream)
+
+    def released_beside(self, block: Block) -> bool:
+        """Note [Released beside a capture] in :mod:`.release`: whether ``block``'s release, during a capture, is made
+        at once: a block of a non-blocking stream (``cuStreamGetFlags``) not itself capturing (``cuStreamIsCapturing``,
+        the driver's answer required), not another thread's per-thread stream, with no waits, outside
+        ``defer_cleanup``.  Never raises."""
+        stream = block.stream
+        if stream is LEGACY or stream.thread is not None or block.waits is not None or self._deferral.depth:
+            return False
+        cu = self._cu
+        try:
+            err, flags = cu.cuStreamGetFlags(stream.handle)
+            if err != SUCCESS or not int(flags) & NON_BLOCKING:
+                return False
+            answer = self._capture_status(stream.handle)
+        except Exception:  # noqa: BLE001 - a release never raises: held back instead
+            return False
+        return answer is NOT_CAPTURING_ANSWER or (answer[0] == SUCCESS and answer[1] == NOT_CAPTURING)
 
     def _handle_of(self, stream: StreamRef):
         # The legacy stream's owners' memory comes from the private allocation stream (Note above).

@@ -4,7 +4,8 @@ the ``release(block)`` its blocks carry.  Rules, tests and the later-queues (:cl
 docs/architecture.md, "A release".  Numbered as in the code:
 
 1. **Capture hold-back** (rule 13): while a known capture is under way, the release waits for its end
-   (:func:`.captures.defer`); a graph block in its own capture is freed there, a free node.
+   (:func:`.captures.defer`), but for one the source makes beside it (Note [Released beside a capture]); a graph
+   block in its own capture is freed there, a free node.
 2. **Reset generation** (rule 12): the block's ``ledger`` popped (a reset empties or swaps it), else the
    source's ``dropped``; a host cache's orphan (left by a reset to its release) is freed here.
 3. **Usage event**: the free's ``~bytes`` (:mod:`.usage`).
@@ -18,6 +19,16 @@ docs/architecture.md, "A release".  Numbered as in the code:
    entered).
 6. **The owner's context** (rule 10): a free failing for want of a current context runs ordered in the owner's.
 
+Note [Released beside a capture]
+    A release held back past a capture's end names its stream then, and the program may have destroyed that stream
+    meanwhile (legal once its arrays are dropped; a cuda.core ``Stream.close()``, a PyTorch stream's handle): the
+    free would go to a destroyed handle, or to the new stream the driver gave it, unordered after the old one's work.
+    So a mempool block of a non-blocking stream S not itself captured, with nothing else to wait for, is released
+    at the drop as outside a capture (freed on S, or kept idle for it), the thread in relaxed capture mode
+    (``cuThreadExchangeStreamCaptureMode``): the driver allows stream-ordered frees on uncaptured streams there,
+    under a global-mode capture too (docs/perf-notes.md, "Stream capture: what the driver allows").  Other releases
+    still wait (:meth:`.mempool_blocks.PooledBlocks.released_beside` says which).
+
 Note [The gate is a closure]
     The release is the pointer finalizer's one call, on the hot path of every drop.  So the gate is a closure
     made once per source: what it reads is in its cells, and its fast actions are C calls (``list.append``,
@@ -29,7 +40,7 @@ import threading
 from functools import partial
 from typing import Callable
 
-from ..cuda.capture import capture_id
+from ..cuda.capture import capture_id, relaxed
 from ..cuda.driver import report_failure
 from ..cuda.streams import LEGACY
 from .block import AWAITING_FREE, Block
@@ -73,7 +84,7 @@ def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
          keep: Callable[[Block], bool] | None = None, free: Callable[[Block], object] | None = None,
          ledger: bool = False, orphaned: Callable[[Block], bool] | None = None,
          on_dropped: Callable[[], None] | None = None, note: Callable[[int], None] | None = None,
-         graph: bool = False) -> Callable[[Block], None]:
+         graph: bool = False, beside: Callable[[Block], bool] | None = None) -> Callable[[Block], None]:
     """``release(block)`` for the blocks of ``source`` (its ``dropped`` is rule 12's mark). ``cu``: the driver
     object (:mod:`numba_pool.cuda.driver`); ``deferral``: ``defer_cleanup``'s :class:`~.waits.Deferral`; ``owner``:
     the :class:`~numba_pool.cuda.context.OwnerContext` (rule 10); ``ordered(block)``: the ordered release, never
@@ -83,16 +94,21 @@ def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
     (popped), else by ``source.dropped``; ``orphaned``: after the ledger pop, True when it freed a host cache's
     orphan (left by a reset to it); ``on_dropped``: run when a pending append finds the source dropped (the reset
     may have taken the rest); ``note``: the usage tracker's event sink (``~bytes`` per release; None: not counted);
-    ``graph``: graph blocks (:class:`~.graph_blocks.GraphBlocks`), freed in their own capture."""
+    ``graph``: graph blocks (:class:`~.graph_blocks.GraphBlocks`), freed in their own capture; ``beside(block)``:
+    whether a release during a capture is made at once, in relaxed capture mode (Note [Released beside a capture])."""
     append = pending.append if pending is not None else None
 
-    def release(block: Block) -> None:
+    def release(block: Block, in_relaxed_mode: bool = False) -> None:
         # Any thread, from a finalizer, no lock, never raises; once per block.
-        if underway:  # 1. rule 13
+        if underway and not in_relaxed_mode:  # 1. rule 13
             if graph and capture_id(cu, block.stream.handle) == block.capture:
                 free_in_capture(block)
                 return
             if still_capturing(cu):
+                if beside is not None and beside(block):
+                    with relaxed(cu):
+                        release(block, True)
+                    return
                 defer(partial(release, block))
                 return
         if ledger:  # 2. rule 12

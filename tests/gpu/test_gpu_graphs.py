@@ -228,6 +228,43 @@ def test_a_second_thread_allocates_and_drops_throughout_a_global_capture():
     cu.cuGraphDestroy(capture["graph"])
 
 
+def test_a_non_blocking_streams_array_dropped_during_a_global_capture_is_released_at_once():
+    """Note [Released beside a capture] in numba_pool/allocator/release.py: an array of a non-blocking stream S,
+    still read by a kernel on S, dropped while another stream is captured in global mode, is released at the drop
+    (kept idle for S, or freed on it, in relaxed mode), not held back past the capture; S is then destroyed (legal:
+    its arrays are dropped), the capture ends valid, no later allocation meets the kernel's reads, and trim frees
+    what S kept idle."""
+    n = 64 << 10
+    stream = cuda.stream()
+    _warm(stream)
+    err, handle = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    assert not err, err
+    s = cuda.external_stream(int(handle))
+    _warm(s)
+    bad = cuda.to_device(np.zeros(1, np.int64))
+    with numba_pool.using_stream(s):
+        a = cuda.device_array(n, np.float32, stream=s)
+    hold_then_count[blocks(n), THREADS, s](a, np.float32(7), 200_000, bad)  # still reading when dropped
+    with _captured(stream) as capture:
+        with numba_pool.using_stream(stream):
+            first = cuda.device_array(n, np.float32, stream=stream)  # the capture is now known
+            del a
+            gc.collect()
+            held = numba_pool.stats().releases_held_for_capture
+            del first
+    _check((cu.cuStreamDestroy(handle)[0], None))  # the kernel on it runs on; the driver frees the stream after
+    later = [cuda.device_array(n, np.float32) for _ in range(8)]  # the pool reuses the block only after its free
+    for b in later:
+        fill[blocks(n), THREADS](b, np.float32(-1))
+    cuda.synchronize()
+    assert (held, capture["end"]) == (0, "CUDA_SUCCESS")
+    assert int(bad.copy_to_host()[0]) == 0
+    assert numba_pool.stats().releases_held_for_capture == 0
+    numba_pool.trim()
+    assert numba_pool.stats().pool_released_bytes == 0
+    cu.cuGraphDestroy(capture["graph"])
+
+
 def test_using_stream_takes_a_graph_builder():
     core = pytest.importorskip("cuda.core")
     n = 4096
