@@ -14,6 +14,7 @@ from cuda.bindings import driver as cuda_driver
 
 from ..config import PoolConfig
 from . import driver as _driver
+from .capture import relaxed
 from .driver import check
 
 _ATTR = cuda_driver.CUmemPool_attribute
@@ -118,7 +119,12 @@ class MemPool:
               "cuMemPoolSetAttribute(REUSE_ALLOW_INTERNAL_DEPENDENCIES)")
 
     def _get(self, attr) -> int:
-        return int(check(self._cu.cuMemPoolGetAttribute(self.handle, attr), f"cuMemPoolGetAttribute({attr.name})"))
+        # In relaxed capture mode: the driver refuses a pool attribute read as "potentially unsafe" in the calling
+        # thread's default (global) mode while a global-mode capture runs, any thread's, numba_pool's or another
+        # library's (docs/perf-notes.md, "Stream capture: what the driver allows").
+        with relaxed(self._cu):
+            result = self._cu.cuMemPoolGetAttribute(self.handle, attr)
+        return int(check(result, f"cuMemPoolGetAttribute({attr.name})"))
 
     def usage(self) -> PoolUsage:
         """Reserved and used bytes with their high watermarks, read from the driver."""

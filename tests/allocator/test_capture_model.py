@@ -240,3 +240,24 @@ def test_a_non_legacy_release_a_reset_overtook_inside_defer_cleanup_is_freed(pro
     gc.collect()
     assert p.model._memory.find(family.address) is None, "never freed"
     p.finish()
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+@pytest.mark.parametrize("known", [True, False], ids=["known", "unknown"])
+def test_statistics_and_memory_info_during_a_global_capture_leave_it_valid(programs, arena, known):
+    """Found on an H200: ``numba_pool.stats()`` inside a global-mode capture, from the capturing thread, made the driver
+    refuse the pool's attribute reads (``cuMemPoolGetAttribute``: ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``, the model
+    now says so too), which breaks the capture.  They are read in relaxed mode, whether numba_pool knows of the capture
+    (``known``: an allocation on the stream first) or not (another library's)."""
+    p = programs(arena=arena)
+    stream = p.create_stream(True)
+    handle = cu.CUstream(stream)
+    with _capturing(p, stream) if known else contextlib.nullcontext():
+        if not known:
+            assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == R.CUDA_SUCCESS
+        figures = p.mm.statistics()
+        free, total = p.mm.get_memory_info()
+        if not known:
+            assert p.model.cuStreamEndCapture(handle)[0] == R.CUDA_SUCCESS
+    assert figures.pool_reserved_bytes >= 0 and 0 <= free <= total
+    p.model.assert_no_violations()

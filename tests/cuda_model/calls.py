@@ -250,6 +250,9 @@ class _MemoryCalls:
 
     @_driver
     def cuMemPoolGetAttribute(self, pool: Any, attr: Any):
+        refused = self._unsafe_refused("cuMemPoolGetAttribute")  # measured on an H200: capture.py's list
+        if refused:
+            return refused, None
         p = self._pool(pool, "cuMemPoolGetAttribute")
         if p is None or attr not in self._READ:
             return _R.CUDA_ERROR_INVALID_VALUE, None
