@@ -100,8 +100,16 @@ class PooledBlocks(PooledDoor, BlockSource):
                     block = idle.pop()
                 except IndexError:  # another thread took the last one
                     pass
-                else:
-                    return self.reuse(block)
+                else:  # reuse(block), inline (Note [No frame between Numba and the source]): the other doors' hot path
+                    live = block.ledger = self.live
+                    block.state = ALLOCATED
+                    live[block.ptr] = block
+                    if self.dropped:  # a reset began meanwhile (rule 12)
+                        return self._lost_to_reset(live, block.ptr, size, LEGACY)
+                    self._note(size)
+                    if len(self._events) > DRAIN_AT:
+                        self._drain_if_due()
+                    return block
         return self.allocate_on(size, stream)
 
     def released_beside(self, block: Block) -> bool:
