@@ -6,7 +6,8 @@
   pool), released as a free node during the capture, after it by ``cuMemFreeAsync`` on the capture stream.
 * **While a capture is under way** (:data:`underway`): no legacy-stream use, no synchronize, other calls in relaxed
   mode; other streams' allocations come from the mempool (no arena), the legacy stream's from a synchronized side
-  stream; releases wait (:func:`defer`) and run in order once none is (:func:`refresh`)."""
+  stream; releases wait (:func:`defer`) and run in order once none is (:func:`refresh`), but those made beside it
+  (:func:`orders_beside`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .held import Held
 
 _NO_CONTEXT = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
 _NONE = _driver.cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+_NON_BLOCKING = int(_driver.cuda_driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,22 @@ def still_capturing(cu) -> bool:
 def defer(release: Callable[[], None]) -> None:
     """Hold ``release`` (which must not raise) back until no known capture is under way."""
     _deferred.keep(release)
+
+
+def orders_beside(cu, stream: StreamRef) -> bool:
+    """Note [Released beside a capture] in :mod:`.release`: whether a release's work on ``stream`` may be done now,
+    during a capture, in relaxed mode: a non-blocking stream (``cuStreamGetFlags``) not itself capturing
+    (``cuStreamIsCapturing``: the driver's answer required), not a per-thread default stream.  Never raises."""
+    if stream is LEGACY or stream.thread is not None:
+        return False
+    try:
+        err, flags = cu.cuStreamGetFlags(stream.handle)
+        if err != SUCCESS or not int(flags) & _NON_BLOCKING:
+            return False
+        err, status = cu.cuStreamIsCapturing(stream.handle)
+    except Exception:  # noqa: BLE001 - a release never raises: held back instead
+        return False
+    return err == SUCCESS and status == _NONE
 
 
 def refresh(cu) -> bool:

@@ -193,9 +193,10 @@ class DeviceAllocator:
     def issue_frees(self) -> None:
         """Before figures and barriers: run releases an ended capture held (rule 13), and free
         fenced mempool blocks (Note [Legacy-stream frees wait for a fence])."""
-        if captures.underway or captures.held_back():
-            captures.refresh(self.cu)
-        self.mempool_blocks.free_completed()
+        with relaxed(self.cu):  # a capture numba_pool does not know of: cuEventQuery would invalidate a global one
+            if captures.underway or captures.held_back():
+                captures.refresh(self.cu)
+            self.mempool_blocks.free_completed()
 
     def refuse_during_capture(self, what: str) -> None:
         """Rule 13: a synchronize breaks captures.  :raises RuntimeError: during one, naming ``what`` and the stream."""

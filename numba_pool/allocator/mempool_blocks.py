@@ -22,12 +22,12 @@ from ..cuda.driver import NOT_CAPTURING_ANSWER, OUT_OF_MEMORY, SUCCESS, check, h
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
 from .block import ALLOCATED, Block, make_block
-from .captures import SideStream, underway
+from .captures import SideStream, orders_beside, underway
 from .doors import PooledDoor
 from .fences import take_list
 from .release import Pending, gate
 from .sources import BlockSource
-from .stream_idle import NON_BLOCKING, StreamIdle
+from .stream_idle import StreamIdle
 from .usage import DRAIN_AT
 
 IDLE_BLOCKS = 64  #: Idle blocks kept per size in front of the mempool (Note [Idle blocks are kept by size]).
@@ -114,21 +114,13 @@ class PooledBlocks(PooledDoor, BlockSource):
 
     def released_beside(self, block: Block) -> bool:
         """Note [Released beside a capture] in :mod:`.release`: whether ``block``'s release, during a capture, is made
-        at once: a block of a non-blocking stream (``cuStreamGetFlags``) not itself capturing (``cuStreamIsCapturing``,
-        the driver's answer required), not another thread's per-thread stream, with no waits, outside
-        ``defer_cleanup``.  Never raises."""
-        stream = block.stream
-        if stream is LEGACY or stream.thread is not None or block.waits is not None or self._deferral.depth:
+        at once: a block of a stream :func:`.captures.orders_beside` accepts, waiting for no other stream (holds only:
+        a set-aside block's, Note [An address a reset gave again]; inside ``defer_cleanup`` too: its release orders at
+        the drop, Note [A release made free later orders now] in :mod:`.waits`).  Never raises."""
+        waits = block.waits
+        if waits and any(isinstance(wait, StreamRef) for wait in waits):
             return False
-        cu = self._cu
-        try:
-            err, flags = cu.cuStreamGetFlags(stream.handle)
-            if err != SUCCESS or not int(flags) & NON_BLOCKING:
-                return False
-            answer = self._capture_status(stream.handle)
-        except Exception:  # noqa: BLE001 - a release never raises: held back instead
-            return False
-        return answer is NOT_CAPTURING_ANSWER or (answer[0] == SUCCESS and answer[1] == NOT_CAPTURING)
+        return orders_beside(self._cu, block.stream)
 
     def _handle_of(self, stream: StreamRef):
         # The legacy stream's owners' memory comes from the private allocation stream (Note above).

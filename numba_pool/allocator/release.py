@@ -23,11 +23,17 @@ Note [Released beside a capture]
     A release held back past a capture's end names its stream then, and the program may have destroyed that stream
     meanwhile (legal once its arrays are dropped; a cuda.core ``Stream.close()``, a PyTorch stream's handle): the
     free would go to a destroyed handle, or to the new stream the driver gave it, unordered after the old one's work.
-    So a mempool block of a non-blocking stream S not itself captured, with nothing else to wait for, is released
-    at the drop as outside a capture (freed on S, or kept idle for it), the thread in relaxed capture mode
-    (``cuThreadExchangeStreamCaptureMode``): the driver allows stream-ordered frees on uncaptured streams there,
-    under a global-mode capture too (docs/perf-notes.md, "Stream capture: what the driver allows").  Other releases
-    still wait (:meth:`.mempool_blocks.PooledBlocks.released_beside` says which).
+    So a mempool block of a non-blocking stream S not itself captured, waiting for no other stream, is released at
+    the drop as outside a capture (freed on S, kept idle for it, or, held by a hold, an event recorded on S now), the
+    thread in relaxed capture mode (``cuThreadExchangeStreamCaptureMode``): the driver allows stream-ordered frees
+    and event records on uncaptured streams there, under a global-mode capture too (docs/perf-notes.md, "Stream
+    capture: what the driver allows"); a hold let go after S's work (:meth:`.waits.StreamWaits.let_go_after`)
+    likewise.  Other releases still wait (:meth:`.mempool_blocks.PooledBlocks.released_beside`,
+    :func:`.captures.orders_beside` say which) and name their streams after the capture (a known gap: the program
+    must keep those streams alive until then): a blocking stream's, the captured stream's own, one waiting for a
+    ``record_stream`` stream, one dropped in a thread with no current context (the stream's flags unknown there), an
+    arena block's.  A free beside the capture failing for another reason than a missing context (S began capturing
+    meanwhile) is held back, ordered after the capture.
 
 Note [The gate is a closure]
     The release is the pointer finalizer's one call, on the hot path of every drop.  So the gate is a closure
@@ -145,6 +151,9 @@ def gate(source, cu, *, deferral, owner, ordered: Callable[[Block], None],
             ordered(block)
             return
         if err:  # 6. rule 10
+            if in_relaxed_mode and not owner.needed():  # S began capturing meanwhile: held back (rule 13), ordered
+                defer(partial(ordered, block))
+                return
             in_owner_context(owner, ordered, err, block)
 
     def free_in_capture(block: Block) -> None:

@@ -24,6 +24,7 @@ import threading
 from functools import partial
 from typing import Callable, Protocol
 
+from ..cuda.capture import relaxed
 from ..cuda.context import OwnerContext
 from ..cuda.driver import EVENT_FLAGS, NOT_READY, check, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
@@ -314,9 +315,14 @@ class StreamWaits:
         """Let ``hold`` go after the next fence, once the host sees ``stream``'s work so far done (an event on it,
         ``cuEventQuery``; the legacy stream's: the fence's).  No stream waits for it (Note [A named stream is not
         waited for] in :mod:`.device`).  Never raises (rule 8: synchronizes instead, warning of ``what``, the held
-        block); during a capture, waits (rule 13)."""
+        block); during a capture, waits (rule 13), but on the legacy stream (no driver call) or one
+        :func:`.captures.orders_beside` accepts: made now, in relaxed mode (Note [Released beside a capture])."""
         if captures.underway and captures.still_capturing(self._cu):
-            captures.defer(partial(self.let_go_after, hold, stream, what))
+            if stream is not LEGACY and not captures.orders_beside(self._cu, stream):
+                captures.defer(partial(self.let_go_after, hold, stream, what))
+                return
+            with relaxed(self._cu):
+                self.owner.enter(self._let_go_after, hold, stream, what)  # rule 10
             return
         self.owner.enter(self._let_go_after, hold, stream, what)  # rule 10
 

@@ -688,7 +688,7 @@ def _named_by_held_back_releases() -> set | None:
     named = set()
     for release in captures_module._deferred.values():
         refs = []
-        for arg in getattr(release, "args", None) or ():
+        for arg in [*(getattr(release, "args", None) or ()), *(getattr(release, "keywords", None) or {}).values()]:
             if isinstance(arg, StreamRef):
                 refs.append(arg)
             elif isinstance(arg, Block):

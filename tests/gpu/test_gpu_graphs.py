@@ -232,8 +232,9 @@ def test_a_non_blocking_streams_array_dropped_during_a_global_capture_is_release
     """Note [Released beside a capture] in numba_pool/allocator/release.py: an array of a non-blocking stream S,
     still read by a kernel on S, dropped while another stream is captured in global mode, is released at the drop
     (kept idle for S, or freed on it, in relaxed mode), not held back past the capture; S is then destroyed (legal:
-    its arrays are dropped), the capture ends valid, no later allocation meets the kernel's reads, and trim frees
-    what S kept idle."""
+    its arrays are dropped) before numba_pool learns the capture ended, the capture ends valid, and trim frees what S
+    kept idle.  (The block kept idle for S goes back to the pool only at the trim, after a synchronize: the kernel's
+    count of foreign writes is a check of the later allocations, not of the release's order.)"""
     n = 64 << 10
     stream = cuda.stream()
     _warm(stream)
