@@ -198,6 +198,8 @@ class StreamWaits:
         except Exception as err:  # noqa: BLE001 - rule 8: a release never raises
             if retry and self.owner.retry(self._order, block, stream, publish, recorded, settle):  # rule 10
                 return
+            if self._after_the_capture(self._order, block, stream, publish, recorded, settle):
+                return
             if self._synchronize_instead(block, stream, err):
                 self._publish_synchronized(block, publish)
 
@@ -225,6 +227,8 @@ class StreamWaits:
                 event = None if stream is LEGACY or settle is not None else self._record(stream)
         except Exception as err:  # noqa: BLE001 - rule 8
             if retry and self.owner.retry(self._order_for_later, block, stream, publish, recorded, settle, holds):
+                return
+            if self._after_the_capture(self._order_for_later, block, stream, publish, recorded, settle, holds):
                 return
             if not self._synchronize_instead(block, stream, err):
                 return
@@ -332,11 +336,22 @@ class StreamWaits:
         except Exception as err:  # noqa: BLE001 - rule 8
             if retry and self.owner.retry(self._let_go_after, hold, stream, what):  # rule 10
                 return
+            if self._after_the_capture(self._let_go_after, hold, stream, what):
+                return
             if report_failure(self._cu.cuCtxSynchronize(), "cuCtxSynchronize"):
                 warn(f"could not order {what} after stream {stream.value:#x} ({err}); synchronized the device instead")
             hold.let_go()
             return
         self.after_fence.add(_once_done(self._cu, self.unseen, events, hold.let_go), hold.nbytes)
+
+    def _after_the_capture(self, fn, *args) -> bool:
+        """Rule 13 at rule 8's fallback: during a capture (a release made beside it, Note [Released beside a capture]
+        in :mod:`.release`) a release that could not be ordered is held back, ``fn(*args, retry)`` run after the
+        capture (True), never a synchronize, which would invalidate it; else False."""
+        if not (captures.underway and captures.still_capturing(self._cu)):
+            return False
+        captures.defer(partial(self.owner.enter, fn, *args))
+        return True
 
     def _wait_on_streams(self, recorded: list[StreamRef], stream: StreamRef) -> None:
         cu = self._cu

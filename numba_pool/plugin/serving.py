@@ -127,10 +127,11 @@ class DoorTable(dict):
         release does nothing (rule 12).  A graph's block (rule 13) is not kept past its allocation call, whose
         capture must free it: it goes back when the call returns or fails.  Only device
         blocks are set aside: a host cache never gives a live block's address again (a reset leaves its live blocks
-        allocated, rule 12).  The history and log record the set-aside block's free at the set-aside.  Known gap:
-        while a capture is under way the release is held back (rule 13) and may run after A was destroyed, as for
-        any release a capture holds back (the xfail
-        ``test_a_release_held_back_by_a_capture_survives_its_stream_being_destroyed``)."""
+        allocated, rule 12).  The history and log record the set-aside block's free at the set-aside.  While a
+        capture is under way a mempool block's release, and the holder's let-go, are made beside it (Note [Released
+        beside a capture] in :mod:`numba_pool.allocator.release`) where A is non-blocking; known gap: an arena
+        block's, or a blocking A's, is held back (rule 13) and may run after A was destroyed (the strict xfail
+        ``test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end[arena]``)."""
 
     __slots__ = ("aside",)
 

@@ -10,6 +10,8 @@ from cuda.bindings import driver as cu
 
 import numba_pool
 from numba_pool.allocator import captures
+from numba_pool.allocator.stream_idle import StreamIdle
+from cuda_model.model import CudaModel
 
 R = cu.CUresult
 GLOBAL = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
@@ -301,3 +303,56 @@ def test_a_held_back_release_of_a_blocking_stream_destroyed_before_it_runs(progr
     assert p.destroy_stream(other)
     p.allocate(1000)  # numba_pool learns the capture ended and runs the held-back release
     p.model.assert_no_violations()
+
+
+def _failing_once(monkeypatch, name: str) -> list:
+    """The model's ``name`` answers ``CUDA_ERROR_INVALID_VALUE`` once per item put in the returned list."""
+    fail: list = []
+    real = getattr(CudaModel, name)
+
+    def call(self, *args):
+        if fail:
+            fail.pop()
+            return (R.CUDA_ERROR_INVALID_VALUE,) if name == "cuMemFreeAsync" else (R.CUDA_ERROR_INVALID_VALUE, None)
+        return real(self, *args)
+    monkeypatch.setattr(CudaModel, name, call)
+    return fail
+
+
+def test_a_free_beside_a_capture_that_fails_is_held_back_and_ordered_after_it(programs, monkeypatch):
+    """Note [Released beside a capture]: a free made beside the capture that fails for another reason than a missing
+    context (the stream began capturing meanwhile, in another thread) is held back and ordered after the capture:
+    never lost (a reported failure), never rule 8's synchronize (which would invalidate the capture)."""
+    fail = _failing_once(monkeypatch, "cuMemFreeAsync")
+    monkeypatch.setattr(StreamIdle, "keep", lambda self, block: False)  # the free, not the stream's idle list
+    p = programs(arena=False)
+    stream, other = p.create_stream(True), p.create_stream(False)
+    family = p.allocate(1000, other)
+    with _capturing(p, stream):
+        fail.append(True)
+        p.drop(family, legalize="record")
+        assert not fail and captures.held_back() == 1
+    p.allocate(1000)  # numba_pool learns the capture ended: the release is ordered on its stream
+    assert captures.held_back() == 0
+    p.model.assert_no_violations()
+    p.finish()
+
+
+def test_a_release_beside_a_capture_that_cannot_record_its_event_is_held_back(programs, monkeypatch):
+    """Rule 8's fallback during a capture: a release made beside it (inside ``defer_cleanup``: its event recorded at
+    the drop) whose ``cuEventCreate`` fails is held back and ordered after the capture, not synchronized (a review
+    found ``cuCtxSynchronize`` there invalidating the capture)."""
+    p = programs(arena=False)
+    stream, other = p.create_stream(True), p.create_stream(False)
+    family = p.allocate(1000, other)
+    p.open_defer()
+    with _capturing(p, stream):
+        fail = _failing_once(monkeypatch, "cuEventCreate")
+        fail.append(True)
+        p.drop(family, legalize="scope")
+        gc.collect()
+        assert not fail and captures.held_back() == 1
+    p.allocate(1000)
+    p.close_defer()
+    p.model.assert_no_violations()
+    p.finish()

@@ -281,3 +281,30 @@ def test_bytes_a_race_left_behind_an_empty_list_are_dropped_at_the_next_allocati
     p.mm.memalloc(256)
     assert after.nbytes == 0
     assert_clean(p)
+
+
+def test_a_holders_free_during_a_capture_names_its_stream_at_once(programs, no_capture_left):
+    """Note [Released beside a capture]: the dangling holder's free comes during a capture, naming non-blocking t; its
+    let-go (``StreamWaits.let_go_after``) records its event on t then, in relaxed mode, rather than after the
+    capture, and t may be destroyed before numba_pool learns the capture ended (a review's probe: held back, it
+    recorded an event on the destroyed handle)."""
+    p = programs(arena=False)
+    door = _door(p)
+    s, t = _stream(p), _stream(p)
+    c = p.create_stream(True)
+    old = door._malloc(744, 0, t)
+    p.mm.reset()
+    handle = real_cu.CUstream(c)
+    with p.using_stream(c):
+        assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == real_cu.CUresult.CUDA_SUCCESS
+        p.mm.memalloc(256)  # numba_pool knows of the capture now
+    new = door._malloc(744, 0, s)  # ``old``'s address: the block set aside
+    door._free(old, 744, 0, t)  # the holder's free, during the capture
+    assert captures.held_back() == 0
+    assert p.model.cuStreamEndCapture(handle)[0] == real_cu.CUresult.CUDA_SUCCESS
+    assert p.model.cuStreamSynchronize(real_cu.CUstream(t))[0] == 0
+    assert p.model.cuStreamDestroy(real_cu.CUstream(t))[0] == 0
+    p.mm.memalloc(256)
+    door._free(new, 744, 0, s)
+    p.mm.trim()
+    assert_clean(p)

@@ -573,11 +573,12 @@ class Program(Waits):
         if not any("numba_pool" in f.f_code.co_filename for f in _frames(sys._getframe())):
             return  # a driver call of the harness itself, not of the allocator
         contexts = self.model._contexts()
-        if stream == LEGACY and (not contexts or int(contexts[-1]) != int(CONTEXT)):
-            # A thread without the program's context ("bare", "foreign"): its legacy-stream launch would go to another
+        if not contexts or int(contexts[-1]) != int(CONTEXT):
+            # A thread without the program's context ("bare", "foreign"): a legacy-stream launch there goes to another
             # context's legacy stream, which no fence of numba_pool's orders (the fuzzer found that, as a managed
-            # block's unordered reuse); the program's legacy-stream work is its own context's, as Numba's launches
-            # make it current.  A launch on a created stream names that stream wherever it is made.
+            # block's unordered reuse), and the legalizing wait's event is made outside the program's context (a
+            # review found false reports on created streams too).  The program launches where its context is
+            # current, as Numba's launches make it.
             return
         self.parked.pop()
         if family.id in self.families and family.refs and not family.zombie and (
