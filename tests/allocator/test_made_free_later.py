@@ -104,15 +104,10 @@ def test_a_reset_between_the_set_aside_and_the_holders_free_leaks_no_event(progr
     assert_clean(p)
 
 
-@pytest.mark.parametrize("arena", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-    "known gap (Note [An address a reset gave again]): a capture holds back an arena block's set-aside release, "
-    "which then names a stream the program destroyed meanwhile (Note [Released beside a capture]: mempool only)")))],
-    ids=["mempool", "arena"])
-def test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end(programs, arena, no_capture_left):
-    """A block set aside on non-blocking s while a capture on c is under way, s destroyed before the capture's end
-    is learned of.  A mempool block's release is made at once, beside the capture (Note [Released beside a
-    capture]: an event on s now, the block kept until the holder's free); held back, it named s after."""
-    p = programs(arena=arena)
+def _set_aside_during_a_capture(p) -> tuple:
+    """A tensor ``old`` on non-blocking t outlives a reset; a global capture on a blocking stream begins (numba_pool
+    knows of it); a tensor on non-blocking s gets ``old``'s address: the block first given there is set aside.
+    Returns ``(door, s, t, the capture's handle, old, new)``."""
     door = _door(p)
     s, t = _stream(p), _stream(p)
     c = p.create_stream(True)
@@ -123,6 +118,19 @@ def test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end
         assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == real_cu.CUresult.CUDA_SUCCESS
         p.mm.memalloc(256)  # numba_pool knows of the capture now
     new = door._malloc(744, 0, s)  # ``old``'s address: the block set aside
+    return door, s, t, handle, old, new
+
+
+@pytest.mark.parametrize("arena", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
+    "known gap (Note [An address a reset gave again]): a capture holds back an arena block's set-aside release, "
+    "which then names a stream the program destroyed meanwhile (Note [Released beside a capture]: mempool only)")))],
+    ids=["mempool", "arena"])
+def test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end(programs, arena, no_capture_left):
+    """A block set aside on non-blocking s while a capture on c is under way, s destroyed before the capture's end
+    is learned of.  A mempool block's release is made at once, beside the capture (Note [Released beside a
+    capture]: an event on s now, the block kept until the holder's free); held back, it named s after."""
+    p = programs(arena=arena)
+    door, s, t, handle, old, new = _set_aside_during_a_capture(p)
     assert captures.held_back() == (1 if arena else 0)
     assert p.model.cuStreamEndCapture(handle)[0] == real_cu.CUresult.CUDA_SUCCESS
     door._free(new, 744, 0, s)
@@ -289,16 +297,7 @@ def test_a_holders_free_during_a_capture_names_its_stream_at_once(programs, no_c
     capture, and t may be destroyed before numba_pool learns the capture ended (a review's probe: held back, it
     recorded an event on the destroyed handle)."""
     p = programs(arena=False)
-    door = _door(p)
-    s, t = _stream(p), _stream(p)
-    c = p.create_stream(True)
-    old = door._malloc(744, 0, t)
-    p.mm.reset()
-    handle = real_cu.CUstream(c)
-    with p.using_stream(c):
-        assert p.model.cuStreamBeginCapture(handle, GLOBAL)[0] == real_cu.CUresult.CUDA_SUCCESS
-        p.mm.memalloc(256)  # numba_pool knows of the capture now
-    new = door._malloc(744, 0, s)  # ``old``'s address: the block set aside
+    door, s, t, handle, old, new = _set_aside_during_a_capture(p)
     door._free(old, 744, 0, t)  # the holder's free, during the capture
     assert captures.held_back() == 0
     assert p.model.cuStreamEndCapture(handle)[0] == real_cu.CUresult.CUDA_SUCCESS
