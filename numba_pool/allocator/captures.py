@@ -25,7 +25,8 @@ from .held import Held
 
 _NO_CONTEXT = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
 _NONE = _driver.cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-_NON_BLOCKING = int(_driver.cuda_driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
+#: ``cuStreamGetFlags``'s bit for a non-blocking stream (here and rule 7a's :mod:`.stream_idle`).
+NON_BLOCKING = int(_driver.cuda_driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def orders_beside(cu, stream: StreamRef) -> bool:
         return False
     try:
         err, flags = cu.cuStreamGetFlags(stream.handle)
-        if err != SUCCESS or not int(flags) & _NON_BLOCKING:
+        if err != SUCCESS or not int(flags) & NON_BLOCKING:
             return False
         err, status = cu.cuStreamIsCapturing(stream.handle)
     except Exception:  # noqa: BLE001 - a release never raises: held back instead

@@ -17,15 +17,13 @@ Note [Idle blocks of a stream]
 
 from __future__ import annotations
 
-from cuda.bindings.driver import CUstream_flags
-
 from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS, hot
 from ..cuda.streams import LEGACY, StreamRef
 from .block import Block
+from .captures import NON_BLOCKING
 from .fences import take_list
 
-NON_BLOCKING = int(CUstream_flags.CU_STREAM_NON_BLOCKING)  #: ``cuStreamGetFlags``'s bit for a non-blocking stream.
 PER_STREAM_SIZE = 8  #: Idle blocks kept per stream and size.
 MAX_BYTES = 256 << 20  #: Bytes kept idle for all streams together.
 MAX_LISTS = 1024  #: (stream, size) pairs kept, empty ones pruned when reached.
