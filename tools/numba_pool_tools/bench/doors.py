@@ -4,29 +4,30 @@ against that library's own allocator and RMM's allocator for it, where installed
 ``python -m numba_pool_tools.bench.doors [--rounds N] [--pairs N]`` on a GPU machine, with numba_pool as
 Numba's memory manager (it sets ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` for its children).
 
-Method.  cuda.core and CuPy can switch allocators in one process, so their allocators take turns there:
-each round runs :data:`PAIRS` pairs per allocator, the order rotated from round to round, and a round's
-difference ``door - own`` is paired; the table gives each allocator's median µs per pair and the median
-difference.  PyTorch takes one allocator per process, so each allocator runs in its own child process,
-the children taking turns (:data:`TURNS` each), and the table gives the median of their medians.  A pair
-is the library's own call: ``Buffer`` allocate and ``close`` (cuda.core), the allocator CuPy would call
+Method.  Each library's allocators take turns: each round runs :data:`PAIRS` pairs per allocator, the order
+rotated from round to round, and a round's difference ``door - own`` is paired; the table gives each allocator's
+median µs per pair and the median difference.  cuda.core and CuPy switch allocators in one process.  PyTorch takes
+one allocator per process, so each of its allocators has a child process, all started at once and kept, and the
+parent asks them in turn for each round's pairs: a round's figures are milliseconds apart, which the host's slow
+spells (all code about twice as slow for tens of milliseconds or more, docs/perf-notes.md) hit alike.  A pair is the
+library's own call: ``Buffer`` allocate and ``close`` (cuda.core), the allocator CuPy would call
 (``cupy.cuda.set_allocator``'s) and the drop of its ``MemoryPointer`` (CuPy), ``torch.empty(...,
 device="cuda")`` and its drop (PyTorch)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from functools import partial
 
 SIZES = [256, 64 << 10, 4 << 20]
 ROUNDS = 21
 PAIRS = 1000
-TURNS = 4
 #: The door's row and the library's own, per library (the difference the issue bounds at 2 µs).
 OWN = {"cuda.core": "DeviceMemoryResource", "cupy": "MemoryPool", "torch": "caching allocator"}
 
@@ -40,14 +41,20 @@ def _timed(pair, size: int, pairs: int) -> float:
 
 def _take_turns(pairs_by_name: dict, rounds: int, pairs: int, synchronize) -> dict:
     """``{size: {name: [µs per pair, one per round]}}``, the allocators rotated from round to round."""
-    names = list(pairs_by_name)
+    timers = {name: partial(_timed, pair) for name, pair in pairs_by_name.items()}
+    return _rotate(timers, rounds, pairs, synchronize)
+
+
+def _rotate(timers: dict, rounds: int, pairs: int, synchronize=lambda: None) -> dict:
+    """:func:`_take_turns` for ``timers``: ``timer(size, pairs)`` runs ``pairs`` pairs, returns µs per pair."""
+    names = list(timers)
     out = {size: {name: [] for name in names} for size in SIZES}
     for size in SIZES:
         for name in names:  # warm-up: each allocator's pool holds a block of the size
-            _timed(pairs_by_name[name], size, pairs // 10 + 1)
+            timers[name](size, pairs // 10 + 1)
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                out[size][name].append(_timed(pairs_by_name[name], size, pairs))
+                out[size][name].append(timers[name](size, pairs))
                 synchronize()
     return out
 
@@ -110,8 +117,12 @@ def measure_cupy(rounds: int, pairs: int) -> dict:
     return _take_turns(allocators, rounds, pairs, cupy.cuda.runtime.deviceSynchronize)  # a pair: allocator(size), dropped
 
 
-def measure_torch_child(which: str, rounds: int, pairs: int) -> dict:
-    """One child's medians: PyTorch with ``which`` allocator (``numba_pool``, ``caching allocator``, ``RMM pool``)."""
+def serve_torch_child(which: str) -> None:
+    """A child's loop: PyTorch with ``which`` allocator (``numba_pool``, ``caching allocator``, ``RMM pool``, the
+    floor); ``ready`` once installed, then for each line ``size pairs`` on standard input, that many pairs timed
+    (µs per pair, then a synchronize), until standard input closes."""
+    if which not in ("numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR):
+        raise SystemExit(f"no PyTorch allocator is called {which!r}")
     import torch
     if which == "numba_pool":
         import numba_pool
@@ -126,8 +137,55 @@ def measure_torch_child(which: str, rounds: int, pairs: int) -> dict:
 
     def pair(size):
         torch.empty(size, dtype=torch.uint8, device="cuda")
-    out = _take_turns({which: pair}, rounds, pairs, torch.cuda.synchronize)
-    return {size: statistics.median(values[which]) for size, values in out.items()}
+    pair(SIZES[0])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        size, pairs = map(int, line.split())
+        took = _timed(pair, size, pairs)
+        torch.cuda.synchronize()
+        print(took, flush=True)
+
+
+_TOOLS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding the tools
+
+
+class _TorchChild:
+    """A child process serving one PyTorch allocator's rounds (:func:`serve_torch_child`)."""
+
+    def __init__(self, which: str):
+        self.which = which
+        self._said = tempfile.TemporaryFile("w+")  # its standard error: a pipe nobody reads could fill and block it
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "numba_pool_tools.bench.doors", "--torch-child", which],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._said, text=True,
+            env={**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "PYTHONPATH": os.pathsep.join(
+                [_TOOLS, *filter(None, [os.environ.get("PYTHONPATH")])])})
+        self._answer("ready")
+
+    def __call__(self, size: int, pairs: int) -> float:
+        self.process.stdin.write(f"{size} {pairs}\n")
+        self.process.stdin.flush()
+        return float(self._answer())
+
+    def _answer(self, expected: str | None = None) -> str:
+        line = self.process.stdout.readline().strip()
+        if not line or (expected is not None and line != expected):
+            self.process.kill()
+            self.process.wait()
+            self._said.seek(0)
+            said = self._said.read().strip().splitlines()[-1:]
+            self.close()
+            raise RuntimeError(f"torch with {self.which}: no figure ({said or line or 'no answer'})")
+        return line
+
+    def close(self) -> None:
+        if self.process.stdin and not self.process.stdin.closed:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._said.close()
 
 
 #: PyTorch's cost of a pluggable allocator whose callbacks do nothing: one address for every tensor.
@@ -160,19 +218,18 @@ def _install_torch_floor():
 
 
 def measure_torch(rounds: int, pairs: int) -> dict:
-    names = ["numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR]
-    out = {size: {name: [] for name in names} for size in SIZES}
-    for turn in range(TURNS):
-        for name in names[turn % len(names):] + names[:turn % len(names)]:
-            child = subprocess.run([sys.executable, "-m", "numba_pool_tools.bench.doors", "--torch-child", name, "--rounds", str(rounds),
-                                    "--pairs", str(pairs)], capture_output=True, text=True, timeout=300,
-                                   env={**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool"})
-            if child.returncode != 0:
-                print(f"torch with {name}: no figure ({child.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
-                continue
-            for size, value in json.loads(child.stdout.strip().splitlines()[-1]).items():
-                out[int(size)][name].append(value)
-    return {size: {n: v for n, v in row.items() if v} for size, row in out.items()}
+    """PyTorch's allocators, each in its child (:class:`_TorchChild`), taking turns round by round."""
+    children = {}
+    try:
+        for name in ["numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR]:
+            try:
+                children[name] = _TorchChild(name)
+            except RuntimeError as err:  # RMM is an anchor, measured where installed
+                print(err, file=sys.stderr)
+        return _rotate(children, rounds, pairs)
+    finally:
+        for child in children.values():
+            child.close()
 
 
 def render(library: str, figures: dict) -> str:
@@ -194,7 +251,7 @@ def main(argv=None) -> int:
     parser.add_argument("--torch-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.torch_child:
-        print(json.dumps(measure_torch_child(args.torch_child, args.rounds, args.pairs)))
+        serve_torch_child(args.torch_child)
         return 0
     os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_pool"
     for library, measure in (("cuda.core, a stream of its own", measure_cuda_core),
@@ -202,7 +259,7 @@ def main(argv=None) -> int:
                              ("cupy", measure_cupy), ("torch", measure_torch)):
         try:
             figures = measure(args.rounds, args.pairs)
-        except ImportError as err:
+        except (ImportError, RuntimeError) as err:  # not installed, or a PyTorch child that gave no figure
             print(f"### {library}\n\nnot measured: {err}\n")
             continue
         print(render(library, figures) + "\n", flush=True)
