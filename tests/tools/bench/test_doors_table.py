@@ -15,9 +15,10 @@ def test_the_table_gives_medians_and_paired_differences():
     assert "| 256 B | MemoryPool | 2.00 | +1.00 |" in table
 
 
-def test_allocators_take_turns_round_by_round_with_the_order_rotated():
+def test_libraries_interleave_round_by_round_each_with_its_order_rotated(monkeypatch):
     from numba_pool_tools.bench import doors
 
+    monkeypatch.setattr(doors, "SIZES", [256, 512])
     calls = []
 
     def timer(name):
@@ -25,12 +26,18 @@ def test_allocators_take_turns_round_by_round_with_the_order_rotated():
             calls.append((name, size, pairs))
             return float(len(calls))
         return run
-    out = doors._rotate({"a": timer("a"), "b": timer("b")}, rounds=2, pairs=10)
-    first = [c for c in calls if c[1] == doors.SIZES[0]]
-    # the warm-up (pairs // 10 + 1 each), then round 0 a, b and round 1 b, a
-    assert first == [("a", doors.SIZES[0], 2), ("b", doors.SIZES[0], 2), ("a", doors.SIZES[0], 10),
-                     ("b", doors.SIZES[0], 10), ("b", doors.SIZES[0], 10), ("a", doors.SIZES[0], 10)]
-    assert out[doors.SIZES[0]] == {"a": [3.0, 6.0], "b": [4.0, 5.0]}
+    synchronized = []
+    libraries = {"x": ({"a": timer("a"), "b": timer("b")}, lambda: synchronized.append("x")),
+                 "y": ({"c": timer("c")}, lambda: synchronized.append("y"))}
+    out = doors._interleave(libraries, rounds=2, pairs=10)
+    warm_up = [("a", 256, 2), ("b", 256, 2), ("c", 256, 2), ("a", 512, 2), ("b", 512, 2), ("c", 512, 2)]
+    assert calls[:6] == warm_up
+    # round 0: every size, every library, a before b; round 1: b before a
+    assert calls[6:] == [("a", 256, 10), ("b", 256, 10), ("c", 256, 10), ("a", 512, 10), ("b", 512, 10),
+                         ("c", 512, 10), ("b", 256, 10), ("a", 256, 10), ("c", 256, 10), ("b", 512, 10),
+                         ("a", 512, 10), ("c", 512, 10)]
+    assert out["x"][256] == {"a": [7.0, 14.0], "b": [8.0, 13.0]} and out["y"][512] == {"c": [12.0, 18.0]}
+    assert len(synchronized) == 4 + 12  # after each library's warm-up, after each round of an allocator
 
 
 def test_a_torch_child_that_cannot_start_says_which_allocator_in_one_line():

@@ -4,19 +4,21 @@ against that library's own allocator and RMM's allocator for it, where installed
 ``python -m numba_pool_tools.bench.doors [--rounds N] [--pairs N]`` on a GPU machine, with numba_pool as
 Numba's memory manager (it sets ``NUMBA_CUDA_MEMORY_MANAGER=numba_pool`` for its children).
 
-Method.  Each library's allocators take turns: each round runs :data:`PAIRS` pairs per allocator, the order
-rotated from round to round, and a round's difference ``door - own`` is paired; the table gives each allocator's
-median µs per pair and the median difference.  cuda.core and CuPy switch allocators in one process.  PyTorch takes
-one allocator per process, so each of its allocators has a child process, all started at once and kept, and the
-parent asks them in turn for each round's pairs: a round's figures are milliseconds apart, which the host's slow
-spells (all code about twice as slow for tens of milliseconds or more, docs/perf-notes.md) hit alike.  A pair is the
-library's own call: ``Buffer`` allocate and ``close`` (cuda.core), the allocator CuPy would call
-(``cupy.cuda.set_allocator``'s) and the drop of its ``MemoryPointer`` (CuPy), ``torch.empty(...,
-device="cuda")`` and its drop (PyTorch)."""
+Method.  All libraries' allocators are measured in one interleaved run: round ``r`` runs :data:`PAIRS` pairs
+per allocator, for every size and every library in turn, each library's allocators in an order rotated by ``r``;
+a round's difference ``door - own`` is paired.  The table gives each allocator's median µs per pair and the median
+difference.  A library's rounds are so spread over the whole run, and a round's figures are milliseconds apart: the
+host's slow spells (all code about twice as slow, for seconds, on one core; docs/perf-notes.md) hit both sides of a
+pair alike, and only the rounds inside them.  cuda.core and CuPy switch allocators in the bench's process; PyTorch
+takes one allocator per process, so each of its allocators has a child process, started at once and kept, that runs
+a round's pairs when asked.  A pair is the library's own call: ``Buffer`` allocate and ``close`` (cuda.core), the
+allocator CuPy would call (``cupy.cuda.set_allocator``'s) and the drop of its ``MemoryPointer`` (CuPy),
+``torch.empty(..., device="cuda")`` and its drop (PyTorch)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -39,30 +41,38 @@ def _timed(pair, size: int, pairs: int) -> float:
     return (time.perf_counter() - start) / pairs * 1e6
 
 
-def _take_turns(pairs_by_name: dict, rounds: int, pairs: int, synchronize) -> dict:
-    """``{size: {name: [µs per pair, one per round]}}``, the allocators rotated from round to round."""
-    timers = {name: partial(_timed, pair) for name, pair in pairs_by_name.items()}
-    return _rotate(timers, rounds, pairs, synchronize)
-
-
-def _rotate(timers: dict, rounds: int, pairs: int, synchronize=lambda: None) -> dict:
-    """:func:`_take_turns` for ``timers``: ``timer(size, pairs)`` runs ``pairs`` pairs, returns µs per pair."""
-    names = list(timers)
-    out = {size: {name: [] for name in names} for size in SIZES}
+def _interleave(libraries: dict, rounds: int, pairs: int) -> dict:
+    """``{library: {size: {name: [µs per pair, one per round]}}}`` for ``libraries``, ``{library: (timers,
+    synchronize)}`` where ``timer(size, pairs)`` runs ``pairs`` pairs and returns µs per pair.  Round ``r`` runs
+    every size of every library, each library's allocators in an order rotated by ``r``: a library's rounds are
+    spread over the whole run, and a round's figures are milliseconds apart."""
+    out = {library: {size: {name: [] for name in timers} for size in SIZES}
+           for library, (timers, _) in libraries.items()}
     for size in SIZES:
-        for name in names:  # warm-up: each allocator's pool holds a block of the size
-            timers[name](size, pairs // 10 + 1)
-        for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                out[size][name].append(timers[name](size, pairs))
-                synchronize()
+        for timers, synchronize in libraries.values():
+            for timer in timers.values():  # warm-up: each allocator's pool holds a block of the size
+                timer(size, pairs // 10 + 1)
+            synchronize()
+    for r in range(rounds):
+        for size in SIZES:
+            for library, (timers, synchronize) in libraries.items():
+                names = list(timers)
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    out[library][size][name].append(timers[name](size, pairs))
+                    synchronize()
     return out
 
 
-def measure_cuda_core(rounds: int, pairs: int, named: bool = True) -> dict:
+def _timers(pairs_by_name: dict) -> dict:
+    # ``pair(size)`` callables made timers for :func:`_interleave`.
+    return {name: partial(_timed, pair) for name, pair in pairs_by_name.items()}
+
+
+def cuda_core_allocators(stack, named: bool = True) -> tuple:
     """numba_pool's ``MemoryResource`` against cuda.core's ``DeviceMemoryResource``, on one stream made for
     the run (``named``), else on the device's default stream (where Numba's launches on the default stream
-    allocate); and the floor of any Python resource: one that hands out a fixed address and frees nothing."""
+    allocate); and the floor of any Python resource: one that hands out a fixed address and frees nothing.
+    Returns ``(timers, synchronize)`` for :func:`_interleave`."""
     from .core import cuda
     from cuda.core import Buffer, Device, DeviceMemoryResource, MemoryResource
     import numba_pool
@@ -87,18 +97,14 @@ def measure_cuda_core(rounds: int, pairs: int, named: bool = True) -> dict:
         def pair(size):
             resource.allocate(size, stream=stream).close(stream)
         return pair
-    return _take_turns({"numba_pool": pair_of(numba_pool.MemoryResource(0)),
-                        OWN["cuda.core"]: pair_of(DeviceMemoryResource(0)),
-                        "floor: a Python resource allocating nothing": pair_of(Floor())}, rounds, pairs, device.sync)
+    return _timers({"numba_pool": pair_of(numba_pool.MemoryResource(0)),
+                    OWN["cuda.core"]: pair_of(DeviceMemoryResource(0)),
+                    "floor: a Python resource allocating nothing": pair_of(Floor())}), device.sync
 
 
-def measure_cuda_core_default(rounds: int, pairs: int) -> dict:
-    """:func:`measure_cuda_core` on cuda.core's default stream."""
-    return measure_cuda_core(rounds, pairs, named=False)
-
-
-def measure_cupy(rounds: int, pairs: int) -> dict:
-    """``numba_pool.cupy_allocator`` against CuPy's ``MemoryPool`` and ``MemoryAsyncPool`` and RMM's."""
+def cupy_allocators(stack) -> tuple:
+    """``numba_pool.cupy_allocator`` against CuPy's ``MemoryPool`` and ``MemoryAsyncPool`` and RMM's; a pair:
+    ``allocator(size)``, dropped.  Returns ``(timers, synchronize)``."""
     from .core import cuda
     import cupy
     import numba_pool
@@ -113,8 +119,7 @@ def measure_cupy(rounds: int, pairs: int) -> dict:
         allocators["RMM pool"] = rmm_cupy_allocator
     except Exception:  # noqa: BLE001 - RMM is an anchor, measured where installed
         pass
-
-    return _take_turns(allocators, rounds, pairs, cupy.cuda.runtime.deviceSynchronize)  # a pair: allocator(size), dropped
+    return _timers(allocators), cupy.cuda.runtime.deviceSynchronize
 
 
 def serve_torch_child(which: str) -> None:
@@ -217,19 +222,37 @@ def _install_torch_floor():
     return memory, kept
 
 
-def measure_torch(rounds: int, pairs: int) -> dict:
-    """PyTorch's allocators, each in its child (:class:`_TorchChild`), taking turns round by round."""
+def torch_allocators(stack) -> tuple:
+    """PyTorch's allocators, each in its child (:class:`_TorchChild`, closed by ``stack``).  Returns ``(timers,
+    synchronize)``: each child synchronizes after its pairs."""
     children = {}
-    try:
-        for name in ["numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR]:
+    for name in ["numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR]:
+        try:
+            children[name] = stack.enter_context(contextlib.closing(_TorchChild(name)))
+        except RuntimeError as err:
+            if name == "numba_pool" or name == OWN["torch"]:
+                raise
+            print(err, file=sys.stderr)  # RMM is an anchor, measured where installed
+    return children, lambda: None
+
+
+LIBRARIES = {"cuda.core, a stream of its own": cuda_core_allocators,
+             "cuda.core, the default stream": partial(cuda_core_allocators, named=False),
+             "cupy": cupy_allocators, "torch": torch_allocators}
+
+
+def measure(rounds: int, pairs: int) -> dict:
+    """``{library: figures for render, or the reason it was not measured}``, every installed library's allocators
+    interleaved (:func:`_interleave`)."""
+    measured, skipped = {}, {}
+    with contextlib.ExitStack() as stack:
+        for library, allocators in LIBRARIES.items():
             try:
-                children[name] = _TorchChild(name)
-            except RuntimeError as err:  # RMM is an anchor, measured where installed
-                print(err, file=sys.stderr)
-        return _rotate(children, rounds, pairs)
-    finally:
-        for child in children.values():
-            child.close()
+                measured[library] = allocators(stack)
+            except (ImportError, RuntimeError) as err:  # not installed, or a PyTorch child that cannot start
+                skipped[library] = str(err)
+        figures = _interleave(measured, rounds, pairs)
+    return {library: figures.get(library, skipped.get(library)) for library in LIBRARIES}
 
 
 def render(library: str, figures: dict) -> str:
@@ -254,15 +277,14 @@ def main(argv=None) -> int:
         serve_torch_child(args.torch_child)
         return 0
     os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_pool"
-    for library, measure in (("cuda.core, a stream of its own", measure_cuda_core),
-                             ("cuda.core, the default stream", measure_cuda_core_default),
-                             ("cupy", measure_cupy), ("torch", measure_torch)):
-        try:
-            figures = measure(args.rounds, args.pairs)
-        except (ImportError, RuntimeError) as err:  # not installed, or a PyTorch child that gave no figure
-            print(f"### {library}\n\nnot measured: {err}\n")
-            continue
-        print(render(library, figures) + "\n", flush=True)
+    try:
+        measured = measure(args.rounds, args.pairs)
+    except RuntimeError as err:  # a PyTorch child that stopped answering
+        print(f"python -m numba_pool_tools.bench.doors: {err}", file=sys.stderr)
+        return 1
+    for library, figures in measured.items():
+        print((render(library, figures) if isinstance(figures, dict) else f"### {library}\n\nnot measured: {figures}")
+              + "\n", flush=True)
     return 0
 
 
