@@ -266,6 +266,31 @@ def test_a_non_blocking_streams_array_dropped_during_a_global_capture_is_release
     cu.cuGraphDestroy(capture["graph"])
 
 
+def test_the_statistics_calls_inside_a_global_capture_leave_it_valid():
+    """``stats()``, ``reset_peak()``, ``memory_summary()`` and Numba's ``get_memory_info()`` from the capturing thread,
+    during a global-mode capture numba_pool knows of (an array allocated in it): the pool's attributes are read and
+    its high watermarks reset in relaxed capture mode (the driver refused ``cuMemPoolGetAttribute`` there), and the
+    completed fences are looked at in relaxed mode too; the capture ends valid and the peaks were reset."""
+    stream = cuda.stream()
+    _warm(stream)
+    big = cuda.device_array(256 << 20, np.uint8)  # the pool's used high watermark above 256 MiB
+    del big
+    numba_pool.trim()
+    assert numba_pool.stats().pool_used_high >= 256 << 20
+    with _captured(stream) as capture:
+        with numba_pool.using_stream(stream):
+            kept = cuda.device_array(1 << 20, np.float32, stream=stream)  # the capture is now known
+            numba_pool.reset_peak()
+            during = numba_pool.stats()
+            numba_pool.memory_summary()
+            cuda.current_context().get_memory_info()
+            del kept
+    assert capture["end"] == "CUDA_SUCCESS"
+    assert during.peak_bytes_in_use == during.bytes_in_use and during.pool_used_high < 256 << 20
+    cuda.synchronize()
+    cu.cuGraphDestroy(capture["graph"])
+
+
 def test_using_stream_takes_a_graph_builder():
     core = pytest.importorskip("cuda.core")
     n = 4096
