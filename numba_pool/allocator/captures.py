@@ -25,8 +25,6 @@ from .held import Held
 
 _NO_CONTEXT = _driver.cuda_driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
 _NONE = _driver.cuda_driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-#: ``cuStreamGetFlags``'s bit for a non-blocking stream (here and rule 7a's :mod:`.stream_idle`).
-NON_BLOCKING = int(_driver.cuda_driver.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
 
 @dataclass(frozen=True)
@@ -87,14 +85,11 @@ def defer(release: Callable[[], None]) -> None:
 
 def orders_beside(cu, stream: StreamRef) -> bool:
     """Note [Released beside a capture] in :mod:`.release`: whether a release's work on ``stream`` may be done now,
-    during a capture, in relaxed mode: a non-blocking stream (``cuStreamGetFlags``) not itself capturing
-    (``cuStreamIsCapturing``: the driver's answer required), not a per-thread default stream.  Never raises."""
+    during a capture, in relaxed mode: a created stream, blocking or not, not itself capturing (``cuStreamIsCapturing``:
+    the driver's answer required), neither the legacy stream nor a per-thread default stream.  Never raises."""
     if stream is LEGACY or stream.thread is not None:
         return False
     try:
-        err, flags = cu.cuStreamGetFlags(stream.handle)
-        if err != SUCCESS or not int(flags) & NON_BLOCKING:
-            return False
         err, status = cu.cuStreamIsCapturing(stream.handle)
     except Exception:  # noqa: BLE001 - a release never raises: held back instead
         return False

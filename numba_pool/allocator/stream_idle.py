@@ -17,13 +17,15 @@ Note [Idle blocks of a stream]
 
 from __future__ import annotations
 
+from cuda.bindings.driver import CUstream_flags
+
 from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS, hot
 from ..cuda.streams import LEGACY, StreamRef
 from .block import Block
-from .captures import NON_BLOCKING
 from .fences import take_list
 
+_NON_BLOCKING = int(CUstream_flags.CU_STREAM_NON_BLOCKING)  #: ``cuStreamGetFlags``'s bit for a non-blocking stream.
 PER_STREAM_SIZE = 8  #: Idle blocks kept per stream and size.
 MAX_BYTES = 256 << 20  #: Bytes kept idle for all streams together.
 MAX_LISTS = 1024  #: (stream, size) pairs kept, empty ones pruned when reached.
@@ -46,7 +48,7 @@ class StreamIdle:
         non-blocking, else False (also when the driver won't say).  Not on a capturing stream: the id invalidates it."""
         cu = self._cu
         err, flags = cu.cuStreamGetFlags(stream.handle)
-        if err != SUCCESS or not int(flags) & NON_BLOCKING:
+        if err != SUCCESS or not int(flags) & _NON_BLOCKING:
             return False
         if stream.key is None:
             err, stream_id = cu.cuStreamGetId(stream.handle)

@@ -129,8 +129,8 @@ class DoorTable(dict):
         blocks are set aside: a host cache never gives a live block's address again (a reset leaves its live blocks
         allocated, rule 12).  The history and log record the set-aside block's free at the set-aside.  While a
         capture is under way a mempool block's release, and the holder's let-go, are made beside it (Note [Released
-        beside a capture] in :mod:`numba_pool.allocator.release`) where A is non-blocking; known gap: an arena
-        block's, or a blocking A's, is held back (rule 13) and may run after A was destroyed (the strict xfail
+        beside a capture] in :mod:`numba_pool.allocator.release`) where A is a created stream; known gap: an arena
+        block's is held back (rule 13) and may run after A was destroyed (the strict xfail
         ``test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end[arena]``)."""
 
     __slots__ = ("aside",)

@@ -95,14 +95,16 @@ def test_a_release_in_a_thread_without_a_context_during_a_capture_is_held_back(p
     p.model.assert_no_violations()
 
 
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
 @pytest.mark.parametrize("mode", [GLOBAL, RELAXED], ids=["global", "relaxed"])
-def test_a_release_during_a_capture_survives_its_stream_being_destroyed(programs, mode):
-    """Note [Released beside a capture]: a mempool array of non-blocking ``other`` dropped while ``stream`` is
-    captured, ``other`` then destroyed (legal once its arrays are dropped) before numba_pool learns the capture
-    ended.  Held back, the release freed on the destroyed handle then (this test's strict xfail before); now it is
-    made at the drop, in relaxed mode, and the capture stays valid."""
+def test_a_release_during_a_capture_survives_its_stream_being_destroyed(programs, mode, blocking):
+    """Note [Released beside a capture]: a mempool array of ``other`` (non-blocking, or blocking) dropped while
+    ``stream`` is captured, ``other`` then destroyed (legal once its arrays are dropped) before numba_pool learns the
+    capture ended.  Held back, the release freed on the destroyed handle then (this test's strict xfail before, and
+    a blocking ``other``'s until the driver was measured to allow its free beside a capture); now it is made at the
+    drop, in relaxed mode, and the capture stays valid."""
     p = programs(arena=False)
-    stream, other = p.create_stream(True), p.create_stream(False)
+    stream, other = p.create_stream(True), p.create_stream(blocking)
     family = p.allocate(1000, other)
     p.launch(other, [family])
     with _capturing(p, stream, mode):
@@ -114,15 +116,14 @@ def test_a_release_during_a_capture_survives_its_stream_being_destroyed(programs
     p.finish()
 
 
-@pytest.mark.parametrize("blocking, capturing", [(True, False), (False, True)], ids=["blocking", "captured"])
-def test_a_release_during_a_capture_waits_for_its_end_unless_made_beside(programs, blocking, capturing):
-    """The releases Note [Released beside a capture] does not make at once: a blocking stream's, the captured
-    stream's own (a free there would be a free node of memory no graph allocated).  Held back, they run after."""
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
+def test_a_release_of_the_captured_streams_own_waits_for_the_captures_end(programs, blocking):
+    """The release Note [Released beside a capture] does not make at once: the captured stream's own (a free there
+    would be a free node of memory no graph allocated).  Held back, it runs after."""
     p = programs(arena=False)
     stream = p.create_stream(blocking)
     family = p.allocate(1000, stream)
-    capture_on = stream if capturing else p.create_stream(True)
-    with _capturing(p, capture_on):
+    with _capturing(p, stream):
         p.drop(family, legalize="record")
         assert captures.held_back() == 1
     p.allocate(1000)
@@ -288,21 +289,6 @@ def test_a_release_inside_defer_cleanup_during_a_capture_is_made_beside_it(progr
     p.allocate(1000)
     p.model.assert_no_violations()
     p.finish()
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap (Note [Released beside a capture]): a blocking stream's release during a capture is held back and "
-    "named after it; the program must keep that stream alive until numba_pool learns the capture ended"))
-def test_a_held_back_release_of_a_blocking_stream_destroyed_before_it_runs(programs):
-    p = programs(arena=False)
-    stream, other = p.create_stream(True), p.create_stream(True)
-    family = p.allocate(1000, other)
-    with _capturing(p, stream):
-        p.drop(family, legalize="record")
-        assert captures.held_back() == 1
-    assert p.destroy_stream(other)
-    p.allocate(1000)  # numba_pool learns the capture ended and runs the held-back release
-    p.model.assert_no_violations()
 
 
 def _failing_once(monkeypatch, name: str) -> list:

@@ -30,8 +30,8 @@ What is modelled (measured on an H100, driver 580: :mod:`numba_pool.cuda.capture
   (``cuThreadExchangeStreamCaptureMode``, default ``GLOBAL``) is not relaxed and (a) the thread
   has a capture under way not begun in relaxed mode, or (b) its mode is ``GLOBAL`` and another
   thread has a capture begun in ``GLOBAL`` mode.
-* Event records and waits on streams not captured, ``cuStreamGetId`` of such streams,
-  ``cuMemGetInfo``, creating streams, events and pools: always allowed.
+* Event records and waits on streams not captured (blocking ones too, an H200 measured), ``cuStreamGetId`` of such
+  streams, ``cuMemGetInfo``, creating streams, events and pools: always allowed.
 
 Every refusal above that the driver answers by invalidating a capture is recorded as a
 :class:`~cuda_model.Violation` of kind ``"capture invalidated"`` (naming the call and the

@@ -228,17 +228,19 @@ def test_a_second_thread_allocates_and_drops_throughout_a_global_capture():
     cu.cuGraphDestroy(capture["graph"])
 
 
-def test_a_non_blocking_streams_array_dropped_during_a_global_capture_is_released_at_once():
-    """Note [Released beside a capture] in numba_pool/allocator/release.py: an array of a non-blocking stream S,
-    still read by a kernel on S, dropped while another stream is captured in global mode, is released at the drop
-    (kept idle for S, or freed on it, in relaxed mode), not held back past the capture; S is then destroyed (legal:
-    its arrays are dropped) before numba_pool learns the capture ended, the capture ends valid, and trim frees what S
-    kept idle.  (The block kept idle for S goes back to the pool only at the trim, after a synchronize: the kernel's
-    count of foreign writes is a check of the later allocations, not of the release's order.)"""
+@pytest.mark.parametrize("flags", ["CU_STREAM_NON_BLOCKING", "CU_STREAM_DEFAULT"], ids=["non-blocking", "blocking"])
+def test_a_streams_array_dropped_during_a_global_capture_is_released_at_once(flags):
+    """Note [Released beside a capture] in numba_pool/allocator/release.py: an array of a stream S (non-blocking, or
+    blocking), still read by a kernel on S, dropped while another (blocking) stream is captured in global mode, is
+    released at the drop (kept idle for S, or freed on it, in relaxed mode), not held back past the capture; S is
+    then destroyed (legal: its arrays are dropped) before numba_pool learns the capture ended, the capture ends
+    valid, and trim frees what S kept idle.  (A block kept idle for S goes back to the pool only at the trim, after a
+    synchronize: the kernel's count of foreign writes is a check of the later allocations, not of the release's
+    order.)"""
     n = 64 << 10
     stream = cuda.stream()
     _warm(stream)
-    err, handle = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    err, handle = cu.cuStreamCreate(getattr(cu.CUstream_flags, flags))
     assert not err, err
     s = cuda.external_stream(int(handle))
     _warm(s)
