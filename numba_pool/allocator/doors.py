@@ -42,8 +42,12 @@ class ArenaDoor:
             self._note(size)
             block.size, block.waits, block.state = size, None, ALLOCATED
             return self._pointer(self._context, block.ptr, size, block)
-        if not underway and (size > self.max_block or stream.scratch is not None):
-            return self.delegate(size)  # the mempool blocks' own door, which serves the scratch block
+        if stream.scratch is not None:
+            if not underway:
+                return self.delegate(size)  # the mempool blocks' own door, which serves the scratch block
+            stream = stream.scratch.stream  # the scope's stream itself: LEGACY is rule 13's side stream's
+        elif not underway and size > self.max_block:
+            return self.delegate(size)
         return self.wrap(self.allocate_block(size, stream))
 
 
@@ -77,6 +81,8 @@ class PooledDoor:
                         if len(self._events) > DRAIN_AT:  # UsageTracker.drain_if_due, inline
                             self._drain_if_due()
                         return self._pointer(self._context, ptr, size, block)
-        elif stream.scratch is not None and not (underway or is_capturing(self._cu, stream.handle)):
-            return stream.scratch.allocate(size)
+        elif stream.scratch is not None:
+            if not (underway or is_capturing(self._cu, stream.handle)):
+                return stream.scratch.allocate(size)
+            stream = stream.scratch.stream  # the scope's stream itself: LEGACY is rule 13's side stream's (no copy)
         return self.wrap(self.allocate_block(size, stream))

@@ -32,8 +32,9 @@ Note [Released beside a capture]
     (:meth:`.mempool_blocks.PooledBlocks.released_beside`, :func:`.captures.orders_beside` say which) and name their
     streams after the capture (a known gap: the program must keep those streams alive until then): the captured
     stream's own, a per-thread default stream's, one waiting for a ``record_stream`` stream, one dropped in a thread
-    with no current context (the capture query fails there), an arena block's.  A free beside the capture failing for another reason than a missing context (S began capturing
-    meanwhile) is held back, ordered after the capture.
+    with no current context (the capture query fails there), an arena block's; and the legacy stream's own blocks
+    (no harm: that stream is never destroyed).  A free beside the capture failing for another reason than a missing
+    context (S began capturing meanwhile) is held back, ordered after the capture.
 
 Note [The gate is a closure]
     The release is the pointer finalizer's one call, on the hot path of every drop.  So the gate is a closure

@@ -132,12 +132,13 @@ def test_a_release_of_the_captured_streams_own_waits_for_the_captures_end(progra
     p.finish()
 
 
-def test_a_scratch_array_recorded_on_a_stream_dropped_during_a_capture(programs):
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
+def test_a_scratch_array_recorded_on_a_stream_dropped_during_a_capture(programs, blocking):
     """A regression test: the drop of an array carved from a scratch block applies its
     record_stream at once (an event on the recorded stream, StreamWaits.let_go_after), which once
     waited on the legacy stream beside a blocking stream's capture and invalidated it."""
     p = programs(arena=False)
-    stream, other = p.create_stream(True), p.create_stream(False)
+    stream, other = p.create_stream(True), p.create_stream(blocking)
     family, = p.scratch([1000], 8192)  # on the legacy stream
     p.launch(other, [family])
     p.record_stream(family, other)
@@ -270,12 +271,13 @@ def test_statistics_and_memory_info_during_a_global_capture_leave_it_valid(progr
     p.model.assert_no_violations()
 
 
-def test_a_release_inside_defer_cleanup_during_a_capture_is_made_beside_it(programs):
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
+def test_a_release_inside_defer_cleanup_during_a_capture_is_made_beside_it(programs, blocking):
     """Note [Released beside a capture] inside ``defer_cleanup``: the release orders at the drop (an event on its
-    non-blocking stream, in relaxed mode), is not held back by the capture, and the block goes back after the
-    scope's exit; the stream may be destroyed before numba_pool learns the capture ended."""
+    stream, non-blocking or blocking, in relaxed mode), is not held back by the capture, and the block goes back
+    after the scope's exit; the stream may be destroyed before numba_pool learns the capture ended."""
     p = programs(arena=False)
-    stream, other = p.create_stream(True), p.create_stream(False)
+    stream, other = p.create_stream(True), p.create_stream(blocking)
     family = p.allocate(1000, other)
     p.launch(other, [family])
     p.open_defer()
@@ -340,5 +342,35 @@ def test_a_release_beside_a_capture_that_cannot_record_its_event_is_held_back(pr
         assert not fail and captures.held_back() == 1
     p.allocate(1000)
     p.close_defer()
+    p.model.assert_no_violations()
+    p.finish()
+
+
+@pytest.mark.parametrize("fits", [True, False], ids=["carved", "too big for the block"])
+@pytest.mark.parametrize("arena", [False, True])
+def test_an_allocation_in_a_default_stream_scratch_scope_leaves_a_blocking_capture_valid(programs, arena, fits):
+    """Found by a review: inside a ``numba_pool.scratch`` scope on the legacy stream, in another thread, while a global
+    capture of a blocking stream is known, an allocation (one the scope's block could serve, or one too big for it)
+    went to the pool on the legacy stream (the scope's stream a copy of LEGACY carrying the block, not LEGACY itself,
+    so rule 13's side stream was not used): ``CUDA_ERROR_STREAM_CAPTURE_IMPLICIT``, the capture invalidated."""
+    import threading
+
+    p = programs(arena=arena)
+    stream = p.create_stream(True)
+    box = {}
+
+    def other():
+        try:
+            with numba_pool.scratch(1 << 12, manager=p.mm):
+                box["array"] = p.mm.memalloc(256 if fits else 1 << 13)
+        except Exception as err:  # noqa: BLE001 - reported below
+            box["error"] = repr(err)
+    with _capturing(p, stream):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert "error" not in box, box
+    box.clear()
+    gc.collect()
     p.model.assert_no_violations()
     p.finish()

@@ -154,7 +154,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                 try:
                     self._drop_all_kept()
                     for key in ("captures", "graph_alloc_nodes", "graph_kernel_nodes", "graph_free_nodes",
-                                "graph_launches", "graph_kernels"):
+                                "graph_launches", "graph_kernels", "blocking frees beside a capture"):
                         CAPTURE_COUNTS[key] = CAPTURE_COUNTS.get(key, 0) + self.p.model._counts[key]
                     MANAGED_HOST_USES[0] += self.p.finish()["managed_host_uses"]
                     LEGACY_COST.merge(self.p.legacy_cost)
@@ -679,6 +679,7 @@ def test_operations_count():
         assert MANAGED_HOST_USES[0] >= 1_000, MANAGED_HOST_USES
         assert CAPTURE_COUNTS.get("graph_kernels", 0) >= 100 and CAPTURE_COUNTS.get("graph_free_nodes", 0) >= 10, \
             CAPTURE_COUNTS
+        assert CAPTURE_COUNTS.get("blocking frees beside a capture", 0) >= 1, CAPTURE_COUNTS  # Note [Released beside...]
         assert all(FRONTEND_OPERATIONS.get(name, 0) >= 2_000 for name in FRONTENDS), FRONTEND_OPERATIONS
 
 

@@ -104,12 +104,13 @@ def test_a_reset_between_the_set_aside_and_the_holders_free_leaks_no_event(progr
     assert_clean(p)
 
 
-def _set_aside_during_a_capture(p) -> tuple:
-    """A tensor ``old`` on non-blocking t outlives a reset; a global capture on a blocking stream begins (numba_pool
-    knows of it); a tensor on non-blocking s gets ``old``'s address: the block first given there is set aside.
+def _set_aside_during_a_capture(p, blocking: bool = False) -> tuple:
+    """A tensor ``old`` on t outlives a reset; a global capture on a blocking stream begins (numba_pool knows of it);
+    a tensor on s gets ``old``'s address: the block first given there is set aside.  s and t are non-blocking, or
+    ``blocking`` (created by the program, as the model's harness makes them).
     Returns ``(door, s, t, the capture's handle, old, new)``."""
     door = _door(p)
-    s, t = _stream(p), _stream(p)
+    s, t = (p.create_stream(True), p.create_stream(True)) if blocking else (_stream(p), _stream(p))
     c = p.create_stream(True)
     old = door._malloc(744, 0, t)
     p.mm.reset()
@@ -125,12 +126,14 @@ def _set_aside_during_a_capture(p) -> tuple:
     "known gap (Note [An address a reset gave again]): a capture holds back an arena block's set-aside release, "
     "which then names a stream the program destroyed meanwhile (Note [Released beside a capture]: mempool only)")))],
     ids=["mempool", "arena"])
-def test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end(programs, arena, no_capture_left):
-    """A block set aside on non-blocking s while a capture on c is under way, s destroyed before the capture's end
-    is learned of.  A mempool block's release is made at once, beside the capture (Note [Released beside a
-    capture]: an event on s now, the block kept until the holder's free); held back, it named s after."""
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
+def test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end(programs, arena, blocking,
+                                                                                 no_capture_left):
+    """A block set aside on s (non-blocking, or blocking) while a capture on c is under way, s destroyed before the
+    capture's end is learned of.  A mempool block's release is made at once, beside the capture (Note [Released
+    beside a capture]: an event on s now, the block kept until the holder's free); held back, it named s after."""
     p = programs(arena=arena)
-    door, s, t, handle, old, new = _set_aside_during_a_capture(p)
+    door, s, t, handle, old, new = _set_aside_during_a_capture(p, blocking)
     assert captures.held_back() == (1 if arena else 0)
     assert p.model.cuStreamEndCapture(handle)[0] == real_cu.CUresult.CUDA_SUCCESS
     door._free(new, 744, 0, s)
@@ -291,13 +294,14 @@ def test_bytes_a_race_left_behind_an_empty_list_are_dropped_at_the_next_allocati
     assert_clean(p)
 
 
-def test_a_holders_free_during_a_capture_names_its_stream_at_once(programs, no_capture_left):
-    """Note [Released beside a capture]: the dangling holder's free comes during a capture, naming non-blocking t; its
-    let-go (``StreamWaits.let_go_after``) records its event on t then, in relaxed mode, rather than after the
-    capture, and t may be destroyed before numba_pool learns the capture ended (a review's probe: held back, it
-    recorded an event on the destroyed handle)."""
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
+def test_a_holders_free_during_a_capture_names_its_stream_at_once(programs, blocking, no_capture_left):
+    """Note [Released beside a capture]: the dangling holder's free comes during a capture, naming t (non-blocking, or
+    blocking); its let-go (``StreamWaits.let_go_after``) records its event on t then, in relaxed mode, rather than
+    after the capture, and t may be destroyed before numba_pool learns the capture ended (a review's probe: held
+    back, it recorded an event on the destroyed handle)."""
     p = programs(arena=False)
-    door, s, t, handle, old, new = _set_aside_during_a_capture(p)
+    door, s, t, handle, old, new = _set_aside_during_a_capture(p, blocking)
     door._free(old, 744, 0, t)  # the holder's free, during the capture
     assert captures.held_back() == 0
     assert p.model.cuStreamEndCapture(handle)[0] == real_cu.CUresult.CUDA_SUCCESS

@@ -439,6 +439,8 @@ class _CaptureCalls:
             refused = self._unsafe_refused("cuMemFreeAsync")
             if refused:
                 return (refused,)
+            if self._captures and s.blocking and not s.legacy and not s.per_thread:
+                self._counts["blocking frees beside a capture"] += 1  # the fuzzer checks it sees them
             if base in self._graph_addresses:
                 if base not in self._memory.live:  # measured: not allocated now (never launched, or freed)
                     return (_R.CUDA_ERROR_INVALID_VALUE,)

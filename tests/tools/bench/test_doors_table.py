@@ -47,3 +47,36 @@ def test_a_torch_child_that_cannot_start_says_which_allocator_in_one_line():
 
     with pytest.raises(RuntimeError, match=r"^torch with no such: no figure \(\[\"no PyTorch allocator is called 'no such'\"\]\)$"):
         doors._TorchChild("no such")
+
+
+def _child_reading(lines, monkeypatch, timeout: float = 5):
+    # A _TorchChild over a stand-in process that never answers, its queue filled with ``lines``.
+    import queue
+    import subprocess
+    import sys
+    import tempfile
+
+    from numba_pool_tools.bench import doors
+
+    monkeypatch.setattr(doors, "ANSWER_TIMEOUT", timeout)
+    child = doors._TorchChild.__new__(doors._TorchChild)
+    child.which, child._said, child._lines = "stand-in", tempfile.TemporaryFile("w+"), queue.Queue()
+    child.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE,
+                                     text=True)
+    for line in lines:
+        child._lines.put(line)
+    return child
+
+
+def test_a_torch_childs_stray_lines_are_skipped_and_a_silent_child_fails_in_one_line(monkeypatch):
+    import pytest
+
+    child = _child_reading(["a library's print", "took 4.5"], monkeypatch)
+    try:
+        assert child._answer("took ") == "took 4.5"
+    finally:
+        child.process.kill()
+        child.close()
+    child = _child_reading([], monkeypatch, timeout=0.2)
+    with pytest.raises(RuntimeError, match=r"^torch with stand-in: no figure \(no answer in 0.2 s\)$"):
+        child._answer("took ")

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from functools import partial
 
@@ -148,14 +150,17 @@ def serve_torch_child(which: str) -> None:
         size, pairs = map(int, line.split())
         took = _timed(pair, size, pairs)
         torch.cuda.synchronize()
-        print(took, flush=True)
+        print("took", took, flush=True)
 
 
 _TOOLS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding the tools
+ANSWER_TIMEOUT = 300  #: Seconds a child may take to start, or to answer for a round.
 
 
 class _TorchChild:
-    """A child process serving one PyTorch allocator's rounds (:func:`serve_torch_child`)."""
+    """A child process serving one PyTorch allocator's rounds (:func:`serve_torch_child`).  Its standard output is
+    read by a thread into a queue, so that a child that hangs fails the run after :data:`ANSWER_TIMEOUT` seconds; a
+    line that is not its answer (a library's print) is skipped."""
 
     def __init__(self, which: str):
         self.which = which
@@ -165,27 +170,48 @@ class _TorchChild:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._said, text=True,
             env={**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "PYTHONPATH": os.pathsep.join(
                 [_TOOLS, *filter(None, [os.environ.get("PYTHONPATH")])])})
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
         self._answer("ready")
 
     def __call__(self, size: int, pairs: int) -> float:
-        self.process.stdin.write(f"{size} {pairs}\n")
-        self.process.stdin.flush()
-        return float(self._answer())
+        try:
+            self.process.stdin.write(f"{size} {pairs}\n")
+            self.process.stdin.flush()
+        except OSError:  # the child is gone (a broken pipe)
+            self._fail("it stopped")
+        return float(self._answer("took ").split()[1])
 
-    def _answer(self, expected: str | None = None) -> str:
-        line = self.process.stdout.readline().strip()
-        if not line or (expected is not None and line != expected):
-            self.process.kill()
-            self.process.wait()
-            self._said.seek(0)
-            said = self._said.read().strip().splitlines()[-1:]
-            self.close()
-            raise RuntimeError(f"torch with {self.which}: no figure ({said or line or 'no answer'})")
-        return line
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self._lines.put(line.strip())
+        self._lines.put(None)
+
+    def _answer(self, prefix: str) -> str:
+        while True:
+            try:
+                line = self._lines.get(timeout=ANSWER_TIMEOUT)
+            except queue.Empty:
+                self._fail(f"no answer in {ANSWER_TIMEOUT} s")
+            if line is None:
+                self._fail("it stopped")
+            if line.startswith(prefix):
+                return line
+
+    def _fail(self, what: str):
+        self.process.kill()
+        self.process.wait()
+        self._said.seek(0)
+        said = self._said.read().strip().splitlines()[-1:]
+        self.close()
+        raise RuntimeError(f"torch with {self.which}: no figure ({said or what})")
 
     def close(self) -> None:
         if self.process.stdin and not self.process.stdin.closed:
-            self.process.stdin.close()
+            try:
+                self.process.stdin.close()
+            except OSError:  # a broken pipe: the child is gone
+                pass
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
