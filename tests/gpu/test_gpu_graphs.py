@@ -268,46 +268,6 @@ def test_a_streams_array_dropped_during_a_global_capture_is_released_at_once(fla
     cu.cuGraphDestroy(capture["graph"])
 
 
-def test_a_blocking_streams_free_beside_a_capture_still_waits_for_the_legacy_streams_work():
-    """Note [Released beside a capture] for a blocking stream S: the free made at the drop, in relaxed mode, during a
-    global capture of another blocking stream, is still ordered after the legacy stream's work queued before it
-    (CUDA's implicit synchronization of a blocking stream, which rule 7a's free on S relies on).  An array of S is
-    still written and read by a long kernel on the legacy stream when it is dropped; arrays allocated right after
-    the capture on a non-blocking stream and filled there must not land in it before that kernel ends."""
-    n = 64 << 10
-    stream = cuda.stream()  # blocking: the captured one
-    _warm(stream)
-    handles = [_check(cu.cuStreamCreate(flags)) for flags in (cu.CUstream_flags.CU_STREAM_DEFAULT,
-                                                              cu.CUstream_flags.CU_STREAM_NON_BLOCKING)]
-    s, later_stream = (cuda.external_stream(int(handle)) for handle in handles)
-    _warm(s)
-    _warm(later_stream)
-    bad = cuda.to_device(np.zeros(1, np.int64))
-    with numba_pool.using_stream(s):
-        a = cuda.device_array(n, np.float32, stream=s)
-    hold_then_count[blocks(n), THREADS, 0](a, np.float32(7), 500_000, bad)  # the legacy stream: running at the drop
-    with _captured(stream) as capture:
-        with numba_pool.using_stream(stream):
-            first = cuda.device_array(n, np.float32, stream=stream)  # the capture is now known
-            del a
-            gc.collect()
-            held = numba_pool.stats().releases_held_for_capture
-            del first
-    with numba_pool.using_stream(later_stream):
-        later = [cuda.device_array(n, np.float32, stream=later_stream) for _ in range(8)]
-        for b in later:
-            fill[blocks(n), THREADS, later_stream](b, np.float32(-1))
-    cuda.synchronize()
-    assert (held, capture["end"]) == (0, "CUDA_SUCCESS")
-    assert int(bad.copy_to_host()[0]) == 0
-    del later
-    gc.collect()
-    cuda.synchronize()
-    for handle in handles:
-        _check((cu.cuStreamDestroy(handle)[0], None))
-    cu.cuGraphDestroy(capture["graph"])
-
-
 def test_the_statistics_calls_inside_a_global_capture_leave_it_valid():
     """``stats()``, ``reset_peak()``, ``memory_summary()`` and Numba's ``get_memory_info()`` from the capturing thread,
     during a global-mode capture numba_pool knows of (an array allocated in it): the pool's attributes are read and
