@@ -26,7 +26,8 @@ What is modelled (measured on an H100, driver 580: :mod:`numba_pool.cuda.capture
   ``cuMemPoolTrimTo`` likewise unless the calling thread's mode is relaxed.
 * **"Potentially unsafe" calls** (``cuMemAllocFromPoolAsync`` / ``cuMemFreeAsync`` on streams not
   captured, ``cuEventQuery``, ``cuEventSynchronize``, ``cuStreamSynchronize``,
-  ``cuMemHostAlloc``, ``cuMemPoolGetAttribute``: an H200, driver 580, refused it in a global capture) are refused with ``UNSUPPORTED`` when the calling thread's mode
+  ``cuMemHostAlloc``, ``cuMemPoolGetAttribute``: an H200, driver 580, refused it in a global capture)
+  are refused with ``UNSUPPORTED`` when the calling thread's mode
   (``cuThreadExchangeStreamCaptureMode``, default ``GLOBAL``) is not relaxed and (a) the thread
   has a capture under way not begun in relaxed mode, or (b) its mode is ``GLOBAL`` and another
   thread has a capture begun in ``GLOBAL`` mode.

@@ -128,7 +128,7 @@ def serve_torch_child(which: str) -> None:
     """A child's loop: PyTorch with ``which`` allocator (``numba_pool``, ``caching allocator``, ``RMM pool``, the
     floor); ``ready`` once installed, then for each line ``size pairs`` on standard input, that many pairs timed
     (µs per pair, then a synchronize), until standard input closes."""
-    if which not in ("numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR):
+    if which not in TORCH_ALLOCATORS:
         raise SystemExit(f"no PyTorch allocator is called {which!r}")
     import torch
     if which == "numba_pool":
@@ -221,6 +221,8 @@ class _TorchChild:
 
 #: PyTorch's cost of a pluggable allocator whose callbacks do nothing: one address for every tensor.
 TORCH_FLOOR = "floor: callbacks allocating nothing"
+#: PyTorch's allocators measured, each in a child: the door, the library's own, RMM's, the floor.
+TORCH_ALLOCATORS = ("numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR)
 
 
 def _install_torch_floor():
@@ -252,7 +254,7 @@ def torch_allocators(stack) -> tuple:
     """PyTorch's allocators, each in its child (:class:`_TorchChild`, closed by ``stack``).  Returns ``(timers,
     synchronize)``: each child synchronizes after its pairs."""
     children = {}
-    for name in ["numba_pool", OWN["torch"], "RMM pool", TORCH_FLOOR]:
+    for name in TORCH_ALLOCATORS:
         try:
             children[name] = stack.enter_context(contextlib.closing(_TorchChild(name)))
         except RuntimeError as err:
