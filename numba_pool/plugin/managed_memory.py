@@ -32,8 +32,10 @@ class ManagedSource:
         """``size`` (> 0) managed bytes, host-writable at once (prefetch: ``cuMemPrefetchAsync`` on its stream).
         :raises CudaAPIError: ``CUDA_ERROR_OUT_OF_MEMORY`` with the cache's sizes; a failed prefetch's (block freed)."""
         stream = per_thread.stream if scopes_entered else LEGACY
+        if stream.scratch is not None:
+            stream = stream.scratch.stream  # the scope's own stream: its scratch-carrying copy would keep the block
         if stream.value == LEGACY.value:
-            stream = LEGACY  # also inside numba_pool.scratch, whose stream object is its own
+            stream = LEGACY
         record = self._cache.allocate_block(size, stream)
         block = record.ref
         handle = block.handle

@@ -436,3 +436,27 @@ def test_a_reset_with_no_current_context_frees_the_cached_blocks(prog):
     prog.bare.submit(prog.mm.reset).result()  # cuda.close() resets with no context current
     assert prog.mm.statistics().managed_cached_bytes == 0
     assert prog.model.managed_stats()["live"] == 0  # the driver got the block back: nothing leaked
+
+
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
+def test_a_managed_array_allocated_in_a_scratch_scope_keeps_no_scratch_block(prog, blocking):
+    """The managed door takes the scope's own stream, not its scratch-carrying copy: the scratch block object goes
+    once its scope exits and its carved arrays are gone, the managed array alive (as the EMM doors: Note [Released
+    beside a capture]'s scratch-scope fix)."""
+    import weakref
+    s = prog.create_stream(blocking=blocking)
+
+    def body():
+        with prog.using_stream(s), numba_pool.scratch(4096, manager=prog.mm) as block:
+            carved = prog.mm.memalloc(100)
+            managed = prog.mm.memallocmanaged(1000, True)
+        return weakref.ref(block), carved, managed
+
+    scratch_block, carved, managed = prog.run(0, body)
+    prog.model.host_use(managed.device_pointer_value, 1000, -1)
+    del carved
+    gc.collect()
+    assert scratch_block() is None, "the managed array's record keeps the scratch block"
+    assert not prog.mm.allocator.scratch_blocks
+    managed.free()
+    sync(prog, s)
