@@ -29,7 +29,7 @@ from ..cuda.pointers import PoolPointer
 from ..cuda.streams import LEGACY, StreamRef
 from .block import ALLOCATED, Block, LegacyBlock
 from .doors import ArenaDoor
-from .captures import underway
+from .captures import released_beside, underway
 from .domains import Domain, Domains
 from .fences import PrivateStream
 from .free_list import ALIGNMENT, ArenaError, round_up
@@ -91,7 +91,8 @@ class ArenaBlocks(ArenaDoor, BlockSource):
         self.pending = self.quarantine.waiting  # appended to by the release gate
         self._released: deque = deque()  # blocks released on other streams, to publish
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,  # made once, not per block
-                                   note=self._note, ordered=self._ordered, pending=self.pending)
+                                   note=self._note, ordered=self._ordered, pending=self.pending,
+                                   beside=partial(released_beside, cu))
 
     def allocate_block(self, size: int, stream: StreamRef, not_capturing: bool = False) -> Block:
         """The core's contract (:mod:`.block`): ``size`` bytes for work on ``stream``, above

@@ -7,7 +7,7 @@
 * **While a capture is under way** (:data:`underway`): no legacy-stream use, no synchronize, other calls in relaxed
   mode; other streams' allocations come from the mempool (no arena), the legacy stream's from a synchronized side
   stream; releases wait (:func:`defer`) and run in order once none is (:func:`refresh`), but those made beside it
-  (:func:`orders_beside`)."""
+  (:func:`released_beside`)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,17 @@ def orders_beside(cu, stream: StreamRef) -> bool:
     except Exception:  # noqa: BLE001 - a release never raises: held back instead
         return False
     return err == SUCCESS and status == _NONE
+
+
+def released_beside(cu, block: Block) -> bool:
+    """Note [Released beside a capture] in :mod:`.release`: whether ``block``'s release (a mempool or an arena
+    block's), during a capture, is made at once: a block of a stream :func:`orders_beside` accepts, waiting for no
+    other stream (holds only: a set-aside block's, Note [An address a reset gave again]; inside ``defer_cleanup`` too:
+    its release orders at the drop, Note [A release made free later orders now] in :mod:`.waits`).  Never raises."""
+    waits = block.waits
+    if waits and any(isinstance(wait, StreamRef) for wait in waits):
+        return False
+    return orders_beside(cu, block.stream)
 
 
 def refresh(cu) -> bool:

@@ -22,7 +22,7 @@ from ..cuda.driver import NOT_CAPTURING_ANSWER, OUT_OF_MEMORY, SUCCESS, check, h
 from ..cuda.errors import api_error
 from ..cuda.streams import LEGACY, StreamRef
 from .block import ALLOCATED, Block, make_block
-from .captures import SideStream, orders_beside, underway
+from .captures import SideStream, released_beside, underway
 from .doors import PooledDoor
 from .fences import take_list
 from .release import Pending, gate
@@ -54,7 +54,7 @@ class PooledBlocks(PooledDoor, BlockSource):
         self._release_bound = gate(self, cu, deferral=waits.deferral, owner=waits.owner,
                                    note=self._note, ordered=self._ordered, pending=self.pending,
                                    free_async=self._free_async, keep=self.stream_idle.keep, ledger=True,
-                                   on_dropped=self.free_after_reset, beside=self.released_beside)
+                                   on_dropped=self.free_after_reset, beside=partial(released_beside, cu))
         self._side = SideStream(cu, "device blocks")  # rule 13's, made at the first allocation beside a capture
 
     def allocate_block(self, size: int, stream: StreamRef, not_capturing: bool = False) -> Block:
@@ -111,16 +111,6 @@ class PooledBlocks(PooledDoor, BlockSource):
                         self._drain_if_due()
                     return block
         return self.allocate_on(size, stream)
-
-    def released_beside(self, block: Block) -> bool:
-        """Note [Released beside a capture] in :mod:`.release`: whether ``block``'s release, during a capture, is made
-        at once: a block of a stream :func:`.captures.orders_beside` accepts, waiting for no other stream (holds only:
-        a set-aside block's, Note [An address a reset gave again]; inside ``defer_cleanup`` too: its release orders at
-        the drop, Note [A release made free later orders now] in :mod:`.waits`).  Never raises."""
-        waits = block.waits
-        if waits and any(isinstance(wait, StreamRef) for wait in waits):
-            return False
-        return orders_beside(self._cu, block.stream)
 
     def _handle_of(self, stream: StreamRef):
         # The legacy stream's owners' memory comes from the private allocation stream (Note above).

@@ -97,13 +97,15 @@ def test_a_release_in_a_thread_without_a_context_during_a_capture_is_held_back(p
 
 @pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
 @pytest.mark.parametrize("mode", [GLOBAL, RELAXED], ids=["global", "relaxed"])
-def test_a_release_during_a_capture_survives_its_stream_being_destroyed(programs, mode, blocking):
-    """Note [Released beside a capture]: a mempool array of ``other`` (non-blocking, or blocking) dropped while
-    ``stream`` is captured, ``other`` then destroyed (legal once its arrays are dropped) before numba_pool learns the
-    capture ended.  Held back, the release freed on the destroyed handle then (this test's strict xfail before, and
-    a blocking ``other``'s until the driver was measured to allow its free beside a capture); now it is made at the
-    drop, in relaxed mode, and the capture stays valid."""
-    p = programs(arena=False)
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_release_during_a_capture_survives_its_stream_being_destroyed(programs, arena, mode, blocking):
+    """Note [Released beside a capture]: an array of ``other`` (non-blocking, or blocking; a mempool or an arena
+    block) dropped while ``stream`` is captured, ``other`` then destroyed (legal once its arrays are dropped) before
+    numba_pool learns the capture ended.  Held back, the release freed on the destroyed handle then, or recorded
+    the arena domain's event there (this test's strict xfail before, and a blocking ``other``'s until the driver
+    was measured to allow its free beside a capture); now it is made at the drop, in relaxed mode (the mempool's
+    ``cuMemFreeAsync``, the arena's ``cuEventRecord``), and the capture stays valid."""
+    p = programs(arena=arena)
     stream, other = p.create_stream(True), p.create_stream(blocking)
     family = p.allocate(1000, other)
     p.launch(other, [family])

@@ -228,16 +228,17 @@ def test_a_second_thread_allocates_and_drops_throughout_a_global_capture():
     cu.cuGraphDestroy(capture["graph"])
 
 
+@pytest.mark.parametrize("n", [64 << 10, 1 << 10], ids=["pool block", "small block"])  # small: an arena block
 @pytest.mark.parametrize("flags", ["CU_STREAM_NON_BLOCKING", "CU_STREAM_DEFAULT"], ids=["non-blocking", "blocking"])
-def test_a_streams_array_dropped_during_a_global_capture_is_released_at_once(flags):
+def test_a_streams_array_dropped_during_a_global_capture_is_released_at_once(flags, n):
     """Note [Released beside a capture] in numba_pool/allocator/release.py: an array of a stream S (non-blocking, or
     blocking), still read by a kernel on S, dropped while another (blocking) stream is captured in global mode, is
-    released at the drop (kept idle for S, or freed on it, in relaxed mode), not held back past the capture; S is
+    released at the drop (kept idle for S, or freed on it, or with the arena on and ``n`` float32 within its largest
+    block, its domain's event recorded on S, in relaxed mode), not held back past the capture; S is
     then destroyed (legal: its arrays are dropped) before numba_pool learns the capture ended, the capture ends
     valid, and trim frees what S kept idle.  (A block kept idle for S goes back to the pool only at the trim, after a
     synchronize: the kernel's count of foreign writes is a check of the later allocations, not of the release's
     order.)"""
-    n = 64 << 10
     stream = cuda.stream()
     _warm(stream)
     err, handle = cu.cuStreamCreate(getattr(cu.CUstream_flags, flags))
