@@ -102,10 +102,10 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     capture); other driver calls run in relaxed capture mode, allocations come from the mempool (the legacy
     stream's on a synchronized side stream), and releases wait for its end (at ``defer_cleanup``'s exit too: no
     ``cuEventQuery``; a known gap: the legacy blocks of a generation a reset dropped are freed at once), but a
-    mempool block's of a created stream (blocking or not) not captured, waiting for no other stream: released at
-    the drop in relaxed mode, its stream may be destroyed before the capture ends (Note [Released beside a
-    capture]; a known gap: the other releases name their streams after it, which the program must keep alive until
-    then).
+    mempool or arena block's of a created stream (blocking or not) not captured, waiting for no other stream:
+    released at the drop in relaxed mode, its stream may be destroyed before the capture ends (Note [Released
+    beside a capture]; a known gap: the other releases name their streams after it, which the program must keep
+    alive until then).  An arena slab emptied meanwhile goes back in relaxed mode too.
 14. **A door's deallocation is ordered on the stream it names** (:meth:`.device.DeviceAllocator.deallocate`).
     A door other than Numba's EMM plugin frees a block naming a stream, or none, as its library's own pool
     does: cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the buffer's last use), PyTorch's

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import weakref
 
+from ..cuda.capture import relaxed
 from ..cuda.driver import EVENT_FLAGS, check
 from ..cuda.streams import LEGACY, StreamRef
 from .free_list import Heap
@@ -94,14 +95,17 @@ class Domains:
 
     def return_slab(self, domain: Domain, start: int) -> None:
         """A wholly free slab back to the mempool after its domain's last release: the legacy domain's are idle;
-        others' go on the return stream after their event (rule 5: never the domain's stream, which may be gone)."""
+        others' go on the return stream after their event (rule 5: never the domain's stream, which may be gone).
+        In relaxed capture mode (rule 13): ``stats()`` during a global capture may publish the release that empties
+        the slab, and the driver refuses a free on another stream there otherwise (the capture invalidated)."""
         cu = self._cu
-        if domain.event is None:
-            on = self._alloc_stream.handle
-        else:
-            on = self._return_stream.handle
-            check(cu.cuStreamWaitEvent(on, domain.event, 0), "cuStreamWaitEvent (arena slab)")
-        check(cu.cuMemFreeAsync(cu.CUdeviceptr(start), on), "cuMemFreeAsync (arena slab)")
+        with relaxed(cu):
+            if domain.event is None:
+                on = self._alloc_stream.handle
+            else:
+                on = self._return_stream.handle
+                check(cu.cuStreamWaitEvent(on, domain.event, 0), "cuStreamWaitEvent (arena slab)")
+            check(cu.cuMemFreeAsync(cu.CUdeviceptr(start), on), "cuMemFreeAsync (arena slab)")
         self.reserved -= domain.heap.remove_slab(start)
         if domain is not self.legacy and not domain.heap.slabs:
             del self._by_key[domain.key]

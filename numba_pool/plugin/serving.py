@@ -128,10 +128,9 @@ class DoorTable(dict):
         capture must free it: it goes back when the call returns or fails.  Only device
         blocks are set aside: a host cache never gives a live block's address again (a reset leaves its live blocks
         allocated, rule 12).  The history and log record the set-aside block's free at the set-aside.  While a
-        capture is under way a mempool block's release, and the holder's let-go, are made beside it (Note [Released
-        beside a capture] in :mod:`numba_pool.allocator.release`) where A is a created stream; known gap: an arena
-        block's is held back (rule 13) and may run after A was destroyed (the strict xfail
-        ``test_a_block_set_aside_during_a_capture_on_a_stream_destroyed_before_its_end[arena]``)."""
+        capture is under way the set-aside block's release, and the holder's let-go, are made beside it (Note
+        [Released beside a capture] in :mod:`numba_pool.allocator.release`) where A is a created stream (the block
+        a mempool one in both modes: an arena allocates none during a capture)."""
 
     __slots__ = ("aside",)
 

@@ -118,6 +118,36 @@ def test_a_release_during_a_capture_survives_its_stream_being_destroyed(programs
     p.finish()
 
 
+@pytest.mark.parametrize("before", [False, True], ids=["dropped in the capture", "dropped before it"])
+@pytest.mark.parametrize("read", ["stats", "memory info"])
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])
+def test_an_arena_slab_emptied_during_a_global_capture_goes_back_in_relaxed_mode(programs, blocking, read, before):
+    """Found by a review: five arena blocks of a created stream S (two slabs), the last dropped during a global
+    capture of another stream (made at once, beside it), or before it (published by the next look); ``stats()`` or
+    ``get_memory_info()`` in the capture publishes it, empties S's second slab and gives it back (``cuStreamWaitEvent``
+    and ``cuMemFreeAsync`` on the arena's return stream): in global mode the driver refused that free
+    (``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``), invalidating the capture.  Done in relaxed mode, the capture stays
+    valid, and the slab goes back."""
+    p = programs(arena=True)
+    c, s = p.create_stream(True), p.create_stream(blocking)
+    arrays = [p.allocate(4096, s) for _ in range(5)]
+    slabs = p.mm.allocator.arena.statistics().slabs
+    assert slabs >= 2
+    last = arrays.pop()
+    if before:
+        p.drop(last, legalize="record")
+    with _capturing(p, c):
+        if not before:
+            p.drop(last, legalize="record")
+        assert captures.held_back() == 0
+        p.mm.statistics() if read == "stats" else p.mm.get_memory_info()
+        assert p.mm.allocator.arena.statistics().slabs == slabs - 1
+    p.model.assert_no_violations()
+    for family in arrays:
+        p.drop(family, legalize="record")
+    p.finish()
+
+
 @pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "non-blocking"])
 def test_a_release_of_the_captured_streams_own_waits_for_the_captures_end(programs, blocking):
     """The release Note [Released beside a capture] does not make at once: the captured stream's own (a free there
