@@ -367,8 +367,9 @@ class HostBlocks:
 
     def segments(self) -> list[dict]:
         """Snapshot segments, one per reserved block: ``kind``, ``address``, ``size`` (bytes), ``stream`` 0, ``blocks``
-        ``[(address, size, state)]`` (``"allocated"``: live or deferred, ``"awaiting_free"``, ``"free"``); locks."""
-        with self._lock:
+        ``[(address, size, state)]`` (``"allocated"``: live or deferred, ``"awaiting_free"``, ``"free"``); locks.
+        In relaxed capture mode (rule 13): a snapshot during a global capture queries the cached blocks' events."""
+        with self._lock, relaxed(self._cu):
             self._take_released()
             live = [(b, "allocated") for b in [*live_now(self), *held_now(self)]]
             cached = [(b, "free" if self._completed(b) else "awaiting_free")

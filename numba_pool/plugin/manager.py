@@ -218,7 +218,12 @@ class NumbaPoolManager:
 
     def reset(self) -> None:
         """Free all allocations, destroy the private pool (trim a shared one), ``super().reset()``; repeatable.  Live
-        device arrays, then dangling, release nothing (Note [Lifetimes across a reset]); pinned/managed stay valid."""
+        device arrays, then dangling, release nothing (Note [Lifetimes across a reset]); pinned/managed stay valid.
+        :raises RuntimeError: while a capture numba_pool knows of is under way (rule 13: it synchronizes), with nothing
+            freed."""
+        allocator = self.allocator
+        if allocator is not None:
+            allocator.refuse_during_capture("reset()")
         _note("reset", self.device_id)
         super().reset()
         if self.host is not None:

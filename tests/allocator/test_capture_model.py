@@ -406,3 +406,42 @@ def test_an_allocation_in_a_default_stream_scratch_scope_leaves_a_blocking_captu
     gc.collect()
     p.model.assert_no_violations()
     p.finish()
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_snapshot_during_a_global_capture_leaves_it_valid(programs, arena):
+    """Found by a review: a snapshot (``numba_pool.snapshot()``, and the out-of-memory one) reads the managed cache's
+    segments, whose fenced blocks' events it queries (``cuEventQuery``): outside relaxed mode the driver's global
+    capture refuses it and is invalidated.  Read in relaxed mode, the capture stays valid."""
+    from numba_pool.plugin import debugging
+    p = programs(arena=arena)
+    p.mm.managed.fences.fence_blocks = 1
+    c = p.create_stream(True)
+    a = p.allocate_managed(4096)
+    p.drop(a)
+    gc.collect()
+    b = p.allocate_managed(8192)  # fences a: a cached, fenced block with a fence event
+    with _capturing(p, c):
+        snapshot = debugging.snapshot_of([p.mm])
+    p.model.assert_no_violations()
+    assert sorted(s["total_size"] for s in snapshot["segments"] if s["kind"] == "managed") == [4096, 8192]
+    p.drop(b)
+    p.finish()
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_reset_during_a_capture_is_refused_and_frees_nothing(programs, arena):
+    """``reset()`` synchronizes the context, which invalidates any capture: while one numba_pool knows of is under
+    way it refuses in one line naming the capturing stream, as ``trim()`` does, before freeing anything; after the
+    capture it runs."""
+    p = programs(arena=arena)
+    c = p.create_stream(True)
+    x = p.allocate(1000)
+    with _capturing(p, c):
+        with pytest.raises(RuntimeError, match=r"reset\(\) cannot run while stream 0x[0-9a-f]+ is being captured"):
+            p.mm.reset()
+        assert p.model._memory.find(x.address) is not None
+    p.model.assert_no_violations()
+    p.drop(x, legalize="record")
+    p.mm.reset()
+    p.finish()

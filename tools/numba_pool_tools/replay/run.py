@@ -59,6 +59,9 @@ class AddressSpace:
     def cuStreamCreate(self, flags):
         return _OK[0], cuda_driver.CUstream(1)
 
+    def cuThreadExchangeStreamCaptureMode(self, mode):
+        return _OK[0], mode  # no capture in a replay: the mode (relaxed, for a slab's return) changes nothing
+
     def _nothing(self, *args):
         return _OK
 
