@@ -70,9 +70,10 @@ class ResetInjection:
 
     def _locks(self) -> list:
         """Every lock of numba_pool the call may hold."""
+        from numba_pool.allocator import captures
         from numba_pool.plugin.state import process
         mm = self.program.mm
-        found = [mm._init_lock, process._lock, mm._usage._replay_lock]
+        found = [mm._init_lock, process._lock, mm._usage._replay_lock, captures._lock]  # reset() refreshes captures
         for holder in (mm.host, mm.log):
             if holder is not None:
                 found.append(holder._lock)
