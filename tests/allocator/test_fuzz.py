@@ -22,8 +22,9 @@ in threads with no current CUDA context too.  Stream captures (rule 13: ``captur
 ``launch_graph``, ``drop_graph_array``): a capture of a new stream in the three capture modes,
 arrays allocated, used by kernels and dropped inside it (allocation, kernel and free nodes),
 other streams' arrays (the legacy stream's from another thread) allocated, used and dropped
-beside it (a created blocking stream's array allocated and freed beside it, the ``blocking drop`` step: Note
-[Released beside a capture]), statistics read and a trim refused; the graph instantiated with or without auto-free
+beside it (a created blocking stream's array allocated and freed beside it, the ``blocking drop`` step, and
+arena blocks of a created stream dropped beside it, ``small drop``: Note [Released beside a capture]), statistics
+read and a trim refused; the graph instantiated with or without auto-free
 and launched again later, the arrays kept past the capture dropped between launches; the model
 names every call that invalidates a capture.  After every step: no
 ordering violation, no deadlock, no exception in a release, the arena's invariants, and issue 33's
@@ -118,7 +119,8 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
 
     @initialize(preempt=st.sampled_from([0, 3, 7, 13]), eager=st.booleans(), adaptors=st.booleans(),
                 frontend=st.sampled_from(FRONTENDS), managed_threshold=st.sampled_from([None, 0, 8192]),
-                gpu_eager=st.booleans(), opportunistic=st.booleans(), release_threshold=st.sampled_from([None, 0, 0, 65536]))
+                gpu_eager=st.booleans(), opportunistic=st.booleans(),
+                release_threshold=st.sampled_from([None, 0, 0, 65536]))
     def start(self, preempt, eager, adaptors=False, frontend=None, managed_threshold=None, gpu_eager=False,
               opportunistic=False, release_threshold=None):
         # The collector runs only at the program's own points (collect_garbage, the preempt
@@ -158,10 +160,9 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                 try:
                     self._drop_all_kept()
                     for key in ("captures", "graph_alloc_nodes", "graph_kernel_nodes", "graph_free_nodes",
-                                "graph_launches", "graph_kernels", "blocking frees beside a capture"):
+                                "graph_launches", "graph_kernels", "blocking frees beside a capture",
+                                "arena releases beside a capture"):  # the last counted by the "small drop" step
                         CAPTURE_COUNTS[key] = CAPTURE_COUNTS.get(key, 0) + self.p.model._counts[key]
-                    key = "arena releases beside a capture"  # counted by the "small drop" step
-                    CAPTURE_COUNTS[key] = CAPTURE_COUNTS.get(key, 0) + self.p.model._counts[key]
                     MANAGED_HOST_USES[0] += self.p.finish()["managed_host_uses"]
                     LEGACY_COST.merge(self.p.legacy_cost)
                     if self.costs and not getattr(self, "failed", False):  # the releases finish() made
@@ -509,7 +510,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                     held = captures_module.held_back()
                     p.drop(family, legalize="record", how="del", thread=data.draw(st.integers(0, 7)))
                     if carved and captures_module.held_back() == held:  # made beside it, not held back
-                        self.p.model._counts["arena releases beside a capture"] += 1
+                        p.model._counts["arena releases beside a capture"] += 1
                 p._in(data.draw(st.sampled_from([T, self.side])), p.mm.statistics)
         elif step == "statistics":
             p._in(data.draw(st.sampled_from([T, self.side])), p.mm.statistics)
