@@ -102,7 +102,8 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     capture); other driver calls run in relaxed capture mode, allocations come from the mempool (the legacy
     stream's on a synchronized side stream), and releases wait for its end (at ``defer_cleanup``'s exit too: no
     ``cuEventQuery``; a known gap: the legacy blocks of a generation a reset dropped are freed at once), but a
-    mempool or arena block's of a created stream (blocking or not) not captured, waiting for no other stream:
+    mempool or arena block's of a created stream (blocking or not) not captured, waiting for no other stream but
+    ``record_stream`` streams of that kind:
     released at the drop in relaxed mode, its stream may be destroyed before the capture ends (Note [Released
     beside a capture]; a known gap: the other releases name their streams after it, which the program must keep
     alive until then).  An arena slab emptied meanwhile goes back in relaxed mode too.

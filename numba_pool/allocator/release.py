@@ -24,15 +24,18 @@ Note [Released beside a capture]
     meanwhile (legal once its arrays are dropped; a cuda.core ``Stream.close()``, a PyTorch stream's handle): the
     free would go to a destroyed handle, or to the new stream the driver gave it, unordered after the old one's work.
     So a mempool or an arena block of a created stream S (blocking or not) not itself captured, waiting for no other
-    stream, is released at the drop as outside a capture (freed on S, kept idle for it, or, an arena block or one
-    held by a hold, an event recorded on S now), the thread in relaxed capture mode
+    stream or only for ``record_stream`` streams of that kind, is released at the drop as outside a capture (freed on
+    S, kept idle for it, or, an arena block or one held by a hold, an event recorded on S now; with recorded streams,
+    events on them and on S now, the block made free after the next fence once the host sees them done, Note [A
+    named stream is not waited for] in :mod:`.device`), the thread in relaxed capture mode
     (``cuThreadExchangeStreamCaptureMode``): the driver allows stream-ordered frees, event records and waits on
     uncaptured streams there, blocking ones too, under a global-mode capture of a blocking stream too
     (docs/perf-notes.md, "Stream capture: what the driver allows"); a hold let go after S's work
     (:meth:`.waits.StreamWaits.let_go_after`) likewise.  Other releases still wait (:func:`.captures.released_beside`
     says which) and name their streams after the capture (a known gap: the program must keep those streams alive
     until then): the captured stream's own, a per-thread default stream's, one waiting for a ``record_stream``
-    stream, one dropped in a thread with no current context (the capture query fails there); and the legacy stream's
+    stream that is one of those or the legacy stream, one dropped in a thread with no current context (the capture
+    query fails there); and the legacy stream's
     own blocks (no harm: that stream is never destroyed).  A free beside the capture failing for another reason than
     a missing context (S began capturing meanwhile) is held back, ordered after the capture.
 

@@ -118,6 +118,36 @@ def test_a_release_during_a_capture_survives_its_stream_being_destroyed(programs
     p.finish()
 
 
+@pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking reader", "blocking reader"])
+@pytest.mark.parametrize("mode", [GLOBAL, RELAXED], ids=["global", "relaxed"])
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_release_waiting_for_a_recorded_stream_during_a_capture_survives_both_streams_being_destroyed(
+        programs, arena, mode, blocking):
+    """Note [Released beside a capture]: an array of a non-blocking stream ``other``, read by a kernel on ``reader``
+    (``record_stream``), dropped while ``stream`` is captured; ``reader`` is destroyed after the capture, before
+    numba_pool learns it ended; then ``other`` allocates and writes again (a race if the block came back before the
+    reader's kernel ended).  Held back, the release recorded its event on the destroyed ``reader`` then; made at the
+    drop in relaxed mode (events on ``reader`` and ``other``; the block free after the next fence once the host sees
+    them done: Note [A named stream is not waited for]), the capture stays valid."""
+    p = programs(arena=arena)
+    stream, other, reader = p.create_stream(True), p.create_stream(False), p.create_stream(blocking)
+    family = p.allocate(1000, other)
+    p.launch(other, [family])
+    p.launch(reader, [family])
+    p.record_stream(family, reader)
+    with _capturing(p, stream, mode):
+        p.drop(family, legalize="record")
+        assert captures.held_back() == 0
+    assert p.destroy_stream(reader)  # no array needs it any more
+    again = p.allocate(1000, other)  # numba_pool learns the capture ended
+    p.launch(other, [again])
+    p.drop(again)
+    assert p.destroy_stream(other)
+    p.allocate(1000)
+    p.model.assert_no_violations()
+    p.finish()
+
+
 @pytest.mark.parametrize("before", [False, True], ids=["dropped in the capture", "dropped before it"])
 @pytest.mark.parametrize("read", ["stats", "memory info"])
 @pytest.mark.parametrize("blocking", [False, True], ids=["non-blocking", "blocking"])

@@ -23,7 +23,8 @@ in threads with no current CUDA context too.  Stream captures (rule 13: ``captur
 arrays allocated, used by kernels and dropped inside it (allocation, kernel and free nodes),
 other streams' arrays (the legacy stream's from another thread) allocated, used and dropped
 beside it (a created blocking stream's array allocated and freed beside it, the ``blocking drop`` step, and
-arena blocks of a created stream dropped beside it, ``small drop``: Note [Released beside a capture]), statistics
+arena blocks of a created stream dropped beside it, ``small drop``, and one read on another created stream and
+recorded for it, ``recorded drop``: Note [Released beside a capture]), statistics
 read and a trim refused; the graph instantiated with or without auto-free
 and launched again later, the arrays kept past the capture dropped between launches; the model
 names every call that invalidates a capture.  After every step: no
@@ -92,7 +93,8 @@ CAPTURE_MODES = [real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
                  real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
                  real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED]
 CAPTURE_STEPS = ["alloc", "alloc", "torch alloc", "kernel", "kernel", "drop captured", "other alloc", "other launch",
-                 "other drop", "blocking drop", "small drop", "small drop", "statistics", "trim", "close defer"]
+                 "other drop", "blocking drop", "small drop", "small drop", "recorded drop", "statistics", "trim",
+                 "close defer"]
 
 
 @dataclass(eq=False)
@@ -161,7 +163,8 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                     self._drop_all_kept()
                     for key in ("captures", "graph_alloc_nodes", "graph_kernel_nodes", "graph_free_nodes",
                                 "graph_launches", "graph_kernels", "blocking frees beside a capture",
-                                "arena releases beside a capture"):  # the last counted by the "small drop" step
+                                "arena releases beside a capture",  # counted by the "small drop" step
+                                "recorded releases beside a capture"):  # and by "recorded drop"
                         CAPTURE_COUNTS[key] = CAPTURE_COUNTS.get(key, 0) + self.p.model._counts[key]
                     MANAGED_HOST_USES[0] += self.p.finish()["managed_host_uses"]
                     LEGACY_COST.merge(self.p.legacy_cost)
@@ -512,6 +515,20 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                     if carved and captures_module.held_back() == held:  # made beside it, not held back
                         p.model._counts["arena releases beside a capture"] += 1
                 p._in(data.draw(st.sampled_from([T, self.side])), p.mm.statistics)
+        elif step == "recorded drop":  # Note [Released beside a capture]: a created stream's array read by a kernel
+            # on another created stream (record_stream: a Fenced wait), dropped beside the capture: the events on
+            # both recorded at the drop, in relaxed mode; the reader may be destroyed before the capture's end is seen.
+            others = [s for s in self.streams if s != LEGACY]
+            if len(others) >= 2:
+                other, reader = data.draw(st.lists(st.sampled_from(others), min_size=2, max_size=2, unique=True))
+                family = p.allocate_in(data.draw(st.sampled_from([T, self.side])), data.draw(SIZES), other, other)
+                if family is not None:
+                    p.launch(other, [family], data.draw(st.integers(0, 7)))
+                    p.launch(reader, [family], data.draw(st.integers(0, 7)))
+                    held = captures_module.held_back()
+                    p.drop(family, legalize="record", how="del", thread=data.draw(st.integers(0, 7)))
+                    if captures_module.held_back() == held:  # made beside it, not held back
+                        p.model._counts["recorded releases beside a capture"] += 1
         elif step == "statistics":
             p._in(data.draw(st.sampled_from([T, self.side])), p.mm.statistics)
         elif step == "close defer" and p.defer_scopes and not (len(p.defer_scopes) == 1 and p.reliant) \
@@ -727,6 +744,8 @@ def test_operations_count():
         # The arena's, made by the "small drop" step (not held back: its domain's event recorded on the stream;
         # 1,763-2,121 at CI size, seeds 41-43).
         assert CAPTURE_COUNTS.get("arena releases beside a capture", 0) >= 10, CAPTURE_COUNTS
+        # A release waiting for a record_stream stream, made at the drop by the "recorded drop" step.
+        assert CAPTURE_COUNTS.get("recorded releases beside a capture", 0) >= 10, CAPTURE_COUNTS
         assert all(FRONTEND_OPERATIONS.get(name, 0) >= 2_000 for name in FRONTENDS), FRONTEND_OPERATIONS
 
 

@@ -269,6 +269,48 @@ def test_a_streams_array_dropped_during_a_global_capture_is_released_at_once(fla
     cu.cuGraphDestroy(capture["graph"])
 
 
+@pytest.mark.parametrize("n", [64 << 10, 1 << 10], ids=["pool block", "small block"])  # small: an arena block
+def test_an_array_recorded_for_a_reader_dropped_during_a_global_capture_is_released_at_once(n):
+    """Note [Released beside a capture]: an array of a non-blocking stream S, still read by a kernel on another
+    non-blocking stream R (``numba_pool.record_stream``), dropped while a blocking stream is captured in global mode,
+    is released at the drop (events on R and S recorded in relaxed mode; the block free after the next fence once
+    the host sees them done), not held back past the capture; R and S are then destroyed before numba_pool learns
+    the capture ended, the capture ends valid, and no later allocation gets the block while the reader runs."""
+    stream = cuda.stream()
+    _warm(stream)
+    handles = []
+    for _ in range(2):
+        err, handle = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        assert not err, err
+        handles.append(handle)
+    s, r = (cuda.external_stream(int(handle)) for handle in handles)
+    _warm(s)
+    _warm(r)
+    bad = cuda.to_device(np.zeros(1, np.int64))
+    with numba_pool.using_stream(s):
+        a = cuda.device_array(n, np.float32, stream=s)
+    s.synchronize()  # R may use it now
+    hold_then_count[blocks(n), THREADS, r](a, np.float32(7), 200_000, bad)  # still reading when dropped
+    numba_pool.record_stream(a, r)
+    with _captured(stream) as capture:
+        with numba_pool.using_stream(stream):
+            first = cuda.device_array(n, np.float32, stream=stream)  # the capture is now known
+            del a
+            gc.collect()
+            held = numba_pool.stats().releases_held_for_capture
+            del first
+    for handle in handles:  # the kernel on R runs on; the driver frees the streams after
+        _check((cu.cuStreamDestroy(handle)[0], None))
+    later = [cuda.device_array(n, np.float32) for _ in range(8)]
+    for b in later:
+        fill[blocks(n), THREADS](b, np.float32(-1))
+    cuda.synchronize()
+    assert (held, capture["end"]) == (0, "CUDA_SUCCESS")
+    assert int(bad.copy_to_host()[0]) == 0
+    assert numba_pool.stats().releases_held_for_capture == 0
+    cu.cuGraphDestroy(capture["graph"])
+
+
 def test_the_statistics_calls_inside_a_global_capture_leave_it_valid():
     """``stats()``, ``reset_peak()``, ``memory_summary()`` and Numba's ``get_memory_info()`` from the capturing thread,
     during a global-mode capture numba_pool knows of (an array allocated in it): the pool's attributes are read and
