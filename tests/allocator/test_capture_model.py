@@ -11,6 +11,7 @@ from cuda.bindings import driver as cu
 import numba_pool
 from numba_pool.allocator import captures
 from numba_pool.allocator.stream_idle import StreamIdle
+from cuda_model.harness import LEGACY
 from cuda_model.model import CudaModel
 
 R = cu.CUresult
@@ -124,28 +125,47 @@ def test_a_release_during_a_capture_survives_its_stream_being_destroyed(programs
 def test_a_release_waiting_for_a_recorded_stream_during_a_capture_survives_both_streams_being_destroyed(
         programs, arena, mode, blocking):
     """Note [Released beside a capture]: an array of a non-blocking stream ``other``, read by a kernel on ``reader``
-    (``record_stream``), dropped while ``stream`` is captured; ``reader`` is destroyed after the capture, before
-    numba_pool learns it ended; then ``other`` allocates and writes again (a race if the block came back before the
-    reader's kernel ended).  Held back, the release recorded its event on the destroyed ``reader`` then; made at the
-    drop in relaxed mode (events on ``reader`` and ``other``; the block free after the next fence once the host sees
-    them done: Note [A named stream is not waited for]), the capture stays valid."""
+    (``record_stream``), dropped while ``stream`` is captured; after the capture ``other``'s work is done, not the
+    reader's, and ``reader`` is destroyed before numba_pool learns the capture ended.  Held back, the release recorded
+    its event on the destroyed ``reader`` then; made at the drop in relaxed mode (events on ``reader`` and ``other``;
+    the block free after the next fence once the host sees them done: Note [A named stream is not waited for]), the
+    capture stays valid.  Legacy arrays made and dropped past a fence seen done never get a mempool block while a
+    non-blocking reader runs, and get it once the host has seen it done (an arena block goes back to ``other``'s
+    domain)."""
     p = programs(arena=arena)
     stream, other, reader = p.create_stream(True), p.create_stream(False), p.create_stream(blocking)
     family = p.allocate(1000, other)
+    address = family.address
     p.launch(other, [family])
     p.launch(reader, [family])
     p.record_stream(family, reader)
     with _capturing(p, stream, mode):
         p.drop(family, legalize="record")
         assert captures.held_back() == 0
+    assert p.model.cuStreamSynchronize(cu.CUstream(other))[0] == R.CUDA_SUCCESS  # the reader's kernel runs on
     assert p.destroy_stream(reader)  # no array needs it any more
-    again = p.allocate(1000, other)  # numba_pool learns the capture ended
-    p.launch(other, [again])
-    p.drop(again)
+    early = _legacy_arrays(p, 40)  # numba_pool learns the capture ended; a fence is recorded
+    assert p.model.cuStreamSynchronize(cu.CUstream(LEGACY))[0] == R.CUDA_SUCCESS  # the fence seen done (a blocking
+    early |= _legacy_arrays(p, 40)  # reader's kernel too: the legacy kernels after it waited for it)
+    p.model.cuCtxSynchronize()
+    late = _legacy_arrays(p, 40)
+    assert blocking or address not in early
+    assert arena or address in early | late
     assert p.destroy_stream(other)
-    p.allocate(1000)
     p.model.assert_no_violations()
     p.finish()
+
+
+def _legacy_arrays(p, count: int) -> set[int]:
+    """The addresses of ``count`` legacy-stream arrays of 1000 bytes, each written by a kernel and dropped (a fence
+    per 32 releases, rule 4)."""
+    addresses = set()
+    for _ in range(count):
+        family = p.allocate(1000)
+        p.launch(LEGACY, [family])
+        addresses.add(family.address)
+        p.drop(family)
+    return addresses
 
 
 @pytest.mark.parametrize("before", [False, True], ids=["dropped in the capture", "dropped before it"])

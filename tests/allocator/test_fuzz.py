@@ -164,7 +164,8 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                     for key in ("captures", "graph_alloc_nodes", "graph_kernel_nodes", "graph_free_nodes",
                                 "graph_launches", "graph_kernels", "blocking frees beside a capture",
                                 "arena releases beside a capture",  # counted by the "small drop" step
-                                "recorded releases beside a capture"):  # and by "recorded drop"
+                                "recorded releases beside a capture",  # and by "recorded drop"
+                                "recorded arena releases beside a capture"):
                         CAPTURE_COUNTS[key] = CAPTURE_COUNTS.get(key, 0) + self.p.model._counts[key]
                     MANAGED_HOST_USES[0] += self.p.finish()["managed_host_uses"]
                     LEGACY_COST.merge(self.p.legacy_cost)
@@ -518,17 +519,30 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
         elif step == "recorded drop":  # Note [Released beside a capture]: a created stream's array read by a kernel
             # on another created stream (record_stream: a Fenced wait), dropped beside the capture: the events on
             # both recorded at the drop, in relaxed mode; the reader may be destroyed before the capture's end is seen.
+            # The array is made now (a mempool block: no arena block during a capture) or is a small one made
+            # before the capture (an arena block in arena mode).
             others = [s for s in self.streams if s != LEGACY]
+            small = [f for f in self.families() if f.stream in others and f.stream != stream and f.size <= 4096
+                     and f.id not in p.busy and not (f.door or f.managed or f.scratch) and len(f.refs) == 1
+                     and all(u == f.stream for u, _ in f.uses)]
             if len(others) >= 2:
-                other, reader = data.draw(st.lists(st.sampled_from(others), min_size=2, max_size=2, unique=True))
-                family = p.allocate_in(data.draw(st.sampled_from([T, self.side])), data.draw(SIZES), other, other)
+                if small and data.draw(st.booleans()):
+                    family = data.draw(st.sampled_from(small))
+                    other = family.stream
+                    reader = data.draw(st.sampled_from([s for s in others if s != other]))
+                else:
+                    other, reader = data.draw(st.lists(st.sampled_from(others), min_size=2, max_size=2, unique=True))
+                    family = p.allocate_in(data.draw(st.sampled_from([T, self.side])), data.draw(SIZES), other, other)
                 if family is not None:
+                    allocator = p.mm.allocator
+                    carved = self.arena and allocator is not None and family.address in allocator.arena.taken
                     p.launch(other, [family], data.draw(st.integers(0, 7)))
                     p.launch(reader, [family], data.draw(st.integers(0, 7)))
                     held = captures_module.held_back()
                     p.drop(family, legalize="record", how="del", thread=data.draw(st.integers(0, 7)))
                     if captures_module.held_back() == held:  # made beside it, not held back
                         p.model._counts["recorded releases beside a capture"] += 1
+                        p.model._counts["recorded arena releases beside a capture"] += carved
         elif step == "statistics":
             p._in(data.draw(st.sampled_from([T, self.side])), p.mm.statistics)
         elif step == "close defer" and p.defer_scopes and not (len(p.defer_scopes) == 1 and p.reliant) \
@@ -746,6 +760,8 @@ def test_operations_count():
         assert CAPTURE_COUNTS.get("arena releases beside a capture", 0) >= 10, CAPTURE_COUNTS
         # A release waiting for a record_stream stream, made at the drop by the "recorded drop" step.
         assert CAPTURE_COUNTS.get("recorded releases beside a capture", 0) >= 10, CAPTURE_COUNTS
+        # Of those, an arena block's (a small array made before the capture; 43-125 at CI size, seeds 41-43).
+        assert CAPTURE_COUNTS.get("recorded arena releases beside a capture", 0) >= 5, CAPTURE_COUNTS
         assert all(FRONTEND_OPERATIONS.get(name, 0) >= 2_000 for name in FRONTENDS), FRONTEND_OPERATIONS
 
 
