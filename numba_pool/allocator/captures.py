@@ -99,11 +99,11 @@ def orders_beside(cu, stream: StreamRef) -> bool:
 def released_beside(cu, block: Block) -> bool:
     """Note [Released beside a capture] in :mod:`.release`: whether ``block``'s release (a mempool or an arena
     block's), during a capture, is made at once: a block of a stream :func:`orders_beside` accepts, waiting only for
-    holds (a set-aside block's, Note [An address a reset gave again]) and for streams it accepts too (``record_stream``'s,
-    :class:`~.waits.Fenced`: the events on them and on the block's stream recorded at the drop, the block made free
-    after the next fence once the host sees them done, Note [A named stream is not waited for] in :mod:`.device`);
-    inside ``defer_cleanup`` too (its release orders at the drop, Note [A release made free later orders now] in
-    :mod:`.waits`).  Never raises."""
+    holds (a set-aside block's, Note [An address a reset gave again]) and for streams it accepts too
+    (``record_stream``'s, :class:`~.waits.Fenced`: the events on them and on the block's stream recorded at the drop,
+    the block made free after the next fence once the host sees them done, Note [A named stream is not waited for]
+    in :mod:`.device`); inside ``defer_cleanup`` too (its release orders at the drop, Note [A release made free later
+    orders now] in :mod:`.waits`).  Never raises."""
     waits = block.waits
     if waits:
         for wait in waits:

@@ -35,10 +35,9 @@ Note [Released beside a capture]
     says which) and name their streams after the capture (a known gap: the program must keep those streams alive
     until then): the captured stream's own, a per-thread default stream's, one waiting for a ``record_stream``
     stream that is one of those or the legacy stream, one dropped in a thread with no current context (the capture
-    query fails there); and the legacy stream's
-    own blocks (no harm: that stream is never destroyed).  Work beside the capture failing for another reason than
-    a missing context (S began capturing meanwhile, an event not made) is held back, ordered after the capture: it
-    names its streams then, the gap above.
+    query fails there); and the legacy stream's own blocks (no harm: that stream is never destroyed).  Work beside
+    the capture failing for another reason than a missing context (S began capturing meanwhile, an event not made)
+    is held back, ordered after the capture: it names its streams then, the gap above.
 
 Note [The gate is a closure]
     The release is the pointer finalizer's one call, on the hot path of every drop.  So the gate is a closure
