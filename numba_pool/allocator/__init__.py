@@ -103,10 +103,9 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     stream's on a synchronized side stream), and releases wait for its end (at ``defer_cleanup``'s exit too: no
     ``cuEventQuery``; a known gap: the legacy blocks of a generation a reset dropped are freed at once), but a
     mempool or arena block's of a created stream (blocking or not) not captured, waiting for no other stream but
-    ``record_stream`` streams of that kind:
-    released at the drop in relaxed mode, its stream may be destroyed before the capture ends (Note [Released
-    beside a capture]; a known gap: the other releases name their streams after it, which the program must keep
-    alive until then).  An arena slab emptied meanwhile goes back in relaxed mode too.
+    ``record_stream`` streams of that kind: released at the drop in relaxed mode, its stream may be destroyed
+    before the capture ends (Note [Released beside a capture]; a known gap: the other releases name their streams
+    after it, which the program must keep alive until then).  An arena slab emptied meanwhile goes back in relaxed mode too.
 14. **A door's deallocation is ordered on the stream it names** (:meth:`.device.DeviceAllocator.deallocate`).
     A door other than Numba's EMM plugin frees a block naming a stream, or none, as its library's own pool
     does: cuda.core's ``MemoryResource`` the stream ``deallocate`` names (the buffer's last use), PyTorch's

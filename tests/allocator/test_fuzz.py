@@ -189,6 +189,19 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
     def families(self):
         return [f for f in self.p.families.values() if not f.zombie]
 
+    def _small_families(self, captured: int) -> list:
+        """Arrays of at most 4096 bytes of a live created stream other than ``captured``, used there only, with one
+        reference and no door, managed or scratch memory: arena blocks in arena mode (made before a capture)."""
+        p = self.p
+        return [f for f in self.families() if f.stream not in (captured, LEGACY) and f.stream in p.streams
+                and f.size <= 4096 and not (f.door or f.managed or f.scratch) and f.id not in p.busy
+                and len(f.refs) == 1 and all(u == f.stream for u, _ in f.uses)]
+
+    def _carved(self, family) -> bool:
+        """Whether ``family`` is an arena block."""
+        allocator = self.p.mm.allocator
+        return self.arena and allocator is not None and family.address in allocator.arena.taken
+
     @rule(blocking=st.booleans())
     def create_stream(self, blocking):
         self.streams.append(self.p.create_stream(blocking))
@@ -502,15 +515,11 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
         elif step == "small drop":  # Note [Released beside a capture]: arena blocks (in arena mode) allocated on a
             # created stream before the capture, used there only, dropped beside it (its domain's event recorded on
             # its stream, in relaxed mode); then statistics, which publish them (a slab emptied goes back).
-            small = [f for f in self.families() if f.stream not in (stream, LEGACY) and f.stream in p.streams
-                     and f.size <= 4096 and not (f.door or f.managed or f.scratch) and f.id not in p.busy
-                     and len(f.refs) == 1
-                     and all(u == f.stream for u, _ in f.uses)]
+            small = self._small_families(stream)
             if small:  # all of one stream's: its domain's slabs emptied, given back (a release threshold, two slabs)
                 other = data.draw(st.sampled_from(sorted({f.stream for f in small})))
                 for family in [f for f in small if f.stream == other]:
-                    allocator = p.mm.allocator
-                    carved = self.arena and allocator is not None and family.address in allocator.arena.taken
+                    carved = self._carved(family)
                     held = captures_module.held_back()
                     p.drop(family, legalize="record", how="del", thread=data.draw(st.integers(0, 7)))
                     if carved and captures_module.held_back() == held:  # made beside it, not held back
@@ -522,9 +531,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             # The array is made now (a mempool block: no arena block during a capture) or is a small one made
             # before the capture (an arena block in arena mode).
             others = [s for s in self.streams if s != LEGACY]
-            small = [f for f in self.families() if f.stream in others and f.stream != stream and f.size <= 4096
-                     and f.id not in p.busy and not (f.door or f.managed or f.scratch) and len(f.refs) == 1
-                     and all(u == f.stream for u, _ in f.uses)]
+            small = [f for f in self._small_families(stream) if f.stream in others]
             if len(others) >= 2:
                 if small and data.draw(st.booleans()):
                     family = data.draw(st.sampled_from(small))
@@ -534,8 +541,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                     other, reader = data.draw(st.lists(st.sampled_from(others), min_size=2, max_size=2, unique=True))
                     family = p.allocate_in(data.draw(st.sampled_from([T, self.side])), data.draw(SIZES), other, other)
                 if family is not None:
-                    allocator = p.mm.allocator
-                    carved = self.arena and allocator is not None and family.address in allocator.arena.taken
+                    carved = self._carved(family)
                     p.launch(other, [family], data.draw(st.integers(0, 7)))
                     p.launch(reader, [family], data.draw(st.integers(0, 7)))
                     held = captures_module.held_back()

@@ -11,6 +11,7 @@ once (``Program.allocate_managed``), which the model checks against the previous
 from __future__ import annotations
 
 import gc
+import weakref
 
 import numba_pool
 import pytest
@@ -443,7 +444,6 @@ def test_a_managed_array_allocated_in_a_scratch_scope_keeps_no_scratch_block(pro
     """The managed door takes the scope's own stream, not its scratch-carrying copy: the scratch block object goes
     once its scope exits and its carved arrays are gone, the managed array alive (as the EMM doors: Note [Released
     beside a capture]'s scratch-scope fix)."""
-    import weakref
     s = prog.create_stream(blocking=blocking)
 
     def body():
