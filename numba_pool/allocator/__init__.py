@@ -117,6 +117,11 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     stream's too (``record_stream``), as for those libraries' own pools (:mod:`numba_pool.plugin`'s doors).
     A door whose library frees by address alone never hands out an address that a buffer or tensor from before
     a reset still holds (Note [An address a reset gave again], :mod:`numba_pool.plugin.serving`).
+    PyTorch's door keeps a block its tensor allocated and freed on the legacy stream, with no wait added since
+    (``record_stream``, a hold: :meth:`.device.DeviceAllocator` calls ``on_wait`` first, which takes it out), for
+    the next tensor of its size on the legacy stream: that stream's order is the release's; any other free, or
+    any figure, trim, reset or out-of-memory retry, releases it here (Note [PyTorch's legacy-stream free list]
+    in :mod:`numba_pool.plugin.torch_allocator`).
 
 Threads
 -------

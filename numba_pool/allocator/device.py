@@ -34,16 +34,19 @@ def _fmt(nbytes: int) -> str:
 class DeviceAllocator:
     """One generation of one device's memory: the mempool blocks (rule 7), the arena if on (rules 1, 3-6), live
     scratch blocks, ``record_stream`` and IPC holds (rule 2), synchronizing barriers.  ``before_retry`` runs before
-    out-of-memory retries (Numba's pending deallocations); ``after_reset`` serves allocations a reset overtook."""
+    out-of-memory retries (Numba's pending deallocations); ``after_reset`` serves allocations a reset overtook;
+    ``on_wait(start)`` runs before a wait is added to the live block at ``start`` (a door keeping freed blocks)."""
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
                  before_retry: Callable[[], None] = lambda: None, deferral: Deferral | None = None,
                  after_fence: AfterFence | None = None, unseen: list | None = None,
-                 after_reset: Callable[[int, StreamRef], Block] | None = None, pointer: type):
+                 after_reset: Callable[[int, StreamRef], Block] | None = None, pointer: type,
+                 on_wait: Callable[[int], None] = lambda start: None):
         self.cu = cu  # the driver object (IPC exports through it)
         self.pool = pool
         self._usage = usage
         self._before_retry = before_retry
+        self._on_wait = on_wait
         self.waits = StreamWaits(cu, OwnerContext.of(cu, context), deferral, after_fence, unseen)
         self.scratch_blocks: dict[int, object] = {}  # live scratch blocks by start address (atomic dict ops only)
         # Rule 4: new memory from a private stream; other streams' slabs go back on another.
@@ -171,6 +174,7 @@ class DeviceAllocator:
         scratch = self.scratch_blocks.get(block.address)
         if scratch is not None:
             return scratch.add_wait(address, what)
+        self._on_wait(block.start)  # a door keeping freed blocks for their stream must not keep this one
         self.waits.add_wait(block, fenced(what) if named and what is not LEGACY else what)
         return True
 

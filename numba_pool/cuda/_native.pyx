@@ -1,9 +1,14 @@
 # cython: language_level=3, binding=False
 """numba_pool's compiled module (optional; setup.py): the hot paths' driver calls, twins of cuda-python's
 (Note [Compiled driver calls] in :mod:`.driver`; they take what the hot paths pass, ``CUstream`` and ``CUdeviceptr``
-objects or ints), and the C callbacks PyTorch's pluggable allocator calls."""
+objects or ints), and the C callbacks PyTorch's pluggable allocator calls, with the PyTorch door's legacy-stream
+free list (:class:`TorchCallbacks`)."""
 
 from cpython.long cimport PyLong_AsUnsignedLongLong, PyLong_AsVoidPtr
+from libc.stdlib cimport calloc, free as c_free
+from libc.string cimport memset
+
+import weakref
 
 ctypedef int (*IsCapturing)(void*, int*) noexcept nogil
 ctypedef int (*FreeAsync)(unsigned long long, void*) noexcept nogil
@@ -67,17 +72,341 @@ def cuStreamGetId(stream):
     return (_result(err), None) if err else (_ok[0], stream_id)
 
 
+
+
+# -- PyTorch's callbacks ----------------------------------------------------------------------
+cdef enum:
+    _DEVICES = 64  # device ordinals with a free list
+    _PER_SIZE = 8  # blocks kept per (device, size)
+    _SIZE_SLOTS = 4096  # the (device, size) table's slots: open addressing, a power of two
+    _MAX_SIZES = 2048  # keys before a new size goes to Python (half the slots: short probes)
+    _CHECK_EVERY = 4096  # reuses between two calls of the usage tracker's drain_if_due
+
+#: Bytes a device's free list holds at most (blocks beyond it go back through Python).
+MAX_CACHED_BYTES = 64 << 20
+#: Blocks kept per (device, size).
+PER_SIZE = _PER_SIZE
+
+cdef struct SizeStack:
+    size_t size  # 0: an empty slot
+    int device
+    int count
+    size_t blocks[_PER_SIZE]
+
+cdef struct Entry:
+    size_t address  # 0: an empty slot; 1: a deleted one
+    size_t size
+    int device
+    bint kept  # on the free list (else live: PyTorch holds it)
+
+
+cdef inline size_t _mix(size_t x) noexcept nogil:
+    # MurmurHash3's 64-bit finalizer: block addresses share their low bits
+    x ^= x >> 33
+    x *= <size_t>0xff51afd7ed558ccd
+    x ^= x >> 33
+    x *= <size_t>0xc4ceb9fe1a85ec53
+    x ^= x >> 33
+    return x
+
+
+cdef TorchCallbacks _installed = None  # whose ends PyTorch's C functions call
+
+
+cdef class TorchCallbacks:
+    """The ends of PyTorch's ``malloc(size, device, stream)`` and ``free(pointer, size, device, stream)`` callbacks
+    (:meth:`install` gives their C addresses), calling Python ends ``malloc`` and ``free`` with ints (a null pointer
+    as 0; a None from ``malloc`` is a null pointer).  With ``free_list``, Note [PyTorch's legacy-stream free list]
+    in :mod:`numba_pool.plugin.torch_allocator`: a block freed on the legacy stream is kept here, in C, and given to
+    the next request of its size on the legacy stream, without Python.  Every method runs with the GIL held (the
+    callbacks take it), which guards the tables: none calls Python while they are half changed."""
+
+    cdef object _malloc, _free  # the Python ends, or None with an owner
+    cdef object _owner  # a weak reference to the object whose ``_malloc`` and ``_free`` are the ends (no cycle)
+    cdef bint _free_list, _on
+    cdef SizeStack* _stacks  # _SIZE_SLOTS of them, made at the first block kept
+    cdef size_t _sizes  # keys in _stacks
+    cdef Entry* _entries  # the blocks that may be kept (live) or are (kept), by address: open addressing
+    cdef size_t _slots, _used, _count  # slots, slots not empty (deleted too), entries
+    cdef size_t _cached_bytes[_DEVICES]
+    cdef size_t _kept  # blocks on the free lists
+    cdef list _trackers  # device -> the UsageTracker its blocks count in (None before its first)
+    cdef readonly unsigned long long reuses  #: Requests served from the free list, since made.
+    cdef public size_t max_cached_bytes  #: Bytes kept per device at most (:data:`MAX_CACHED_BYTES`).
+    cdef unsigned long long _until_check
+
+    def __cinit__(self, malloc=None, free=None, bint free_list=False, owner=None):
+        self._malloc, self._free, self._free_list, self._on = malloc, free, free_list, free_list
+        if owner is not None:  # the door: its ends by a weak reference, so that it goes when dropped
+            self._owner = weakref.ref(owner)
+        self._trackers = [None] * _DEVICES
+        self._until_check = _CHECK_EVERY
+        self.max_cached_bytes = MAX_CACHED_BYTES
+
+    def __dealloc__(self):
+        c_free(self._stacks)
+        c_free(self._entries)
+
+    def install(self):
+        """Make PyTorch's C functions call this object's ends; returns their addresses ``(malloc, free)``."""
+        global _installed
+        _installed = self
+        return <size_t><void*>_torch_malloc, <size_t><void*>_torch_free
+
+    # -- the callbacks ---------------------------------------------------------------------
+    def malloc(self, size_t size, int device, size_t stream):
+        """The ``malloc`` callback from Python (the CUDA model's): an address, or None."""
+        cdef void* address = self._take(size, device, stream)
+        return None if address == NULL else <size_t>address
+
+    def free(self, size_t address, size_t size, int device, size_t stream):
+        """The ``free`` callback from Python (the CUDA model's)."""
+        self._give(address, size, device, stream)
+
+    cdef void* _take(self, size_t size, int device, size_t stream) except? NULL:
+        cdef SizeStack* stack
+        cdef Entry* entry
+        if self._on and stream <= 1 and size and 0 <= device < _DEVICES:  # the legacy stream's handles, 0 and 1
+            stack = self._stack(size, device, False)
+            entry = self._find(stack.blocks[stack.count - 1]) if stack != NULL and stack.count else NULL
+            if entry != NULL:  # (every kept block has its entry)
+                stack.count -= 1
+                entry.kept = False
+                self._kept -= 1
+                self._cached_bytes[device] -= size
+                self._count_reuse(size, device)
+                return <void*>entry.address
+        if self._owner is None:
+            result = self._malloc(size, device, stream)
+        else:
+            owner = self._owner()
+            result = None if owner is None else owner._malloc(size, device, stream)
+        return NULL if result is None else PyLong_AsVoidPtr(result)
+
+    cdef int _give(self, size_t address, size_t size, int device, size_t stream) except -1:
+        cdef SizeStack* stack = NULL
+        cdef Entry* entry = self._find(address) if self._count else NULL
+        if entry != NULL:
+            if entry.kept:  # freed twice: the second does nothing, as the door's table's pop
+                return 0
+            if (stream <= 1 and self._on and entry.size == size and entry.device == device
+                    and self._cached_bytes[device] + size <= self.max_cached_bytes):
+                stack = self._stack(size, device, True)
+            if stack != NULL and stack.count < _PER_SIZE:
+                stack.blocks[stack.count] = address
+                stack.count += 1
+                entry.kept = True
+                self._kept += 1
+                self._cached_bytes[device] += size
+                return 0
+            self._delete(entry)
+        self._python_free(address, size, device, stream)
+        return 0
+
+    cdef int _python_free(self, size_t address, size_t size, int device, size_t stream) except -1:
+        if self._owner is None:
+            self._free(address, size, device, stream)
+        else:
+            owner = self._owner()
+            if owner is not None:
+                owner._free(address, size, device, stream)
+        return 0
+
+    cdef int _count_reuse(self, size_t size, int device) except -1:
+        # The previous owner's free and this allocation, in the tracker's events (numba_pool.allocator.usage)
+        tracker = self._trackers[device]
+        events = tracker.events
+        events.append(-<long long>size - 1)
+        events.append(<long long>size)
+        self.reuses += 1
+        self._until_check -= 1
+        if not self._until_check:
+            self._until_check = _CHECK_EVERY
+            tracker.drain_if_due()
+        return 0
+
+    # -- what the door tells -----------------------------------------------------------------
+    def live(self, size_t address, size_t size, int device, tracker):
+        """Block ``address`` of ``size`` bytes on device ``device``, allocated on the legacy stream with nothing
+        recorded, may be kept when PyTorch frees it on the legacy stream; its reuses count in ``tracker`` (a
+        ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first).
+        Returns True when ``tracker`` is new for the device."""
+        if not self._free_list or not 0 <= device < _DEVICES or size == 0:
+            return
+        cdef bint new = self._trackers[device] is not tracker
+        if new:
+            self.drain(device)
+            self._trackers[device] = tracker
+        if self._room():
+            self._add(address, size, device)
+        return new
+
+    def forget(self, size_t address):
+        """Block ``address`` (its start) must reach Python when freed (``record_stream``, a hold): taken from the
+        live blocks, or, where it is kept (a hold on a tensor PyTorch freed), from the free list and given back."""
+        cdef Entry* entry = self._find(address) if self._count else NULL
+        cdef SizeStack* stack
+        cdef int j
+        if entry == NULL:
+            return
+        size, device, kept = entry.size, entry.device, entry.kept
+        self._delete(entry)
+        if not kept:
+            return
+        stack = self._stack(size, device, False)
+        for j in range(stack.count):
+            if stack.blocks[j] == address:
+                stack.count -= 1
+                stack.blocks[j] = stack.blocks[stack.count]
+                break
+        self._kept -= 1
+        self._cached_bytes[device] -= size
+        self._python_free(address, size, device, 0)
+
+    def forget_device(self, int device):
+        """Forget device ``device``'s live blocks (a reset dropped them: their frees must reach Python)."""
+        cdef size_t i
+        for i in range(self._slots):
+            if self._entries[i].address > 1 and self._entries[i].device == device and not self._entries[i].kept:
+                self._delete(&self._entries[i])
+
+    def drain(self, int device=-1, tracker=None, free=None):
+        """Give back the blocks kept for ``device`` (-1: every device; with ``tracker``, only a device whose blocks
+        count in it) through the Python ``free`` (or ``free``, the owner's while it is finalized) on the legacy
+        stream.  Returns how many."""
+        cdef list taken = []
+        cdef Py_ssize_t i
+        cdef SizeStack* stack
+        if self._stacks == NULL or not self._kept:
+            return 0
+        for i in range(_SIZE_SLOTS):
+            stack = &self._stacks[i]
+            if stack.count and (device < 0 or stack.device == device) and (
+                    tracker is None or self._trackers[stack.device] is tracker):
+                while stack.count:
+                    stack.count -= 1
+                    taken.append((stack.blocks[stack.count], stack.size, stack.device))
+                    self._delete(self._find(stack.blocks[stack.count]))
+                    self._kept -= 1
+                    self._cached_bytes[stack.device] -= stack.size
+        if self._sizes >= <size_t>(_MAX_SIZES // 2) and not self._kept:
+            memset(self._stacks, 0, _SIZE_SLOTS * sizeof(SizeStack))  # every size's key made again
+            self._sizes = 0
+        for address, size, dev in taken:  # the tables whole first: a free may run other threads' callbacks
+            if free is None:
+                self._python_free(address, size, dev, 0)
+            else:
+                free(address, size, dev, 0)
+        return len(taken)
+
+    def switch(self, bint on):
+        """Keep blocks (True) or not (False: those kept given back now; a history records every allocation)."""
+        self._on = on and self._free_list
+        if not self._on:
+            self.drain()
+
+    def cached(self, int device):
+        """``(blocks, bytes)`` kept for ``device``."""
+        cdef Py_ssize_t i
+        cdef size_t blocks = 0
+        if self._stacks != NULL:
+            for i in range(_SIZE_SLOTS):
+                if self._stacks[i].device == device and self._stacks[i].size:
+                    blocks += self._stacks[i].count
+        return blocks, self._cached_bytes[device] if 0 <= device < _DEVICES else 0
+
+    # -- the tables ----------------------------------------------------------------------------
+    cdef SizeStack* _stack(self, size_t size, int device, bint add) noexcept:
+        cdef size_t i
+        cdef SizeStack* stack
+        if self._stacks == NULL:
+            if not add:
+                return NULL
+            self._stacks = <SizeStack*>calloc(_SIZE_SLOTS, sizeof(SizeStack))
+            if self._stacks == NULL:
+                return NULL
+        i = _mix(size * _DEVICES + <size_t>device) & (_SIZE_SLOTS - 1)
+        while True:
+            stack = &self._stacks[i]
+            if stack.size == size and stack.device == device:
+                return stack
+            if stack.size == 0:
+                if not add or self._sizes >= _MAX_SIZES:
+                    return NULL
+                stack.size, stack.device, stack.count = size, device, 0
+                self._sizes += 1
+                return stack
+            i = (i + 1) & (_SIZE_SLOTS - 1)
+
+    cdef Entry* _find(self, size_t address) noexcept:
+        cdef size_t i
+        if self._slots == 0:
+            return NULL
+        i = _mix(address) & (self._slots - 1)
+        while self._entries[i].address != 0:
+            if self._entries[i].address == address:
+                return &self._entries[i]
+            i = (i + 1) & (self._slots - 1)
+        return NULL
+
+    cdef void _delete(self, Entry* entry) noexcept:
+        if entry != NULL:
+            entry.address = 1
+            self._count -= 1
+
+    cdef bint _room(self) noexcept:
+        # Room for one more entry, the table grown (at most half its slots used, deleted ones too) or made again
+        cdef Entry* old = self._entries
+        cdef size_t old_slots = self._slots, slots = 64, i
+        if (self._used + 1) * 2 <= self._slots:
+            return True
+        while slots < (self._count + 1) * 4:
+            slots *= 2
+        self._entries = <Entry*>calloc(slots, sizeof(Entry))
+        if self._entries == NULL:
+            self._entries = old
+            return False
+        self._slots, self._used, self._count = slots, 0, 0
+        for i in range(old_slots):
+            if old[i].address > 1:
+                self._add(old[i].address, old[i].size, old[i].device)[0].kept = old[i].kept
+        c_free(old)
+        return True
+
+    cdef Entry* _add(self, size_t address, size_t size, int device) noexcept:
+        # Under _room's promise of a slot; a live entry
+        cdef size_t i = _mix(address) & (self._slots - 1), deleted = self._slots
+        while self._entries[i].address != 0:
+            if self._entries[i].address == address:
+                self._entries[i].size, self._entries[i].device, self._entries[i].kept = size, device, False
+                return &self._entries[i]
+            if self._entries[i].address == 1 and deleted == self._slots:
+                deleted = i
+            i = (i + 1) & (self._slots - 1)
+        if deleted != self._slots:
+            i = deleted
+        else:
+            self._used += 1
+        self._entries[i].address, self._entries[i].size, self._entries[i].device = address, size, device
+        self._entries[i].kept = False
+        self._count += 1
+        return &self._entries[i]
+
+
 cdef void* _torch_malloc(size_t size, int device, void* stream) noexcept with gil:
+    if _installed is None:
+        return NULL
     try:
-        address = _malloc(size, device, <size_t>stream)
-        return NULL if address is None else PyLong_AsVoidPtr(address)
+        return _installed._take(size, device, <size_t>stream)
     except BaseException:  # the Python end never raises; nothing may cross into PyTorch
         return NULL
 
 
 cdef void _torch_free(void* pointer, size_t size, int device, void* stream) noexcept with gil:
+    if _installed is None:
+        return
     try:
-        _free(<size_t>pointer, size, device, <size_t>stream)
+        _installed._give(<size_t>pointer, size, device, <size_t>stream)
     except BaseException:  # as above
         pass
 
@@ -85,7 +414,5 @@ cdef void _torch_free(void* pointer, size_t size, int device, void* stream) noex
 def torch_callbacks(malloc, free):
     """The addresses of ``malloc(size, device, stream)`` and ``free(pointer, size, device, stream)`` C functions
     (``torch._C._cuda_customAllocator``'s) calling these Python functions with ints (a null pointer as 0); a None
-    from ``malloc`` is a null pointer."""
-    global _malloc, _free
-    _malloc, _free = malloc, free
-    return <size_t><void*>_torch_malloc, <size_t><void*>_torch_free
+    from ``malloc`` is a null pointer.  No free list (:class:`TorchCallbacks`)."""
+    return TorchCallbacks(malloc, free).install()

@@ -44,6 +44,7 @@ from .host_memory import host_memory
 from .managed_memory import ManagedSource, managed_cache
 from .path import Path, Recording, compose
 from .state import process
+from .torch_allocator import TorchFreeLists
 
 
 class NumbaPoolManager:
@@ -80,6 +81,9 @@ class NumbaPoolManager:
         self.managed_off_because = "the plugin is not initialized yet"
         self._init_lock = threading.Lock()  # guards initialization, reset and composing the path
         self._usage = UsageTracker()  # this device's usage events, across resets
+        #: The PyTorch doors keeping blocks PyTorch freed (Note [PyTorch's legacy-stream free list]): given back
+        #: before figures, trims, resets and out-of-memory retries.
+        self.torch_free_lists = TorchFreeLists(self._usage)
         self.log: AllocationLog | None = None  # NUMBA_POOL_LOG's, kept across resets
         self.context_proxy = None  # what pinned memory holds, as Numba's memhostalloc passes
         self.deferral = Deferral()  # defer_cleanup's blocks and held-back releases, across resets
@@ -91,6 +95,11 @@ class NumbaPoolManager:
         """The context's device ordinal (a primary context made by another library holds a raw ``CUdevice``)."""
         device = self.context.device
         return device.id if hasattr(device, "id") else int(device)
+
+    @property
+    def usage(self) -> UsageTracker:
+        """This device's usage events, across resets (the statistics' source)."""
+        return self._usage
 
     @property
     def interface_version(self) -> int:
@@ -114,8 +123,10 @@ class NumbaPoolManager:
             pool = MemPool(cu, self.device_id, config, total)
             pool.reserve(config.initial_size)
             allocator = DeviceAllocator(cu, pool, self.context, self._usage, config,
-                                        before_retry=self.deallocations.clear, deferral=self.deferral,
+                                        before_retry=partial(_before_retry, self.deallocations, self.torch_free_lists),
+                                        deferral=self.deferral,
                                         after_fence=self.after_fence, unseen=self.unseen,
+                                        on_wait=self.torch_free_lists.forget,
                                         after_reset=partial(NumbaPoolManager.allocate_block, self), pointer=self.frontend.PoolPointer)
             self.config = config
             if self.context_proxy is None:
@@ -204,6 +215,7 @@ class NumbaPoolManager:
         """``(free, total)`` bytes, an estimate: the device's free memory (``cuMemGetInfo``) plus the
         pool's reserved-but-unused; with ``max_size``, at most ``max_size - used`` of ``max_size``."""
         self.initialize()
+        self.torch_free_lists.give_back()
         free, total = self.allocator.memory_info()
         return self.frontend.MemoryInfo(free=free, total=total)
 
@@ -225,6 +237,8 @@ class NumbaPoolManager:
         if allocator is not None:
             allocator.refuse_during_capture("reset()")
         _note("reset", self.device_id)
+        self.torch_free_lists.give_back()
+        self.torch_free_lists.forget_device(self.device_id)  # live tensors dropped: their frees reach the doors' tables
         super().reset()
         if self.host is not None:
             self.host.reset()
@@ -263,11 +277,13 @@ class NumbaPoolManager:
     def statistics(self) -> PoolStatistics:
         """A snapshot of this manager's usage and its pool's attributes."""
         self.initialize()
+        self.torch_free_lists.give_back()
         return collect(self._usage, self.allocator, self.host, self.managed)
 
     def reset_peak(self) -> None:
         """Reset the peaks (ours and the pool's high watermarks) to the current values."""
         self.initialize()
+        self.torch_free_lists.give_back()
         self._usage.reset_peak()
         self.allocator.issue_frees()  # the legacy-stream frees releases queued, before the pool's figures
         self.allocator.pool.reset_high_watermarks()
@@ -276,10 +292,17 @@ class NumbaPoolManager:
         """Trim: empty slabs back, synchronize, ``cuMemPoolTrimTo(keep_bytes)``; caches free completed blocks."""
         self.initialize()
         _note("trim", self.device_id)
+        self.torch_free_lists.give_back()
         self.allocator.trim(keep_bytes)
         for cache in (self.host, self.managed):
             if cache is not None:
                 cache.trim()
+
+
+def _before_retry(deallocations, torch_free_lists: TorchFreeLists) -> None:
+    # Before an out-of-memory retry: Numba's pending deallocations, and the blocks PyTorch freed that its doors keep
+    deallocations.clear()
+    torch_free_lists.give_back()
 
 
 def _proxy(context):

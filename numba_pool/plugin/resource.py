@@ -60,8 +60,12 @@ class MemoryResource(_CoreResource):
         manager = self._manager or self._manager_now()
         take = self._take
         try:
-            if take is None:  # device memory: the core's contract, no frame in between
-                block, source = manager.allocate_block(size, ref), manager.allocator
+            if take is None:  # device memory: the core's contract (DeviceAllocator.allocate's line), no frame between
+                source = manager.allocator
+                if source is None:  # before the manager's first allocation, or after a reset
+                    block, source = manager.allocate_block(size, ref), manager.allocator
+                else:
+                    block = source.source.allocate_block(size, ref)
             else:
                 block, source = take(size, ref, manager)
             address = block.start

@@ -40,6 +40,7 @@ class ProcessState:
         self.leases = LeaseQueue()
         #: The PyTorch door (:mod:`.torch_allocator`), made at the first ``numba_pool.torch_allocator()``.
         self.torch_door = None
+        self._torch_doors = weakref.WeakSet()  # every PyTorch door with a free list (the CUDA model makes its own)
         #: device ordinal -> weak reference to the manager the doors allocate through (:mod:`.serving`);
         #: read and set without the lock (one dict operation each).
         self.door_managers: dict = {}
@@ -92,10 +93,24 @@ class ProcessState:
 
     # -- the adaptors' switches -------------------------------------------------------------
     def set_recording(self, recording: History | None) -> None:
-        """Record into ``recording`` from now on (None: stop), then compose every path again."""
+        """Record into ``recording`` from now on (None: stop), then compose every path again; the PyTorch doors'
+        free lists stop keeping blocks while it records (each allocation is recorded)."""
         with self._lock:
             self.recording = recording
+        for door in self.torch_doors():
+            door.native.switch(recording is None)
         self.recompose()
+
+    # -- the PyTorch doors' free lists (Note [PyTorch's legacy-stream free list]) ----------------
+    def add_torch_door(self, door) -> None:
+        """Count ``door`` (a ``TorchDoor`` with a free list) among those the managers give back from, while it lives."""
+        with self._lock:
+            self._torch_doors.add(door)
+
+    def torch_doors(self) -> list:
+        """The PyTorch doors with a free list, alive now."""
+        with self._lock:
+            return list(self._torch_doors)
 
     def counting(self) -> bool:
         """Whether a statistics scope is open anywhere (the counting adaptor must be in every path)."""

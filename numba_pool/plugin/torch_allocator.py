@@ -3,8 +3,9 @@
 ``rmm.allocators.torch`` gives RMM's.  PyTorch's tensors then come from the pool Numba's arrays use.
 
 PyTorch's ``CUDAPluggableAllocator`` takes two C function pointers (``torch._C._cuda_customAllocator``):
-``malloc(size, device, stream)`` and ``free(ptr, size, device, stream)``.  Here they call into Python, taking the
-GIL: the compiled module's C functions (:mod:`numba_pool.cuda._native`), else ``ctypes`` callbacks.  PyTorch frees
+``malloc(size, device, stream)`` and ``free(ptr, size, device, stream)``.  Here they take the GIL and call into
+Python: the compiled module's C functions (:mod:`numba_pool.cuda._native`, which serve the legacy stream's
+tensors from a free list in C, Note [PyTorch's legacy-stream free list]), else ``ctypes`` callbacks.  PyTorch frees
 a tensor's memory naming its allocation stream: the release of rule 14 of :mod:`numba_pool.allocator`, ordered
 there; work of another stream needs ``numba_pool.record_stream(tensor, stream)`` (PyTorch's ``Tensor.record_stream``
 calls no pluggable allocator).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import weakref
 from functools import partial
 from threading import get_ident
 
@@ -29,14 +31,81 @@ _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, c
 
 
 class TorchDoor:
-    """The callbacks and the live blocks (a :class:`~.serving.DoorTable`) of the process's PyTorch allocator."""
+    """The callbacks and the live blocks (a :class:`~.serving.DoorTable`) of the process's PyTorch allocator.
 
-    def __init__(self, find_manager=serving_manager):
+    Note [PyTorch's legacy-stream free list]
+        PyTorch's caching allocator gives a block freed on a stream to the next request of its size on that
+        stream, in C.  Through Python callbacks each tensor would cost about 2 µs more (docs/perf-notes.md, "The
+        PyTorch door's free list"), so the compiled callbacks (:class:`numba_pool.cuda._native.TorchCallbacks`)
+        do the same for the legacy stream, the stream PyTorch's default stream is (handles 0 and
+        ``CU_STREAM_LEGACY``), without Python:
+        - A block is *live* there when ``_malloc`` made it on the legacy stream with nothing recorded (no history,
+          no log).  Its free naming the legacy stream keeps it, by (device, size), at most 8 per size and
+          ``MAX_CACHED_BYTES`` (64 MiB) per device; the next ``malloc`` of that size on the legacy stream takes
+          it.  The previous owner's work was queued on the legacy stream before the free, and the new owner's
+          comes after: that stream's order is the release's, as in PyTorch's own pool; no stream waits, no driver
+          call is made.  The block stays allocated in the pool meanwhile, like PyTorch's reserved bytes.
+        - Anything else reaches Python: another stream's blocks (their ordering needs the driver), a per-thread
+          default stream's (it may be captured), a free naming another stream, a block a wait was added to since
+          (``record_stream``, an IPC hold: the allocator's ``on_wait`` takes it out of the live blocks first), and
+          every block while a history records (:meth:`ProcessState.set_recording` gives the kept ones back).
+        - What is kept goes back through :meth:`_free` (rule 14, as if PyTorch freed it then) before every
+          figure (``stats()``, ``memory_summary()``, ``get_memory_info()``, ``reset_peak()``), before a trim,
+          a snapshot and an out-of-memory retry, and when the door is collected.  A reset gives the device's back
+          and forgets its live blocks: their late frees reach the door's table (Note [An address a reset gave
+          again]).
+        - The statistics count every tensor: a reuse appends the previous owner's free and its allocation to the
+          manager's usage events.  A kept block counts as in use until it is reused or given back (every figure
+          gives it back first), so a peak may include kept bytes, at most the bound above.
+        - The tables are C arrays guarded by the GIL: the callbacks take it, and none of their C code calls Python
+          while a table is half changed."""
+
+    def __init__(self, find_manager=serving_manager, free_list: bool = True):
         self._find_manager = find_manager  # ``(device, door) -> manager``: the device's serving one (the model's)
         self._blocks = DoorTable()
         self._last: StreamRef | None = None  # Note [A raw handle's stream]; replaced whole (atomic)
         self.callbacks = None  # the ctypes callbacks, where used: kept, PyTorch holds the bare function pointers
         self.allocator = None  # the torch allocator object, made once
+        #: The compiled callbacks with the free list (Note [PyTorch's legacy-stream free list]), or None (no
+        #: compiled module: ``ctypes``, and no free list).
+        self.native = _native_callbacks(self, free_list)
+        if self.native is not None:
+            process.add_torch_door(self)
+            self.native.switch(process.recording is None)
+
+    def __del__(self):
+        # A door collected (the CUDA model's; the process's lives on) gives its kept blocks back: its managers may not
+        if getattr(self, "native", None) is not None:
+            self.native.drain(free=self._free)  # the releases never raise (rule 8)
+
+    def malloc(self, size: int, device: int, stream: int) -> int | None:
+        """PyTorch's ``malloc`` callback as PyTorch calls it (through the free list where there is one): an address,
+        or None (a null pointer) when out of memory."""
+        return self._malloc(size, device, stream) if self.native is None else self.native.malloc(size, device, stream)
+
+    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        """PyTorch's ``free`` callback as PyTorch calls it (through the free list where there is one)."""
+        if self.native is None:
+            self._free(ptr, size, device, stream)
+        else:
+            self.native.free(ptr, size, device, stream)
+
+    def give_back(self, device: int = -1, usage=None) -> int:
+        """Release the blocks the free list keeps for ``device`` (-1: every device; with ``usage``, a device whose
+        blocks count in that ``UsageTracker``), as PyTorch's ``empty_cache``; returns how many."""
+        return 0 if self.native is None else self.native.drain(device, usage)
+
+    def forget(self, address: int) -> None:
+        """The block at ``address`` (its start) must not be kept when freed: it waits for another stream or a
+        hold (``record_stream``, an IPC export)."""
+        if self.native is not None:
+            self.native.forget(address)
+
+    def forget_device(self, device: int) -> None:
+        """A reset of ``device``: its live blocks' frees must reach the door's table (Note [An address a reset
+        gave again]); call after :meth:`give_back`."""
+        if self.native is not None:
+            self.native.forget_device(device)
 
     def _malloc(self, size: int, device: int, stream) -> int | None:
         if size == 0:
@@ -52,7 +121,10 @@ class TorchDoor:
             address, entry = block.start, (block, manager.allocator, record)
             held = self._blocks.setdefault(address, entry)
             if held is not entry:  # Note [An address a reset gave again]
-                address = self._blocks.enter_again(address, entry, held, partial(_entry, manager, size, ref))[0]
+                address, entry = self._blocks.enter_again(address, entry, held, partial(_entry, manager, size, ref))
+            if ref is LEGACY and entry[2] is None and self.native is not None:  # Note [PyTorch's legacy-stream ...]
+                if self.native.live(address, size, device, manager.usage):
+                    manager.torch_free_lists.add(self)
         except Exception as err:  # noqa: BLE001 - as above
             if isinstance(err, CudaAPIError):  # out of memory: logged too
                 failed(manager, "torch", size, ref)
@@ -61,13 +133,11 @@ class TorchDoor:
 
     def addresses(self) -> tuple[int, int]:
         """The callbacks' C addresses for ``torch._C._cuda_customAllocator``: the compiled module's, else ctypes'."""
-        try:
-            from ..cuda._native import torch_callbacks
-        except ImportError:
-            if self.callbacks is None:  # made once: PyTorch may hold the first ones
-                self.callbacks = _MALLOC(self._malloc), _FREE(self._free)
-            return tuple(ctypes.cast(callback, ctypes.c_void_p).value for callback in self.callbacks)
-        return torch_callbacks(self._malloc, self._free)
+        if self.native is not None:
+            return self.native.install()
+        if self.callbacks is None:  # made once: PyTorch may hold the first ones
+            self.callbacks = _MALLOC(self._malloc), _FREE(self._free)
+        return tuple(ctypes.cast(callback, ctypes.c_void_p).value for callback in self.callbacks)
 
     def _stream(self, handle: int, capture_status, stream_id) -> StreamRef:
         """Note [A raw handle's stream]
@@ -112,6 +182,49 @@ class TorchDoor:
             aside = blocks.aside
             if aside and ptr in aside:  # Note [An address a reset gave again]
                 blocks.release_aside(ptr, named)
+
+
+class TorchFreeLists:
+    """The PyTorch doors whose free lists may keep one manager's blocks (Note [PyTorch's legacy-stream free list]),
+    which its figures, trims, resets and out-of-memory retries give back from: a weak set (a door collected gives
+    its own back).  The manager's and its allocator's (``on_wait``), neither holding the other."""
+
+    __slots__ = ("_doors", "_usage")
+
+    def __init__(self, usage):
+        self._doors = weakref.WeakSet()
+        self._usage = usage  # the manager's UsageTracker: a door's blocks counting in it are the manager's
+
+    def add(self, door: TorchDoor) -> None:
+        """``door`` keeps this manager's blocks from now on (its first live block for it)."""
+        self._doors.add(door)
+
+    def give_back(self) -> None:
+        """Release every block the doors keep for this manager."""
+        if self._doors:
+            for door in list(self._doors):
+                door.give_back(-1, self._usage)
+
+    def forget(self, address: int) -> None:
+        """The allocator's ``on_wait``: the block starting at ``address`` waits for another stream or a hold from
+        now on, so no door may keep it."""
+        if self._doors:
+            for door in list(self._doors):
+                door.forget(address)
+
+    def forget_device(self, device: int) -> None:
+        """A reset of ``device`` (after :meth:`give_back`): the doors' live blocks there are dropped."""
+        for door in list(self._doors):
+            door.forget_device(device)
+
+
+def _native_callbacks(door: TorchDoor, free_list: bool):
+    # The compiled module's callbacks over the door's Python ends (a weak reference), or None without it
+    try:
+        from ..cuda._native import TorchCallbacks
+    except ImportError:
+        return None
+    return TorchCallbacks(free_list=free_list, owner=door)
 
 
 def _entry(manager, size: int, ref: StreamRef) -> tuple:

@@ -375,6 +375,19 @@ class Program(Waits):
         buffer = family.refs.pop()
         self.run(thread, buffer.deallocate, as_stream_ref(self.stream_objects.get(on, on)))
 
+    def free_recorded(self, family: Family, thread: int = 0) -> None:
+        """PyTorch's documented release of a tensor used on other streams: ``numba_pool.record_stream(tensor, s)``
+        for each stream ``s`` of its uses its allocation stream does not follow, then the free naming the allocation
+        stream, with no wait of the program's (a door's family, from :meth:`allocate_door` with ``torch``)."""
+        with self._busy([family]):
+            for stream, op in family.uses:
+                if not family.zombie and not self.model.would_follow(family.stream, op):
+                    self.run(thread, self.mm.record_stream, family.refs[0], stream)
+            del self.families[family.id]
+            with self.attributed("release", "door"):
+                self.run(thread, family.refs.pop().deallocate, None)
+            self.operations += 1
+
     def host_access(self, family: Family, thread: int = 0) -> None:
         """The owner of a managed array reads or writes it on the host (``a.sum()``, ``a[:] = 0``)."""
         if family.managed and not family.zombie:
@@ -758,7 +771,7 @@ class TorchBuffer(DoorBuffer):
         """``malloc(size, 0, handle)``; out of memory (a null pointer and the door's one line) as CudaAPIError."""
         said = io.StringIO()
         with contextlib.redirect_stderr(said):
-            address = door._malloc(size, 0, handle)
+            address = door.malloc(size, 0, handle)
         if address is None:
             assert "CUDA_ERROR_OUT_OF_MEMORY" in said.getvalue(), said.getvalue()
             raise CudaAPIError(OOM, f"numba_pool: out of memory allocating {size} bytes (PyTorch's door)")
@@ -767,7 +780,7 @@ class TorchBuffer(DoorBuffer):
     def deallocate(self, stream) -> None:
         """``free(address, size, 0, stream)``, naming ``stream`` (a StreamRef; None: the allocation stream); one
         alive across a reset is freed too (Note [An address a reset gave again])."""
-        self.door._free(self.device_pointer_value, self.size, 0, self.handle if stream is None else stream.value)
+        self.door.free(self.device_pointer_value, self.size, 0, self.handle if stream is None else stream.value)
 
 
 def drop_reference(refs: list) -> None:

@@ -154,6 +154,8 @@ which = sys.argv[1] if len(sys.argv) > 1 else "{which}"
 if which == "numba_pool":
     torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
 s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+if "{on}" == "default":  # the legacy stream: the door's free list keeps what is freed there
+    s1 = torch.cuda.default_stream()
 n = 1 << 16
 
 def trial(record):
@@ -180,15 +182,47 @@ print(json.dumps({"recorded": trial(True), "planted": trial(False)}))
 
 
 @needs_torch
+@pytest.mark.parametrize("on", ["a stream", "default"])
 @pytest.mark.parametrize("which", ["numba_pool", "caching allocator"])
-def test_a_torch_block_used_on_another_stream_waits_for_it(which):
+def test_a_torch_block_used_on_another_stream_waits_for_it(which, on):
     # As the CuPy test, with PyTorch's streams and tensors: with the documented record_stream the reader sees
-    # no POISON; without it (planted) it does.  PyTorch's own caching allocator runs the same program.
-    facts = run_json(TORCH_RACE.replace("{which}", which), ENV)
-    print(f"{which}: (reused, corrupted) of 8: {facts}")
+    # no POISON; without it (planted) it does.  PyTorch's own caching allocator runs the same program.  On the
+    # default stream the door's free list would give the block back at once: record_stream keeps it out.
+    facts = run_json(TORCH_RACE.replace("{which}", which).replace("{on}", on), ENV)
+    print(f"{which} on {on}: (reused, corrupted) of 8: {facts}")
     assert facts["recorded"][1] == 0, facts
     if which == "numba_pool":
         assert facts["planted"][0] > 0 and facts["planted"][1] > 0, facts
+
+
+@needs_torch
+def test_default_stream_tensors_come_from_the_free_list_and_are_counted():
+    # Note [PyTorch's legacy-stream free list]: a tensor freed on the default stream serves the next of its size
+    # there; the statistics count every tensor, and the kept blocks go back at stats() and trim().
+    facts = run_json(PRELUDE + """
+import torch
+torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
+from numba_pool.plugin.state import process
+door = process.torch_door
+x = torch.zeros(1 << 14, device="cuda")
+before = numba_pool.stats()
+addresses = set()
+for i in range(200):
+    t = torch.full((1 << 14,), float(i), device="cuda")
+    addresses.add(t.data_ptr())
+    x += t
+    del t
+torch.cuda.synchronize()
+after = numba_pool.stats()
+kept = door.native.cached(torch.cuda.current_device())
+ok = bool((x == sum(range(200))).all())
+print(json.dumps({"ok": ok, "addresses": len(addresses), "reuses": door.native.reuses, "kept": kept,
+                  "allocations": after.total_allocations - before.total_allocations,
+                  "frees": after.total_frees - before.total_frees, "in_use": after.bytes_in_use - before.bytes_in_use}))
+""", ENV)
+    assert facts["ok"] and facts["addresses"] == 1 and facts["reuses"] >= 199, facts
+    assert facts["allocations"] == 200 and facts["frees"] == 200 and facts["in_use"] == 0, facts
+    assert facts["kept"] == [0, 0], facts  # stats() gave the last one back
 
 
 MIXED = PRELUDE + """

@@ -1,0 +1,244 @@
+"""The PyTorch door's legacy-stream free list (Note [PyTorch's legacy-stream free list] in
+:mod:`numba_pool.plugin.torch_allocator`) on the CUDA model, through the compiled callbacks as PyTorch calls them:
+what it keeps, what it never keeps, who gives its blocks back, and the statistics it keeps exact."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+from cuda.bindings import driver as real_cu
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import numba_pool
+from cuda_model.checks import assert_clean
+from cuda_model.harness import LEGACY, Program
+from numba_pool.cuda.errors import CudaAPIError
+from numba_pool.plugin.state import process
+from numba_pool.plugin.torch_allocator import TorchDoor
+
+native = pytest.importorskip("numba_pool.cuda._native", reason="the free list is in the compiled module")
+LEGACY_HANDLE = int(real_cu.CU_STREAM_LEGACY)  # 1; PyTorch's default stream is 0, the same stream
+PER_THREAD_HANDLE = int(real_cu.CU_STREAM_PER_THREAD)
+
+
+def _door(p) -> TorchDoor:
+    return TorchDoor(find_manager=lambda device_id, door: p.mm)
+
+
+def _stream(p) -> int:
+    return int(p.model.cuStreamCreate(real_cu.CUstream_flags.CU_STREAM_NON_BLOCKING)[1])
+
+
+class _Tensor:  # what numba_pool.record_stream is given: an object with a device pointer
+    def __init__(self, address: int):
+        self.device_pointer_value = address
+
+
+def _no_python(*args):
+    raise AssertionError(f"the Python end was called: {args}")
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+@pytest.mark.parametrize("handle", [0, LEGACY_HANDLE], ids=["null", "CU_STREAM_LEGACY"])
+def test_a_block_freed_on_the_legacy_stream_serves_the_next_request_of_its_size_without_python(programs, arena,
+                                                                                               handle, monkeypatch):
+    p = programs(arena=arena)
+    door = _door(p)
+    first = door.malloc(4096, 0, handle)
+    p.model.launch(LEGACY, [(first, 4096, "first")])
+    door.free(first, 4096, 0, handle)
+    assert door.native.cached(0) == (1, 4096)
+    monkeypatch.setattr(door, "_malloc", _no_python)  # the C ends look the door's Python ends up by name
+    monkeypatch.setattr(door, "_free", _no_python)
+    again = door.malloc(4096, 0, 0)
+    assert again == first and door.native.reuses == 1 and door.native.cached(0) == (0, 0)
+    p.model.launch(LEGACY, [(again, 4096, "second")])  # after the first in the legacy stream's order
+    door.free(again, 4096, 0, 0)
+    monkeypatch.undo()
+    stats = p.mm.statistics()  # gives the kept block back first
+    assert (stats.total_allocations, stats.total_frees, stats.bytes_in_use) == (2, 2, 0), stats
+    assert door.native.cached(0) == (0, 0)
+    assert_clean(p)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_block_of_another_stream_or_freed_naming_another_stream_reaches_python(programs, arena):
+    p = programs(arena=arena)
+    door = _door(p)
+    s = _stream(p)
+    on_s = door.malloc(4096, 0, s)  # allocated on a created stream: PyTorch's own allocator keeps it, not ours
+    door.free(on_s, 4096, 0, s)
+    per_thread = door.malloc(4096, 0, PER_THREAD_HANDLE)  # a per-thread default stream may be captured
+    door.free(per_thread, 4096, 0, PER_THREAD_HANDLE)
+    legacy = door.malloc(4096, 0, 0)
+    p.model.launch(s, [(legacy, 4096, "tensor")])
+    door.free(legacy, 4096, 0, s)  # freed naming s: released after s's work, never kept for the legacy stream
+    assert door.native.cached(0) == (0, 0)
+    again = door.malloc(4096, 0, 0)
+    p.model.launch(LEGACY, [(again, 4096, "next")])
+    door.free(again, 4096, 0, 0)
+    assert door.native.reuses == 0
+    assert_clean(p)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_tensor_recorded_for_another_stream_is_not_kept(programs, arena):
+    # numba_pool.record_stream takes the block out of the live blocks (the allocator's on_wait): its free reaches
+    # Python, whose release waits for the stream recorded.  Kept, the next tensor would reuse it at once.
+    p = programs(arena=arena)
+    door = _door(p)
+    s = _stream(p)
+    ptr = door.malloc(4096, 0, 0)
+    p.model.wait(s, LEGACY)
+    p.model.launch(s, [(ptr, 4096, "read on s")])
+    assert p.mm.record_stream(_Tensor(ptr), s)
+    door.free(ptr, 4096, 0, 0)  # PyTorch frees naming the allocation stream
+    assert door.native.cached(0) == (0, 0)
+    again = door.malloc(4096, 0, 0)
+    p.model.launch(LEGACY, [(again, 4096, "next tensor")])
+    door.free(again, 4096, 0, 0)
+    assert_clean(p)  # no unordered reuse
+
+
+def test_what_is_kept_is_bounded_per_size_and_per_device(programs):
+    p = programs(arena=False, max_size=256 << 20)
+    door = _door(p)
+    many = [door.malloc(4096, 0, 0) for _ in range(native.PER_SIZE + 2)]
+    for ptr in many:
+        door.free(ptr, 4096, 0, 0)
+    assert door.native.cached(0) == (native.PER_SIZE, native.PER_SIZE * 4096)
+    assert door.native.max_cached_bytes == native.MAX_CACHED_BYTES
+    door.native.max_cached_bytes = 1 << 20  # the model's device holds less than the default
+    big = (1 << 19) + 1
+    large = [door.malloc(big, 0, 0) for _ in range(2)]
+    for ptr in large:
+        door.free(ptr, big, 0, 0)
+    assert door.native.cached(0) == (native.PER_SIZE + 1, native.PER_SIZE * 4096 + big)  # the second went back
+    assert door.malloc(0, 0, 0) is None  # PyTorch's empty tensors own no memory
+    assert door.give_back() == native.PER_SIZE + 1 and door.native.cached(0) == (0, 0)
+    assert p.mm.statistics().bytes_in_use == 0
+
+
+def _kept(p, door, size: int = 4096) -> int:
+    ptr = door.malloc(size, 0, 0)
+    door.free(ptr, size, 0, 0)
+    assert door.native.cached(0) == (1, size)
+    return ptr
+
+
+@pytest.mark.parametrize("call", ["statistics", "trim", "reset_peak", "get_memory_info", "snapshot", "reset"])
+def test_figures_trims_snapshots_and_resets_give_the_kept_blocks_back(programs, call):
+    p = programs(arena=False)
+    door = _door(p)
+    ptr = _kept(p, door)
+    if call == "snapshot":
+        numba_pool.snapshot()
+    else:
+        getattr(p.mm, call)()
+    assert door.native.cached(0) == (0, 0) and ptr not in door._blocks  # released through the door's table
+    assert_clean(p)
+
+
+def test_an_out_of_memory_retry_gives_the_kept_blocks_back(programs):
+    p = programs(arena=False, max_size=2 << 20)
+    door = _door(p)
+    _kept(p, door, 3 << 19)  # 1.5 MiB kept
+    ptr = door.malloc(1 << 20, 0, 0)  # another size: only the kept block's memory makes room for it
+    assert ptr is not None and door.native.cached(0) == (0, 0)
+    door.free(ptr, 1 << 20, 0, 0)
+    assert_clean(p)
+
+
+def test_a_reset_forgets_the_live_blocks_their_late_frees_reach_the_doors_table(programs):
+    p = programs(arena=False)
+    door = _door(p)
+    live = door.malloc(4096, 0, 0)
+    p.mm.reset()
+    door.free(live, 4096, 0, 0)  # a block of the dropped generation: Note [An address a reset gave again]
+    assert door.native.cached(0) == (0, 0) and live not in door._blocks
+    again = door.malloc(4096, 0, 0)
+    door.free(again, 4096, 0, 0)
+    assert door.native.cached(0) == (1, 4096)  # the new generation's block is kept
+    assert_clean(p)
+
+
+def test_a_history_records_every_allocation_while_it_runs(programs):
+    p = programs(arena=False)
+    door = _door(p)
+    _kept(p, door)
+    numba_pool.record_history()
+    try:
+        assert door.native.cached(0) == (0, 0)  # given back at the start
+        ptr = door.malloc(4096, 0, 0)
+        door.free(ptr, 4096, 0, 0)
+        assert door.native.cached(0) == (0, 0) and door.native.reuses == 0
+        actions = [e["action"] for e in numba_pool.snapshot()["device_traces"][0]]
+        assert actions.count("alloc") == 1 and "free_requested" in actions, actions
+    finally:
+        numba_pool.record_history(False)
+    _kept(p, door)  # kept again once it stops
+    assert_clean(p)
+
+
+def test_a_door_dropped_gives_its_kept_blocks_back(programs):
+    p = programs(arena=False)
+    door = _door(p)
+    _kept(p, door)
+    dropped = weakref.ref(door)
+    del door
+    gc.collect()
+    assert dropped() is None and dropped not in [weakref.ref(d) for d in process.torch_doors()]
+    assert p.mm.statistics().bytes_in_use == 0  # no door left to give it back: its finalizer did
+
+
+def test_a_device_served_by_another_manager_gives_the_first_ones_blocks_back(programs):
+    p, q = programs(arena=False), programs(arena=False)
+    serving = [p.mm]
+    door = TorchDoor(find_manager=lambda device_id, name: serving[0])
+    _kept(p, door)
+    serving[0] = q.mm
+    ptr = door.malloc(8192, 0, 0)  # the first manager's block goes back before a block counting in q's is entered
+    assert p.mm.statistics().bytes_in_use == 0 and door.native.cached(0) == (0, 0)
+    door.free(ptr, 8192, 0, 0)
+    assert door.native.cached(0) == (1, 8192) and q.mm.statistics().bytes_in_use == 0
+    assert_clean(p)
+    assert_clean(q)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.booleans(), st.sampled_from([256, 4096, 65536]), st.integers(0, 7)),
+                      min_size=1, max_size=60))
+def test_statistics_count_every_tensor_whether_the_free_list_served_it_or_not(frontend_name, steps):
+    # Each step allocates a tensor on the legacy stream or frees the live one chosen: the figures match what
+    # PyTorch holds, and no two live tensors share memory.  (A Program per example: the fixture's is one per test.)
+    p = Program(arena=True, frontend=frontend_name)
+    try:
+        _count_every_tensor(p, steps)
+    finally:
+        p.close()
+
+
+def _count_every_tensor(p, steps) -> None:
+    door = _door(p)
+    live: list[tuple[int, int]] = []
+    allocations = frees = 0
+    for allocate, size, pick in steps:
+        if allocate or not live:
+            ptr = door.malloc(size, 0, 0)
+            assert all(not (a <= ptr < a + n or ptr <= a < ptr + size) for a, n in live), "overlapping tensors"
+            live.append((ptr, size))
+            allocations += 1
+        else:
+            ptr, n = live.pop(pick % len(live))
+            door.free(ptr, n, 0, 0)
+            frees += 1
+    stats = p.mm.statistics()
+    assert (stats.total_allocations, stats.total_frees, stats.bytes_in_use) == \
+        (allocations, frees, sum(n for _, n in live)), (stats, door.native.reuses)
+    for ptr, n in live:
+        door.free(ptr, n, 0, 0)
+    assert p.mm.statistics().bytes_in_use == 0
+    assert_clean(p)
