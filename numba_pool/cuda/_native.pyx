@@ -130,6 +130,7 @@ cdef class TorchCallbacks:
     cdef size_t _slots, _used, _count  # slots, slots not empty (deleted too), entries
     cdef size_t _cached_bytes[_DEVICES]
     cdef size_t _kept  # blocks on the free lists
+    cdef unsigned long long _generations[_DEVICES]  # a device's, moved on by each reset (forget_device)
     cdef list _trackers  # device -> the UsageTracker its blocks count in (None before its first)
     cdef readonly unsigned long long reuses  #: Requests served from the free list, since made.
     cdef public size_t max_cached_bytes  #: Bytes kept per device at most (:data:`MAX_CACHED_BYTES`).
@@ -166,6 +167,7 @@ cdef class TorchCallbacks:
     cdef void* _take(self, size_t size, int device, size_t stream) except? NULL:
         cdef SizeStack* stack
         cdef Entry* entry
+        cdef size_t address
         if self._on and stream <= 1 and size and 0 <= device < _DEVICES:  # the legacy stream's handles, 0 and 1
             stack = self._stack(size, device, False)
             entry = self._find(stack.blocks[stack.count - 1]) if stack != NULL and stack.count else NULL
@@ -174,8 +176,9 @@ cdef class TorchCallbacks:
                 entry.kept = False
                 self._kept -= 1
                 self._cached_bytes[device] -= size
+                address = entry.address  # read first: _count_reuse may run Python, and another thread grow the table
                 self._count_reuse(size, device)
-                return <void*>entry.address
+                return <void*>address
         if self._owner is None:
             result = self._malloc(size, device, stream)
         else:
@@ -226,13 +229,18 @@ cdef class TorchCallbacks:
         return 0
 
     # -- what the door tells -----------------------------------------------------------------
-    def live(self, size_t address, size_t size, int device, tracker):
+    def generation(self, int device):
+        """Device ``device``'s generation: read before an allocation, given to :meth:`live` after it."""
+        return self._generations[device] if 0 <= device < _DEVICES else 0
+
+    def live(self, size_t address, size_t size, int device, tracker, unsigned long long generation):
         """Block ``address`` of ``size`` bytes on device ``device``, allocated on the legacy stream with nothing
         recorded, may be kept when PyTorch frees it on the legacy stream; its reuses count in ``tracker`` (a
         ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first).
+        Not when a reset came since ``generation`` was read (the block may be of the generation it dropped).
         Returns True when ``tracker`` is new for the device."""
-        if not self._free_list or not 0 <= device < _DEVICES or size == 0:
-            return
+        if not self._free_list or not 0 <= device < _DEVICES or size == 0 or generation != self._generations[device]:
+            return False
         cdef bint new = self._trackers[device] is not tracker
         if new:
             self.drain(device)
@@ -264,8 +272,11 @@ cdef class TorchCallbacks:
         self._python_free(address, size, device, 0)
 
     def forget_device(self, int device):
-        """Forget device ``device``'s live blocks (a reset dropped them: their frees must reach Python)."""
+        """Forget device ``device``'s live blocks (a reset dropped them: their frees must reach Python), and move its
+        generation on (an allocation made before, entered after, is not live)."""
         cdef size_t i
+        if 0 <= device < _DEVICES:
+            self._generations[device] += 1
         for i in range(self._slots):
             if self._entries[i].address > 1 and self._entries[i].device == device and not self._entries[i].kept:
                 self._delete(&self._entries[i])

@@ -237,8 +237,7 @@ class NumbaPoolManager:
         if allocator is not None:
             allocator.refuse_during_capture("reset()")
         _note("reset", self.device_id)
-        self.torch_free_lists.give_back()
-        self.torch_free_lists.forget_device(self.device_id)  # live tensors dropped: their frees reach the doors' tables
+        self._forget_torch_blocks()
         super().reset()
         if self.host is not None:
             self.host.reset()
@@ -254,6 +253,14 @@ class NumbaPoolManager:
             self._usage.forget_in_use()  # arena and scratch blocks still alive count as freed
             if self.log is not None:
                 self.log.flush()
+        self._forget_torch_blocks()  # again: a door's allocation the reset raced (a dropped block, a no-op release)
+
+    def _forget_torch_blocks(self) -> None:
+        # Before and after a reset: what the PyTorch doors keep goes back, and their live tensors are dropped (their
+        # frees reach the doors' tables, Note [An address a reset gave again]; Note [PyTorch's legacy-stream ...])
+        self.torch_free_lists.give_back()
+        for door in process.torch_doors():  # every door: one yet to enter a block of ours may be allocating now
+            door.forget_device(self.device_id)
 
     @contextlib.contextmanager
     def defer_cleanup(self):

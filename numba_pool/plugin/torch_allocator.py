@@ -52,8 +52,9 @@ class TorchDoor:
         - What is kept goes back through :meth:`_free` (rule 14, as if PyTorch freed it then) before every
           figure (``stats()``, ``memory_summary()``, ``get_memory_info()``, ``reset_peak()``), before a trim,
           a snapshot and an out-of-memory retry, and when the door is collected.  A reset gives the device's back
-          and forgets its live blocks: their late frees reach the door's table (Note [An address a reset gave
-          again]).
+          and forgets its live blocks, before and after it: their late frees reach the door's table (Note [An
+          address a reset gave again]); and it moves the device's generation on in every door, so that a block
+          allocated before it and entered after (another thread's ``_malloc`` it overtook) is never kept.
         - The statistics count every tensor: a reuse appends the previous owner's free and its allocation to the
           manager's usage events.  A kept block counts as in use until it is reused or given back (every figure
           gives it back first), so a peak may include kept bytes, at most the bound above.
@@ -115,16 +116,18 @@ class TorchDoor:
             ref = LEGACY if not stream else self._stream(stream, *manager.stream_queries)
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
             return _say(err)
+        native = self.native if ref is LEGACY else None  # Note [PyTorch's legacy-stream free list]
         try:
+            generation = 0 if native is None else native.generation(device)  # before: a reset may overtake it
             block = manager.allocate_block(size, ref, ref is self._last)  # _last: _stream just found it not capturing
             record = None if process.recording is None and manager.log is None else recorded(manager, block, "torch")
             address, entry = block.start, (block, manager.allocator, record)
             held = self._blocks.setdefault(address, entry)
             if held is not entry:  # Note [An address a reset gave again]
                 address, entry = self._blocks.enter_again(address, entry, held, partial(_entry, manager, size, ref))
-            if ref is LEGACY and entry[2] is None and self.native is not None:  # Note [PyTorch's legacy-stream ...]
-                if self.native.live(address, size, device, manager.usage):
-                    manager.torch_free_lists.add(self)
+            if native is not None and entry[2] is None and native.live(address, size, device, manager.usage,
+                                                                       generation):
+                manager.torch_free_lists.add(self)
         except Exception as err:  # noqa: BLE001 - as above
             if isinstance(err, CudaAPIError):  # out of memory: logged too
                 failed(manager, "torch", size, ref)
@@ -211,11 +214,6 @@ class TorchFreeLists:
         if self._doors:
             for door in list(self._doors):
                 door.forget(address)
-
-    def forget_device(self, device: int) -> None:
-        """A reset of ``device`` (after :meth:`give_back`): the doors' live blocks there are dropped."""
-        for door in list(self._doors):
-            door.forget_device(device)
 
 
 def _native_callbacks(door: TorchDoor, free_list: bool):

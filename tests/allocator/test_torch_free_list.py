@@ -165,6 +165,28 @@ def test_a_reset_forgets_the_live_blocks_their_late_frees_reach_the_doors_table(
     assert_clean(p)
 
 
+def test_a_tensor_allocated_as_a_reset_runs_is_never_kept(programs, monkeypatch):
+    # The reset overtakes the door between its allocation and its entry of the block in the free list's table (a
+    # thread switch there): the block is of the generation the reset dropped, and must never serve another tensor.
+    p = programs(arena=False)
+    door = _door(p)
+    allocate = p.mm.allocate_block
+
+    def racing(size, stream, not_capturing=False):
+        block = allocate(size, stream, not_capturing)
+        p.mm.reset()
+        return block
+    monkeypatch.setattr(p.mm, "allocate_block", racing)
+    dropped = door.malloc(4096, 0, 0)
+    monkeypatch.undo()
+    door.free(dropped, 4096, 0, 0)
+    assert door.native.cached(0) == (0, 0)
+    again = door.malloc(4096, 0, 0)
+    door.free(again, 4096, 0, 0)
+    assert door.native.cached(0) == (1, 4096) and door.native.reuses == 0
+    assert_clean(p)
+
+
 def test_a_history_records_every_allocation_while_it_runs(programs):
     p = programs(arena=False)
     door = _door(p)
