@@ -40,7 +40,8 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
 3. **A block of a domain other than the legacy one is free for S at once** (:mod:`.arena`): S runs the next
    owner's work after the previous owner's.
 4. **A legacy-stream block is idle when handed out** (:mod:`.fences`, :mod:`.quarantine`, :mod:`.arena`,
-   :mod:`.mempool_blocks`).  Its new memory comes from the mempool on a private non-blocking stream that waits
+   :mod:`.mempool_blocks`; one exception, PyTorch's door, keeps a tensor's block for the legacy stream's next
+   tensor, its other streams' uses ordered or recorded by the program as PyTorch's pool requires: rule 14).  Its new memory comes from the mempool on a private non-blocking stream that waits
    for nothing, from a pool that never makes an allocation wait for another stream (internal dependencies
    off).  A released block may still be used on any blocking stream, so it waits (:class:`.release.Pending`:
    the arena's *quarantine*, the mempool blocks') until an allocation records a *fence* for the batch, a
@@ -118,10 +119,12 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     A door whose library frees by address alone never hands out an address that a buffer or tensor from before
     a reset still holds (Note [An address a reset gave again], :mod:`numba_pool.plugin.serving`).
     PyTorch's door keeps a block its tensor allocated and freed on the legacy stream, with no wait added since
-    (``record_stream``, a hold: :meth:`.device.DeviceAllocator` calls ``on_wait`` first, which takes it out), for
-    the next tensor of its size on the legacy stream: that stream's order is the release's; any other free, or
-    any figure, trim, reset or out-of-memory retry, releases it here (Note [PyTorch's legacy-stream free list]
-    in :mod:`numba_pool.plugin.torch_allocator`).
+    (``record_stream``, a hold: :meth:`.device.DeviceAllocator` calls ``on_wait`` first, which takes it out; on a
+    block kept already it is released and the wait refused), for the next tensor of its size on the legacy
+    stream: that stream's order is the release's, the tensor's uses on other streams, blocking ones too, being
+    the program's to order before the free or to record, as for PyTorch's own pool (no fence, rule 4); any other
+    free, or any figure, trim, reset or out-of-memory retry, releases it here (Note [PyTorch's legacy-stream free
+    list] in :mod:`numba_pool.plugin.torch_allocator`).
 
 Threads
 -------

@@ -35,13 +35,14 @@ class DeviceAllocator:
     """One generation of one device's memory: the mempool blocks (rule 7), the arena if on (rules 1, 3-6), live
     scratch blocks, ``record_stream`` and IPC holds (rule 2), synchronizing barriers.  ``before_retry`` runs before
     out-of-memory retries (Numba's pending deallocations); ``after_reset`` serves allocations a reset overtook;
-    ``on_wait(start)`` runs before a wait is added to the live block at ``start`` (a door keeping freed blocks)."""
+    ``on_wait(start)`` runs before a wait is added to the block at ``start``: a door keeping blocks its library freed
+    takes it out, and answers True where it had kept it (released then: no live block holds it)."""
 
     def __init__(self, cu, pool: MemPool, context, usage: UsageTracker, config: PoolConfig, *,
                  before_retry: Callable[[], None] = lambda: None, deferral: Deferral | None = None,
                  after_fence: AfterFence | None = None, unseen: list | None = None,
                  after_reset: Callable[[int, StreamRef], Block] | None = None, pointer: type,
-                 on_wait: Callable[[int], None] = lambda start: None):
+                 on_wait: Callable[[int], bool] = lambda start: False):
         self.cu = cu  # the driver object (IPC exports through it)
         self.pool = pool
         self._usage = usage
@@ -174,7 +175,8 @@ class DeviceAllocator:
         scratch = self.scratch_blocks.get(block.address)
         if scratch is not None:
             return scratch.add_wait(address, what)
-        self._on_wait(block.start)  # a door keeping freed blocks for their stream must not keep this one
+        if self._on_wait(block.start):  # a door kept it, freed by its library: given back now, no live block holds it
+            return False
         self.waits.add_wait(block, fenced(what) if named and what is not LEGACY else what)
         return True
 

@@ -93,6 +93,12 @@ cdef struct SizeStack:
     int count
     size_t blocks[_PER_SIZE]
 
+cdef struct Taken:
+    size_t address
+    size_t size
+    int device
+
+
 cdef struct Entry:
     size_t address  # 0: an empty slot; 1: a deleted one
     size_t size
@@ -131,6 +137,7 @@ cdef class TorchCallbacks:
     cdef size_t _cached_bytes[_DEVICES]
     cdef size_t _kept  # blocks on the free lists
     cdef unsigned long long _generations[_DEVICES]  # a device's, moved on by each reset (forget_device)
+    cdef int _paused[_DEVICES]  # resets under way on the device: nothing kept, taken or entered
     cdef list _trackers  # device -> the UsageTracker its blocks count in (None before its first)
     cdef readonly unsigned long long reuses  #: Requests served from the free list, since made.
     cdef public size_t max_cached_bytes  #: Bytes kept per device at most (:data:`MAX_CACHED_BYTES`).
@@ -168,7 +175,7 @@ cdef class TorchCallbacks:
         cdef SizeStack* stack
         cdef Entry* entry
         cdef size_t address
-        if self._on and stream <= 1 and size and 0 <= device < _DEVICES:  # the legacy stream's handles, 0 and 1
+        if self._on and stream <= 1 and size and 0 <= device < _DEVICES and not self._paused[device]:  # 0, 1: legacy
             stack = self._stack(size, device, False)
             entry = self._find(stack.blocks[stack.count - 1]) if stack != NULL and stack.count else NULL
             if entry != NULL:  # (every kept block has its entry)
@@ -193,7 +200,7 @@ cdef class TorchCallbacks:
             if entry.kept:  # freed twice: the second does nothing, as the door's table's pop
                 return 0
             if (stream <= 1 and self._on and entry.size == size and entry.device == device
-                    and self._cached_bytes[device] + size <= self.max_cached_bytes):
+                    and not self._paused[device] and self._cached_bytes[device] + size <= self.max_cached_bytes):
                 stack = self._stack(size, device, True)
             if stack != NULL and stack.count < _PER_SIZE:
                 stack.blocks[stack.count] = address
@@ -239,28 +246,37 @@ cdef class TorchCallbacks:
         ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first).
         Not when a reset came since ``generation`` was read (the block may be of the generation it dropped).
         Returns True when ``tracker`` is new for the device."""
-        if not self._free_list or not 0 <= device < _DEVICES or size == 0 or generation != self._generations[device]:
+        cdef Taken* taken
+        cdef size_t n
+        if not self._free_list or not 0 <= device < _DEVICES or size == 0 or generation != self._generations[device] \
+                or self._paused[device]:
             return False
         cdef bint new = self._trackers[device] is not tracker
-        if new:
-            self.drain(device)
+        if new:  # another manager serves the device: its blocks, kept or live, are no longer ours to keep
+            n = self._clear_device(device, &taken)
             self._trackers[device] = tracker
+            self._release(taken, n, None)
+            if generation != self._generations[device] or self._paused[device]:  # a reset ran in a release
+                return False
         if self._room():
             self._add(address, size, device)
         return new
 
     def forget(self, size_t address):
-        """Block ``address`` (its start) must reach Python when freed (``record_stream``, a hold): taken from the
-        live blocks, or, where it is kept (a hold on a tensor PyTorch freed), from the free list and given back."""
+        """Block ``address`` (its start) must reach Python when freed (``record_stream``, a hold): taken out of the
+        live blocks.  Where it is kept (a hold on a tensor PyTorch freed) it is given back, and True returned: no
+        live block holds it."""
         cdef Entry* entry = self._find(address) if self._count else NULL
         cdef SizeStack* stack
-        cdef int j
+        cdef size_t size
+        cdef int device, j
         if entry == NULL:
-            return
-        size, device, kept = entry.size, entry.device, entry.kept
+            return False
+        size, device = entry.size, entry.device
+        if not entry.kept:
+            self._delete(entry)
+            return False
         self._delete(entry)
-        if not kept:
-            return
         stack = self._stack(size, device, False)
         for j in range(stack.count):
             if stack.blocks[j] == address:
@@ -269,46 +285,84 @@ cdef class TorchCallbacks:
                 break
         self._kept -= 1
         self._cached_bytes[device] -= size
-        self._python_free(address, size, device, 0)
+        self._python_free(address, size, device, 0)  # the tables whole first (this may run other callbacks)
+        return True
 
-    def forget_device(self, int device):
-        """Forget device ``device``'s live blocks (a reset dropped them: their frees must reach Python), and move its
-        generation on (an allocation made before, entered after, is not live)."""
+    def forget_device(self, int device, int pause=0):
+        """A reset of device ``device``, in one step: its live blocks forgotten (their frees reach Python), its
+        kept ones taken off and given back, its generation moved on (an allocation made before, entered after, is
+        not live); with ``pause`` 1 (the reset's start) nothing is kept, taken or entered for the device until the
+        same call with ``pause`` -1 (its end)."""
+        cdef Taken* taken
+        cdef size_t n
+        if not 0 <= device < _DEVICES:
+            return
+        self._generations[device] += 1
+        if pause > 0:
+            self._paused[device] += 1
+        elif pause < 0 and self._paused[device]:
+            self._paused[device] -= 1
+        n = self._clear_device(device, &taken)
+        self._release(taken, n, None)
+
+    cdef size_t _clear_device(self, int device, Taken** taken) except? 0:
+        # The device's live entries deleted and its kept blocks pulled into ``taken`` (made here, freed by _release)
         cdef size_t i
-        if 0 <= device < _DEVICES:
-            self._generations[device] += 1
         for i in range(self._slots):
             if self._entries[i].address > 1 and self._entries[i].device == device and not self._entries[i].kept:
                 self._delete(&self._entries[i])
+        return self._pull(device, None, taken)
 
     def drain(self, int device=-1, tracker=None, free=None):
         """Give back the blocks kept for ``device`` (-1: every device; with ``tracker``, only a device whose blocks
         count in it) through the Python ``free`` (or ``free``, the owner's while it is finalized) on the legacy
         stream.  Returns how many."""
-        cdef list taken = []
+        cdef Taken* taken
+        cdef size_t n = self._pull(device, tracker, &taken)
+        self._release(taken, n, free)
+        return n
+
+    cdef size_t _pull(self, int device, object tracker, Taken** taken) except? 0:
+        # The kept blocks of ``device`` (-1: all) counting in ``tracker`` (None: any) off their stacks and out of the
+        # table, into a C array: no Python object is made meanwhile (a collection could run a tensor's free).
         cdef Py_ssize_t i
+        cdef size_t n = 0
         cdef SizeStack* stack
+        taken[0] = NULL
         if self._stacks == NULL or not self._kept:
             return 0
+        taken[0] = <Taken*>calloc(self._kept, sizeof(Taken))
+        if taken[0] == NULL:
+            raise MemoryError("numba_pool: no memory to give back PyTorch's kept blocks")
         for i in range(_SIZE_SLOTS):
             stack = &self._stacks[i]
             if stack.count and (device < 0 or stack.device == device) and (
                     tracker is None or self._trackers[stack.device] is tracker):
                 while stack.count:
                     stack.count -= 1
-                    taken.append((stack.blocks[stack.count], stack.size, stack.device))
+                    taken[0][n].address, taken[0][n].size = stack.blocks[stack.count], stack.size
+                    taken[0][n].device = stack.device
+                    n += 1
                     self._delete(self._find(stack.blocks[stack.count]))
                     self._kept -= 1
                     self._cached_bytes[stack.device] -= stack.size
         if self._sizes >= <size_t>(_MAX_SIZES // 2) and not self._kept:
             memset(self._stacks, 0, _SIZE_SLOTS * sizeof(SizeStack))  # every size's key made again
             self._sizes = 0
-        for address, size, dev in taken:  # the tables whole first: a free may run other threads' callbacks
-            if free is None:
-                self._python_free(address, size, dev, 0)
-            else:
-                free(address, size, dev, 0)
-        return len(taken)
+        return n
+
+    cdef int _release(self, Taken* taken, size_t n, object free) except -1:
+        # The pulled blocks' Python frees on the legacy stream (the tables whole: a free may run other callbacks)
+        cdef size_t i
+        try:
+            for i in range(n):
+                if free is None:
+                    self._python_free(taken[i].address, taken[i].size, taken[i].device, 0)
+                else:
+                    free(taken[i].address, taken[i].size, taken[i].device, 0)
+        finally:
+            c_free(taken)
+        return 0
 
     def switch(self, bint on):
         """Keep blocks (True) or not (False: those kept given back now; a history records every allocation)."""

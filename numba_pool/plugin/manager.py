@@ -237,7 +237,13 @@ class NumbaPoolManager:
         if allocator is not None:
             allocator.refuse_during_capture("reset()")
         _note("reset", self.device_id)
-        self._forget_torch_blocks()
+        self._pause_torch_free_lists(1)
+        try:
+            self._reset()
+        finally:
+            self._pause_torch_free_lists(-1)
+
+    def _reset(self) -> None:
         super().reset()
         if self.host is not None:
             self.host.reset()
@@ -253,14 +259,13 @@ class NumbaPoolManager:
             self._usage.forget_in_use()  # arena and scratch blocks still alive count as freed
             if self.log is not None:
                 self.log.flush()
-        self._forget_torch_blocks()  # again: a door's allocation the reset raced (a dropped block, a no-op release)
 
-    def _forget_torch_blocks(self) -> None:
-        # Before and after a reset: what the PyTorch doors keep goes back, and their live tensors are dropped (their
-        # frees reach the doors' tables, Note [An address a reset gave again]; Note [PyTorch's legacy-stream ...])
-        self.torch_free_lists.give_back()
-        for door in process.torch_doors():  # every door: one yet to enter a block of ours may be allocating now
-            door.forget_device(self.device_id)
+    def _pause_torch_free_lists(self, pause: int) -> None:
+        # A reset's start (1) and end (-1) in every PyTorch door, one yet to enter a block of ours included: what is
+        # kept goes back, live tensors are dropped (their frees reach the doors' tables, Note [An address a reset gave
+        # again]), and nothing is kept or entered meanwhile (Note [PyTorch's legacy-stream free list])
+        for door in process.torch_doors():
+            door.forget_device(self.device_id, pause)
 
     @contextlib.contextmanager
     def defer_cleanup(self):

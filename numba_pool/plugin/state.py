@@ -95,10 +95,14 @@ class ProcessState:
     def set_recording(self, recording: History | None) -> None:
         """Record into ``recording`` from now on (None: stop), then compose every path again; the PyTorch doors'
         free lists stop keeping blocks while it records (each allocation is recorded)."""
+        if recording is not None:  # the doors first: no reuse between the recording's start and their switch
+            for door in self.torch_doors():
+                door.native.switch(False)
         with self._lock:
             self.recording = recording
-        for door in self.torch_doors():
-            door.native.switch(recording is None)
+        if recording is None:
+            for door in self.torch_doors():
+                door.native.switch(True)
         self.recompose()
 
     # -- the PyTorch doors' free lists (Note [PyTorch's legacy-stream free list]) ----------------

@@ -44,17 +44,26 @@ class TorchDoor:
           ``MAX_CACHED_BYTES`` (64 MiB) per device; the next ``malloc`` of that size on the legacy stream takes
           it.  The previous owner's work was queued on the legacy stream before the free, and the new owner's
           comes after: that stream's order is the release's, as in PyTorch's own pool; no stream waits, no driver
-          call is made.  The block stays allocated in the pool meanwhile, like PyTorch's reserved bytes.
+          call is made.  Its uses on other streams, blocking ones too, are the program's to order before the free
+          or to record, as PyTorch's pool requires (rule 14; rule 4's fence, which covers blocking streams for
+          Numba's arrays, is not taken).  The block stays allocated in the pool meanwhile, like PyTorch's
+          reserved bytes.
         - Anything else reaches Python: another stream's blocks (their ordering needs the driver), a per-thread
           default stream's (it may be captured), a free naming another stream, a block a wait was added to since
-          (``record_stream``, an IPC hold: the allocator's ``on_wait`` takes it out of the live blocks first), and
-          every block while a history records (:meth:`ProcessState.set_recording` gives the kept ones back).
+          (``record_stream``, an IPC hold: the allocator's ``on_wait`` takes it out of the live blocks first; on a
+          kept block, whose tensor PyTorch freed, it releases it and the wait is refused, as on any freed memory),
+          and every block while a history records (:meth:`ProcessState.set_recording` switches the doors off
+          before it starts, giving the kept ones back).
         - What is kept goes back through :meth:`_free` (rule 14, as if PyTorch freed it then) before every
           figure (``stats()``, ``memory_summary()``, ``get_memory_info()``, ``reset_peak()``), before a trim,
-          a snapshot and an out-of-memory retry, and when the door is collected.  A reset gives the device's back
-          and forgets its live blocks, before and after it: their late frees reach the door's table (Note [An
-          address a reset gave again]); and it moves the device's generation on in every door, so that a block
-          allocated before it and entered after (another thread's ``_malloc`` it overtook) is never kept.
+          a snapshot and an out-of-memory retry, and when the door is collected.  A reset, in every door and in
+          one C step at its start and again at its end, gives the device's kept blocks back, forgets its live
+          ones (their late frees reach the door's table, Note [An address a reset gave again]) and moves the
+          device's generation on; in between nothing is kept, taken or entered for the device.  So no block of
+          the generation it drops (another thread's ``_malloc`` it overtook, read the generation before) is kept.
+          A device served by another manager forgets the first one's blocks, kept and live, the same way.
+        - Blocks are taken off the tables into a C array before any Python object is made (a collection may run
+          a tensor's free), and released after.
         - The statistics count every tensor: a reuse appends the previous owner's free and its allocation to the
           manager's usage events.  A kept block counts as in use until it is reused or given back (every figure
           gives it back first), so a peak may include kept bytes, at most the bound above.
@@ -96,17 +105,16 @@ class TorchDoor:
         blocks count in that ``UsageTracker``), as PyTorch's ``empty_cache``; returns how many."""
         return 0 if self.native is None else self.native.drain(device, usage)
 
-    def forget(self, address: int) -> None:
+    def forget(self, address: int) -> bool:
         """The block at ``address`` (its start) must not be kept when freed: it waits for another stream or a
-        hold (``record_stream``, an IPC export)."""
-        if self.native is not None:
-            self.native.forget(address)
+        hold (``record_stream``, an IPC export).  True when it was kept (PyTorch had freed it): released now."""
+        return self.native is not None and self.native.forget(address)
 
-    def forget_device(self, device: int) -> None:
-        """A reset of ``device``: its live blocks' frees must reach the door's table (Note [An address a reset
-        gave again]); call after :meth:`give_back`."""
+    def forget_device(self, device: int, pause: int = 0) -> None:
+        """A reset of ``device`` (``pause`` 1 at its start, -1 at its end): what is kept there goes back, the live
+        blocks' frees reach the door's table (Note [An address a reset gave again]), nothing is kept meanwhile."""
         if self.native is not None:
-            self.native.forget_device(device)
+            self.native.forget_device(device, pause)
 
     def _malloc(self, size: int, device: int, stream) -> int | None:
         if size == 0:
@@ -208,12 +216,14 @@ class TorchFreeLists:
             for door in list(self._doors):
                 door.give_back(-1, self._usage)
 
-    def forget(self, address: int) -> None:
+    def forget(self, address: int) -> bool:
         """The allocator's ``on_wait``: the block starting at ``address`` waits for another stream or a hold from
-        now on, so no door may keep it."""
+        now on, so no door may keep it.  True when a door kept it (its tensor freed): released now."""
+        released = False
         if self._doors:
             for door in list(self._doors):
-                door.forget(address)
+                released = door.forget(address) or released
+        return released
 
 
 def _native_callbacks(door: TorchDoor, free_list: bool):
