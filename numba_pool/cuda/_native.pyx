@@ -257,6 +257,7 @@ cdef class TorchCallbacks:
             self._trackers[device] = tracker
             self._release(taken, n, None)
             if generation != self._generations[device] or self._paused[device]:  # a reset ran in a release
+                self._trackers[device] = None  # so the next block's entry is new again: the door is added then
                 return False
         if self._room():
             self._add(address, size, device)

@@ -28,9 +28,12 @@ def export(allocator, memory, source_info, frontend, leases: LeaseQueue) -> Pool
     base, _ = found
     data = check(cu.cuMemPoolExportPointer(cu.CUdeviceptr(base)), "cuMemPoolExportPointer")
     lease = Lease(lease_folder(), f"{os.getpid()}-{next(_export_ids)}")
-    # Found above: only a release racing the export misses it.  The synchronize in export_hold
-    # orders the block's previous owners before the importer, which orders against nothing here.
-    allocator.export_hold(address, LeaseHold(lease, leases))
+    # Found above: only a release racing the export misses it, or a PyTorch tensor's block its door kept
+    # after PyTorch freed it (released now: Note [PyTorch's legacy-stream free list]).  The synchronize in
+    # export_hold orders the block's previous owners before the importer, which orders against nothing here.
+    if not allocator.export_hold(address, LeaseHold(lease, leases)):  # (no importer has its lease yet)
+        raise ValueError(f"numba_pool.get_ipc_handle: address {address:#x} is not in a live allocation of "
+                         f"numba_pool on device {pool.device_id} (its tensor was freed)")
     return handle_class(frontend)(memory, ExportData.from_driver(data), memory.size, source_info,
                                   offset=address - base, pool_key=pool.export_key, fd=fd, lease=lease)
 

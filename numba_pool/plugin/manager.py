@@ -237,11 +237,11 @@ class NumbaPoolManager:
         if allocator is not None:
             allocator.refuse_during_capture("reset()")
         _note("reset", self.device_id)
-        self._pause_torch_free_lists(1)
-        try:
+        try:  # Note [PyTorch's legacy-stream free list]: every door's free list paused for the device meanwhile
+            process.pause_torch_doors(self.device_id, 1)
             self._reset()
         finally:
-            self._pause_torch_free_lists(-1)
+            process.pause_torch_doors(self.device_id, -1)
 
     def _reset(self) -> None:
         super().reset()
@@ -260,12 +260,6 @@ class NumbaPoolManager:
             if self.log is not None:
                 self.log.flush()
 
-    def _pause_torch_free_lists(self, pause: int) -> None:
-        # A reset's start (1) and end (-1) in every PyTorch door, one yet to enter a block of ours included: what is
-        # kept goes back, live tensors are dropped (their frees reach the doors' tables, Note [An address a reset gave
-        # again]), and nothing is kept or entered meanwhile (Note [PyTorch's legacy-stream free list])
-        for door in process.torch_doors():
-            door.forget_device(self.device_id, pause)
 
     @contextlib.contextmanager
     def defer_cleanup(self):

@@ -41,6 +41,7 @@ class ProcessState:
         #: The PyTorch door (:mod:`.torch_allocator`), made at the first ``numba_pool.torch_allocator()``.
         self.torch_door = None
         self._torch_doors = weakref.WeakSet()  # every PyTorch door with a free list (the CUDA model makes its own)
+        self._resets: dict[int, int] = {}  # device ordinal -> resets under way (their doors' free lists paused)
         #: device ordinal -> weak reference to the manager the doors allocate through (:mod:`.serving`);
         #: read and set without the lock (one dict operation each).
         self.door_managers: dict = {}
@@ -107,9 +108,23 @@ class ProcessState:
 
     # -- the PyTorch doors' free lists (Note [PyTorch's legacy-stream free list]) ----------------
     def add_torch_door(self, door) -> None:
-        """Count ``door`` (a ``TorchDoor`` with a free list) among those the managers give back from, while it lives."""
+        """Count ``door`` (a ``TorchDoor`` with a free list) among those the managers give back from, while it lives;
+        paused for each reset under way (it holds no block yet: no Python runs under the lock)."""
         with self._lock:
             self._torch_doors.add(door)
+            for device, resets in self._resets.items():
+                for _ in range(resets):
+                    door.native.forget_device(device, 1)
+
+    def pause_torch_doors(self, device: int, pause: int) -> None:
+        """A reset of ``device`` starts (``pause`` 1) or ends (-1) in every PyTorch door: ``TorchDoor.forget_device``.
+        The count and the doors are read together, so a door made meanwhile is paused exactly once."""
+        with self._lock:
+            resets = self._resets.get(device, 0) + pause
+            self._resets[device] = max(resets, 0)
+            doors = list(self._torch_doors)
+        for door in doors:
+            door.forget_device(device, pause)
 
     def torch_doors(self) -> list:
         """The PyTorch doors with a free list, alive now."""

@@ -242,6 +242,75 @@ def test_tensors_allocated_and_freed_while_a_reset_runs_are_never_kept(programs,
     assert_clean(p)
 
 
+def test_a_door_made_while_a_reset_runs_is_paused_too(programs, monkeypatch):
+    # The first torch_allocator() of another thread, racing a reset: its door is made paused for the device, so a
+    # tensor it allocates before the generation is dropped is never kept for a later one.
+    p = programs(arena=False)
+    seen = []
+    numba_class = next(c for c in type(p.mm).__mro__ if c.__module__.startswith(("numba.", "numba_cuda")))
+    numba_reset = numba_class.reset
+
+    def numba_reset_racing(manager):
+        door = _door(p)
+        x = door.malloc(4096, 0, 0)
+        door.free(x, 4096, 0, 0)
+        seen.append((door, door.native.cached(0)))
+        numba_reset(manager)
+    monkeypatch.setattr(numba_class, "reset", numba_reset_racing)
+    p.mm.reset()
+    monkeypatch.undo()
+    (door, cached), = seen
+    assert cached == (0, 0)
+    _kept(p, door)  # and it keeps blocks once the reset is over
+    assert_clean(p)
+
+
+def test_an_ipc_export_of_a_tensor_pytorch_freed_is_refused(programs):
+    class Memory:  # what Numba's get_ipc_handle is given
+        def __init__(self, address: int, size: int):
+            self.device_pointer_value, self.size = address, size
+    p = programs(arena=False)
+    door = _door(p)
+    ptr = _kept(p, door, 1 << 20)
+    with pytest.raises(ValueError, match="not in a live allocation"):
+        p.mm.get_ipc_handle(Memory(ptr, 1 << 20))
+    assert door.native.cached(0) == (0, 0) and ptr not in door._blocks  # released, not exported
+    assert_clean(p)
+
+
+def test_a_reset_during_a_managers_switch_leaves_the_door_giving_back_to_the_new_one(programs):
+    # A reset (another thread) runs while the door gives the first manager's blocks back: the door is added to the
+    # new manager's free lists at its next block, so record_stream still takes a tensor out.
+    p, q = programs(arena=False), programs(arena=False)
+    serving = [p.mm]
+    door = TorchDoor(find_manager=lambda device_id, name: serving[0])
+    _kept(p, door)
+    python_free, once = door._free, []
+
+    def resetting(*args):
+        python_free(*args)
+        if not once:
+            once.append(1)
+            q.mm.reset()
+    door._free = resetting
+    serving[0] = q.mm
+    first = door.malloc(8192, 0, 0)
+    del door._free
+    door.free(first, 8192, 0, 0)
+    s = _stream(q)
+    x = door.malloc(4096, 0, 0)
+    q.model.wait(s, LEGACY)
+    q.model.launch(s, [(x, 4096, "read on s")])
+    assert q.mm.record_stream(_Tensor(x), s)
+    door.free(x, 4096, 0, 0)
+    assert door.native.cached(0) == (0, 0)
+    y = door.malloc(4096, 0, 0)
+    q.model.launch(LEGACY, [(y, 4096, "next tensor")])
+    door.free(y, 4096, 0, 0)
+    assert q.mm.statistics().bytes_in_use == 0
+    assert_clean(q)
+
+
 @pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
 def test_a_hold_or_record_stream_on_a_tensor_pytorch_freed_is_refused_and_the_block_released(programs, arena):
     # A kept block belongs to no tensor: numba_pool.record_stream and an IPC export's hold answer False (as for any
