@@ -40,8 +40,9 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
 3. **A block of a domain other than the legacy one is free for S at once** (:mod:`.arena`): S runs the next
    owner's work after the previous owner's.
 4. **A legacy-stream block is idle when handed out** (:mod:`.fences`, :mod:`.quarantine`, :mod:`.arena`,
-   :mod:`.mempool_blocks`; one exception, PyTorch's door, keeps a tensor's block for the legacy stream's next
-   tensor, its other streams' uses ordered or recorded by the program as PyTorch's pool requires: rule 14).  Its new memory comes from the mempool on a private non-blocking stream that waits
+   :mod:`.mempool_blocks`; one exception, the PyTorch, cuda.core and CuPy doors' free lists, keep a block for their
+   library's next allocation on the legacy stream, its other streams' uses ordered or recorded by the program as
+   those libraries' own pools require: rule 14).  Its new memory comes from the mempool on a private non-blocking stream that waits
    for nothing, from a pool that never makes an allocation wait for another stream (internal dependencies
    off).  A released block may still be used on any blocking stream, so it waits (:class:`.release.Pending`:
    the arena's *quarantine*, the mempool blocks') until an allocation records a *fence* for the batch, a
@@ -118,13 +119,14 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     stream's too (``record_stream``), as for those libraries' own pools (:mod:`numba_pool.plugin`'s doors).
     A door whose library frees by address alone never hands out an address that a buffer or tensor from before
     a reset still holds (Note [An address a reset gave again], :mod:`numba_pool.plugin.serving`).
-    PyTorch's door keeps a block its tensor allocated and freed on the legacy stream, with no wait added since
-    (``record_stream``, a hold: :meth:`.device.DeviceAllocator` calls ``on_wait`` first, which takes it out; on a
-    block kept already it is released and the wait refused), for the next tensor of its size on the legacy
-    stream: that stream's order is the release's, the tensor's uses on other streams, blocking ones too, being
-    the program's to order before the free or to record, as for PyTorch's own pool (no fence, rule 4); any other
-    free, or any figure, trim, reset or out-of-memory retry, releases it here (Note [PyTorch's legacy-stream free
-    list] in :mod:`numba_pool.plugin.torch_allocator`).
+    The PyTorch, cuda.core and CuPy doors keep a block their library allocated and freed on the legacy stream
+    (cuda.core's: or with no stream named), with no wait added since (``record_stream``, a hold:
+    :meth:`.device.DeviceAllocator` calls ``on_wait`` first, which takes it out; on a block kept already it is
+    released and the wait refused), for the next allocation of its size on the legacy stream through that door:
+    that stream's order is the release's, the uses on other streams, blocking ones too, being the program's to
+    order before the free or to record, as for those libraries' own pools (no fence, rule 4); any other free, or
+    any figure, trim, reset or out-of-memory retry, releases it here (Note [The doors' legacy-stream free lists]
+    in :mod:`numba_pool.plugin.free_lists`).
 
 Threads
 -------

@@ -1,14 +1,16 @@
 # cython: language_level=3, binding=False
 """numba_pool's compiled module (optional; setup.py): the hot paths' driver calls, twins of cuda-python's
 (Note [Compiled driver calls] in :mod:`.driver`; they take what the hot paths pass, ``CUstream`` and ``CUdeviceptr``
-objects or ints), and the C callbacks PyTorch's pluggable allocator calls, with the PyTorch door's legacy-stream
-free list (:class:`TorchCallbacks`)."""
+objects or ints), and the doors' C ends with their legacy-stream free lists (:class:`DoorCallbacks`: the callbacks
+PyTorch's pluggable allocator calls, and the cuda.core and CuPy doors' legacy-stream calls)."""
 
 from cpython.long cimport PyLong_AsUnsignedLongLong, PyLong_AsVoidPtr
 from libc.stdlib cimport calloc, free as c_free
 from libc.string cimport memset
 
 import weakref
+
+cimport cython
 
 ctypedef int (*IsCapturing)(void*, int*) noexcept nogil
 ctypedef int (*FreeAsync)(unsigned long long, void*) noexcept nogil
@@ -74,7 +76,7 @@ def cuStreamGetId(stream):
 
 
 
-# -- PyTorch's callbacks ----------------------------------------------------------------------
+# -- the doors' C ends -----------------------------------------------------------------------------
 cdef enum:
     _DEVICES = 64  # device ordinals with a free list
     _PER_SIZE = 8  # blocks kept per (device, size)
@@ -103,7 +105,7 @@ cdef struct Entry:
     size_t address  # 0: an empty slot; 1: a deleted one
     size_t size
     int device
-    bint kept  # on the free list (else live: PyTorch holds it)
+    bint kept  # on the free list (else live: its owner holds it)
 
 
 cdef inline size_t _mix(size_t x) noexcept nogil:
@@ -116,14 +118,15 @@ cdef inline size_t _mix(size_t x) noexcept nogil:
     return x
 
 
-cdef TorchCallbacks _installed = None  # whose ends PyTorch's C functions call
+cdef DoorCallbacks _installed = None  # whose ends PyTorch's C functions call
 
 
-cdef class TorchCallbacks:
-    """The ends of PyTorch's ``malloc(size, device, stream)`` and ``free(pointer, size, device, stream)`` callbacks
-    (:meth:`install` gives their C addresses), calling Python ends ``malloc`` and ``free`` with ints (a null pointer
-    as 0; a None from ``malloc`` is a null pointer).  With ``free_list``, Note [PyTorch's legacy-stream free list]
-    in :mod:`numba_pool.plugin.torch_allocator`: a block freed on the legacy stream is kept here, in C, and given to
+cdef class DoorCallbacks:
+    """A door's ``malloc(size, device, stream)`` and ``free(pointer, size, device, stream)``: PyTorch's callbacks
+    (:meth:`install` gives their C addresses), the cuda.core door's legacy-stream calls and the CuPy door's
+    (:meth:`malloc_owned`), calling Python ends ``malloc`` and ``free`` with ints (a null pointer
+    as 0; a None from ``malloc`` is a null pointer).  With ``free_list``, Note [The doors' legacy-stream free lists]
+    in :mod:`numba_pool.plugin.free_lists`: a block freed on the legacy stream is kept here, in C, and given to
     the next request of its size on the legacy stream, without Python.  Every method runs with the GIL held (the
     callbacks take it), which guards the tables: none calls Python while they are half changed."""
 
@@ -170,6 +173,16 @@ cdef class TorchCallbacks:
     def free(self, size_t address, size_t size, int device, size_t stream):
         """The ``free`` callback from Python (the CUDA model's)."""
         self._give(address, size, device, stream)
+
+    def malloc_owned(self, size_t size, int device):
+        """``size`` bytes on device ``device`` for the legacy stream, as :meth:`malloc` (the Python end raises where
+        it fails), in a :class:`FreeOnDrop` whose collection frees them on the legacy stream (CuPy's owner)."""
+        cdef void* address = self._take(size, device, 0)
+        if address == NULL:
+            raise MemoryError(f"numba_pool: no address for {size} bytes on device {device}")
+        cdef FreeOnDrop owner = FreeOnDrop.__new__(FreeOnDrop)
+        owner.address, owner._size, owner._device, owner._callbacks = <size_t>address, size, device, self
+        return owner
 
     cdef void* _take(self, size_t size, int device, size_t stream) except? NULL:
         cdef SizeStack* stack
@@ -242,7 +255,7 @@ cdef class TorchCallbacks:
 
     def live(self, size_t address, size_t size, int device, tracker, unsigned long long generation):
         """Block ``address`` of ``size`` bytes on device ``device``, allocated on the legacy stream with nothing
-        recorded, may be kept when PyTorch frees it on the legacy stream; its reuses count in ``tracker`` (a
+        recorded, may be kept when its owner frees it on the legacy stream; its reuses count in ``tracker`` (a
         ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first).
         Not when a reset came since ``generation`` was read (the block may be of the generation it dropped).
         Returns True when ``tracker`` is new for the device."""
@@ -265,7 +278,7 @@ cdef class TorchCallbacks:
 
     def forget(self, size_t address):
         """Block ``address`` (its start) must reach Python when freed (``record_stream``, a hold): taken out of the
-        live blocks.  Where it is kept (a hold on a tensor PyTorch freed) it is given back, and True returned: no
+        live blocks.  Where it is kept (a hold on memory its owner freed) it is given back, and True returned: no
         live block holds it."""
         cdef Entry* entry = self._find(address) if self._count else NULL
         cdef SizeStack* stack
@@ -334,7 +347,7 @@ cdef class TorchCallbacks:
             return 0
         taken[0] = <Taken*>calloc(self._kept, sizeof(Taken))
         if taken[0] == NULL:
-            raise MemoryError("numba_pool: no memory to give back PyTorch's kept blocks")
+            raise MemoryError("numba_pool: no memory to give back a door's kept blocks")
         for i in range(_SIZE_SLOTS):
             stack = &self._stacks[i]
             if stack.count and (device < 0 or stack.device == device) and (
@@ -353,16 +366,24 @@ cdef class TorchCallbacks:
         return n
 
     cdef int _release(self, Taken* taken, size_t n, object free) except -1:
-        # The pulled blocks' Python frees on the legacy stream (the tables whole: a free may run other callbacks)
+        # The pulled blocks' Python frees on the legacy stream (the tables whole: a free may run other callbacks).
+        # One that raises (MemoryError, KeyboardInterrupt) stops none of the others: the first error is raised last.
         cdef size_t i
+        first = None
         try:
             for i in range(n):
-                if free is None:
-                    self._python_free(taken[i].address, taken[i].size, taken[i].device, 0)
-                else:
-                    free(taken[i].address, taken[i].size, taken[i].device, 0)
+                try:
+                    if free is None:
+                        self._python_free(taken[i].address, taken[i].size, taken[i].device, 0)
+                    else:
+                        free(taken[i].address, taken[i].size, taken[i].device, 0)
+                except BaseException as error:  # noqa: BLE001 - re-raised below, once every block is released
+                    if first is None:
+                        first = error
         finally:
             c_free(taken)
+        if first is not None:
+            raise first
         return 0
 
     def switch(self, bint on):
@@ -477,8 +498,27 @@ cdef void _torch_free(void* pointer, size_t size, int device, void* stream) noex
         pass
 
 
+@cython.no_gc_clear  # its free must find the callbacks also when a collected cycle held it (CuPy's array in one)
+cdef class FreeOnDrop:
+    """What a library keeps alive for a door's block (CuPy's ``UnownedMemory`` owner, made by
+    :meth:`DoorCallbacks.malloc_owned`): ``address``; its collection frees the block on the legacy stream through the
+    door's callbacks (kept, or its Python end).  Never raises (rule 8)."""
+
+    cdef readonly size_t address  #: The block's device address.
+    cdef size_t _size
+    cdef int _device
+    cdef DoorCallbacks _callbacks
+
+    def __dealloc__(self):
+        if self._callbacks is not None:
+            try:
+                self._callbacks._give(self.address, self._size, self._device, 0)
+            except BaseException:  # noqa: BLE001 - the Python end never raises; a collection must not see one
+                pass
+
+
 def torch_callbacks(malloc, free):
     """The addresses of ``malloc(size, device, stream)`` and ``free(pointer, size, device, stream)`` C functions
     (``torch._C._cuda_customAllocator``'s) calling these Python functions with ints (a null pointer as 0); a None
-    from ``malloc`` is a null pointer.  No free list (:class:`TorchCallbacks`)."""
-    return TorchCallbacks(malloc, free).install()
+    from ``malloc`` is a null pointer.  No free list (:class:`DoorCallbacks`)."""
+    return DoorCallbacks(malloc, free).install()

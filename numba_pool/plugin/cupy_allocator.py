@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import sys
 
+from cuda.bindings.driver import CUresult
+
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..allocator.host_blocks import host_flags
 from ..config.values import byte_count
 from ..cuda.errors import CudaAPIError
 from .serving import cache_block, failed, recorded, release, serving_manager
 from .state import process
+from .torch_allocator import TorchDoor
 
 _new = object.__new__
+_NO_CONTEXT = CUresult.CUDA_ERROR_INVALID_CONTEXT  # Note [CuPy's first allocation in a thread]
 
 
 class _DeviceOwner:
@@ -73,16 +77,59 @@ def cupy_allocator(nbytes: int):
     device_id = cuda.runtime.getDevice()
     if size == 0:
         return cuda.MemoryPointer(cuda.UnownedMemory(0, 0, None, device_id), 0)
-    manager = serving_manager(device_id, "numba_pool.cupy_allocator")
     stream = cuda.get_current_stream()
+    if stream.ptr == 0:  # the null stream: through the door's free list (Note [The doors' legacy-stream free lists])
+        native = (process.cupy_door or _legacy_door()).native
+        if native is not None:
+            owner = native.malloc_owned(size, device_id)  # a kept block, or CupyDoor._malloc's
+            return cuda.MemoryPointer(cuda.UnownedMemory(owner.address, size, owner, device_id), 0)
+    manager = serving_manager(device_id, "numba_pool.cupy_allocator")
     ref = LEGACY if stream.ptr == 0 else _stream_ref(stream)
     try:
         block = manager.allocate_block(size, ref)
-    except CudaAPIError:
-        failed(manager, "cupy", size, ref)
-        raise
+    except CudaAPIError as err:
+        if err.code != _NO_CONTEXT:
+            failed(manager, "cupy", size, ref)
+            raise
+        cuda.runtime.free(0)  # Note [CuPy's first allocation in a thread]
+        block = manager.allocate_block(size, ref)
     record = None if process.recording is None and manager.log is None else recorded(manager, block, "cupy")
     return cuda.MemoryPointer(cuda.UnownedMemory(block.start, size, device_owner(block, record), device_id), 0)
+
+
+class CupyDoor(TorchDoor):
+    """The CuPy door's null-stream allocations: PyTorch's door's ends (a :class:`~.serving.DoorTable` of live blocks
+    behind a compiled free list, Note [The doors' legacy-stream free lists]), called with stream 0 by
+    :func:`cupy_allocator` through ``native.malloc_owned``, whose owner's collection is the free.  Its ``_malloc``
+    raises where PyTorch's returns a null pointer: CuPy's allocator raises."""
+
+    _name = "numba_pool.cupy_allocator"
+    _kind = "cupy"
+    _skip = 5  # the two ``_malloc``s', ``cupy_allocator``'s (the compiled call between makes no frame)
+
+    _raises = True
+    def _malloc(self, size: int, device: int, stream) -> int:
+        """Note [CuPy's first allocation in a thread]
+            CuPy's own pool allocates with ``cudaMalloc``, which makes the device's primary context current in a
+            thread that has none; numba_pool's driver calls do not, and fail there (``CUDA_ERROR_INVALID_CONTEXT``)
+            when an allocation is the thread's first CUDA call.  The door then does what CuPy would have,
+            ``cupy.cuda.runtime.free(0)`` (``cudaFree(0)``: the CUDA runtime's primary context made current), and
+            allocates again.  Only a call that reaches the driver can meet it: a kept block's reuse makes none."""
+        try:
+            return super()._malloc(size, device, stream)
+        except CudaAPIError as err:
+            if err.code != _NO_CONTEXT:
+                raise
+        _cupy("cupy_allocator").cuda.runtime.free(0)
+        return super()._malloc(size, device, stream)
+
+
+def _legacy_door() -> CupyDoor:
+    # The process's CuPy door, made at its first null-stream allocation (a race makes one more, dropped at once)
+    door = CupyDoor()
+    if process.cupy_door is None:
+        process.cupy_door = door
+    return process.cupy_door
 
 
 def cupy_pinned_allocator(nbytes: int):

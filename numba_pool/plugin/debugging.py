@@ -29,7 +29,7 @@ def segments_of(manager) -> list[dict]:
 def snapshot_of(managers: Iterable, segments: Callable = segments_of) -> dict:
     """``managers``' snapshot with the history; ``segments(manager)`` reads each one's (Dask's pushes its context)."""
     by_device: dict[int, list[dict]] = {}
-    for door in process.torch_doors():  # the blocks PyTorch freed, kept by a door's free list, shown freed
+    for door in process.free_list_doors():  # the blocks a door's free list keeps (their owners freed them), shown freed
         door.give_back()
     for manager in managers:
         by_device.setdefault(manager.device_id, []).extend(segments(manager))

@@ -44,7 +44,7 @@ from .host_memory import host_memory
 from .managed_memory import ManagedSource, managed_cache
 from .path import Path, Recording, compose
 from .state import process
-from .torch_allocator import TorchFreeLists
+from .free_lists import DoorFreeLists
 
 
 class NumbaPoolManager:
@@ -81,9 +81,9 @@ class NumbaPoolManager:
         self.managed_off_because = "the plugin is not initialized yet"
         self._init_lock = threading.Lock()  # guards initialization, reset and composing the path
         self._usage = UsageTracker()  # this device's usage events, across resets
-        #: The PyTorch doors keeping blocks PyTorch freed (Note [PyTorch's legacy-stream free list]): given back
+        #: The doors keeping blocks their owners freed (Note [The doors' legacy-stream free lists]): given back
         #: before figures, trims, resets and out-of-memory retries.
-        self.torch_free_lists = TorchFreeLists(self._usage)
+        self.free_lists = DoorFreeLists(self._usage)
         self.log: AllocationLog | None = None  # NUMBA_POOL_LOG's, kept across resets
         self.context_proxy = None  # what pinned memory holds, as Numba's memhostalloc passes
         self.deferral = Deferral()  # defer_cleanup's blocks and held-back releases, across resets
@@ -123,10 +123,10 @@ class NumbaPoolManager:
             pool = MemPool(cu, self.device_id, config, total)
             pool.reserve(config.initial_size)
             allocator = DeviceAllocator(cu, pool, self.context, self._usage, config,
-                                        before_retry=partial(_before_retry, self.deallocations, self.torch_free_lists),
+                                        before_retry=partial(_before_retry, self.deallocations, self.free_lists),
                                         deferral=self.deferral,
                                         after_fence=self.after_fence, unseen=self.unseen,
-                                        on_wait=self.torch_free_lists.forget,
+                                        on_wait=self.free_lists.forget,
                                         after_reset=partial(NumbaPoolManager.allocate_block, self), pointer=self.frontend.PoolPointer)
             self.config = config
             if self.context_proxy is None:
@@ -215,7 +215,7 @@ class NumbaPoolManager:
         """``(free, total)`` bytes, an estimate: the device's free memory (``cuMemGetInfo``) plus the
         pool's reserved-but-unused; with ``max_size``, at most ``max_size - used`` of ``max_size``."""
         self.initialize()
-        self.torch_free_lists.give_back()
+        self.free_lists.give_back()
         free, total = self.allocator.memory_info()
         return self.frontend.MemoryInfo(free=free, total=total)
 
@@ -237,11 +237,11 @@ class NumbaPoolManager:
         if allocator is not None:
             allocator.refuse_during_capture("reset()")
         _note("reset", self.device_id)
-        try:  # Note [PyTorch's legacy-stream free list]: every door's free list paused for the device meanwhile
-            process.pause_torch_doors(self.device_id, 1)
+        try:  # Note [The doors' legacy-stream free lists]: every door's free list paused for the device meanwhile
+            process.pause_free_lists(self.device_id, 1)
             self._reset()
         finally:
-            process.pause_torch_doors(self.device_id, -1)
+            process.pause_free_lists(self.device_id, -1)
 
     def _reset(self) -> None:
         super().reset()
@@ -283,13 +283,13 @@ class NumbaPoolManager:
     def statistics(self) -> PoolStatistics:
         """A snapshot of this manager's usage and its pool's attributes."""
         self.initialize()
-        self.torch_free_lists.give_back()
+        self.free_lists.give_back()
         return collect(self._usage, self.allocator, self.host, self.managed)
 
     def reset_peak(self) -> None:
         """Reset the peaks (ours and the pool's high watermarks) to the current values."""
         self.initialize()
-        self.torch_free_lists.give_back()
+        self.free_lists.give_back()
         self._usage.reset_peak()
         self.allocator.issue_frees()  # the legacy-stream frees releases queued, before the pool's figures
         self.allocator.pool.reset_high_watermarks()
@@ -298,17 +298,17 @@ class NumbaPoolManager:
         """Trim: empty slabs back, synchronize, ``cuMemPoolTrimTo(keep_bytes)``; caches free completed blocks."""
         self.initialize()
         _note("trim", self.device_id)
-        self.torch_free_lists.give_back()
+        self.free_lists.give_back()
         self.allocator.trim(keep_bytes)
         for cache in (self.host, self.managed):
             if cache is not None:
                 cache.trim()
 
 
-def _before_retry(deallocations, torch_free_lists: TorchFreeLists) -> None:
-    # Before an out-of-memory retry: Numba's pending deallocations, and the blocks PyTorch freed that its doors keep
+def _before_retry(deallocations, free_lists: DoorFreeLists) -> None:
+    # Before an out-of-memory retry: Numba's pending deallocations, and the blocks the doors' free lists keep
     deallocations.clear()
-    torch_free_lists.give_back()
+    free_lists.give_back()
 
 
 def _proxy(context):

@@ -18,13 +18,14 @@ from ..allocator.host_blocks import PORTABLE
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..config.values import byte_count, device_ordinal
 from ..cuda.errors import CudaAPIError
+from .free_lists import KeepsLegacyBlocks
 from .serving import DoorTable, cache_block, failed, recorded, release, serving_manager
 from .state import process
 
 _OFF = "numba_pool: no cache serves this memory resource: "  # the pinned and managed resources' errors
 
 
-class MemoryResource(_CoreResource):
+class MemoryResource(KeepsLegacyBlocks, _CoreResource):
     """cuda.core's ``MemoryResource`` on numba_pool's pool (and arena) of a device: ``Buffer``s counted
     in ``numba_pool.stats()``, under ``NUMBA_POOL_MAX_SIZE`` and its out-of-memory retry.
     :param device_id: the device (None: the current context's, else 0).
@@ -43,6 +44,8 @@ class MemoryResource(_CoreResource):
         self._lock = threading.Lock()  # guards finding the manager
         self._blocks = DoorTable()  # the live Buffers' blocks, by address
         self._last = (None, LEGACY, LEGACY_DEFAULT_STREAM)  # Note [The last stream named]; replaced whole (atomic)
+        if self._take is None:  # device memory: its legacy-stream buffers through a free list (native)
+            self._keep_legacy_blocks()
 
     def allocate(self, size: int, stream=None) -> Buffer:
         """A ``Buffer`` of ``size`` bytes for work on ``stream`` (cuda.core's, Numba's, any ``__cuda_stream__``
@@ -58,6 +61,9 @@ class MemoryResource(_CoreResource):
                 self._last = last
         ref = last[1]
         manager = self._manager or self._manager_now()
+        native = self.native
+        if ref is LEGACY and native is not None:  # Note [The doors' legacy-stream free lists]
+            return self._buffer.from_handle(native.malloc(size, manager.device_id, 1), size, mr=self, stream=last[2])
         take = self._take
         try:
             if take is None:  # device memory: the core's contract (DeviceAllocator.allocate's line), no frame between
@@ -79,7 +85,32 @@ class MemoryResource(_CoreResource):
             raise
         return self._buffer.from_handle(address, size, mr=self, stream=last[2])
 
-    def _entry(self, manager, size: int, ref) -> tuple:
+    def _malloc(self, size: int, device: int, stream: int) -> int:
+        # The free list's Python end (a legacy-stream allocation it could not serve): the lines of ``allocate``
+        # again, with the block entered live (Note [No frame between Numba and the source]).
+        manager, native = self._manager, self.native
+        try:
+            generation = native.generation(device)  # before: a reset may overtake it
+            block, source = manager.allocate_block(size, LEGACY), manager.allocator
+            address = block.start
+            entry = (block, source, None if process.recording is None and manager.log is None
+                     else recorded(manager, block, self._door, 4))
+            held = self._blocks.setdefault(address, entry)
+            if held is not entry:  # Note [An address a reset gave again]
+                address, entry = self._blocks.enter_again(address, entry, held,
+                                                          partial(self._entry, manager, size, LEGACY, 6))
+        except CudaAPIError:
+            failed(manager, self._door, size, LEGACY)
+            raise
+        if entry[2] is None and native.live(address, size, device, manager.usage, generation):
+            manager.free_lists.add(self)
+        return address
+
+    def _free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        # The free list's Python end: ``deallocate`` naming the legacy stream (1), or none (0: the allocation's).
+        self._deallocate(ptr, LEGACY_DEFAULT_STREAM if stream else None, stream, None)
+
+    def _entry(self, manager, size: int, ref, skip: int = 5) -> tuple:
         # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).  The lines of
         # ``allocate`` again, which keeps them inline (Note [No frame between Numba and the source]).
         take = self._take
@@ -87,7 +118,7 @@ class MemoryResource(_CoreResource):
             block, source = manager.allocate_block(size, ref), manager.allocator
         else:
             block, source = take(size, ref, manager)
-        record = None if process.recording is None and manager.log is None else recorded(manager, block, self._door, 5)
+        record = None if process.recording is None and manager.log is None else recorded(manager, block, self._door, skip)
         return block.start, (block, source, record)
 
     _door = "cuda.core"  # the history's kind for this door's allocations
@@ -99,7 +130,6 @@ class MemoryResource(_CoreResource):
     def deallocate(self, ptr, size: int, stream=None) -> None:
         """Give back the buffer at ``ptr`` (``size`` bytes), ordered on ``stream`` (None: its allocation
         stream; rule 14).  Nothing for a buffer it does not hold (a zero-byte one)."""
-        blocks = self._blocks
         if type(ptr) is not int:
             ptr = _address(ptr, type(self).__name__)
         # cuda.core passes a new Stream per close: its hash is its handle (an int < 2**61, in C; a closed one's 0).
@@ -107,10 +137,23 @@ class MemoryResource(_CoreResource):
         # table untouched.
         handle = hash(stream) if type(stream) is Stream else 0
         named = None if stream is None or handle else as_stream_ref(stream)
+        native, manager = self.native, self._manager
+        if native is not None and manager is not None and (stream is None or handle == 1 or named is LEGACY):
+            # The legacy stream (cuda.core's, or Numba's default stream: its launches close their copies naming it),
+            # or none (the allocation's): through the free list, Note [The doors' legacy-stream free lists]
+            native.free(ptr, size, manager.device_id, 0 if stream is None else 1)
+            return
+        self._deallocate(ptr, stream, handle, named)
+
+    def _deallocate(self, ptr: int, stream, handle: int, named) -> None:
+        # ``named``: ``stream``'s StreamRef where ``deallocate`` made it, else None.
+        blocks = self._blocks
         held = blocks.pop(ptr, None)
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
+        if self.native is not None and block.stream is LEGACY:  # freed naming another stream: live no more (before
+            self.native.forget(ptr)  # the release, after which the address may be another allocation's)
         ref = block.stream
         if stream is None or ref.thread is None and (stream is ref.owner or handle == ref.value):  # never 0
             named = None

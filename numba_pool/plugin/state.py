@@ -40,8 +40,12 @@ class ProcessState:
         self.leases = LeaseQueue()
         #: The PyTorch door (:mod:`.torch_allocator`), made at the first ``numba_pool.torch_allocator()``.
         self.torch_door = None
-        self._torch_doors = weakref.WeakSet()  # every PyTorch door with a free list (the CUDA model makes its own)
+        #: The CuPy door's null-stream allocations (:class:`.cupy_allocator.CupyDoor`), made at the first one.
+        self.cupy_door = None
+        self._free_list_doors = weakref.WeakSet()  # every door with a free list (the CUDA model makes its own)
         self._resets: dict[int, int] = {}  # device ordinal -> resets under way (their doors' free lists paused)
+        self._doors_keep = True  # whether the doors' free lists keep blocks (not while a history records)
+        self._switching = threading.Lock()  # one set_recording at a time: its doors' switches in its order
         #: device ordinal -> weak reference to the manager the doors allocate through (:mod:`.serving`);
         #: read and set without the lock (one dict operation each).
         self.door_managers: dict = {}
@@ -94,42 +98,51 @@ class ProcessState:
 
     # -- the adaptors' switches -------------------------------------------------------------
     def set_recording(self, recording: History | None) -> None:
-        """Record into ``recording`` from now on (None: stop), then compose every path again; the PyTorch doors'
+        """Record into ``recording`` from now on (None: stop), then compose every path again; the doors'
         free lists stop keeping blocks while it records (each allocation is recorded)."""
-        if recording is not None:  # the doors first: no reuse between the recording's start and their switch
-            for door in self.torch_doors():
-                door.native.switch(False)
-        with self._lock:
-            self.recording = recording
-        if recording is None:
-            for door in self.torch_doors():
-                door.native.switch(True)
+        with self._switching:
+            if recording is not None:  # the doors first: no reuse between the recording's start and their switch
+                for door in self._doors_switched(False):
+                    door.native.switch(False)
+            with self._lock:
+                self.recording = recording
+            if recording is None:
+                for door in self._doors_switched(True):
+                    door.native.switch(True)
         self.recompose()
 
-    # -- the PyTorch doors' free lists (Note [PyTorch's legacy-stream free list]) ----------------
-    def add_torch_door(self, door) -> None:
-        """Count ``door`` (a ``TorchDoor`` with a free list) among those the managers give back from, while it lives;
-        paused for each reset under way (it holds no block yet: no Python runs under the lock)."""
+    def _doors_switched(self, keep: bool) -> list:
+        # The doors to switch, read with the state a door made from now on takes (add_free_list_door): none is missed
         with self._lock:
-            self._torch_doors.add(door)
+            self._doors_keep = keep
+            return list(self._free_list_doors)
+
+    # -- the doors' free lists (Note [The doors' legacy-stream free lists]) ----------------
+    def add_free_list_door(self, door) -> None:
+        """Count ``door`` (a ``KeepsLegacyBlocks`` door with a free list) among those the managers give back from, while it lives;
+        switched off while a history records, paused for each reset under way (it holds no block yet: no Python
+        runs under the lock)."""
+        with self._lock:
+            self._free_list_doors.add(door)
+            door.native.switch(self._doors_keep)  # (a door switched off while a history records)
             for device, resets in self._resets.items():
                 for _ in range(resets):
                     door.native.forget_device(device, 1)
 
-    def pause_torch_doors(self, device: int, pause: int) -> None:
-        """A reset of ``device`` starts (``pause`` 1) or ends (-1) in every PyTorch door: ``TorchDoor.forget_device``.
+    def pause_free_lists(self, device: int, pause: int) -> None:
+        """A reset of ``device`` starts (``pause`` 1) or ends (-1) in every door with a free list: its ``forget_device``.
         The count and the doors are read together, so a door made meanwhile is paused exactly once."""
         with self._lock:
             resets = self._resets.get(device, 0) + pause
             self._resets[device] = max(resets, 0)
-            doors = list(self._torch_doors)
+            doors = list(self._free_list_doors)
         for door in doors:
             door.forget_device(device, pause)
 
-    def torch_doors(self) -> list:
-        """The PyTorch doors with a free list, alive now."""
+    def free_list_doors(self) -> list:
+        """The doors with a free list, alive now."""
         with self._lock:
-            return list(self._torch_doors)
+            return list(self._free_list_doors)
 
     def counting(self) -> bool:
         """Whether a statistics scope is open anywhere (the counting adaptor must be in every path)."""

@@ -78,7 +78,8 @@ SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 40_000), st.sampled_fr
 OPERATIONS: dict = {}  # (threads, arena) -> operations run, reported by test_operations_count
 FRONTEND_OPERATIONS: dict = {}  # frontend name -> operations run
 MANAGED_HOST_USES: list = [0]  # host uses of managed memory the model checked
-TORCH_REUSES: list = [0]  # PyTorch tensors served by the door's legacy-stream free list
+#: Allocations served by a door's legacy-stream free list, by door (Note [The doors' legacy-stream free lists]).
+DOOR_REUSES: dict = {"torch": 0, "cuda.core": 0, "cupy": 0}
 #: Drops in a thread with no CUDA context beside a capture (on unless ``NUMBA_POOL_FUZZ_CAPTURE_BARE=0``).
 CAPTURE_BARE_DROPS = os.environ.get("NUMBA_POOL_FUZZ_CAPTURE_BARE", "1") != "0"
 #: What the capture rules made the model do: captures, allocation and kernel nodes, graph launches.
@@ -168,8 +169,9 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                                 "recorded releases beside a capture",  # and by "recorded drop"
                                 "recorded arena releases beside a capture"):
                         CAPTURE_COUNTS[key] = CAPTURE_COUNTS.get(key, 0) + self.p.model._counts[key]
-                    native = self.p.torch_door.native
-                    TORCH_REUSES[0] += 0 if native is None else native.reuses
+                    for name, door in (("torch", self.p.torch_door), ("cuda.core", self.p.core_resource),
+                                       ("cupy", self.p.cupy_door)):
+                        DOOR_REUSES[name] += 0 if door.native is None else door.native.reuses
                     MANAGED_HOST_USES[0] += self.p.finish()["managed_host_uses"]
                     LEGACY_COST.merge(self.p.legacy_cost)
                     if self.costs and not getattr(self, "failed", False):  # the releases finish() made
@@ -250,12 +252,15 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
         if again is not None:
             self.p.launch(a, [again], thread)
 
-    @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), recorded=st.booleans())
-    def torch_legacy_reuse(self, data, size, thread, recorded):
-        """PyTorch's free list (Note [PyTorch's legacy-stream free list]): a tensor on the legacy stream, used there
-        or on another stream B, freed naming the legacy stream (after ``record_stream(tensor, B)``, ``recorded``, or
-        after the program's wait for B), and the next tensor of its size on the legacy stream used at once."""
-        family = self.p.allocate_door(size, None, thread, torch=True)
+    @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), recorded=st.booleans(),
+          door=st.sampled_from(["torch", "cuda.core", "cupy"]))
+    def legacy_reuse(self, data, size, thread, recorded, door):
+        """A door's free list (Note [The doors' legacy-stream free lists]): a tensor, buffer or CuPy array on the legacy
+        stream, used there or on another stream B, freed naming the legacy stream or none (after
+        ``record_stream(tensor, B)``, ``recorded``, or after the program's wait for B), and the next one of its size
+        on the legacy stream used at once."""
+        kind = {"torch": True} if door == "torch" else {"cupy": True} if door == "cupy" else {}
+        family = self.p.allocate_door(size, None, thread, **kind)
         if family is None:  # out of memory
             return
         self.p.launch(data.draw(st.sampled_from(self.streams)), [family], thread)
@@ -263,7 +268,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             self.p.free_recorded(family, thread)
         else:
             self.p.drop(family, thread=thread)  # on the last use's stream, after the program's waits
-        again = self.p.allocate_door(size, None, thread, torch=True)
+        again = self.p.allocate_door(size, None, thread, **kind)
         if again is not None:
             self.p.launch(LEGACY, [again], thread)
 
@@ -767,8 +772,8 @@ def test_operations_count():
     share of them on each installed frontend's classes."""
     total = sum(OPERATIONS.values())
     print(f"\nfuzzer operations: {total} ({OPERATIONS}; by frontend {FRONTEND_OPERATIONS}; "
-          f"{MANAGED_HOST_USES[0]} host uses of managed memory checked; {TORCH_REUSES[0]} tensors from PyTorch's "
-          f"free list; captures: {CAPTURE_COUNTS}; "
+          f"{MANAGED_HOST_USES[0]} host uses of managed memory checked; {DOOR_REUSES} allocations from the doors' "
+          f"free lists; captures: {CAPTURE_COUNTS}; "
           f"waiting kernels: {WAIT_COUNTS})\n{LEGACY_COST}")
     if EXAMPLES >= 100:
         if not RULES or "wait_for_a_copy" in RULES:
@@ -777,8 +782,8 @@ def test_operations_count():
             assert WAIT_COUNTS.get("drops while waiting", 0) >= 100, WAIT_COUNTS
         assert total >= 20_000, OPERATIONS
         assert MANAGED_HOST_USES[0] >= 1_000, MANAGED_HOST_USES
-        # Note [PyTorch's legacy-stream free list]: made by the "torch_legacy_reuse" step.
-        assert TORCH_REUSES[0] >= 100, TORCH_REUSES
+        # Note [The doors' legacy-stream free lists]: made by the "legacy_reuse" step.
+        assert min(DOOR_REUSES.values()) >= 50, DOOR_REUSES
         assert CAPTURE_COUNTS.get("graph_kernels", 0) >= 100 and CAPTURE_COUNTS.get("graph_free_nodes", 0) >= 10, \
             CAPTURE_COUNTS
         # Note [Released beside a capture]: the "blocking drop" step makes them (549-911 at CI size, seeds 41-43;

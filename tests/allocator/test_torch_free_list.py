@@ -1,5 +1,5 @@
-"""The PyTorch door's legacy-stream free list (Note [PyTorch's legacy-stream free list] in
-:mod:`numba_pool.plugin.torch_allocator`) on the CUDA model, through the compiled callbacks as PyTorch calls them:
+"""The PyTorch door's legacy-stream free list (Note [The doors' legacy-stream free lists] in
+:mod:`numba_pool.plugin.free_lists`) on the CUDA model, through the compiled callbacks as PyTorch calls them:
 what it keeps, what it never keeps, who gives its blocks back, and the statistics it keeps exact."""
 
 from __future__ import annotations
@@ -347,6 +347,70 @@ def test_a_free_list_given_back_while_it_frees_stays_whole(programs, monkeypatch
     assert again == [c] and door.native.cached(0) == (0, 0) and set(door._blocks) == {c}
     door.free(c, 4096, 0, 0)
     assert p.mm.statistics().bytes_in_use == 0
+    assert_clean(p)
+
+
+def test_a_give_back_whose_free_raises_still_releases_the_other_blocks(programs, monkeypatch):
+    # A Python free may raise (MemoryError, KeyboardInterrupt): the blocks pulled off with it are released all the
+    # same, and the first error is raised once they are.
+    p = programs(arena=False)
+    door = _door(p)
+    a, b, c = (door.malloc(4096, 0, 0) for _ in range(3))
+    for ptr in (a, b, c):
+        door.free(ptr, 4096, 0, 0)
+    python_free, released = door._free, []
+
+    def failing_once(ptr, size, device, stream):
+        if not released:
+            released.append(None)
+            raise KeyboardInterrupt
+        released.append(ptr)
+        python_free(ptr, size, device, stream)
+    monkeypatch.setattr(door, "_free", failing_once)
+    with pytest.raises(KeyboardInterrupt):
+        door.give_back()
+    monkeypatch.undo()
+    assert len(released) == 3 and door.native.cached(0) == (0, 0)
+    assert p.mm.statistics().bytes_in_use == 4096  # the one whose free raised; the other two given back
+    lost = ({a, b, c} - set(released[1:])).pop()
+    door.free(lost, 4096, 0, 0)  # (the free PyTorch would make again)
+    assert p.mm.statistics().bytes_in_use == 0
+    assert_clean(p)
+
+
+def test_a_door_made_while_a_history_starts_is_switched_off(programs):
+    # set_recording switches the doors off before the recording starts; a door made between its list of doors and
+    # the recording's start takes the state it set, not the recording it read (None then), and keeps nothing.
+    p = programs(arena=False)
+    first = _door(p)
+    made = []
+
+    class _Switching:  # the first door's free list, making a door as set_recording switches it off
+        def __init__(self, native):
+            self.native = native
+
+        def switch(self, on):
+            if not on and not made:
+                made.append(_door(p))
+                made.append(made[0].malloc(4096, 0, 0))  # live: allocated before the recording starts
+            self.native.switch(on)
+
+        def __getattr__(self, name):
+            return getattr(self.native, name)
+    first.native = _Switching(first.native)
+    numba_pool.record_history()
+    try:
+        made[0].free(made[1], 4096, 0, 0)  # kept, the next tensor would reuse it unrecorded
+        ptr = made[0].malloc(4096, 0, 0)
+        made[0].free(ptr, 4096, 0, 0)
+        assert made[0].native.cached(0) == (0, 0) and made[0].native.reuses == 0
+        actions = [e["action"] for e in numba_pool.snapshot()["device_traces"][0]]
+        assert actions.count("alloc") == 1, actions
+    finally:
+        numba_pool.record_history(False)
+        first.native = first.native.native
+    _kept(p, made[0])  # on again once it stops
+    made[0].give_back()
     assert_clean(p)
 
 

@@ -26,7 +26,7 @@ CONTEXT = _cu.CUcontext(0xC0)
 #: ``CUDA_ERROR_INVALID_CONTEXT`` in a thread that has none: see :meth:`CudaModel.leave_context`).
 _CONTEXT_FREE = re.compile(r"cuDevice|cuCtxGetCurrent|cuCtxPushCurrent|cuCtxPopCurrent")
 #: How many values each modelled function returns after its ``CUresult`` (default 0).
-_VALUES = {"cuStreamCreate": 1, "cuStreamGetId": 1, "cuEventCreate": 1, "cuMemPoolCreate": 1,
+_VALUES = {"cuStreamCreate": 1, "cuStreamGetId": 1, "cuStreamGetFlags": 1, "cuStreamIsCapturing": 1, "cuEventCreate": 1, "cuMemPoolCreate": 1,
            "cuMemPoolGetAttribute": 1, "cuMemAllocFromPoolAsync": 1, "cuMemGetInfo": 2,
            "cuPointerGetAttribute": 1, "cuMemHostAlloc": 1, "cuMemHostGetDevicePointer": 1, "cuMemAllocManaged": 1,
            "cuCtxGetCurrent": 1, "cuCtxPopCurrent": 1,

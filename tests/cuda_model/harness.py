@@ -34,9 +34,10 @@ from numba_pool.allocator import host_blocks
 from numba_pool.cuda import driver
 from numba_pool.cuda import frontend as frontends
 from numba_pool.cuda.errors import CudaAPIError
-from numba_pool.cuda.streams import as_stream_ref
+from numba_pool.cuda.streams import LEGACY_HANDLES, as_stream_ref
 from numba_pool.plugin.manager import manager_class
 from numba_pool.plugin.resource import MemoryResource
+from numba_pool.plugin.cupy_allocator import CupyDoor
 from numba_pool.plugin.torch_allocator import TorchDoor
 
 from .calls import CONTEXT
@@ -171,6 +172,7 @@ class Program(Waits):
         self.stream_objects: dict[int, StreamObject] = {}  # handle -> what using_stream is given
         program = weakref.ref(self)  # no cycle: a dropped Program (and its manager) goes at once
         self.torch_door = TorchDoor(find_manager=lambda device_id, door: program().mm)  # allocate_door(torch=True)
+        self.cupy_door = CupyDoor(find_manager=lambda device_id, door: program().mm)  # allocate_door(cupy=True)
         self.core_resource = ModelResource(manager=self.mm)  # allocate_door: cuda.core's door
         self.core_streams: dict[int, CoreStream] = {}  # handle -> the cuda.core Stream allocate_door(core_stream) names
         self.families: dict[int, Family] = {}
@@ -316,18 +318,21 @@ class Program(Waits):
         return family
 
     def allocate_door(self, size: int, stream: int | None = None, thread: int = 0,
-                      torch: bool = False, core_stream: bool = False) -> Family | None:
+                      torch: bool = False, core_stream: bool = False, cupy: bool = False) -> Family | None:
         """A door's allocation: ``numba_pool.MemoryResource.allocate(size, stream)`` (cuda.core's door, its live table
         and the core's contract behind it) in host thread ``thread``, on ``stream`` (None: the legacy stream) named by
         its stream object, or (``core_stream``) by the cuda.core ``Stream`` kept for it; freed by :meth:`drop` with
         ``deallocate`` on the stream of its last use (:meth:`_deallocate`); ``torch``: PyTorch's callbacks instead,
-        with raw handles (a destroyed stream's handle given again names the new stream).  None when the pool is out
-        of memory."""
+        with raw handles (a destroyed stream's handle given again names the new stream); ``cupy``: the CuPy door's
+        null-stream allocation (``stream`` None), freed by dropping its owner.  None when the pool is out of memory."""
         handle = stream if stream is not None else LEGACY
 
         def body():
             if torch:
                 return TorchBuffer.allocate(self.torch_door, size, 0 if stream is None else handle)
+            if cupy:
+                assert stream is None, "the CuPy door's free list serves its null stream"
+                return CupyBuffer(self.cupy_door.native.malloc_owned(size, 0), size)
             if core_stream:
                 named = self.core_streams.setdefault(handle, CoreStream.from_handle(int(handle)))
             else:
@@ -355,7 +360,8 @@ class Program(Waits):
     @staticmethod
     def deallocation_stream(family: Family) -> int:
         """Where a door's buffer is deallocated: the stream of its last use, else its allocation stream."""
-        if family.uses and family.uses[-1][0] != DESTROYED and not family.zombie:
+        if family.uses and family.uses[-1][0] != DESTROYED and not family.zombie and not (
+                family.refs and isinstance(family.refs[-1], CupyBuffer)):  # CuPy's drop names no stream
             return family.uses[-1][0]
         return family.stream
 
@@ -781,6 +787,19 @@ class TorchBuffer(DoorBuffer):
         """``free(address, size, 0, stream)``, naming ``stream`` (a StreamRef; None: the allocation stream); one
         alive across a reset is freed too (Note [An address a reset gave again])."""
         self.door.free(self.device_pointer_value, self.size, 0, self.handle if stream is None else stream.value)
+
+
+class CupyBuffer(DoorBuffer):
+    """A CuPy array's memory from the CuPy door's null-stream allocation (``CupyDoor``'s ``native.malloc_owned``, as
+    :func:`numba_pool.cupy_allocator` makes it): freed when its owner is dropped, ordered on the legacy stream."""
+
+    def __init__(self, owner, size: int):
+        self.owner, self.size, self.device_pointer_value = owner, size, owner.address
+
+    def deallocate(self, stream) -> None:
+        """CuPy's drop of the array (``stream``: its allocation stream, the legacy one, or None)."""
+        assert stream is None or stream.value in LEGACY_HANDLES, stream
+        self.owner = None
 
 
 def drop_reference(refs: list) -> None:

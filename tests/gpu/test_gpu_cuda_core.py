@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 if GPU:
     import numba_pool
-    from cuda.core import Device, DeviceMemoryResource
+    from cuda.core import LEGACY_DEFAULT_STREAM, Device, DeviceMemoryResource
     from kernels import fill_kernel
 
     from gpu_helpers import POISON, THREADS, blocks, read_after_delay
@@ -60,6 +60,8 @@ def test_launches_with_a_host_array_allocate_from_numba_pool():
     grew = numba_pool.stats().total_allocations - before
     print(f"200 launches with a 1 MiB host array: total_allocations +{grew}; default pool's used high "
           f"{default_before} -> {_default_pool_used_high()} bytes")
+    reuses = cuda.current_context().device._dev.memory_resource.native.reuses
+    print(f"... of which {reuses} from the door's legacy-stream free list")
     assert grew >= 200
     assert _default_pool_used_high() == default_before, "a launch allocated from the device's default pool"
     assert np.all(host == 201)
@@ -88,15 +90,18 @@ def _as_array(buffer, n: int):
     return cuda.from_cuda_array_interface(interface, owner=buffer, sync=False)
 
 
-def _race(resource, trials: int = 20, nbytes: int = 8 << 20, delay_us: int = 3000) -> tuple[int, int]:
+def _race(resource, trials: int = 20, nbytes: int = 8 << 20, delay_us: int = 3000, legacy: bool = False,
+          close_on_b: bool = True) -> tuple[int, int]:
     """A reader kernel on stream B reads buffer A (written first); the buffer is closed on B (the
-    stream of its last use, the door's documented use) and a buffer of the same size is allocated on
-    stream A and filled with poison there.  Returns (trials in which the new buffer reused A's address,
+    stream of its last use, the door's documented use; else, the planted bug, on its allocation stream with B's
+    read not ordered before) and a buffer of the same size is allocated on stream A (``legacy``: the legacy
+    stream) and filled with poison there.  Returns (trials in which the new buffer reused A's address,
     elements the reader saw poisoned)."""
     device = Device(cuda.get_current_device().id)
     device.set_current()
-    stream_a, stream_b = device.create_stream(), device.create_stream()
-    a_numba, b_numba = cuda.external_stream(int(stream_a.handle)), cuda.external_stream(int(stream_b.handle))
+    stream_a, stream_b = LEGACY_DEFAULT_STREAM if legacy else device.create_stream(), device.create_stream()
+    a_numba = cuda.legacy_default_stream() if legacy else cuda.external_stream(int(stream_a.handle))
+    b_numba = cuda.external_stream(int(stream_b.handle))
     n = nbytes // 4
     hits = cuda.to_device(np.zeros(1, dtype=np.int64))
     reused = 0
@@ -106,7 +111,7 @@ def _race(resource, trials: int = 20, nbytes: int = 8 << 20, delay_us: int = 300
         stream_a.sync()
         read_after_delay[32, THREADS, b_numba](_as_array(first, n), POISON, delay_us, hits)
         address = int(first.handle)
-        first.close(stream_b)
+        first.close(stream_b if close_on_b else None)
         second = resource.allocate(nbytes, stream=stream_a)
         fill_kernel[blocks(n), THREADS, a_numba](_as_array(second, n), POISON)
         reused += int(second.handle) == address
@@ -123,3 +128,18 @@ def test_a_buffer_closed_on_its_readers_stream_is_not_reused_under_the_reader():
     print(f"numba_pool.MemoryResource: {reused}/20 reused, {corrupted} corrupted elements; "
           f"cuda.core's DeviceMemoryResource: {own_reused}/20 reused, {own_corrupted} corrupted")
     assert corrupted == 0
+
+
+def test_a_legacy_buffer_closed_on_its_readers_stream_is_not_reused_under_the_reader():
+    # Note [The doors' legacy-stream free lists]: a buffer closed naming its reader's stream is never kept for the
+    # legacy stream; one closed on the legacy stream with the read unordered (the planted bug, the program's) is
+    # reused at once, as cuda.core's own pool reuses it: the experiment sees a missed wait.
+    cuda.current_context()
+    device_id = cuda.get_current_device().id
+    facts = {name: _race(resource, legacy=True, close_on_b=close_on_b)
+             for name, resource, close_on_b in [("closed on B", numba_pool.MemoryResource(device_id), True),
+                                                ("planted", numba_pool.MemoryResource(device_id), False),
+                                                ("own, planted", DeviceMemoryResource(device_id), False)]}
+    print(f"legacy stream, (reused, corrupted) of 20: {facts}")
+    assert facts["closed on B"][1] == 0, facts
+    assert facts["planted"][0] > 0 and facts["planted"][1] > 0, facts

@@ -57,7 +57,8 @@ print(json.dumps({"during": during, "ok": ok, "on_stream": on_stream, "empty": e
 
 
 @needs_cupy
-def test_a_cupy_block_used_on_another_stream_waits_for_it():
+@pytest.mark.parametrize("on", ["a stream", "null"])
+def test_a_cupy_block_used_on_another_stream_waits_for_it(on):
     # A CuPy array A on stream s1 is read on stream s2 by a slow kernel, dropped, and a new array of the
     # same size on s1 is written at once (POISON).  With numba_pool.record_stream(A, s2) the new owner waits
     # for s2 (the reader sees no POISON); without it (the planted bug: a use the allocator was not told of)
@@ -66,6 +67,8 @@ def test_a_cupy_block_used_on_another_stream_waits_for_it():
 import cupy
 cupy.cuda.set_allocator(numba_pool.cupy_allocator)
 s1, s2 = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+if "{on}" == "null":  # the legacy stream: the door's free list keeps what is dropped there
+    s1 = cupy.cuda.Stream.null
 n = 1 << 16
 
 def trial(record):
@@ -91,8 +94,8 @@ out = {"recorded": trial(True), "planted": trial(False)}
 cupy.cuda.set_allocator(cupy.cuda.MemoryPool().malloc)  # for comparison: CuPy's own pool, as CuPy documents it
 out["cupy's MemoryPool"] = trial(False)
 print(json.dumps(out))
-""", ENV)
-    print(f"(reused, corrupted) of 8: {facts}")
+""".replace("{on}", on), ENV)
+    print(f"on {on}: (reused, corrupted) of 8: {facts}")
     assert facts["recorded"][1] == 0, facts
     assert facts["planted"][0] > 0 and facts["planted"][1] > 0, facts  # the experiment sees a missed wait
 
@@ -195,31 +198,45 @@ def test_a_torch_block_used_on_another_stream_waits_for_it(which, on):
         assert facts["planted"][0] > 0 and facts["planted"][1] > 0, facts
 
 
-@needs_torch
-def test_default_stream_tensors_come_from_the_free_list_and_are_counted():
-    # Note [PyTorch's legacy-stream free list]: a tensor freed on the default stream serves the next of its size
-    # there; the statistics count every tensor, and the kept blocks go back at stats() and trim().
-    facts = run_json(PRELUDE + """
-import torch
-torch.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
+FREE_LIST = PRELUDE + """
 from numba_pool.plugin.state import process
-door = process.torch_door
-x = torch.zeros(1 << 14, device="cuda")
+if "{library}" == "torch":
+    import torch as lib
+    lib.cuda.memory.change_current_allocator(numba_pool.torch_allocator())
+    full, sync, address = (lambda i: lib.full((1 << 14,), float(i), device="cuda")), lib.cuda.synchronize, \
+        (lambda t: t.data_ptr())
+    device = lib.cuda.current_device()
+else:
+    import cupy as lib
+    lib.cuda.set_allocator(numba_pool.cupy_allocator)
+    full, sync, address = (lambda i: lib.full(1 << 14, float(i), dtype=lib.float32)), \
+        lib.cuda.get_current_stream().synchronize, (lambda a: a.data.ptr)
+    device = lib.cuda.runtime.getDevice()
+x = full(0)
 before = numba_pool.stats()
 addresses = set()
 for i in range(200):
-    t = torch.full((1 << 14,), float(i), device="cuda")
-    addresses.add(t.data_ptr())
+    t = full(i)
+    addresses.add(address(t))
     x += t
     del t
-torch.cuda.synchronize()
+sync()
+door = process.torch_door if "{library}" == "torch" else process.cupy_door
 after = numba_pool.stats()
-kept = door.native.cached(torch.cuda.current_device())
+kept = door.native.cached(device)
 ok = bool((x == sum(range(200))).all())
 print(json.dumps({"ok": ok, "addresses": len(addresses), "reuses": door.native.reuses, "kept": kept,
                   "allocations": after.total_allocations - before.total_allocations,
                   "frees": after.total_frees - before.total_frees, "in_use": after.bytes_in_use - before.bytes_in_use}))
-""", ENV)
+"""
+
+
+@pytest.mark.parametrize("library", [pytest.param("torch", marks=needs_torch), pytest.param("cupy", marks=needs_cupy)])
+def test_default_stream_allocations_come_from_the_free_list_and_are_counted(library):
+    # Note [The doors' legacy-stream free lists]: a tensor or array freed on the default (null) stream serves the next
+    # of its size there; the statistics count every one, and the kept blocks go back at stats().
+    facts = run_json(FREE_LIST.replace("{library}", library), ENV)
+    print(f"{library}: {facts}")
     assert facts["ok"] and facts["addresses"] == 1 and facts["reuses"] >= 199, facts
     assert facts["allocations"] == 200 and facts["frees"] == 200 and facts["in_use"] == 0, facts
     assert facts["kept"] == [0, 0], facts  # stats() gave the last one back

@@ -1,0 +1,118 @@
+"""The doors' legacy-stream free lists, in C (:class:`numba_pool.cuda._native.DoorCallbacks`): what a door that has
+one (PyTorch's callbacks, the cuda.core :class:`~.resource.MemoryResource`, the CuPy allocator) shares, and the
+manager's :class:`DoorFreeLists`, which gives their blocks back.
+
+Note [The doors' legacy-stream free lists]
+    PyTorch's caching allocator and CuPy's ``MemoryPool`` give a block freed on a stream to the next request of its
+    size on that stream, in C; cuda.core's ``DeviceMemoryResource`` leaves that to the driver's pool.  Through
+    Python each allocation would cost 2-3 µs more (docs/perf-notes.md, "The PyTorch door's free list", "The doors'
+    free lists"), so a door's legacy-stream calls go through its compiled callbacks (``DoorCallbacks``), which do
+    the same for the legacy stream (PyTorch's and CuPy's null stream, handles 0 and ``CU_STREAM_LEGACY``;
+    cuda.core's ``LEGACY_DEFAULT_STREAM``) without Python:
+    - A block is *live* there when the door's ``_malloc`` made it on the legacy stream with nothing recorded (no
+      history, no log).  Its free naming the legacy stream (or, for cuda.core, no stream: its allocation's) keeps
+      it, by (device, size), at most 8 per size and ``MAX_CACHED_BYTES`` (64 MiB) per device and door; the next
+      allocation of that size on the legacy stream takes it.  The previous owner's work was queued on the legacy
+      stream before the free, and the new owner's comes after: that stream's order is the release's, as in the
+      library's own pool; no stream waits, no driver call is made.  Its uses on other streams, blocking ones too,
+      are the program's to order before the free or to record, as the library's own pool requires (rule 14; rule
+      4's fence, which covers blocking streams for Numba's arrays, is not taken).  The block stays allocated in the
+      pool meanwhile, like PyTorch's reserved bytes.
+    - Anything else reaches Python: another stream's blocks (their ordering needs the driver), a per-thread default
+      stream's (it may be captured), a free naming another stream, a block a wait was added to since
+      (``record_stream``, an IPC hold: the allocator's ``on_wait`` takes it out of the live blocks first; on a kept
+      block, whose owner freed it, it releases it and the wait is refused, as on any freed memory), and every
+      block while a history records (:meth:`ProcessState.set_recording` switches the doors off before it starts,
+      giving the kept ones back).
+    - What is kept goes back through the door's ``_free`` (rule 14, as if its owner freed it then) before every
+      figure (``stats()``, ``memory_summary()``, ``get_memory_info()``, ``reset_peak()``), before a trim, a
+      snapshot and an out-of-memory retry, and when the door is collected.  A reset, in every door and in one C
+      step at its start and again at its end, gives the device's kept blocks back, forgets its live ones (their
+      late frees reach the door's table, Note [An address a reset gave again]) and moves the device's generation
+      on; in between nothing is kept, taken or entered for the device.  So no block of the generation it drops
+      (another thread's ``_malloc`` it overtook, read the generation before) is kept.  A device served by another
+      manager forgets the first one's blocks, kept and live, the same way.
+    - Blocks are taken off the tables into a C array before any Python object is made (a collection may run an
+      owner's free), and released after; a release that raises stops none of the others.
+    - The statistics count every allocation: a reuse appends the previous owner's free and its allocation to the
+      manager's usage events.  A kept block counts as in use until it is reused or given back (every figure gives
+      it back first), so a peak may include kept bytes, at most the bound above.
+    - The tables are C arrays guarded by the GIL: every call holds it, and none of their C code calls Python while
+      a table is half changed."""
+
+from __future__ import annotations
+
+import weakref
+
+from .state import process
+
+
+class KeepsLegacyBlocks:
+    """A door with a compiled legacy-stream free list (Note [The doors' legacy-stream free lists]): ``native``, its
+    :class:`~numba_pool.cuda._native.DoorCallbacks` (None: no compiled module), whose Python ends are the door's
+    ``_malloc(size, device, stream)`` (an address) and ``_free(address, size, device, stream)``."""
+
+    native = None
+
+    def _keep_legacy_blocks(self, free_list: bool = True) -> None:
+        # Made at the door's __init__: the compiled callbacks over its Python ends (a weak reference), counted
+        # among the process's doors (switched off there while a history records).
+        try:
+            from ..cuda._native import DoorCallbacks
+        except ImportError:
+            return
+        self.native = DoorCallbacks(free_list=free_list, owner=self)
+        process.add_free_list_door(self)
+
+    def __del__(self):
+        # A door collected gives its kept blocks back: its managers may not (the releases never raise, rule 8)
+        native = getattr(self, "native", None)
+        if native is not None:
+            native.drain(free=self._free)
+
+    def give_back(self, device: int = -1, usage=None) -> int:
+        """Release the blocks the free list keeps for ``device`` (-1: every device; with ``usage``, a device whose
+        blocks count in that ``UsageTracker``), as PyTorch's ``empty_cache``; returns how many."""
+        return 0 if self.native is None else self.native.drain(device, usage)
+
+    def forget(self, address: int) -> bool:
+        """The block at ``address`` (its start) must not be kept when freed: it waits for another stream or a hold
+        (``record_stream``, an IPC export).  True when it was kept (its owner freed it): released now."""
+        return self.native is not None and self.native.forget(address)
+
+    def forget_device(self, device: int, pause: int = 0) -> None:
+        """A reset of ``device`` (``pause`` 1 at its start, -1 at its end): what is kept there goes back, the live
+        blocks' frees reach the door's table (Note [An address a reset gave again]), nothing is kept meanwhile."""
+        if self.native is not None:
+            self.native.forget_device(device, pause)
+
+
+class DoorFreeLists:
+    """The doors whose free lists may keep one manager's blocks (Note [The doors' legacy-stream free lists]), which
+    its figures, trims, resets and out-of-memory retries give back from: a weak set (a door collected gives its own
+    back).  The manager's and its allocator's (``on_wait``), neither holding the other."""
+
+    __slots__ = ("_doors", "_usage")
+
+    def __init__(self, usage):
+        self._doors = weakref.WeakSet()
+        self._usage = usage  # the manager's UsageTracker: a door's blocks counting in it are the manager's
+
+    def add(self, door: KeepsLegacyBlocks) -> None:
+        """``door`` keeps this manager's blocks from now on (its first live block for it)."""
+        self._doors.add(door)
+
+    def give_back(self) -> None:
+        """Release every block the doors keep for this manager."""
+        if self._doors:
+            for door in list(self._doors):
+                door.give_back(-1, self._usage)
+
+    def forget(self, address: int) -> bool:
+        """The allocator's ``on_wait``: the block starting at ``address`` waits for another stream or a hold from
+        now on, so no door may keep it.  True when a door kept it (its owner freed it): released now."""
+        released = False
+        if self._doors:
+            for door in list(self._doors):
+                released = door.forget(address) or released
+        return released
