@@ -142,6 +142,7 @@ cdef class DoorCallbacks:
     cdef unsigned long long _generations[_DEVICES]  # a device's, moved on by each reset (forget_device)
     cdef int _paused[_DEVICES]  # resets under way on the device: nothing kept, taken or entered
     cdef list _trackers  # device -> the UsageTracker its blocks count in (None before its first)
+    cdef list _deferrals  # device -> its manager's Deferral (defer_cleanup's: nothing is kept while one is open)
     cdef readonly unsigned long long reuses  #: Requests served from the free list, since made.
     cdef public size_t max_cached_bytes  #: Bytes kept per device at most (:data:`MAX_CACHED_BYTES`).
     cdef unsigned long long _until_check
@@ -151,6 +152,7 @@ cdef class DoorCallbacks:
         if owner is not None:  # the door: its ends by a weak reference, so that it goes when dropped
             self._owner = weakref.ref(owner)
         self._trackers = [None] * _DEVICES
+        self._deferrals = [None] * _DEVICES
         self._until_check = _CHECK_EVERY
         self.max_cached_bytes = MAX_CACHED_BYTES
 
@@ -189,6 +191,13 @@ cdef class DoorCallbacks:
         cdef Entry* entry
         cdef size_t address
         if self._on and stream <= 1 and size and 0 <= device < _DEVICES and not self._paused[device]:  # 0, 1: legacy
+            if self._until_check <= 0:  # the usage tracker's periodic drain: Python, so before anything is taken
+                self._until_check = _CHECK_EVERY
+                tracker = self._trackers[device]
+                if tracker is not None:
+                    tracker.drain_if_due()
+                if self._paused[device]:  # a reset began meanwhile
+                    return self._python_malloc(size, device, stream)
             stack = self._stack(size, device, False)
             entry = self._find(stack.blocks[stack.count - 1]) if stack != NULL and stack.count else NULL
             if entry != NULL:  # (every kept block has its entry)
@@ -196,9 +205,12 @@ cdef class DoorCallbacks:
                 entry.kept = False
                 self._kept -= 1
                 self._cached_bytes[device] -= size
-                address = entry.address  # read first: _count_reuse may run Python, and another thread grow the table
-                self._count_reuse(size, device)
+                address = entry.address
+                self._count_reuse(size, device)  # (no Python: nothing else may take or give meanwhile)
                 return <void*>address
+        return self._python_malloc(size, device, stream)
+
+    cdef void* _python_malloc(self, size_t size, int device, size_t stream) except? NULL:
         if self._owner is None:
             result = self._malloc(size, device, stream)
         else:
@@ -213,7 +225,8 @@ cdef class DoorCallbacks:
             if entry.kept:  # freed twice: the second does nothing, as the door's table's pop
                 return 0
             if (stream <= 1 and self._on and entry.size == size and entry.device == device
-                    and not self._paused[device] and self._cached_bytes[device] + size <= self.max_cached_bytes):
+                    and not self._paused[device] and self._cached_bytes[device] + size <= self.max_cached_bytes
+                    and not self._deferred(device)):
                 stack = self._stack(size, device, True)
             if stack != NULL and stack.count < _PER_SIZE:
                 stack.blocks[stack.count] = address
@@ -235,17 +248,20 @@ cdef class DoorCallbacks:
                 owner._free(address, size, device, stream)
         return 0
 
+    cdef bint _deferred(self, int device) except -1:
+        # Whether a defer_cleanup block of the device's manager is open: what is dropped inside it is held back to
+        # its exit (rule 8a), so it reaches Python (the depth is read without its lock, as the release gate does)
+        deferral = self._deferrals[device]
+        return deferral is not None and deferral.depth > 0
+
     cdef int _count_reuse(self, size_t size, int device) except -1:
-        # The previous owner's free and this allocation, in the tracker's events (numba_pool.allocator.usage)
-        tracker = self._trackers[device]
-        events = tracker.events
+        # The previous owner's free and this allocation, in the tracker's events (numba_pool.allocator.usage); no
+        # Python runs here (the periodic drain is at the start of a later _take)
+        events = (<object>self._trackers[device]).events
         events.append(-<long long>size - 1)
         events.append(<long long>size)
         self.reuses += 1
         self._until_check -= 1
-        if not self._until_check:
-            self._until_check = _CHECK_EVERY
-            tracker.drain_if_due()
         return 0
 
     # -- what the door tells -----------------------------------------------------------------
@@ -253,12 +269,13 @@ cdef class DoorCallbacks:
         """Device ``device``'s generation: read before an allocation, given to :meth:`live` after it."""
         return self._generations[device] if 0 <= device < _DEVICES else 0
 
-    def live(self, size_t address, size_t size, int device, tracker, unsigned long long generation):
+    def live(self, size_t address, size_t size, int device, tracker, unsigned long long generation, deferral):
         """Block ``address`` of ``size`` bytes on device ``device``, allocated on the legacy stream with nothing
         recorded, may be kept when its owner frees it on the legacy stream; its reuses count in ``tracker`` (a
-        ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first).
+        ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first), and
+        nothing is kept while ``deferral`` (its manager's ``Deferral``) holds releases back.
         Not when a reset came since ``generation`` was read (the block may be of the generation it dropped).
-        Returns True when ``tracker`` is new for the device."""
+        Returns True when ``tracker`` is new for the device (the door must join its manager's free lists)."""
         cdef Taken* taken
         cdef size_t n
         if not self._free_list or not 0 <= device < _DEVICES or size == 0 or generation != self._generations[device] \
@@ -267,11 +284,10 @@ cdef class DoorCallbacks:
         cdef bint new = self._trackers[device] is not tracker
         if new:  # another manager serves the device: its blocks, kept or live, are no longer ours to keep
             n = self._clear_device(device, &taken)
-            self._trackers[device] = tracker
-            self._release(taken, n, None)
+            self._release(taken, n, None)  # (Python: another allocation may come here meanwhile, new too)
             if generation != self._generations[device] or self._paused[device]:  # a reset ran in a release
-                self._trackers[device] = None  # so the next block's entry is new again: the door is added then
                 return False
+            self._trackers[device], self._deferrals[device] = tracker, deferral  # after: until then none is live
         if self._room():
             self._add(address, size, device)
         return new

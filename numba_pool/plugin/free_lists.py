@@ -21,7 +21,8 @@ Note [The doors' legacy-stream free lists]
     - Anything else reaches Python: another stream's blocks (their ordering needs the driver), a per-thread default
       stream's (it may be captured), a free naming another stream, a block a wait was added to since
       (``record_stream``, an IPC hold: the allocator's ``on_wait`` takes it out of the live blocks first; on a kept
-      block, whose owner freed it, it releases it and the wait is refused, as on any freed memory), and every
+      block, whose owner freed it, it releases it and the wait is refused, as on any freed memory), a block freed
+      while a ``defer_cleanup`` block of its manager is open (held back to the outermost exit, rule 8a), and every
       block while a history records (:meth:`ProcessState.set_recording` switches the doors off before it starts,
       giving the kept ones back).
     - What is kept goes back through the door's ``_free`` (rule 14, as if its owner freed it then) before every
@@ -33,7 +34,9 @@ Note [The doors' legacy-stream free lists]
       (another thread's ``_malloc`` it overtook, read the generation before) is kept.  A device served by another
       manager forgets the first one's blocks, kept and live, the same way.
     - Blocks are taken off the tables into a C array before any Python object is made (a collection may run an
-      owner's free), and released after; a release that raises stops none of the others.
+      owner's free), and released after; a release that raises stops none of the others.  No Python runs between
+      a reuse's checks and its return (the usage tracker's periodic drain comes before them), and a device's new
+      manager is taken only once the first one's blocks are given back.
     - The statistics count every allocation: a reuse appends the previous owner's free and its allocation to the
       manager's usage events.  A kept block counts as in use until it is reused or given back (every figure gives
       it back first), so a peak may include kept bytes, at most the bound above.

@@ -102,7 +102,7 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
         except CudaAPIError:
             failed(manager, self._door, size, LEGACY)
             raise
-        if entry[2] is None and native.live(address, size, device, manager.usage, generation):
+        if entry[2] is None and native.live(address, size, device, manager.usage, generation, manager.deferral):
             manager.free_lists.add(self)
         return address
 

@@ -20,6 +20,7 @@ from threading import get_ident
 
 from ..cuda.capture import NOT_CAPTURING
 from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
+from ..cuda.driver import OUT_OF_MEMORY as _OUT_OF_MEMORY
 from ..cuda.streams import LEGACY, LEGACY_HANDLES, StreamRef, as_stream_ref
 from ..cuda.errors import CudaAPIError
 from .free_lists import KeepsLegacyBlocks
@@ -84,10 +85,10 @@ class TorchDoor(KeepsLegacyBlocks):
                 again = partial(_entry, manager, size, ref, self._kind, self._skip + 2)
                 address, entry = self._blocks.enter_again(address, entry, held, again)
             if native is not None and entry[2] is None and native.live(address, size, device, manager.usage,
-                                                                       generation):
+                                                                       generation, manager.deferral):
                 manager.free_lists.add(self)
         except Exception as err:  # noqa: BLE001 - as above
-            if isinstance(err, CudaAPIError):  # out of memory: logged too
+            if isinstance(err, CudaAPIError) and err.code == _OUT_OF_MEMORY:  # logged too
                 failed(manager, self._kind, size, ref)
             if self._raises:
                 raise

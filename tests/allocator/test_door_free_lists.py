@@ -304,3 +304,133 @@ def test_cupys_first_allocation_in_a_thread_without_a_context_makes_cupys_curren
     del array
     assert p.mm.statistics().bytes_in_use == 0
     assert_clean(p)
+
+
+# -- from a review: defer_cleanup, a reset inside a reuse, the door made once, the retry's log ---------------------
+def _cupy_stand_in(p, monkeypatch, stream_ptr: int = 0, free=None):
+    stream = SimpleNamespace(ptr=stream_ptr)
+    runtime = SimpleNamespace(getDevice=lambda: 0, free=free or (lambda ptr: None))
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(
+        runtime=runtime, get_current_stream=lambda: stream, MemoryPointer=_Pointer, UnownedMemory=_unowned)))
+
+
+@pytest.mark.parametrize("door", ["cupy", "cuda.core", "torch"])
+def test_memory_dropped_inside_defer_cleanup_is_not_handed_out_again_before_its_exit(programs, monkeypatch, door):
+    # The guide: no memory of an array dropped inside defer_cleanup is handed out again before the outermost block
+    # exits, so work on a non-blocking stream need only be done by the exit.  The free list keeps nothing meanwhile.
+    p = programs(arena=False)
+    _cupy_stand_in(p, monkeypatch)
+    monkeypatch.setattr(process, "cupy_door", CupyDoor(find_manager=lambda device_id, name: p.mm))
+    allocate, free = {
+        "cupy": (lambda: cupy_allocator(4096), lambda x: None),
+        "cuda.core": (lambda: p.core_resource.allocate(4096), lambda x: x.deallocate(None)),
+        "torch": (lambda: _TorchTensor(p.torch_door), lambda x: x.free())}[door]
+    address_of = (lambda x: x.ptr) if door == "cupy" else (lambda x: x.device_pointer_value)
+    s = _stream(p)
+    with p.mm.defer_cleanup():
+        first = allocate()
+        p.model.launch(LEGACY, [(address_of(first), 4096, "fill")])
+        p.model.wait(s, LEGACY)
+        p.model.launch(s, [(address_of(first), 4096, "read on a non-blocking stream")])
+        free(first)
+        del first  # relying on defer_cleanup, as the guide allows
+        again = allocate()
+        p.model.launch(LEGACY, [(address_of(again), 4096, "next owner")])
+        p.model.cuStreamSynchronize(s)  # before the exit, as the guide requires
+        free(again)
+        del again
+    assert_clean(p)
+
+
+class _TorchTensor:
+    def __init__(self, door):
+        self.door, self.device_pointer_value = door, door.malloc(4096, 0, 0)
+
+    def free(self):
+        self.door.free(self.device_pointer_value, 4096, 0, 0)
+
+
+def test_a_reuse_a_reset_overtakes_is_served_by_the_next_generation(programs):
+    # The usage tracker's periodic drain is Python, where another thread may reset: it runs before a kept block is
+    # taken, so no reuse completes against the generation a reset dropped (rule 12).
+    p = programs(arena=False)
+    mr = p.core_resource
+    reset_now = [True]
+
+    def drain_if_due():  # where the GIL may pass to a thread that resets
+        if reset_now:
+            reset_now.clear()
+            p.mm.reset()
+    p.mm.usage.drain_if_due = drain_if_due
+    first = mr.allocate(4096)
+    mr.deallocate(first.device_pointer_value, 4096, None)
+    for _ in range(native_module().PER_SIZE * 1024):
+        mine = mr.allocate(4096)
+        if not reset_now:  # the reset ran inside this allocation
+            other = p.allocate(4096)  # the next generation's block: a Numba array
+            assert mine.device_pointer_value != other.address, "two live owners of one address"
+            p.model.launch(LEGACY, [(mine.device_pointer_value, 4096, "buffer"), (other.address, 4096, "array")])
+            mine.deallocate(None)
+            p.drop(other)
+            break
+        mr.deallocate(mine.device_pointer_value, 4096, None)
+    else:
+        pytest.fail("the drain never ran")
+    assert_clean(p)
+
+
+def native_module():
+    from numba_pool.cuda import _native
+    return _native
+
+
+def test_the_cupy_door_is_made_once_when_two_threads_race_to_it(programs, monkeypatch):
+    # Thread B's first null-stream allocation starts while A makes the door: B waits and uses A's door (one made,
+    # never replaced: its arrays' owners free through it).
+    import threading
+
+    import numba_pool.plugin.cupy_allocator as cupy_door_module
+    from numba_pool.plugin.state import ProcessState
+
+    p = programs(arena=False)
+    _cupy_stand_in(p, monkeypatch)
+    made_doors = []
+
+    def make(_door=cupy_door_module.CupyDoor):
+        made_doors.append(_door(find_manager=lambda device_id, name: p.mm))
+        return made_doors[-1]
+    monkeypatch.setattr(cupy_door_module, "CupyDoor", make)
+    state, threads, theirs = {"value": None, "gets": 0}, [], []
+
+    def get(self):
+        state["gets"] += 1
+        if state["gets"] == 2 and threading.current_thread() is threading.main_thread():  # A, making the door
+            threads.append(threading.Thread(target=lambda: theirs.append(cupy_allocator(4096))))
+            threads[0].start()
+        return state["value"]
+    monkeypatch.setattr(ProcessState, "cupy_door", property(get, lambda self, value: state.update(value=value)),
+                        raising=False)
+    mine = cupy_allocator(4096)
+    threads[0].join()
+    assert len(made_doors) == 1
+    p.model.launch(LEGACY, [(mine.ptr, 4096, "A"), (theirs[0].ptr, 4096, "B")])
+    del mine
+    theirs.clear()
+    monkeypatch.undo()
+    assert p.mm.statistics().bytes_in_use == 0
+    assert_clean(p)
+
+
+def test_cupys_retry_in_a_thread_without_a_context_logs_no_failure(programs, monkeypatch):
+    from cuda_model import CONTEXT
+
+    p = programs(arena=False, adaptors=True)  # NUMBA_POOL_LOG on
+    _cupy_stand_in(p, monkeypatch, free=lambda ptr: p.model.cuCtxPushCurrent(CONTEXT))
+    monkeypatch.setattr(process, "cupy_door", CupyDoor(find_manager=lambda device_id, door: p.mm))
+    made = []
+    p.bare.submit(lambda: made.append(cupy_allocator(4096))).result()
+    array = made.pop()
+    p.model.launch(LEGACY, [(array.ptr, 4096, "array")])
+    del array
+    assert "allocate failure" not in [row[2] for row in p.mm.log._rows]
+    assert_clean(p)

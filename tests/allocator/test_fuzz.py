@@ -252,25 +252,30 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
         if again is not None:
             self.p.launch(a, [again], thread)
 
-    @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), recorded=st.booleans(),
+    @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), how=st.sampled_from(["wait", "recorded", "scope"]),
           door=st.sampled_from(["torch", "cuda.core", "cupy"]))
-    def legacy_reuse(self, data, size, thread, recorded, door):
+    def legacy_reuse(self, data, size, thread, how, door):
         """A door's free list (Note [The doors' legacy-stream free lists]): a tensor, buffer or CuPy array on the legacy
-        stream, used there or on another stream B, freed naming the legacy stream or none (after
-        ``record_stream(tensor, B)``, ``recorded``, or after the program's wait for B), and the next one of its size
-        on the legacy stream used at once."""
+        stream, used there or on another stream B, freed naming the legacy stream or none (after the program's wait
+        for B; after ``record_stream(tensor, B)``; or inside a ``defer_cleanup`` block, the program synchronizing
+        before its exit), and the next one of its size on the legacy stream used at once."""
         kind = {"torch": True} if door == "torch" else {"cupy": True} if door == "cupy" else {}
         family = self.p.allocate_door(size, None, thread, **kind)
         if family is None:  # out of memory
             return
         self.p.launch(data.draw(st.sampled_from(self.streams)), [family], thread)
-        if recorded:
+        if how == "recorded":
             self.p.free_recorded(family, thread)
+        elif how == "scope":
+            self.p.open_defer()
+            self.p.drop(family, legalize="scope", thread=thread)  # on its allocation stream, relying on the block
         else:
             self.p.drop(family, thread=thread)  # on the last use's stream, after the program's waits
         again = self.p.allocate_door(size, None, thread, **kind)
         if again is not None:
             self.p.launch(LEGACY, [again], thread)
+        if how == "scope":
+            self.p.close_defer()
 
     @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
     def allocate_managed(self, data, size, scoped, thread):
@@ -783,7 +788,7 @@ def test_operations_count():
         assert total >= 20_000, OPERATIONS
         assert MANAGED_HOST_USES[0] >= 1_000, MANAGED_HOST_USES
         # Note [The doors' legacy-stream free lists]: made by the "legacy_reuse" step.
-        assert min(DOOR_REUSES.values()) >= 50, DOOR_REUSES
+        assert min(DOOR_REUSES.values()) >= 20, DOOR_REUSES
         assert CAPTURE_COUNTS.get("graph_kernels", 0) >= 100 and CAPTURE_COUNTS.get("graph_free_nodes", 0) >= 10, \
             CAPTURE_COUNTS
         # Note [Released beside a capture]: the "blocking drop" step makes them (549-911 at CI size, seeds 41-43;

@@ -503,3 +503,37 @@ def _count_every_tensor(p, steps) -> None:
         door.free(ptr, n, 0, 0)
     assert p.mm.statistics().bytes_in_use == 0
     assert_clean(p)
+
+
+def test_an_allocation_during_a_switch_and_a_reset_is_taken_out_by_record_stream(programs):
+    # From a review: a device's switch of managers gives the first one's blocks back through Python; an allocation
+    # made meanwhile, after a reset, must still join the new manager's free lists (the tracker is set only once the
+    # release is done), so record_stream takes its block out and the reuse finds a tracker.
+    p, q = programs(arena=False), programs(arena=False)
+    serving = [p.mm]
+    door = TorchDoor(find_manager=lambda device_id, name: serving[0])
+    ptr = door.malloc(4096, 0, 0)
+    door.free(ptr, 4096, 0, 0)  # p's block kept
+    python_free, made = door._free, []
+
+    def releasing(*args):  # the first manager's block going back; meanwhile a reset, then another allocation
+        python_free(*args)
+        if not made:
+            q.mm.reset()
+            made.append(door.malloc(2048, 0, 0))
+    door._free = releasing
+    serving[0] = q.mm
+    first = door.malloc(8192, 0, 0)  # q's first block: the switch
+    del door._free
+    x, s = made[0], _stream(q)
+    q.model.launch(LEGACY, [(x, 2048, "fill")])
+    q.model.wait(s, LEGACY)
+    q.model.launch(s, [(x, 2048, "read on s")])
+    assert q.mm.record_stream(_Tensor(x), s)
+    door.free(x, 2048, 0, 0)
+    assert door.native.cached(0) == (0, 0), "kept after record_stream"
+    y = door.malloc(2048, 0, 0)
+    q.model.launch(LEGACY, [(y, 2048, "next tensor")])
+    door.free(y, 2048, 0, 0)
+    door.free(first, 8192, 0, 0)
+    assert_clean(q)

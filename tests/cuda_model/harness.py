@@ -465,8 +465,9 @@ class Program(Waits):
     def drop(self, family: Family, *, legalize: str = "record", how: str = "del", thread: int = 0) -> None:
         """Drop one reference; before the last goes, make the release legal by ``legalize``
         ("record": record_stream, "wait": the program's event, "sync": a context synchronize;
-        "scope": inside an open :meth:`open_defer` block, nothing now: the program synchronizes
-        before the block exits, relying on ``defer_cleanup`` meanwhile) and let it go by ``how``
+        "scope": inside an open :meth:`open_defer` block, nothing now (a door's buffer: freed on its
+        allocation stream): the program synchronizes before the block exits, relying on ``defer_cleanup``
+        meanwhile) and let it go by ``how``
         ("del", "free", "cycle": garbage collected later, "pending": released at a later preempt
         point, "bare": in a thread with no current CUDA context, "foreign": in a thread where
         another context of the device is current)."""
@@ -483,7 +484,11 @@ class Program(Waits):
         if family.door:
             del self.families[family.id]
             with self.attributed("release", "door"):
-                self._deallocate(family, thread)
+                if legalize == "scope" and self.defer_scopes and not family.zombie:  # its uses ordered by nothing:
+                    self.reliant.append(family)  # the program synchronizes before the outermost block exits
+                    self.run(thread, family.refs.pop().deallocate, None)  # on its allocation stream, no wait
+                else:
+                    self._deallocate(family, thread)
             self.operations += 1
             return
         if family.zombie:
