@@ -13,7 +13,6 @@ no stream named: ordered on the allocation stream, as a Numba array's drop is; w
 from __future__ import annotations
 
 import sys
-import threading
 
 from cuda.bindings.driver import CUresult
 
@@ -27,7 +26,6 @@ from .torch_allocator import TorchDoor
 
 _new = object.__new__
 _NO_CONTEXT = CUresult.CUDA_ERROR_INVALID_CONTEXT  # Note [CuPy's first allocation in a thread]
-_making_door = threading.Lock()  # guards making process.cupy_door (set once)
 
 
 class _DeviceOwner:
@@ -128,10 +126,7 @@ class CupyDoor(TorchDoor):
 
 def _legacy_door() -> CupyDoor:
     # The process's CuPy door, made once, at its first null-stream allocation: its owners' frees need it alive
-    with _making_door:
-        if process.cupy_door is None:
-            process.cupy_door = CupyDoor()
-        return process.cupy_door
+    return process.cupy_door_made(CupyDoor)
 
 
 def cupy_pinned_allocator(nbytes: int):

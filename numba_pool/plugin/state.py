@@ -42,6 +42,7 @@ class ProcessState:
         self.torch_door = None
         #: The CuPy door's null-stream allocations (:class:`.cupy_allocator.CupyDoor`), made at the first one.
         self.cupy_door = None
+        self._making_door = threading.Lock()  # guards making cupy_door (not _lock: a door joins the set under it)
         self._free_list_doors = weakref.WeakSet()  # every door with a free list (the CUDA model makes its own)
         self._resets: dict[int, int] = {}  # device ordinal -> resets under way (their doors' free lists paused)
         self._doors_keep = True  # whether the doors' free lists keep blocks (not while a history records)
@@ -138,6 +139,13 @@ class ProcessState:
             doors = list(self._free_list_doors)
         for door in doors:
             door.forget_device(device, pause)
+
+    def cupy_door_made(self, make: Callable[[], object]):
+        """The CuPy door, made by ``make()`` at the first call, once: its arrays' owners free through it."""
+        with self._making_door:
+            if self.cupy_door is None:
+                self.cupy_door = make()
+            return self.cupy_door
 
     def free_list_doors(self) -> list:
         """The doors with a free list, alive now."""
