@@ -191,11 +191,11 @@ cdef class DoorCallbacks:
         cdef Entry* entry
         cdef size_t address
         if self._on and stream <= 1 and size and 0 <= device < _DEVICES and not self._paused[device]:  # 0, 1: legacy
-            if self._until_check <= 0:  # the usage tracker's periodic drain: Python, so before anything is taken
+            if self._until_check <= 0:  # the usage trackers' periodic drain: Python, so before anything is taken
                 self._until_check = _CHECK_EVERY
-                tracker = self._trackers[device]
-                if tracker is not None:
-                    tracker.drain_if_due()
+                for tracker in self._trackers:  # every device's (the count is the door's, not one device's)
+                    if tracker is not None:
+                        tracker.drain_if_due()
                 if self._paused[device]:  # a reset began meanwhile
                     return self._python_malloc(size, device, stream)
             stack = self._stack(size, device, False)
@@ -275,22 +275,24 @@ cdef class DoorCallbacks:
         ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first), and
         nothing is kept while ``deferral`` (its manager's ``Deferral``) holds releases back.
         Not when a reset came since ``generation`` was read (the block may be of the generation it dropped).
-        Returns True when ``tracker`` is new for the device (the door must join its manager's free lists)."""
+        Returns whether it was entered (the door must then be among its manager's free lists).
+        Every entry and kept block of a device counts in the device's tracker: a new one is set before the device's
+        blocks are cleared (in C), and a block is entered only while its tracker is the device's."""
         cdef Taken* taken
         cdef size_t n
         if not self._free_list or not 0 <= device < _DEVICES or size == 0 or generation != self._generations[device] \
                 or self._paused[device]:
             return False
-        cdef bint new = self._trackers[device] is not tracker
-        if new:  # another manager serves the device: its blocks, kept or live, are no longer ours to keep
+        if self._trackers[device] is not tracker:  # another manager serves the device: its blocks are not ours
+            self._trackers[device], self._deferrals[device] = tracker, deferral
             n = self._clear_device(device, &taken)
-            self._release(taken, n, None)  # (Python: another allocation may come here meanwhile, new too)
-            if generation != self._generations[device] or self._paused[device]:  # a reset ran in a release
-                return False
-            self._trackers[device], self._deferrals[device] = tracker, deferral  # after: until then none is live
+            self._release(taken, n, None)  # (Python: a reset, another manager's allocation may run meanwhile)
+        if generation != self._generations[device] or self._paused[device] or self._trackers[device] is not tracker:
+            return False
         if self._room():
             self._add(address, size, device)
-        return new
+            return True
+        return False
 
     def forget(self, size_t address):
         """Block ``address`` (its start) must reach Python when freed (``record_stream``, a hold): taken out of the

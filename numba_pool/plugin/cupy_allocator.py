@@ -19,6 +19,7 @@ from cuda.bindings.driver import CUresult
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..allocator.host_blocks import host_flags
 from ..config.values import byte_count
+from ..cuda.driver import OUT_OF_MEMORY
 from ..cuda.errors import CudaAPIError
 from .serving import cache_block, failed, recorded, release, serving_manager
 from .state import process
@@ -89,7 +90,8 @@ def cupy_allocator(nbytes: int):
         block = manager.allocate_block(size, ref)
     except CudaAPIError as err:
         if err.code != _NO_CONTEXT:
-            failed(manager, "cupy", size, ref)
+            if err.code == OUT_OF_MEMORY:  # (the log's allocate failure rows)
+                failed(manager, "cupy", size, ref)
             raise
         cuda.runtime.free(0)  # Note [CuPy's first allocation in a thread]
         block = manager.allocate_block(size, ref)

@@ -102,8 +102,9 @@ class DoorFreeLists:
         self._usage = usage  # the manager's UsageTracker: a door's blocks counting in it are the manager's
 
     def add(self, door: KeepsLegacyBlocks) -> None:
-        """``door`` keeps this manager's blocks from now on (its first live block for it)."""
-        self._doors.add(door)
+        """``door`` keeps this manager's blocks from now on (called at each live block: the test is cheap)."""
+        if door not in self._doors:
+            self._doors.add(door)
 
     def give_back(self) -> None:
         """Release every block the doors keep for this manager."""

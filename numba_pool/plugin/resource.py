@@ -17,6 +17,7 @@ from cuda.core import MemoryResource as _CoreResource
 from ..allocator.host_blocks import PORTABLE
 from ..cuda.streams import LEGACY, as_stream_ref
 from ..config.values import byte_count, device_ordinal
+from ..cuda.driver import OUT_OF_MEMORY
 from ..cuda.errors import CudaAPIError
 from .free_lists import KeepsLegacyBlocks
 from .serving import DoorTable, cache_block, failed, recorded, release, serving_manager
@@ -80,8 +81,9 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
             held = self._blocks.setdefault(address, entry)
             if held is not entry:  # Note [An address a reset gave again]
                 address = self._blocks.enter_again(address, entry, held, partial(self._entry, manager, size, ref))[0]
-        except CudaAPIError:
-            failed(manager, self._door, size, ref)
+        except CudaAPIError as err:
+            if err.code == OUT_OF_MEMORY:  # (the log's allocate failure rows)
+                failed(manager, self._door, size, ref)
             raise
         return self._buffer.from_handle(address, size, mr=self, stream=last[2])
 
@@ -99,11 +101,13 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
             if held is not entry:  # Note [An address a reset gave again]
                 address, entry = self._blocks.enter_again(address, entry, held,
                                                           partial(self._entry, manager, size, LEGACY, 6))
-        except CudaAPIError:
-            failed(manager, self._door, size, LEGACY)
+        except CudaAPIError as err:
+            if err.code == OUT_OF_MEMORY:
+                failed(manager, self._door, size, LEGACY)
             raise
-        if entry[2] is None and native.live(address, size, device, manager.usage, generation, manager.deferral):
+        if entry[2] is None:  # among the manager's free lists first: a record_stream must find its entry
             manager.free_lists.add(self)
+            native.live(address, size, device, manager.usage, generation, manager.deferral)
         return address
 
     def _free(self, ptr: int, size: int, device: int, stream: int) -> None:

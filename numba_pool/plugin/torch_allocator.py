@@ -84,9 +84,9 @@ class TorchDoor(KeepsLegacyBlocks):
             if held is not entry:  # Note [An address a reset gave again]
                 again = partial(_entry, manager, size, ref, self._kind, self._skip + 2)
                 address, entry = self._blocks.enter_again(address, entry, held, again)
-            if native is not None and entry[2] is None and native.live(address, size, device, manager.usage,
-                                                                       generation, manager.deferral):
+            if native is not None and entry[2] is None:  # among the free lists first: record_stream must find it
                 manager.free_lists.add(self)
+                native.live(address, size, device, manager.usage, generation, manager.deferral)
         except Exception as err:  # noqa: BLE001 - as above
             if isinstance(err, CudaAPIError) and err.code == _OUT_OF_MEMORY:  # logged too
                 failed(manager, self._kind, size, ref)

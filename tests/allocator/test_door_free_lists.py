@@ -434,3 +434,20 @@ def test_cupys_retry_in_a_thread_without_a_context_logs_no_failure(programs, mon
     del array
     assert "allocate failure" not in [row[2] for row in p.mm.log._rows]
     assert_clean(p)
+
+
+def test_a_cuda_core_allocation_failing_not_for_memory_logs_no_allocate_failure(programs, monkeypatch):
+    # From a second review: the log's allocate failure rows are out-of-memory only, at every door
+    from cuda.bindings.driver import CUresult
+
+    p = programs(arena=False, adaptors=True)  # NUMBA_POOL_LOG on
+    mr = p.core_resource
+
+    def fails(*args, **kwargs):
+        raise CudaAPIError(CUresult.CUDA_ERROR_INVALID_CONTEXT, "no context")
+    monkeypatch.setattr(p.mm, "allocate_block", fails)
+    with pytest.raises(CudaAPIError):
+        mr.allocate(4096)  # the legacy stream: the free list's Python end
+    monkeypatch.undo()
+    assert "allocate failure" not in [row[2] for row in p.mm.log._rows]
+    assert_clean(p)

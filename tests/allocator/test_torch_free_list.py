@@ -537,3 +537,65 @@ def test_an_allocation_during_a_switch_and_a_reset_is_taken_out_by_record_stream
     door.free(y, 2048, 0, 0)
     door.free(first, 8192, 0, 0)
     assert_clean(q)
+
+
+def test_a_block_the_first_manager_enters_during_a_switch_is_never_kept_for_the_second(programs):
+    # From a second review: while a device's switch gives the first manager's blocks back (Python), an allocation
+    # still served by the first enters its block.  The switch sets the new tracker before it clears the device, and a
+    # block is entered only while its tracker is the device's: that block is not entered, so a free inside the first
+    # manager's defer_cleanup is not checked against the second's deferral, and kept.
+    p, q = programs(arena=False), programs(arena=False)
+    serving = [p.mm]
+    door = TorchDoor(find_manager=lambda device_id, name: serving[0])
+    ptr = door.malloc(4096, 0, 0)
+    door.free(ptr, 4096, 0, 0)  # p's block kept
+    python_free, made = door._free, []
+
+    def releasing(*args):  # the switch gives p's block back; meanwhile another thread, which found p, allocates
+        python_free(*args)
+        if not made:
+            serving[0] = p.mm
+            made.append(door.malloc(2048, 0, 0))
+            serving[0] = q.mm
+    door._free = releasing
+    serving[0] = q.mm
+    first = door.malloc(8192, 0, 0)  # q's first block: the switch
+    del door._free
+    x, s = made[0], _stream(p)
+    with p.mm.defer_cleanup():
+        p.model.launch(LEGACY, [(x, 2048, "fill")])
+        p.model.wait(s, LEGACY)
+        p.model.launch(s, [(x, 2048, "read on s")])
+        door.free(x, 2048, 0, 0)  # inside p's defer_cleanup: held back to its exit
+        assert door.native.cached(0) == (0, 0), "p's block kept inside p's defer_cleanup"
+        p.model.cuStreamSynchronize(s)
+    y = door.malloc(2048, 0, 0)  # q's
+    q.model.launch(LEGACY, [(y, 2048, "next tensor")])
+    door.free(y, 2048, 0, 0)
+    door.free(first, 8192, 0, 0)
+    assert_clean(p)
+    assert_clean(q)
+
+
+def test_every_devices_usage_tracker_is_drained_by_reuses_alone():
+    # From a second review: one door serves every device; the periodic drain (every 4096 reuses, before a take) drains
+    # every device's tracker, not only the one of the device that happens to take next.
+    from types import SimpleNamespace
+
+    from numba_pool.allocator.usage import DRAIN_AT, UsageTracker
+
+    addresses = iter(range(1 << 20, 1 << 40, 1 << 16))
+    door = native.DoorCallbacks(lambda size, device, stream: next(addresses), lambda *args: None, free_list=True)
+    trackers, blocks = [UsageTracker(), UsageTracker()], []
+    for device in (0, 1):
+        address = door.malloc(4096, device, 0)
+        assert door.live(address, 4096, device, trackers[device], door.generation(device), SimpleNamespace(depth=0))
+        blocks.append(address)
+        door.free(address, 4096, device, 0)  # kept
+    for _ in range(DRAIN_AT):  # reuses alternating devices 1 and 0, every one served in C
+        for device in (1, 0):
+            assert door.malloc(4096, device, 0) == blocks[device]
+            door.free(blocks[device], 4096, device, 0)
+    assert door.reuses == 2 * DRAIN_AT
+    assert all(len(tracker.events) <= DRAIN_AT + 2 * native.PER_SIZE * 1024 for tracker in trackers), \
+        [len(tracker.events) for tracker in trackers]

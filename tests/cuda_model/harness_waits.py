@@ -113,9 +113,11 @@ class Waits:
             # follow the kernel: the release never makes another stream wait for it (Note [A named stream is not
             # waited for] in numba_pool.allocator.device)
             on = self.deallocation_stream(family)
-            return all(
-                used != DESTROYED and self.may_enqueue(used)
-                for used, op in family.uses if not self.model.would_follow(on, op))
+            waits = [used for used, op in family.uses if not self.model.would_follow(on, op)]
+            # each wait records an event on ``used`` and enqueues its wait on ``on``: neither may follow the kernel
+            # (a wait on the legacy stream behind it would order every blocking stream's next work after it)
+            return all(used != DESTROYED and self.may_enqueue(used) for used in waits) and (
+                not waits or self.may_enqueue(on))
         if legalize == "record":
             for used, op in family.uses:
                 if used in family.recorded or self.model.would_follow(family.stream, op):
