@@ -35,8 +35,10 @@ Note [The doors' legacy-stream free lists]
       manager forgets the first one's blocks, kept and live, the same way.
     - Blocks are taken off the tables into a C array before any Python object is made (a collection may run an
       owner's free), and released after; a release that raises stops none of the others.  No Python runs between
-      a reuse's checks and its return (the usage tracker's periodic drain comes before them), and a device's new
-      manager is taken only once the first one's blocks are given back.
+      a reuse's checks and its return (the usage trackers' periodic drain comes before them).  Every entry and kept
+      block of a device counts in its manager's tracker: a new manager's is set before the device's blocks are
+      cleared, a block is entered only while its manager's tracker is the device's, and the door joins the
+      manager's free lists before it enters one (a ``record_stream`` finds it).
     - The statistics count every allocation: a reuse appends the previous owner's free and its allocation to the
       manager's usage events.  A kept block counts as in use until it is reused or given back (every figure gives
       it back first), so a peak may include kept bytes, at most the bound above.
