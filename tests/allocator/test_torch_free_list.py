@@ -505,27 +505,37 @@ def _count_every_tensor(p, steps) -> None:
     assert_clean(p)
 
 
-def test_an_allocation_during_a_switch_and_a_reset_is_taken_out_by_record_stream(programs):
-    # From a review: a device's switch of managers gives the first one's blocks back through Python; an allocation
-    # made meanwhile, after a reset, must still join the new manager's free lists (the tracker is set only once the
-    # release is done), so record_stream takes its block out and the reuse finds a tracker.
-    p, q = programs(arena=False), programs(arena=False)
+def _switch_with_an_allocation_meanwhile(p, q, meanwhile):
+    """A door serving p's manager, with one block kept, switched to q's at an 8192-byte allocation; while the switch
+    gives p's block back (Python), ``meanwhile(door, serving)`` runs once, its 2048-byte tensor's address kept.
+    Returns ``(door, the switching allocation, the tensor made meanwhile)``."""
     serving = [p.mm]
     door = TorchDoor(find_manager=lambda device_id, name: serving[0])
     ptr = door.malloc(4096, 0, 0)
     door.free(ptr, 4096, 0, 0)  # p's block kept
     python_free, made = door._free, []
 
-    def releasing(*args):  # the first manager's block going back; meanwhile a reset, then another allocation
+    def releasing(*args):
         python_free(*args)
         if not made:
-            q.mm.reset()
-            made.append(door.malloc(2048, 0, 0))
+            made.append(meanwhile(door, serving))
     door._free = releasing
     serving[0] = q.mm
     first = door.malloc(8192, 0, 0)  # q's first block: the switch
     del door._free
-    x, s = made[0], _stream(q)
+    return door, first, made[0]
+
+
+def test_an_allocation_during_a_switch_and_a_reset_is_taken_out_by_record_stream(programs):
+    # From a review: an allocation made during a device's switch of managers, after a reset, must still join the new
+    # manager's free lists, so record_stream takes its block out and the reuse finds a tracker.
+    p, q = programs(arena=False), programs(arena=False)
+
+    def reset_then_allocate(door, serving):
+        q.mm.reset()
+        return door.malloc(2048, 0, 0)
+    door, first, x = _switch_with_an_allocation_meanwhile(p, q, reset_then_allocate)
+    s = _stream(q)
     q.model.launch(LEGACY, [(x, 2048, "fill")])
     q.model.wait(s, LEGACY)
     q.model.launch(s, [(x, 2048, "read on s")])
@@ -540,28 +550,19 @@ def test_an_allocation_during_a_switch_and_a_reset_is_taken_out_by_record_stream
 
 
 def test_a_block_the_first_manager_enters_during_a_switch_is_never_kept_for_the_second(programs):
-    # From a second review: while a device's switch gives the first manager's blocks back (Python), an allocation
-    # still served by the first enters its block.  The switch sets the new tracker before it clears the device, and a
-    # block is entered only while its tracker is the device's: that block is not entered, so a free inside the first
-    # manager's defer_cleanup is not checked against the second's deferral, and kept.
+    # From a second review: an allocation still served by the first manager during the switch enters nothing (a
+    # block is entered only while its tracker is the device's), so its free inside the first manager's
+    # defer_cleanup is not checked against the second's deferral, and kept.
     p, q = programs(arena=False), programs(arena=False)
-    serving = [p.mm]
-    door = TorchDoor(find_manager=lambda device_id, name: serving[0])
-    ptr = door.malloc(4096, 0, 0)
-    door.free(ptr, 4096, 0, 0)  # p's block kept
-    python_free, made = door._free, []
 
-    def releasing(*args):  # the switch gives p's block back; meanwhile another thread, which found p, allocates
-        python_free(*args)
-        if not made:
-            serving[0] = p.mm
-            made.append(door.malloc(2048, 0, 0))
+    def allocate_through_the_first(door, serving):  # another thread, which found p's manager before the switch
+        serving[0] = p.mm
+        try:
+            return door.malloc(2048, 0, 0)
+        finally:
             serving[0] = q.mm
-    door._free = releasing
-    serving[0] = q.mm
-    first = door.malloc(8192, 0, 0)  # q's first block: the switch
-    del door._free
-    x, s = made[0], _stream(p)
+    door, first, x = _switch_with_an_allocation_meanwhile(p, q, allocate_through_the_first)
+    s = _stream(p)
     with p.mm.defer_cleanup():
         p.model.launch(LEGACY, [(x, 2048, "fill")])
         p.model.wait(s, LEGACY)
