@@ -122,7 +122,8 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
             block, source = manager.allocate_block(size, ref), manager.allocator
         else:
             block, source = take(size, ref, manager)
-        record = None if process.recording is None and manager.log is None else recorded(manager, block, self._door, skip)
+        record = (None if process.recording is None and manager.log is None
+                  else recorded(manager, block, self._door, skip))
         return block.start, (block, source, record)
 
     _door = "cuda.core"  # the history's kind for this door's allocations

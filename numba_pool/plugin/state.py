@@ -120,9 +120,9 @@ class ProcessState:
 
     # -- the doors' free lists (Note [The doors' legacy-stream free lists]) ----------------
     def add_free_list_door(self, door) -> None:
-        """Count ``door`` (a ``KeepsLegacyBlocks`` door with a free list) among those the managers give back from, while it lives;
-        switched off while a history records, paused for each reset under way (it holds no block yet: no Python
-        runs under the lock)."""
+        """Count ``door`` (a ``KeepsLegacyBlocks`` door with a free list) among those the managers give back from,
+        while it lives; switched off while a history records, paused for each reset under way (it holds no block
+        yet: no Python runs under the lock)."""
         with self._lock:
             self._free_list_doors.add(door)
             door.native.switch(self._doors_keep)  # (a door switched off while a history records)
@@ -131,7 +131,7 @@ class ProcessState:
                     door.native.forget_device(device, 1)
 
     def pause_free_lists(self, device: int, pause: int) -> None:
-        """A reset of ``device`` starts (``pause`` 1) or ends (-1) in every door with a free list: its ``forget_device``.
+        """A reset of ``device`` starts (``pause`` 1) or ends (-1) in every door with a free list (``forget_device``).
         The count and the doors are read together, so a door made meanwhile is paused exactly once."""
         with self._lock:
             resets = self._resets.get(device, 0) + pause

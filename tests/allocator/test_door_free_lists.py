@@ -150,7 +150,8 @@ def test_a_legacy_buffer_made_again_after_a_reset_is_in_the_history_at_its_calle
         new = mr.allocate(744)
         assert any(mr._blocks.aside.values())  # the retry ran
         event = process.recording.live[(p.mm.device_id, new.device_pointer_value)]
-        assert event.frames[0].co_name == "test_a_legacy_buffer_made_again_after_a_reset_is_in_the_history_at_its_callers_line"
+        assert event.frames[0].co_name == \
+            "test_a_legacy_buffer_made_again_after_a_reset_is_in_the_history_at_its_callers_line"
         old.deallocate(None)
         new.deallocate(None)
     finally:
