@@ -275,7 +275,7 @@ cdef class DoorCallbacks:
         ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first), and
         nothing is kept while ``deferral`` (its manager's ``Deferral``) holds releases back.
         Not when a reset came since ``generation`` was read (the block may be of the generation it dropped).
-        Returns whether it was entered (the door must then be among its manager's free lists).
+        Returns whether it was entered (the door joins its manager's free lists before: a ``record_stream`` finds it).
         Every entry and kept block of a device counts in the device's tracker: a new one is set before the device's
         blocks are cleared (in C), and a block is entered only while its tracker is the device's."""
         cdef Taken* taken

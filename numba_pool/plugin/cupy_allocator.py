@@ -110,6 +110,7 @@ class CupyDoor(TorchDoor):
     _skip = 5  # the two ``_malloc``s', ``cupy_allocator``'s (the compiled call between makes no frame)
 
     _raises = True
+
     def _malloc(self, size: int, device: int, stream) -> int:
         """Note [CuPy's first allocation in a thread]
             CuPy's own pool allocates with ``cudaMalloc``, which makes the device's primary context current in a

@@ -260,7 +260,6 @@ class NumbaPoolManager:
             if self.log is not None:
                 self.log.flush()
 
-
     @contextlib.contextmanager
     def defer_cleanup(self):
         """Hold back the memory of arrays dropped inside, released at the outermost exit after their streams' work and

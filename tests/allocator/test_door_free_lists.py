@@ -187,17 +187,24 @@ def _unowned(ptr: int, size: int, owner, device_id: int):
     return SimpleNamespace(ptr=ptr, size=size, owner=owner, device_id=device_id)
 
 
+def _cupy_stand_in(p, monkeypatch, stream_ptr: int = 0, free=None, door: bool = True) -> None:
+    """A stand-in ``cupy`` module for ``cupy_allocator``: CuPy's current device 0, its current stream (``ptr``
+    ``stream_ptr``, settable), ``runtime.free`` (``free``: cudaFree's stand-in); with ``door``, the process's CuPy
+    door on ``p``'s manager."""
+    stream = SimpleNamespace(ptr=stream_ptr)
+    runtime = SimpleNamespace(getDevice=lambda: 0, free=free or (lambda ptr: None))
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(
+        runtime=runtime, get_current_stream=lambda: stream, MemoryPointer=_Pointer, UnownedMemory=_unowned)))
+    if door:
+        monkeypatch.setattr(process, "cupy_door", CupyDoor(find_manager=lambda device_id, name: p.mm))
+
+
 @pytest.fixture
 def cupy(programs, monkeypatch):
     """A Program whose CuPy door (on its manager) ``cupy_allocator`` reaches through a stand-in ``cupy`` module: CuPy's
     current device 0 and its null stream (``stream.ptr``, settable)."""
     p = programs(arena=False)
-    stream = SimpleNamespace(ptr=0)
-    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=lambda: 0),
-                                                get_current_stream=lambda: stream, MemoryPointer=_Pointer,
-                                                UnownedMemory=_unowned))
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(process, "cupy_door", CupyDoor(find_manager=lambda device_id, door: p.mm))
+    _cupy_stand_in(p, monkeypatch)
     return p
 
 
@@ -252,11 +259,7 @@ def test_a_null_stream_array_is_in_the_history_as_cupys_at_its_callers_line(cupy
 
 def test_an_out_of_memory_null_stream_array_raises_as_cupys_allocator_does(programs, monkeypatch):
     p = programs(arena=False, max_size=1 << 20)
-    stream = SimpleNamespace(ptr=0)
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(
-        runtime=SimpleNamespace(getDevice=lambda: 0), get_current_stream=lambda: stream, MemoryPointer=_Pointer,
-        UnownedMemory=_unowned)))
-    monkeypatch.setattr(process, "cupy_door", CupyDoor(find_manager=lambda device_id, door: p.mm))
+    _cupy_stand_in(p, monkeypatch)
     with pytest.raises(CudaAPIError, match="OUT_OF_MEMORY"):
         cupy_allocator(2 << 20)
     array = cupy_allocator(4096)  # the pool works after it
@@ -286,16 +289,12 @@ def test_cupys_first_allocation_in_a_thread_without_a_context_makes_cupys_curren
 
     p = programs(arena=False)
     s = _stream(p)
-    stream = SimpleNamespace(ptr=0 if on == "null" else s)
     freed_zero = []
 
     def cuda_free(ptr):  # cudaFree(0): the CUDA runtime makes the device's primary context current in the thread
         assert ptr == 0
         freed_zero.append(p.model.cuCtxPushCurrent(CONTEXT))
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(
-        runtime=SimpleNamespace(getDevice=lambda: 0, free=cuda_free), get_current_stream=lambda: stream,
-        MemoryPointer=_Pointer, UnownedMemory=_unowned)))
-    monkeypatch.setattr(process, "cupy_door", CupyDoor(find_manager=lambda device_id, door: p.mm))
+    _cupy_stand_in(p, monkeypatch, 0 if on == "null" else s, cuda_free)
     monkeypatch.setattr("numba_pool.plugin.cupy_allocator.serving_manager", lambda device_id, door: p.mm)
     made = []
     p.bare.submit(lambda: made.append(cupy_allocator(4096))).result()  # a thread that never used CUDA
@@ -308,12 +307,6 @@ def test_cupys_first_allocation_in_a_thread_without_a_context_makes_cupys_curren
 
 
 # -- from a review: defer_cleanup, a reset inside a reuse, the door made once, the retry's log ---------------------
-def _cupy_stand_in(p, monkeypatch, stream_ptr: int = 0, free=None):
-    stream = SimpleNamespace(ptr=stream_ptr)
-    runtime = SimpleNamespace(getDevice=lambda: 0, free=free or (lambda ptr: None))
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(
-        runtime=runtime, get_current_stream=lambda: stream, MemoryPointer=_Pointer, UnownedMemory=_unowned)))
-
 
 @pytest.mark.parametrize("door", ["cupy", "cuda.core", "torch"])
 def test_memory_dropped_inside_defer_cleanup_is_not_handed_out_again_before_its_exit(programs, monkeypatch, door):
@@ -321,7 +314,6 @@ def test_memory_dropped_inside_defer_cleanup_is_not_handed_out_again_before_its_
     # exits, so work on a non-blocking stream need only be done by the exit.  The free list keeps nothing meanwhile.
     p = programs(arena=False)
     _cupy_stand_in(p, monkeypatch)
-    monkeypatch.setattr(process, "cupy_door", CupyDoor(find_manager=lambda device_id, name: p.mm))
     allocate, free = {
         "cupy": (lambda: cupy_allocator(4096), lambda x: None),
         "cuda.core": (lambda: p.core_resource.allocate(4096), lambda x: x.deallocate(None)),
@@ -394,7 +386,7 @@ def test_the_cupy_door_is_made_once_when_two_threads_race_to_it(programs, monkey
     from numba_pool.plugin.state import ProcessState
 
     p = programs(arena=False)
-    _cupy_stand_in(p, monkeypatch)
+    _cupy_stand_in(p, monkeypatch, door=False)  # the door is made by the race
     made_doors = []
 
     def make(_door=cupy_door_module.CupyDoor):
@@ -427,7 +419,6 @@ def test_cupys_retry_in_a_thread_without_a_context_logs_no_failure(programs, mon
 
     p = programs(arena=False, adaptors=True)  # NUMBA_POOL_LOG on
     _cupy_stand_in(p, monkeypatch, free=lambda ptr: p.model.cuCtxPushCurrent(CONTEXT))
-    monkeypatch.setattr(process, "cupy_door", CupyDoor(find_manager=lambda device_id, door: p.mm))
     made = []
     p.bare.submit(lambda: made.append(cupy_allocator(4096))).result()
     array = made.pop()
