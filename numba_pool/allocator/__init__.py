@@ -120,13 +120,15 @@ random legal programs (``tests/allocator/test_fuzz.py``; docs/architecture.md ma
     A door whose library frees by address alone never hands out an address that a buffer or tensor from before
     a reset still holds (Note [An address a reset gave again], :mod:`numba_pool.plugin.serving`).
     The PyTorch, cuda.core and CuPy doors keep a block their library allocated and freed on the legacy stream
-    (cuda.core's: or with no stream named), with no wait added since (``record_stream``, a hold:
-    :meth:`.device.DeviceAllocator` calls ``on_wait`` first, which takes it out; on a block kept already it is
-    released and the wait refused), for the next allocation of its size on the legacy stream through that door:
-    that stream's order is the release's, the uses on other streams, blocking ones too, being the program's to
-    order before the free or to record, as for those libraries' own pools (no fence, rule 4); any other free, or
-    any figure, trim, reset or out-of-memory retry, releases it here (Note [The doors' legacy-stream free lists]
-    in :mod:`numba_pool.plugin.free_lists`).
+    (cuda.core's: or with no stream named), and the PyTorch and cuda.core doors one allocated and freed on a
+    non-blocking stream S not capturing (keyed by S's id, rule 6, as rule 7a), with no wait added since
+    (``record_stream``, a hold: :meth:`.device.DeviceAllocator` calls ``on_wait`` first, which takes it out; on a
+    block kept already it is released and the wait refused), for the next allocation of its size on that stream
+    through that door: that stream's order is the release's, the uses on other streams, blocking ones too, being
+    the program's to order before the free or to record, as for those libraries' own pools (no fence, rule 4); any
+    other free releases it here, and so do the figures (the legacy stream's), trims, resets, snapshots and
+    out-of-memory retries, those kept for S after a synchronize, never naming S, which may be gone (Note [The
+    doors' free lists] in :mod:`numba_pool.plugin.free_lists`).
 
 Threads
 -------

@@ -93,12 +93,16 @@ cdef struct SizeStack:
     size_t size  # 0: an empty slot
     int device
     int count
+    unsigned long long stream  # the stream's driver id (cuStreamGetId); 0: the legacy stream
+    size_t handle  # that stream's handle (0 for the legacy stream)
     size_t blocks[_PER_SIZE]
 
 cdef struct Taken:
     size_t address
     size_t size
     int device
+    unsigned long long stream  # as SizeStack's
+    size_t handle
 
 
 cdef struct Entry:
@@ -106,6 +110,8 @@ cdef struct Entry:
     size_t size
     int device
     bint kept  # on the free list (else live: its owner holds it)
+    unsigned long long stream  # its allocation stream's driver id; 0: the legacy stream
+    size_t handle  # that stream's handle (0 for the legacy stream)
 
 
 cdef inline size_t _mix(size_t x) noexcept nogil:
@@ -121,13 +127,22 @@ cdef inline size_t _mix(size_t x) noexcept nogil:
 cdef DoorCallbacks _installed = None  # whose ends PyTorch's C functions call
 
 
+cdef bint _non_blocking(get_flags, size_t handle) except -1:
+    # ``cuStreamGetFlags`` says CU_STREAM_NON_BLOCKING (1) for stream ``handle`` (False where it won't say)
+    try:
+        err, flags = get_flags(handle)
+        return int(err) == 0 and flags is not None and int(flags) & 1
+    except Exception:  # noqa: BLE001 - not kept
+        return False
+
+
 cdef class DoorCallbacks:
     """A door's ``malloc(size, device, stream)`` and ``free(pointer, size, device, stream)``: PyTorch's callbacks
-    (:meth:`install` gives their C addresses), the cuda.core door's legacy-stream calls and the CuPy door's
-    (:meth:`malloc_owned`), calling Python ends ``malloc`` and ``free`` with ints (a null pointer
-    as 0; a None from ``malloc`` is a null pointer).  With ``free_list``, Note [The doors' legacy-stream free lists]
-    in :mod:`numba_pool.plugin.free_lists`: a block freed on the legacy stream is kept here, in C, and given to
-    the next request of its size on the legacy stream, without Python.  Every method runs with the GIL held (the
+    (:meth:`install` gives their C addresses), the cuda.core door's calls and the CuPy door's (:meth:`malloc_owned`),
+    calling Python ends ``malloc`` and ``free`` with ints (a null pointer as 0; a None from ``malloc`` is a null
+    pointer).  With ``free_list``, Note [The doors' free lists] in :mod:`numba_pool.plugin.free_lists`: a block freed
+    on its allocation stream (the legacy stream, or a non-blocking stream not capturing) is kept here, in C, and
+    given to the next request of its size on that stream, without Python.  Every method runs with the GIL held (the
     callbacks take it), which guards the tables: none calls Python while they are half changed."""
 
     cdef object _malloc, _free  # the Python ends, or None with an owner
@@ -139,11 +154,16 @@ cdef class DoorCallbacks:
     cdef size_t _slots, _used, _count  # slots, slots not empty (deleted too), entries
     cdef size_t _cached_bytes[_DEVICES]
     cdef size_t _kept  # blocks on the free lists
+    cdef size_t _kept_on_streams[_DEVICES]  # those of them kept for a stream other than the legacy one
     cdef unsigned long long _generations[_DEVICES]  # a device's, moved on by each reset (forget_device)
     cdef int _paused[_DEVICES]  # resets under way on the device: nothing kept, taken or entered
     cdef list _trackers  # device -> the UsageTracker its blocks count in (None before its first)
     cdef list _deferrals  # device -> its manager's Deferral (defer_cleanup's: nothing is kept while one is open)
+    cdef list _queries  # device -> its manager's (cuStreamIsCapturing, cuStreamGetId, cuStreamGetFlags), or None
+    cdef bint _c_queries[_DEVICES]  # the first two are the compiled twins: asked through their entry points
     cdef readonly unsigned long long reuses  #: Requests served from the free list, since made.
+    cdef readonly unsigned long long reuses_on_streams  #: Those of them on a stream other than the legacy one.
+    cdef readonly unsigned long long streams_given_back  #: Blocks kept for a stream, given back (``_free_gone``).
     cdef public size_t max_cached_bytes  #: Bytes kept per device at most (:data:`MAX_CACHED_BYTES`).
     cdef unsigned long long _until_check
 
@@ -153,6 +173,7 @@ cdef class DoorCallbacks:
             self._owner = weakref.ref(owner)
         self._trackers = [None] * _DEVICES
         self._deferrals = [None] * _DEVICES
+        self._queries = [None] * _DEVICES
         self._until_check = _CHECK_EVERY
         self.max_cached_bytes = MAX_CACHED_BYTES
 
@@ -170,16 +191,31 @@ cdef class DoorCallbacks:
     def malloc(self, size_t size, int device, size_t stream):
         """The ``malloc`` callback from Python (the CUDA model's): an address, or None."""
         cdef void* address = self._take(size, device, stream)
+        if address == NULL:
+            address = self._python_malloc(size, device, stream)
         return None if address == NULL else <size_t>address
 
     def free(self, size_t address, size_t size, int device, size_t stream):
         """The ``free`` callback from Python (the CUDA model's)."""
-        self._give(address, size, device, stream)
+        if not self._give(address, size, device, stream):
+            self._python_free(address, size, device, stream)
+
+    def take(self, size_t size, int device, size_t stream):
+        """A block of ``size`` bytes kept for ``stream`` (a handle; 0 or 1: the legacy stream) on ``device``, or 0:
+        none, and no Python end called (the door allocates itself, then :meth:`live`)."""
+        return <size_t>self._take(size, device, stream)
+
+    def give(self, size_t address, size_t size, int device, size_t stream):
+        """Keep block ``address``, freed naming ``stream``: True, or False where it may not be kept (taken out of
+        the live blocks; the door frees it itself, no Python end called)."""
+        return self._give(address, size, device, stream)
 
     def malloc_owned(self, size_t size, int device):
         """``size`` bytes on device ``device`` for the legacy stream, as :meth:`malloc` (the Python end raises where
         it fails), in a :class:`FreeOnDrop` whose collection frees them on the legacy stream (CuPy's owner)."""
         cdef void* address = self._take(size, device, 0)
+        if address == NULL:
+            address = self._python_malloc(size, device, 0)
         if address == NULL:
             raise MemoryError(f"numba_pool: no address for {size} bytes on device {device}")
         cdef FreeOnDrop owner = FreeOnDrop.__new__(FreeOnDrop)
@@ -187,28 +223,69 @@ cdef class DoorCallbacks:
         return owner
 
     cdef void* _take(self, size_t size, int device, size_t stream) except? NULL:
+        # A kept block, or NULL (no Python end called).  Python (the periodic drain, the CUDA model's stream queries)
+        # runs only before the tables are read.
         cdef SizeStack* stack
         cdef Entry* entry
         cdef size_t address
-        if self._on and stream <= 1 and size and 0 <= device < _DEVICES and not self._paused[device]:  # 0, 1: legacy
-            if self._until_check <= 0:  # the usage trackers' periodic drain: Python, so before anything is taken
-                self._until_check = _CHECK_EVERY
-                for tracker in self._trackers:  # every device's (the count is the door's, not one device's)
-                    if tracker is not None:
-                        tracker.drain_if_due()
-                if self._paused[device]:  # a reset began meanwhile
-                    return self._python_malloc(size, device, stream)
-            stack = self._stack(size, device, False)
-            entry = self._find(stack.blocks[stack.count - 1]) if stack != NULL and stack.count else NULL
-            if entry != NULL:  # (every kept block has its entry)
-                stack.count -= 1
-                entry.kept = False
-                self._kept -= 1
-                self._cached_bytes[device] -= size
-                address = entry.address
-                self._count_reuse(size, device)  # (no Python: nothing else may take or give meanwhile)
-                return <void*>address
-        return self._python_malloc(size, device, stream)
+        cdef unsigned long long key = 0
+        cdef bint capturing = False
+        if not self._on or size == 0 or not 0 <= device < _DEVICES or self._paused[device] or stream == 2:
+            return NULL  # (2: a per-thread default stream, which may be captured)
+        if stream > 1:  # another stream: one not capturing whose id has blocks kept
+            if not self._kept_on_streams[device]:
+                return NULL
+            key = self._stream_key(device, stream, &capturing)
+            if key == 0:
+                return NULL
+        if self._until_check <= 0:  # the usage trackers' periodic drain: Python, so before anything is taken
+            self._until_check = _CHECK_EVERY
+            for tracker in self._trackers:  # every device's (the count is the door's, not one device's)
+                if tracker is not None:
+                    tracker.drain_if_due()
+        if self._paused[device] or not self._on:  # a reset began meanwhile (the Python above)
+            return NULL
+        stack = self._stack(size, device, key, 0, False)
+        entry = self._find(stack.blocks[stack.count - 1]) if stack != NULL and stack.count else NULL
+        if entry == NULL:  # (every kept block has its entry)
+            return NULL
+        stack.count -= 1
+        entry.kept = False
+        self._kept -= 1
+        self._cached_bytes[device] -= size
+        if key:
+            self._kept_on_streams[device] -= 1
+            self.reuses_on_streams += 1
+        address = entry.address
+        self._count_reuse(size, device)  # (no Python: nothing else may take or give meanwhile)
+        return <void*>address
+
+    cdef unsigned long long _stream_key(self, int device, size_t handle, bint* capturing) except? 0:
+        # The driver id of stream ``handle`` if it is not capturing (asked first: an id query invalidates a capture),
+        # else 0 (``capturing`` set), also where the driver won't say.  The compiled twins' entry points, else the
+        # manager's driver object's functions (the CUDA model's: Python, which may run a collection).
+        cdef int status = 0
+        cdef unsigned long long stream_id = 0
+        capturing[0] = False
+        if self._c_queries[device]:
+            if _is_capturing(<void*>handle, &status) != 0 or status != 0:
+                capturing[0] = status != 0
+                return 0
+            if _get_id(<void*>handle, &stream_id) != 0:
+                return 0
+            return stream_id
+        queries = self._queries[device]
+        if queries is None:
+            return 0
+        try:
+            answer = queries[0](handle)
+            if int(answer[0]) != 0 or answer[1] is None or int(answer[1]) != 0:
+                capturing[0] = int(answer[0]) == 0
+                return 0
+            answer = queries[1](handle)
+            return int(answer[1]) if int(answer[0]) == 0 and answer[1] is not None else 0
+        except Exception:  # noqa: BLE001 - not kept: the door's own path says what is wrong
+            return 0
 
     cdef void* _python_malloc(self, size_t size, int device, size_t stream) except? NULL:
         if self._owner is None:
@@ -218,26 +295,45 @@ cdef class DoorCallbacks:
             result = None if owner is None else owner._malloc(size, device, stream)
         return NULL if result is None else PyLong_AsVoidPtr(result)
 
-    cdef int _give(self, size_t address, size_t size, int device, size_t stream) except -1:
+    cdef bint _give(self, size_t address, size_t size, int device, size_t stream) except -1:
+        # True: kept (or freed twice), else False: the free is the caller's to make (the live entry deleted first).
+        # A block of another stream is kept only when freed naming it, on the stream it was allocated on (the same
+        # id), not capturing; the queries run before the tables change and the entry is found again after them.
         cdef SizeStack* stack = NULL
         cdef Entry* entry = self._find(address) if self._count else NULL
-        if entry != NULL:
-            if entry.kept:  # freed twice: the second does nothing, as the door's table's pop
-                return 0
-            if (stream <= 1 and self._on and entry.size == size and entry.device == device
-                    and not self._paused[device] and self._cached_bytes[device] + size <= self.max_cached_bytes
-                    and not self._deferred(device)):
-                stack = self._stack(size, device, True)
-            if stack != NULL and stack.count < _PER_SIZE:
-                stack.blocks[stack.count] = address
-                stack.count += 1
-                entry.kept = True
-                self._kept += 1
-                self._cached_bytes[device] += size
-                return 0
-            self._delete(entry)
-        self._python_free(address, size, device, stream)
-        return 0
+        cdef unsigned long long key = 0
+        cdef bint capturing = False, mine
+        if entry == NULL:
+            return False
+        if entry.kept:  # freed twice: the second does nothing, as the door's table's pop
+            return True
+        if entry.stream:
+            mine = stream == entry.handle and stream > 2 and self._on and 0 <= device < _DEVICES
+            if mine:
+                key = entry.stream
+                mine = self._stream_key(device, stream, &capturing) == key
+                entry = self._find(address) if self._count else NULL
+                if entry == NULL:
+                    return False
+                if entry.kept:
+                    return True
+                mine = mine and entry.stream == key
+        else:
+            mine = stream <= 1
+        if (mine and self._on and entry.size == size and entry.device == device and not self._paused[device]
+                and self._cached_bytes[device] + size <= self.max_cached_bytes and not self._deferred(device)):
+            stack = self._stack(size, device, key, stream if key else 0, True)
+        if stack != NULL and stack.count < _PER_SIZE:
+            stack.blocks[stack.count] = address
+            stack.count += 1
+            entry.kept = True
+            self._kept += 1
+            self._cached_bytes[device] += size
+            if key:
+                self._kept_on_streams[device] += 1
+            return True
+        self._delete(entry)
+        return False
 
     cdef int _python_free(self, size_t address, size_t size, int device, size_t stream) except -1:
         if self._owner is None:
@@ -269,28 +365,45 @@ cdef class DoorCallbacks:
         """Device ``device``'s generation: read before an allocation, given to :meth:`live` after it."""
         return self._generations[device] if 0 <= device < _DEVICES else 0
 
-    def live(self, size_t address, size_t size, int device, tracker, unsigned long long generation, deferral):
-        """Block ``address`` of ``size`` bytes on device ``device``, allocated on the legacy stream with nothing
-        recorded, may be kept when its owner frees it on the legacy stream; its reuses count in ``tracker`` (a
-        ``UsageTracker``: a device's blocks kept count in one, those kept for another are given back first), and
-        nothing is kept while ``deferral`` (its manager's ``Deferral``) holds releases back.
+    def live(self, size_t address, size_t size, int device, tracker, unsigned long long generation, deferral,
+             size_t stream=0, tuple queries=None):
+        """Block ``address`` of ``size`` bytes on device ``device``, allocated on ``stream`` (a handle; 0 or 1: the
+        legacy stream) with nothing recorded, may be kept when its owner frees it naming that stream; its reuses
+        count in ``tracker`` (a ``UsageTracker``: a device's blocks kept count in one, those kept for another are
+        given back first), and nothing is kept while ``deferral`` (its manager's ``Deferral``) holds releases back.
+        ``queries``: its manager's ``(cuStreamIsCapturing, cuStreamGetId, cuStreamGetFlags)`` (the first two
+        ``numba_pool.cuda.driver.hot``'s), needed for another stream, which must be non-blocking and not capturing.
         Not when a reset came since ``generation`` was read (the block may be of the generation it dropped).
         Returns whether it was entered (the door joins its manager's free lists before: a ``record_stream`` finds it).
         Every entry and kept block of a device counts in the device's tracker: a new one is set before the device's
         blocks are cleared (in C), and a block is entered only while its tracker is the device's."""
         cdef Taken* taken
+        cdef Entry* entry
         cdef size_t n
+        cdef unsigned long long key = 0
+        cdef bint capturing = False
         if not self._free_list or not 0 <= device < _DEVICES or size == 0 or generation != self._generations[device] \
-                or self._paused[device]:
+                or self._paused[device] or stream == 2:
             return False
+        if queries is not None:
+            self._queries[device] = queries
+            self._c_queries[device] = (queries[0] is cuStreamIsCapturing and queries[1] is cuStreamGetId
+                                       and _is_capturing != NULL and _get_id != NULL)
         if self._trackers[device] is not tracker:  # another manager serves the device: its blocks are not ours
             self._trackers[device], self._deferrals[device] = tracker, deferral
             n = self._clear_device(device, &taken)
-            self._release(taken, n, None)  # (Python: a reset, another manager's allocation may run meanwhile)
+            self._release(taken, n, None, None)  # (Python: a reset, another manager's allocation may run meanwhile)
+        if stream > 1:  # a non-blocking stream (Note [Idle blocks of a stream]: a free on a blocking one orders more)
+            if queries is None:
+                return False
+            key = self._stream_key(device, stream, &capturing)
+            if key == 0 or not _non_blocking(queries[2], stream):
+                return False
         if generation != self._generations[device] or self._paused[device] or self._trackers[device] is not tracker:
             return False
         if self._room():
-            self._add(address, size, device)
+            entry = self._add(address, size, device)
+            entry.stream, entry.handle = key, stream if key else 0
             return True
         return False
 
@@ -300,24 +413,27 @@ cdef class DoorCallbacks:
         live block holds it."""
         cdef Entry* entry = self._find(address) if self._count else NULL
         cdef SizeStack* stack
-        cdef size_t size
-        cdef int device, j
+        cdef Taken* taken
+        cdef int j
         if entry == NULL:
             return False
-        size, device = entry.size, entry.device
         if not entry.kept:
             self._delete(entry)
             return False
+        taken = <Taken*>calloc(1, sizeof(Taken))
+        if taken == NULL:
+            raise MemoryError("numba_pool: no memory to give back a door's kept block")
+        taken.address, taken.size, taken.device = address, entry.size, entry.device
+        taken.stream, taken.handle = entry.stream, entry.handle
         self._delete(entry)
-        stack = self._stack(size, device, False)
+        stack = self._stack(taken.size, taken.device, taken.stream, 0, False)
         for j in range(stack.count):
             if stack.blocks[j] == address:
                 stack.count -= 1
                 stack.blocks[j] = stack.blocks[stack.count]
                 break
-        self._kept -= 1
-        self._cached_bytes[device] -= size
-        self._python_free(address, size, device, 0)  # the tables whole first (this may run other callbacks)
+        self._unkeep(taken.size, taken.device, taken.stream)
+        self._release(taken, 1, None, None)  # the tables whole first (this may run other callbacks)
         return True
 
     def forget_device(self, int device, int pause=0):
@@ -335,7 +451,7 @@ cdef class DoorCallbacks:
         elif pause < 0 and self._paused[device]:
             self._paused[device] -= 1
         n = self._clear_device(device, &taken)
-        self._release(taken, n, None)
+        self._release(taken, n, None, None)
 
     cdef size_t _clear_device(self, int device, Taken** taken) except? 0:
         # The device's live entries deleted and its kept blocks pulled into ``taken`` (made here, freed by _release)
@@ -345,16 +461,22 @@ cdef class DoorCallbacks:
                 self._delete(&self._entries[i])
         return self._pull(device, None, taken)
 
-    def drain(self, int device=-1, tracker=None, free=None):
+    def drain(self, int device=-1, tracker=None, free=None, gone=None, bint streams=True):
         """Give back the blocks kept for ``device`` (-1: every device; with ``tracker``, only a device whose blocks
-        count in it) through the Python ``free`` (or ``free``, the owner's while it is finalized) on the legacy
-        stream.  Returns how many."""
+        count in it; without ``streams``, only the legacy stream's) through the Python ``free`` (or ``free`` and
+        ``gone``, the owner's while it is finalized).  Returns how many."""
         cdef Taken* taken
-        cdef size_t n = self._pull(device, tracker, &taken)
-        self._release(taken, n, free)
+        cdef size_t n = self._pull(device, tracker, &taken, streams)
+        self._release(taken, n, free, gone)
         return n
 
-    cdef size_t _pull(self, int device, object tracker, Taken** taken) except? 0:
+    cdef void _unkeep(self, size_t size, int device, unsigned long long key) noexcept:
+        self._kept -= 1
+        self._cached_bytes[device] -= size
+        if key:
+            self._kept_on_streams[device] -= 1
+
+    cdef size_t _pull(self, int device, object tracker, Taken** taken, bint streams=True) except? 0:
         # The kept blocks of ``device`` (-1: all) counting in ``tracker`` (None: any) off their stacks and out of the
         # table, into a C array: no Python object is made meanwhile (a collection could run a tensor's free).
         cdef Py_ssize_t i
@@ -368,28 +490,35 @@ cdef class DoorCallbacks:
             raise MemoryError("numba_pool: no memory to give back a door's kept blocks")
         for i in range(_SIZE_SLOTS):
             stack = &self._stacks[i]
-            if stack.count and (device < 0 or stack.device == device) and (
+            if stack.count and (device < 0 or stack.device == device) and (streams or not stack.stream) and (
                     tracker is None or self._trackers[stack.device] is tracker):
                 while stack.count:
                     stack.count -= 1
                     taken[0][n].address, taken[0][n].size = stack.blocks[stack.count], stack.size
-                    taken[0][n].device = stack.device
+                    taken[0][n].device, taken[0][n].stream = stack.device, stack.stream
+                    taken[0][n].handle = stack.handle
                     n += 1
                     self._delete(self._find(stack.blocks[stack.count]))
-                    self._kept -= 1
-                    self._cached_bytes[stack.device] -= stack.size
+                    self._unkeep(stack.size, stack.device, stack.stream)
         if self._sizes >= <size_t>(_MAX_SIZES // 2) and not self._kept:
             memset(self._stacks, 0, _SIZE_SLOTS * sizeof(SizeStack))  # every size's key made again
             self._sizes = 0
         return n
 
-    cdef int _release(self, Taken* taken, size_t n, object free) except -1:
-        # The pulled blocks' Python frees on the legacy stream (the tables whole: a free may run other callbacks).
-        # One that raises (MemoryError, KeyboardInterrupt) stops none of the others: the first error is raised last.
+    cdef int _release(self, Taken* taken, size_t n, object free, object gone) except -1:
+        # The pulled blocks' Python frees (the tables whole: a free may run other callbacks): a legacy-stream block's
+        # naming the legacy stream; those kept for another stream all at once through ``gone`` (the owner's
+        # ``_free_gone``), which never names their streams: each may be destroyed by now (Note [A kept block whose
+        # stream is gone]).  One that raises (MemoryError, KeyboardInterrupt) stops none of the others: the first
+        # error is raised last.
         cdef size_t i
         first = None
+        on_streams = []
         try:
             for i in range(n):
+                if taken[i].stream:
+                    on_streams.append((taken[i].address, taken[i].size, taken[i].device))
+                    continue
                 try:
                     if free is None:
                         self._python_free(taken[i].address, taken[i].size, taken[i].device, 0)
@@ -400,9 +529,34 @@ cdef class DoorCallbacks:
                         first = error
         finally:
             c_free(taken)
+        if on_streams:
+            self.streams_given_back += len(on_streams)
+            try:
+                if gone is None:
+                    owner = None if self._owner is None else self._owner()
+                    gone = None if owner is None else owner._free_gone
+                if gone is not None:
+                    gone(on_streams)
+            except BaseException as error:  # noqa: BLE001 - as above
+                if first is None:
+                    first = error
         if first is not None:
             raise first
         return 0
+
+    def kept_on_streams(self, tracker):
+        """``(blocks, bytes)`` kept for streams other than the legacy one, of the devices whose blocks count in
+        ``tracker``: freed as far as the figures go (Note [The doors' free lists])."""
+        cdef Py_ssize_t i
+        cdef size_t blocks = 0, nbytes = 0
+        cdef SizeStack* stack
+        if self._stacks != NULL:
+            for i in range(_SIZE_SLOTS):
+                stack = &self._stacks[i]
+                if stack.stream and stack.count and self._trackers[stack.device] is tracker:
+                    blocks += stack.count
+                    nbytes += stack.count * stack.size
+        return blocks, nbytes
 
     def switch(self, bint on):
         """Keep blocks (True) or not (False: those kept given back now; a history records every allocation)."""
@@ -421,7 +575,9 @@ cdef class DoorCallbacks:
         return blocks, self._cached_bytes[device] if 0 <= device < _DEVICES else 0
 
     # -- the tables ----------------------------------------------------------------------------
-    cdef SizeStack* _stack(self, size_t size, int device, bint add) noexcept:
+    cdef SizeStack* _stack(self, size_t size, int device, unsigned long long stream, size_t handle,
+                           bint add) noexcept:
+        # The stack of (device, size, stream id); ``handle``: the stream's, stored in a stack made here
         cdef size_t i
         cdef SizeStack* stack
         if self._stacks == NULL:
@@ -430,15 +586,17 @@ cdef class DoorCallbacks:
             self._stacks = <SizeStack*>calloc(_SIZE_SLOTS, sizeof(SizeStack))
             if self._stacks == NULL:
                 return NULL
-        i = _mix(size * _DEVICES + <size_t>device) & (_SIZE_SLOTS - 1)
+        i = _mix((size * _DEVICES + <size_t>device) ^ _mix(stream)) & (_SIZE_SLOTS - 1)
         while True:
             stack = &self._stacks[i]
-            if stack.size == size and stack.device == device:
+            if stack.size == size and stack.device == device and stack.stream == stream:
+                if add and stack.count == 0:
+                    stack.handle = handle  # (a stream's id is its own: only its handle, were it reused, is not)
                 return stack
             if stack.size == 0:
                 if not add or self._sizes >= _MAX_SIZES:
                     return NULL
-                stack.size, stack.device, stack.count = size, device, 0
+                stack.size, stack.device, stack.count, stack.stream, stack.handle = size, device, 0, stream, handle
                 self._sizes += 1
                 return stack
             i = (i + 1) & (_SIZE_SLOTS - 1)
@@ -462,6 +620,7 @@ cdef class DoorCallbacks:
     cdef bint _room(self) noexcept:
         # Room for one more entry, the table grown (at most half its slots used, deleted ones too) or made again
         cdef Entry* old = self._entries
+        cdef Entry* entry
         cdef size_t old_slots = self._slots, slots = 64, i
         if (self._used + 1) * 2 <= self._slots:
             return True
@@ -474,7 +633,8 @@ cdef class DoorCallbacks:
         self._slots, self._used, self._count = slots, 0, 0
         for i in range(old_slots):
             if old[i].address > 1:
-                self._add(old[i].address, old[i].size, old[i].device)[0].kept = old[i].kept
+                entry = self._add(old[i].address, old[i].size, old[i].device)
+                entry.kept, entry.stream, entry.handle = old[i].kept, old[i].stream, old[i].handle
         c_free(old)
         return True
 
@@ -484,6 +644,7 @@ cdef class DoorCallbacks:
         while self._entries[i].address != 0:
             if self._entries[i].address == address:
                 self._entries[i].size, self._entries[i].device, self._entries[i].kept = size, device, False
+                self._entries[i].stream, self._entries[i].handle = 0, 0
                 return &self._entries[i]
             if self._entries[i].address == 1 and deleted == self._slots:
                 deleted = i
@@ -493,7 +654,7 @@ cdef class DoorCallbacks:
         else:
             self._used += 1
         self._entries[i].address, self._entries[i].size, self._entries[i].device = address, size, device
-        self._entries[i].kept = False
+        self._entries[i].kept, self._entries[i].stream, self._entries[i].handle = False, 0, 0
         self._count += 1
         return &self._entries[i]
 
@@ -501,8 +662,10 @@ cdef class DoorCallbacks:
 cdef void* _torch_malloc(size_t size, int device, void* stream) noexcept with gil:
     if _installed is None:
         return NULL
+    cdef void* address
     try:
-        return _installed._take(size, device, <size_t>stream)
+        address = _installed._take(size, device, <size_t>stream)
+        return address if address != NULL else _installed._python_malloc(size, device, <size_t>stream)
     except BaseException:  # the Python end never raises; nothing may cross into PyTorch
         return NULL
 
@@ -511,7 +674,8 @@ cdef void _torch_free(void* pointer, size_t size, int device, void* stream) noex
     if _installed is None:
         return
     try:
-        _installed._give(<size_t>pointer, size, device, <size_t>stream)
+        if not _installed._give(<size_t>pointer, size, device, <size_t>stream):
+            _installed._python_free(<size_t>pointer, size, device, <size_t>stream)
     except BaseException:  # as above
         pass
 
@@ -530,7 +694,8 @@ cdef class FreeOnDrop:
     def __dealloc__(self):
         if self._callbacks is not None:
             try:
-                self._callbacks._give(self.address, self._size, self._device, 0)
+                if not self._callbacks._give(self.address, self._size, self._device, 0):
+                    self._callbacks._python_free(self.address, self._size, self._device, 0)
             except BaseException:  # noqa: BLE001 - the Python end never raises; a collection must not see one
                 pass
 

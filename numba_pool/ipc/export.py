@@ -29,7 +29,7 @@ def export(allocator, memory, source_info, frontend, leases: LeaseQueue) -> Pool
     data = check(cu.cuMemPoolExportPointer(cu.CUdeviceptr(base)), "cuMemPoolExportPointer")
     lease = Lease(lease_folder(), f"{os.getpid()}-{next(_export_ids)}")
     # Found above: only a release racing the export misses it, or a PyTorch tensor's block its door kept
-    # after PyTorch freed it (released now: Note [The doors' legacy-stream free lists]).  The synchronize in
+    # after PyTorch freed it (released now: Note [The doors' free lists]).  The synchronize in
     # export_hold orders the block's previous owners before the importer, which orders against nothing here.
     if not allocator.export_hold(address, LeaseHold(lease, leases)):  # (no importer has its lease yet)
         raise ValueError(f"numba_pool.get_ipc_handle: address {address:#x} is not in a live allocation of "

@@ -79,7 +79,7 @@ def cupy_allocator(nbytes: int):
     if size == 0:
         return cuda.MemoryPointer(cuda.UnownedMemory(0, 0, None, device_id), 0)
     stream = cuda.get_current_stream()
-    if stream.ptr == 0:  # the null stream: through the door's free list (Note [The doors' legacy-stream free lists])
+    if stream.ptr == 0:  # the null stream: through the door's free list (Note [The doors' free lists])
         native = (process.cupy_door or _legacy_door()).native
         if native is not None:
             owner = native.malloc_owned(size, device_id)  # a kept block, or CupyDoor._malloc's
@@ -101,7 +101,7 @@ def cupy_allocator(nbytes: int):
 
 class CupyDoor(TorchDoor):
     """The CuPy door's null-stream allocations: PyTorch's door's ends (a :class:`~.serving.DoorTable` of live blocks
-    behind a compiled free list, Note [The doors' legacy-stream free lists]), called with stream 0 by
+    behind a compiled free list, Note [The doors' free lists]), called with stream 0 by
     :func:`cupy_allocator` through ``native.malloc_owned``, whose owner's collection is the free.  Its ``_malloc``
     raises where PyTorch's returns a null pointer: CuPy's allocator raises."""
 

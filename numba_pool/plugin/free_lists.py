@@ -1,59 +1,72 @@
-"""The doors' legacy-stream free lists, in C (:class:`numba_pool.cuda._native.DoorCallbacks`): what a door that has
-one (PyTorch's callbacks, the cuda.core :class:`~.resource.MemoryResource`, the CuPy allocator) shares, and the
-manager's :class:`DoorFreeLists`, which gives their blocks back.
+"""The doors' free lists, in C (:class:`numba_pool.cuda._native.DoorCallbacks`): what a door that has one (PyTorch's
+callbacks, the cuda.core :class:`~.resource.MemoryResource`, the CuPy allocator) shares, and the manager's
+:class:`DoorFreeLists`, which gives their blocks back.
 
-Note [The doors' legacy-stream free lists]
+Note [The doors' free lists]
     PyTorch's caching allocator and CuPy's ``MemoryPool`` give a block freed on a stream to the next request of its
     size on that stream, in C; cuda.core's ``DeviceMemoryResource`` leaves that to the driver's pool.  Through
     Python each allocation would cost 2-3 µs more (docs/perf-notes.md, "The PyTorch door's free list", "The doors'
-    free lists"), so a door's legacy-stream calls go through its compiled callbacks (``DoorCallbacks``), which do
-    the same for the legacy stream (PyTorch's and CuPy's null stream, handles 0 and ``CU_STREAM_LEGACY``;
-    cuda.core's ``LEGACY_DEFAULT_STREAM``) without Python:
-    - A block is *live* there when the door's ``_malloc`` made it on the legacy stream with nothing recorded (no
-      history, no log).  Its free naming the legacy stream (or, for cuda.core, no stream: its allocation's) keeps
-      it, by (device, size), at most 8 per size and ``MAX_CACHED_BYTES`` (64 MiB) per device and door; the next
-      allocation of that size on the legacy stream takes it.  The previous owner's work was queued on the legacy
-      stream before the free, and the new owner's comes after: that stream's order is the release's, as in the
-      library's own pool; no stream waits, no driver call is made.  Its uses on other streams, blocking ones too,
-      are the program's to order before the free or to record, as the library's own pool requires (rule 14; rule
-      4's fence, which covers blocking streams for Numba's arrays, is not taken).  The block stays allocated in the
+    free lists"), so a door's calls go through its compiled callbacks (``DoorCallbacks``), which do the same without
+    Python for the legacy stream (PyTorch's and CuPy's null stream, handles 0 and ``CU_STREAM_LEGACY``; cuda.core's
+    ``LEGACY_DEFAULT_STREAM``) and, for PyTorch and cuda.core, for a non-blocking stream of the program's:
+    - A block is *live* there when the door made it with nothing recorded (no history, no log) on the legacy stream,
+      or on a non-blocking stream S not capturing (``cuStreamGetFlags``, ``cuStreamIsCapturing``), keyed by S's
+      driver id (``cuStreamGetId``, unique for the process's life; rule 6), never by its handle.  Its free naming its
+      allocation stream (for cuda.core also no stream, for a legacy-stream buffer) keeps it, by (device, size,
+      stream), at most 8 per size and stream and ``MAX_CACHED_BYTES`` (64 MiB) per device and door; the next
+      allocation of that size on that stream takes it.  For S, the free's and the allocation's handles are asked
+      their id and whether they capture (capture first: an id query invalidates a capture): a destroyed S's handle
+      given to a new stream has another id, and a capturing S neither keeps nor takes (rule 13's graph memory).
+      The previous owner's work was queued on the stream before the free, and the new owner's comes after: that
+      stream's order is the release's, as in the library's own pool and rule 7a; no stream waits, no alloc or free
+      call is made.  Only a non-blocking S: a free on a blocking one waits for the legacy stream's earlier work,
+      which keeping would not (Note [Idle blocks of a stream]).  Its uses on other streams, blocking ones too, are
+      the program's to order before the free or to record, as the library's own pool requires (rule 14; rule 4's
+      fence, which covers blocking streams for Numba's arrays, is not taken).  The block stays allocated in the
       pool meanwhile, like PyTorch's reserved bytes.
-    - Anything else reaches Python: another stream's blocks (their ordering needs the driver), a per-thread default
-      stream's (it may be captured), a free naming another stream, a block a wait was added to since
-      (``record_stream``, an IPC hold: the allocator's ``on_wait`` takes it out of the live blocks first; on a kept
-      block, whose owner freed it, it releases it and the wait is refused, as on any freed memory), a block freed
-      while a ``defer_cleanup`` block of its manager is open (held back to the outermost exit, rule 8a), and every
-      block while a history records (:meth:`ProcessState.set_recording` switches the doors off before it starts,
-      giving the kept ones back).
-    - What is kept goes back through the door's ``_free`` (rule 14, as if its owner freed it then) before every
-      figure (``stats()``, ``memory_summary()``, ``get_memory_info()``, ``reset_peak()``), before a trim, a
-      snapshot and an out-of-memory retry, and when the door is collected.  A reset, in every door and in one C
-      step at its start and again at its end, gives the device's kept blocks back, forgets its live ones (their
-      late frees reach the door's table, Note [An address a reset gave again]) and moves the device's generation
-      on; in between nothing is kept, taken or entered for the device.  So no block of the generation it drops
-      (another thread's ``_malloc`` it overtook, read the generation before) is kept.  A device served by another
-      manager forgets the first one's blocks, kept and live, the same way.
+    - Anything else reaches Python: a blocking stream's blocks, a per-thread default stream's (it may be captured),
+      CuPy's streams', a free naming another stream, a block a wait was added to since (``record_stream``, an IPC
+      hold: the allocator's ``on_wait`` takes it out of the live blocks first; on a kept block, whose owner freed it,
+      it releases it and the wait is refused, as on any freed memory), a block freed while a ``defer_cleanup`` block
+      of its manager is open (held back to the outermost exit, rule 8a), and every block while a history records
+      (:meth:`ProcessState.set_recording` switches the doors off before it starts, giving the kept ones back).
+    - What is kept for the legacy stream goes back through the door's ``_free`` (rule 14, as if its owner freed it
+      then) before every figure (``stats()``, ``memory_summary()``, ``get_memory_info()``, ``reset_peak()``).  Every
+      kept block goes back before a trim, a snapshot and an out-of-memory retry, when a history starts, and when the
+      door is collected; those kept for a stream S after a synchronize, never naming S (Note [A kept block whose
+      stream is gone]).  A reset, in every door and in one C step at its start and again at its end, gives the
+      device's kept blocks back, forgets its live ones (their late frees reach the door's table, Note [An address a
+      reset gave again]) and moves the device's generation on; in between nothing is kept, taken or entered for the
+      device.  So no block of the generation it drops (another thread's ``_malloc`` it overtook, read the generation
+      before) is kept.  A device served by another manager forgets the first one's blocks, kept and live, the same
+      way.
     - Blocks are taken off the tables into a C array before any Python object is made (a collection may run an
       owner's free), and released after; a release that raises stops none of the others.  No Python runs between
-      a reuse's checks and its return (the usage trackers' periodic drain comes before them).  Every entry and kept
-      block of a device counts in its manager's tracker: a new manager's is set before the device's blocks are
-      cleared, a block is entered only while its manager's tracker is the device's, and the door joins the
-      manager's free lists before it enters one (a ``record_stream`` finds it).
+      a reuse's checks and its return (the usage trackers' periodic drain, and the CUDA model's stream queries, come
+      before them; a give's queries run before the tables change, and its entry is found again after them).  Every
+      entry and kept block of a device counts in its manager's tracker: a new manager's is set before the device's
+      blocks are cleared, a block is entered only while its manager's tracker is the device's, and the door joins
+      the manager's free lists before it enters one (a ``record_stream`` finds it).
     - The statistics count every allocation: a reuse appends the previous owner's free and its allocation to the
-      manager's usage events.  A kept block counts as in use until it is reused or given back (every figure gives
-      it back first), so a peak may include kept bytes, at most the bound above.
+      manager's usage events.  A kept block counts as in use in the events until it is reused or given back; the
+      figures give the legacy stream's back first and count those kept for a stream as freed
+      (:meth:`DoorFreeLists.kept_on_streams`), so a peak may include kept bytes, at most the bound above.
     - The tables are C arrays guarded by the GIL: every call holds it, and none of their C code calls Python while
       a table is half changed."""
 
 from __future__ import annotations
 
 import weakref
+from functools import partial
 
+from ..allocator import captures
+from ..cuda.driver import report_failure
+from ..cuda.streams import LEGACY, StreamRef
 from .state import process
 
 
-class KeepsLegacyBlocks:
-    """A door with a compiled legacy-stream free list (Note [The doors' legacy-stream free lists]): ``native``, its
+class KeepsFreedBlocks:
+    """A door with a compiled free list (Note [The doors' free lists]): ``native``, its
     :class:`~numba_pool.cuda._native.DoorCallbacks` (None: no compiled module), whose Python ends are the door's
     ``_malloc(size, device, stream)`` (an address) and ``_free(address, size, device, stream)``."""
 
@@ -73,12 +86,47 @@ class KeepsLegacyBlocks:
         # A door collected gives its kept blocks back: its managers may not (the releases never raise, rule 8)
         native = getattr(self, "native", None)
         if native is not None:
-            native.drain(free=self._free)
+            native.drain(free=self._free, gone=self._free_gone)
 
-    def give_back(self, device: int = -1, usage=None) -> int:
+    def _free_gone(self, blocks: list) -> None:
+        """Note [A kept block whose stream is gone]
+            A block kept for a stream S (its owner freed it there, Note [The doors' free lists]) is reused only by an
+            allocation naming S, whose id the driver gives for S's handle while S lives.  Given back, it never names
+            S: S may have been destroyed since (a cuda.core ``Stream.close()``, legal once its buffers are closed),
+            its last work perhaps still running and its handle perhaps a new stream's (the driver gives handles
+            again), and a call on a destroyed stream's handle is an error.  So the blocks ``[(address, size,
+            device)]`` are given back after a synchronize of their owner's context (once for all; as rule 7a's idle
+            blocks of a dropped stream wait for a trim's synchronize), each released on the allocator's private
+            stream (no legacy-stream operation) keeping S's id for its arena domain: no earlier work remains.  Only
+            trims, out-of-memory retries, resets, snapshots, a history's start and a door's collection give them
+            back; the figures count them as freed.  During a capture numba_pool knows of, after it (rule 13: a
+            synchronize would invalidate it).  Never raises but for what a release raises (rule 8)."""
+        synchronized = set()
+        for address, size, device in blocks:
+            held = self._blocks.get(address)
+            if held is None:
+                continue
+            block, source = held[0], held[1]
+            if source not in synchronized:
+                cu = source.cu
+                if captures.underway and captures.still_capturing(cu):
+                    captures.defer(partial(self._free_gone, [(address, size, device)]))
+                    continue
+                _synchronize(source)
+                synchronized.add(source)
+            if block.stream is not LEGACY:  # the allocator's own stream (no legacy-stream operation), S's domain
+                done = StreamRef(source.private_streams[1].handle, key=block.stream.key)
+                done.idle_key = False  # kept idle for no stream
+                block.stream = done
+                self._free(address, size, device, done.value)  # (its own stream: no wait)
+            else:
+                self._free(address, size, device, 1)
+
+    def give_back(self, device: int = -1, usage=None, streams: bool = True) -> int:
         """Release the blocks the free list keeps for ``device`` (-1: every device; with ``usage``, a device whose
-        blocks count in that ``UsageTracker``), as PyTorch's ``empty_cache``; returns how many."""
-        return 0 if self.native is None else self.native.drain(device, usage)
+        blocks count in that ``UsageTracker``; without ``streams``, the legacy stream's only), as PyTorch's
+        ``empty_cache``; returns how many."""
+        return 0 if self.native is None else self.native.drain(device, usage, streams=streams)
 
     def forget(self, address: int) -> bool:
         """The block at ``address`` (its start) must not be kept when freed: it waits for another stream or a hold
@@ -92,8 +140,14 @@ class KeepsLegacyBlocks:
             self.native.forget_device(device, pause)
 
 
+def _synchronize(allocator) -> None:
+    # ``cuCtxSynchronize`` in the allocator's owner context (a give-back may run in any thread); a failure warned of.
+    report_failure(allocator.waits.owner.call(allocator.cu.cuCtxSynchronize),
+                   "cuCtxSynchronize (blocks kept for a stream given back)")
+
+
 class DoorFreeLists:
-    """The doors whose free lists may keep one manager's blocks (Note [The doors' legacy-stream free lists]), which
+    """The doors whose free lists may keep one manager's blocks (Note [The doors' free lists]), which
     its figures, trims, resets and out-of-memory retries give back from: a weak set (a door collected gives its own
     back).  The manager's and its allocator's (``on_wait``), neither holding the other."""
 
@@ -103,16 +157,27 @@ class DoorFreeLists:
         self._doors = weakref.WeakSet()
         self._usage = usage  # the manager's UsageTracker: a door's blocks counting in it are the manager's
 
-    def add(self, door: KeepsLegacyBlocks) -> None:
+    def add(self, door: KeepsFreedBlocks) -> None:
         """``door`` keeps this manager's blocks from now on (called at each live block: the test is cheap)."""
         if door not in self._doors:
             self._doors.add(door)
 
-    def give_back(self) -> None:
-        """Release every block the doors keep for this manager."""
+    def give_back(self, streams: bool = True) -> None:
+        """Release every block the doors keep for this manager (without ``streams``, the legacy stream's only: the
+        figures', which count the others as freed, :meth:`kept_on_streams`)."""
         if self._doors:
             for door in list(self._doors):
-                door.give_back(-1, self._usage)
+                door.give_back(-1, self._usage, streams)
+
+    def kept_on_streams(self) -> tuple[int, int]:
+        """``(blocks, bytes)`` the doors keep for this manager on streams other than the legacy one."""
+        blocks = nbytes = 0
+        if self._doors:
+            for door in list(self._doors):
+                if door.native is not None:
+                    more, more_bytes = door.native.kept_on_streams(self._usage)
+                    blocks, nbytes = blocks + more, nbytes + more_bytes
+        return blocks, nbytes
 
     def forget(self, address: int) -> bool:
         """The allocator's ``on_wait``: the block starting at ``address`` waits for another stream or a hold from

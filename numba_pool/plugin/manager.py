@@ -18,6 +18,7 @@ Note [Lifetimes across a reset]
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import weakref
 from functools import partial
@@ -56,8 +57,9 @@ class NumbaPoolManager:
     :param config: this manager's options (tests, benchmark); None: the process's."""
 
     frontend: Frontend | None = None  #: The frontend whose base classes this class derives from (None here).
-    #: ``(cuStreamIsCapturing, cuStreamGetId)`` of the driver object of the last initialization (a reset keeps them):
-    #: the PyTorch door's (Note [A raw handle's stream]).
+    #: ``(cuStreamIsCapturing, cuStreamGetId, cuStreamGetFlags)`` of the driver object of the last initialization (a
+    #: reset keeps them; the first two ``driver.hot``'s): the doors' (Note [A raw handle's stream], Note [The doors'
+    #: free lists]).
     stream_queries = None
 
     def __new__(cls, *args, **kwargs):
@@ -81,7 +83,7 @@ class NumbaPoolManager:
         self.managed_off_because = "the plugin is not initialized yet"
         self._init_lock = threading.Lock()  # guards initialization, reset and composing the path
         self._usage = UsageTracker()  # this device's usage events, across resets
-        #: The doors keeping blocks their owners freed (Note [The doors' legacy-stream free lists]): given back
+        #: The doors keeping blocks their owners freed (Note [The doors' free lists]): given back
         #: before figures, trims, resets and out-of-memory retries.
         self.free_lists = DoorFreeLists(self._usage)
         self.log: AllocationLog | None = None  # NUMBA_POOL_LOG's, kept across resets
@@ -118,7 +120,8 @@ class NumbaPoolManager:
             threads.require_gil()
             config = self._requested_config or settings.config_in_effect()
             cu = driver.cu
-            self.stream_queries = driver.hot(cu, "cuStreamIsCapturing"), driver.hot(cu, "cuStreamGetId")
+            self.stream_queries = (driver.hot(cu, "cuStreamIsCapturing"), driver.hot(cu, "cuStreamGetId"),
+                                   cu.cuStreamGetFlags)
             _, total = device_memory_info(cu)
             pool = MemPool(cu, self.device_id, config, total)
             pool.reserve(config.initial_size)
@@ -215,7 +218,7 @@ class NumbaPoolManager:
         """``(free, total)`` bytes, an estimate: the device's free memory (``cuMemGetInfo``) plus the
         pool's reserved-but-unused; with ``max_size``, at most ``max_size - used`` of ``max_size``."""
         self.initialize()
-        self.free_lists.give_back()
+        self.free_lists.give_back(streams=False)
         free, total = self.allocator.memory_info()
         return self.frontend.MemoryInfo(free=free, total=total)
 
@@ -237,7 +240,7 @@ class NumbaPoolManager:
         if allocator is not None:
             allocator.refuse_during_capture("reset()")
         _note("reset", self.device_id)
-        try:  # Note [The doors' legacy-stream free lists]: every door's free list paused for the device meanwhile
+        try:  # Note [The doors' free lists]: every door's free list paused for the device meanwhile
             process.pause_free_lists(self.device_id, 1)
             self._reset()
         finally:
@@ -282,13 +285,19 @@ class NumbaPoolManager:
     def statistics(self) -> PoolStatistics:
         """A snapshot of this manager's usage and its pool's attributes."""
         self.initialize()
-        self.free_lists.give_back()
-        return collect(self._usage, self.allocator, self.host, self.managed)
+        self.free_lists.give_back(streams=False)
+        figures = collect(self._usage, self.allocator, self.host, self.managed)
+        blocks, nbytes = self.free_lists.kept_on_streams()  # Note [The doors' free lists]: freed, as figures go
+        if blocks:
+            figures = dataclasses.replace(figures, bytes_in_use=figures.bytes_in_use - nbytes,
+                                          blocks_in_use=figures.blocks_in_use - blocks,
+                                          total_frees=figures.total_frees + blocks)
+        return figures
 
     def reset_peak(self) -> None:
         """Reset the peaks (ours and the pool's high watermarks) to the current values."""
         self.initialize()
-        self.free_lists.give_back()
+        self.free_lists.give_back(streams=False)
         self._usage.reset_peak()
         self.allocator.issue_frees()  # the legacy-stream frees releases queued, before the pool's figures
         self.allocator.pool.reset_high_watermarks()

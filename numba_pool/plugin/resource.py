@@ -19,14 +19,14 @@ from ..cuda.streams import LEGACY, as_stream_ref
 from ..config.values import byte_count, device_ordinal
 from ..cuda.driver import OUT_OF_MEMORY
 from ..cuda.errors import CudaAPIError
-from .free_lists import KeepsLegacyBlocks
+from .free_lists import KeepsFreedBlocks
 from .serving import DoorTable, cache_block, failed, recorded, release, serving_manager
 from .state import process
 
 _OFF = "numba_pool: no cache serves this memory resource: "  # the pinned and managed resources' errors
 
 
-class MemoryResource(KeepsLegacyBlocks, _CoreResource):
+class MemoryResource(KeepsFreedBlocks, _CoreResource):
     """cuda.core's ``MemoryResource`` on numba_pool's pool (and arena) of a device: ``Buffer``s counted
     in ``numba_pool.stats()``, under ``NUMBA_POOL_MAX_SIZE`` and its out-of-memory retry.
     :param device_id: the device (None: the current context's, else 0).
@@ -63,8 +63,14 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
         ref = last[1]
         manager = self._manager or self._manager_now()
         native = self.native
-        if ref is LEGACY and native is not None:  # Note [The doors' legacy-stream free lists]
-            return self._buffer.from_handle(native.malloc(size, manager.device_id, 1), size, mr=self, stream=last[2])
+        if native is not None:  # Note [The doors' free lists]
+            if ref is LEGACY:
+                return self._buffer.from_handle(native.malloc(size, manager.device_id, 1), size, mr=self,
+                                                stream=last[2])
+            address = native.take(size, manager.device_id, ref.value) if ref.thread is None else 0
+            if address:
+                return self._buffer.from_handle(address, size, mr=self, stream=last[2])
+            generation = native.generation(manager.device_id)  # before: a reset may overtake it
         take = self._take
         try:
             if take is None:  # device memory: the core's contract (DeviceAllocator.allocate's line), no frame between
@@ -80,11 +86,16 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
                      else recorded(manager, block, self._door))
             held = self._blocks.setdefault(address, entry)
             if held is not entry:  # Note [An address a reset gave again]
-                address = self._blocks.enter_again(address, entry, held, partial(self._entry, manager, size, ref))[0]
+                address, entry = self._blocks.enter_again(address, entry, held,
+                                                          partial(self._entry, manager, size, ref))
         except CudaAPIError as err:
             if err.code == OUT_OF_MEMORY:  # (the log's allocate failure rows)
                 failed(manager, self._door, size, ref)
             raise
+        if native is not None and entry[2] is None and ref.thread is None:  # among the free lists first
+            manager.free_lists.add(self)
+            native.live(address, size, manager.device_id, manager.usage, generation, manager.deferral, ref.value,
+                        manager.stream_queries)
         return self._buffer.from_handle(address, size, mr=self, stream=last[2])
 
     def _malloc(self, size: int, device: int, stream: int) -> int:
@@ -107,12 +118,17 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
             raise
         if entry[2] is None:  # among the manager's free lists first: a record_stream must find its entry
             manager.free_lists.add(self)
-            native.live(address, size, device, manager.usage, generation, manager.deferral)
+            native.live(address, size, device, manager.usage, generation, manager.deferral, 0,
+                        manager.stream_queries)
         return address
 
     def _free(self, ptr: int, size: int, device: int, stream: int) -> None:
-        # The free list's Python end: ``deallocate`` naming the legacy stream (1), or none (0: the allocation's).
-        self._deallocate(ptr, LEGACY_DEFAULT_STREAM if stream else None, stream, None)
+        # The free list's Python end: ``deallocate`` naming the legacy stream (1), or none (0: the allocation's), or
+        # a kept block given back naming its own stream's handle.
+        if stream > 1:
+            self._deallocate(ptr, stream, stream, None)
+        else:
+            self._deallocate(ptr, LEGACY_DEFAULT_STREAM if stream else None, stream, None)
 
     def _entry(self, manager, size: int, ref, skip: int = 5) -> tuple:
         # Another allocation for Note [An address a reset gave again]: (address, DoorTable entry).  The lines of
@@ -145,9 +161,13 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
         native, manager = self.native, self._manager
         if native is not None and manager is not None and (stream is None or handle == 1 or named is LEGACY):
             # The legacy stream (cuda.core's, or Numba's default stream: its launches close their copies naming it),
-            # or none (the allocation's): through the free list, Note [The doors' legacy-stream free lists]
+            # or none (the allocation's): through the free list, Note [The doors' free lists]
             native.free(ptr, size, manager.device_id, 0 if stream is None else 1)
             return
+        if native is not None and manager is not None:  # another stream's handle: kept if it is the buffer's own
+            on = handle or (named.value if named.thread is None else 0)
+            if on > 2 and native.give(ptr, size, manager.device_id, on):
+                return
         self._deallocate(ptr, stream, handle, named)
 
     def _deallocate(self, ptr: int, stream, handle: int, named) -> None:
@@ -157,8 +177,8 @@ class MemoryResource(KeepsLegacyBlocks, _CoreResource):
         if held is None:
             return
         block, source, record = held  # source: the allocator, or the pinned or managed cache
-        if self.native is not None and block.stream is LEGACY:  # freed naming another stream: live no more (before
-            self.native.forget(ptr)  # the release, after which the address may be another allocation's)
+        if self.native is not None:  # freed through Python: live no more (before the release, after which the
+            self.native.forget(ptr)  # address may be another allocation's)
         ref = block.stream
         if stream is None or ref.thread is None and (stream is ref.owner or handle == ref.value):  # never 0
             named = None

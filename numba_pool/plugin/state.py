@@ -118,9 +118,9 @@ class ProcessState:
             self._doors_keep = keep
             return list(self._free_list_doors)
 
-    # -- the doors' free lists (Note [The doors' legacy-stream free lists]) ----------------
+    # -- the doors' free lists (Note [The doors' free lists]) ----------------
     def add_free_list_door(self, door) -> None:
-        """Count ``door`` (a ``KeepsLegacyBlocks`` door with a free list) among those the managers give back from,
+        """Count ``door`` (a ``KeepsFreedBlocks`` door with a free list) among those the managers give back from,
         while it lives; switched off while a history records, paused for each reset under way (it holds no block
         yet: no Python runs under the lock)."""
         with self._lock:

@@ -5,7 +5,7 @@
 PyTorch's ``CUDAPluggableAllocator`` takes two C function pointers (``torch._C._cuda_customAllocator``):
 ``malloc(size, device, stream)`` and ``free(ptr, size, device, stream)``.  Here they take the GIL and call into
 Python: the compiled module's C functions (:mod:`numba_pool.cuda._native`, which serve the legacy stream's
-tensors from a free list in C, Note [The doors' legacy-stream free lists]), else ``ctypes`` callbacks.  PyTorch frees
+tensors from a free list in C, Note [The doors' free lists]), else ``ctypes`` callbacks.  PyTorch frees
 a tensor's memory naming its allocation stream: the release of rule 14 of :mod:`numba_pool.allocator`, ordered
 there; work of another stream needs ``numba_pool.record_stream(tensor, stream)`` (PyTorch's ``Tensor.record_stream``
 calls no pluggable allocator).
@@ -23,7 +23,7 @@ from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
 from ..cuda.driver import OUT_OF_MEMORY as _OUT_OF_MEMORY
 from ..cuda.streams import LEGACY, LEGACY_HANDLES, StreamRef, as_stream_ref
 from ..cuda.errors import CudaAPIError
-from .free_lists import KeepsLegacyBlocks
+from .free_lists import KeepsFreedBlocks
 from .serving import DoorTable, failed, recorded, release, serving_manager
 from .state import process
 
@@ -31,10 +31,10 @@ _MALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctype
 _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 
 
-class TorchDoor(KeepsLegacyBlocks):
+class TorchDoor(KeepsFreedBlocks):
     """The callbacks and the live blocks (a :class:`~.serving.DoorTable`) of the process's PyTorch allocator.
 
-    Its legacy-stream tensors go through the compiled free list of Note [The doors' legacy-stream free lists]
+    Its legacy-stream tensors go through the compiled free list of Note [The doors' free lists]
     (:mod:`.free_lists`), the C ends PyTorch's C functions call."""
 
     def __init__(self, find_manager=serving_manager, free_list: bool = True):
@@ -68,12 +68,13 @@ class TorchDoor(KeepsLegacyBlocks):
             return None
         try:
             manager = self._find_manager(device, self._name)
-            ref = LEGACY if not stream else self._stream(stream, *manager.stream_queries)
+            queries = manager.stream_queries
+            ref = LEGACY if not stream else self._stream(stream, queries[0], queries[1])
         except Exception as err:  # noqa: BLE001 - nothing may cross the C callback; PyTorch gets NULL
             if self._raises:
                 raise  # (in this frame: a callee's would keep the error, its frames and their locals, in a cycle)
             return _say(err)
-        native = self.native if ref is LEGACY else None  # Note [The doors' legacy-stream free lists]
+        native = self.native if ref.thread is None else None  # Note [The doors' free lists]
         try:
             generation = 0 if native is None else native.generation(device)  # before: a reset may overtake it
             block = manager.allocate_block(size, ref, ref is self._last)  # _last: _stream just found it not capturing
@@ -86,7 +87,8 @@ class TorchDoor(KeepsLegacyBlocks):
                 address, entry = self._blocks.enter_again(address, entry, held, again)
             if native is not None and entry[2] is None:  # among the free lists first: record_stream must find it
                 manager.free_lists.add(self)
-                native.live(address, size, device, manager.usage, generation, manager.deferral)
+                native.live(address, size, device, manager.usage, generation, manager.deferral,
+                            0 if ref is LEGACY else ref.value, queries)
         except Exception as err:  # noqa: BLE001 - as above
             if isinstance(err, CudaAPIError) and err.code == _OUT_OF_MEMORY:  # logged too
                 failed(manager, self._kind, size, ref)

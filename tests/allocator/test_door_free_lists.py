@@ -1,4 +1,4 @@
-"""The cuda.core and CuPy doors' legacy-stream free lists (Note [The doors' legacy-stream free lists] in
+"""The cuda.core and CuPy doors' legacy-stream free lists (Note [The doors' free lists] in
 :mod:`numba_pool.plugin.free_lists`) on the CUDA model: the cuda.core resource's buffers on the legacy stream, and
 CuPy's null-stream arrays through :func:`numba_pool.cupy_allocator` over a stand-in of the CuPy objects it makes
 (CuPy's own need a GPU: tests/gpu/test_gpu_library_doors.py).  PyTorch's: test_torch_free_list.py."""

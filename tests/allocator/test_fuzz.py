@@ -78,8 +78,11 @@ SIZES = st.one_of(st.integers(1, 4096), st.integers(4097, 40_000), st.sampled_fr
 OPERATIONS: dict = {}  # (threads, arena) -> operations run, reported by test_operations_count
 FRONTEND_OPERATIONS: dict = {}  # frontend name -> operations run
 MANAGED_HOST_USES: list = [0]  # host uses of managed memory the model checked
-#: Allocations served by a door's legacy-stream free list, by door (Note [The doors' legacy-stream free lists]).
+#: Allocations served by a door's legacy-stream free list, by door (Note [The doors' free lists]).
 DOOR_REUSES: dict = {"torch": 0, "cuda.core": 0, "cupy": 0}
+#: Those served on a stream of their own (Note [The doors' free lists]), by door; and the blocks kept for a stream
+#: destroyed since, given back after a synchronize (Note [A kept block whose stream is gone]).
+STREAM_REUSES: dict = {"torch": 0, "cuda.core": 0, "given back": 0}
 #: Drops in a thread with no CUDA context beside a capture (on unless ``NUMBA_POOL_FUZZ_CAPTURE_BARE=0``).
 CAPTURE_BARE_DROPS = os.environ.get("NUMBA_POOL_FUZZ_CAPTURE_BARE", "1") != "0"
 #: What the capture rules made the model do: captures, allocation and kernel nodes, graph launches.
@@ -172,6 +175,9 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
                     for name, door in (("torch", self.p.torch_door), ("cuda.core", self.p.core_resource),
                                        ("cupy", self.p.cupy_door)):
                         DOOR_REUSES[name] += 0 if door.native is None else door.native.reuses
+                        if name in STREAM_REUSES and door.native is not None:
+                            STREAM_REUSES[name] += door.native.reuses_on_streams
+                            STREAM_REUSES["given back"] += door.native.streams_given_back
                     MANAGED_HOST_USES[0] += self.p.finish()["managed_host_uses"]
                     LEGACY_COST.merge(self.p.legacy_cost)
                     if self.costs and not getattr(self, "failed", False):  # the releases finish() made
@@ -255,7 +261,7 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
     @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), how=st.sampled_from(["wait", "recorded", "scope"]),
           door=st.sampled_from(["torch", "cuda.core", "cupy"]))
     def legacy_reuse(self, data, size, thread, how, door):
-        """A door's free list (Note [The doors' legacy-stream free lists]): a tensor, buffer or CuPy array on the legacy
+        """A door's free list (Note [The doors' free lists]): a tensor, buffer or CuPy array on the legacy
         stream, used there or on another stream B, freed naming the legacy stream or none (after the program's wait
         for B; after ``record_stream(tensor, B)``; or inside a ``defer_cleanup`` block, the program synchronizing
         before its exit), and the next one of its size on the legacy stream used at once."""
@@ -276,6 +282,44 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             self.p.launch(LEGACY, [again], thread)
         if how == "scope":
             self.p.close_defer()
+
+    @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), how=st.sampled_from(["wait", "recorded", "scope"]),
+          door=st.sampled_from(["torch", "cuda.core", "cuda.core Stream"]), destroy=st.booleans())
+    def stream_reuse(self, data, size, thread, how, door, destroy):
+        """A door's free list for a stream of its own (Note [The doors' free lists]): a tensor or buffer on a
+        non-blocking stream S, used there (and perhaps first on another stream B), freed naming S (after the
+        program's waits; after ``record_stream(tensor, B)``; inside a ``defer_cleanup`` block), the next one of its
+        size on S used at once; then perhaps S destroyed (its kept block given back after its work, Note [A kept
+        block whose stream is gone]) and a figure asked."""
+        p = self.p
+        candidates = [h for h in self.streams if h != LEGACY and not p.streams.get(h, True)]
+        s = data.draw(st.sampled_from(candidates)) if candidates else p.create_stream(False)
+        if not candidates:
+            self.streams.append(s)
+        kind = {"torch": True} if door == "torch" else {"core_stream": door == "cuda.core Stream"}
+        family = p.allocate_door(size, s, thread, **kind)
+        if family is None:  # out of memory
+            return
+        b = data.draw(st.sampled_from(self.streams))
+        if b != s:
+            p.launch(b, [family], thread)
+        if how == "recorded" and b != s:
+            p.free_recorded(family, thread)
+        elif how == "scope":
+            p.open_defer()
+            p.drop(family, legalize="scope", thread=thread)
+        else:
+            p.launch(s, [family], thread)  # its last use on S: freed naming S, after the program's wait for B
+            p.drop(family, thread=thread)
+        again = p.allocate_door(size, s, thread, **kind)
+        if again is not None:
+            p.launch(s, [again], thread)
+            p.drop(again, thread=thread)
+        if how == "scope":
+            p.close_defer()
+        if destroy and s in self.streams and p.destroy_stream(s):
+            self.streams.remove(s)
+            p.mm.statistics()  # gives the kept blocks back, those of S after a synchronize
 
     @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
     def allocate_managed(self, data, size, scoped, thread):
@@ -778,7 +822,8 @@ def test_operations_count():
     total = sum(OPERATIONS.values())
     print(f"\nfuzzer operations: {total} ({OPERATIONS}; by frontend {FRONTEND_OPERATIONS}; "
           f"{MANAGED_HOST_USES[0]} host uses of managed memory checked; {DOOR_REUSES} allocations from the doors' "
-          f"free lists; captures: {CAPTURE_COUNTS}; "
+          f"free lists ({STREAM_REUSES} on streams of their own, and blocks kept for a stream given back); "
+          f"captures: {CAPTURE_COUNTS}; "
           f"waiting kernels: {WAIT_COUNTS})\n{LEGACY_COST}")
     if EXAMPLES >= 100:
         if not RULES or "wait_for_a_copy" in RULES:
@@ -787,8 +832,10 @@ def test_operations_count():
             assert WAIT_COUNTS.get("drops while waiting", 0) >= 100, WAIT_COUNTS
         assert total >= 20_000, OPERATIONS
         assert MANAGED_HOST_USES[0] >= 1_000, MANAGED_HOST_USES
-        # Note [The doors' legacy-stream free lists]: made by the "legacy_reuse" step.
+        # Note [The doors' free lists]: made by the "legacy_reuse" step.
         assert min(DOOR_REUSES.values()) >= 20, DOOR_REUSES
+        # Note [The doors' free lists]: made by the "stream_reuse" step.
+        assert min(STREAM_REUSES.values()) >= 20, STREAM_REUSES
         assert CAPTURE_COUNTS.get("graph_kernels", 0) >= 100 and CAPTURE_COUNTS.get("graph_free_nodes", 0) >= 10, \
             CAPTURE_COUNTS
         # Note [Released beside a capture]: the "blocking drop" step makes them (549-911 at CI size, seeds 41-43;

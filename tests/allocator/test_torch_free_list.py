@@ -1,4 +1,4 @@
-"""The PyTorch door's legacy-stream free list (Note [The doors' legacy-stream free lists] in
+"""The PyTorch door's legacy-stream free list (Note [The doors' free lists] in
 :mod:`numba_pool.plugin.free_lists`) on the CUDA model, through the compiled callbacks as PyTorch calls them:
 what it keeps, what it never keeps, who gives its blocks back, and the statistics it keeps exact."""
 
@@ -71,12 +71,12 @@ def test_a_block_freed_on_the_legacy_stream_serves_the_next_request_of_its_size_
 
 
 @pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
-def test_a_block_of_another_stream_or_freed_naming_another_stream_reaches_python(programs, arena):
+def test_a_block_of_a_blocking_stream_or_freed_naming_another_stream_reaches_python(programs, arena):
     p = programs(arena=arena)
     door = _door(p)
-    s = _stream(p)
-    on_s = door.malloc(4096, 0, s)  # allocated on a created stream: PyTorch's own allocator keeps it, not ours
-    door.free(on_s, 4096, 0, s)
+    s, blocking = _stream(p), int(p.model.cuStreamCreate(0)[1])
+    on_blocking = door.malloc(4096, 0, blocking)  # a free on a blocking stream orders more (Note [Idle blocks ...])
+    door.free(on_blocking, 4096, 0, blocking)
     per_thread = door.malloc(4096, 0, PER_THREAD_HANDLE)  # a per-thread default stream may be captured
     door.free(per_thread, 4096, 0, PER_THREAD_HANDLE)
     legacy = door.malloc(4096, 0, 0)

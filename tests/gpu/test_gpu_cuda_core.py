@@ -131,7 +131,7 @@ def test_a_buffer_closed_on_its_readers_stream_is_not_reused_under_the_reader():
 
 
 def test_a_legacy_buffer_closed_on_its_readers_stream_is_not_reused_under_the_reader():
-    # Note [The doors' legacy-stream free lists]: a buffer closed naming its reader's stream is never kept for the
+    # Note [The doors' free lists]: a buffer closed naming its reader's stream is never kept for the
     # legacy stream; one closed on the legacy stream with the read unordered (the planted bug, the program's) is
     # reused at once, as cuda.core's own pool reuses it: the experiment sees a missed wait.
     cuda.current_context()
@@ -143,3 +143,67 @@ def test_a_legacy_buffer_closed_on_its_readers_stream_is_not_reused_under_the_re
     print(f"legacy stream, (reused, corrupted) of 20: {facts}")
     assert facts["closed on B"][1] == 0, facts
     assert facts["planted"][0] > 0 and facts["planted"][1] > 0, facts
+
+
+def test_a_buffer_closed_on_its_own_stream_serves_the_next_one_there_and_nothing_else():
+    # Note [The doors' free lists]: on a stream of its own (cuda.core's are non-blocking), a buffer closed there is
+    # kept for that stream; one closed naming its reader's stream is not.  Planted (the program's bug): closed on its
+    # own stream with the reader unordered, it is reused at once, as cuda.core's own pool reuses it.
+    cuda.current_context()
+    device_id = cuda.get_current_device().id
+    resources = {"closed on B": numba_pool.MemoryResource(device_id),
+                 "planted": numba_pool.MemoryResource(device_id)}
+    facts = {name: _race(resource, close_on_b=name == "closed on B") for name, resource in resources.items()}
+    facts["own, planted"] = _race(DeviceMemoryResource(device_id), close_on_b=False)
+    served = {name: resource.native.reuses_on_streams for name, resource in resources.items()}
+    print(f"a stream of its own, (reused, corrupted) of 20: {facts}; served by the free list: {served}")
+    assert facts["closed on B"][1] == 0, facts
+    assert facts["planted"][0] > 0 and facts["planted"][1] > 0 and served["planted"] > 0, (facts, served)
+    device = Device(device_id)
+    stream = device.create_stream()
+    resource = resources["closed on B"]
+    before = resource.native.reuses_on_streams
+    in_use = numba_pool.stats().bytes_in_use
+    for _ in range(200):
+        resource.allocate(1 << 20, stream=stream).close(stream)
+    stream.sync()
+    print(f"200 buffers allocated and closed on a stream: {resource.native.reuses_on_streams - before} reused")
+    assert resource.native.reuses_on_streams - before >= 199
+    assert numba_pool.stats().bytes_in_use == in_use  # the kept block counts as freed
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["synchronized", "planted"])
+def test_a_buffer_kept_for_a_stream_closed_since_is_given_back_after_that_streams_work(planted, monkeypatch):
+    # Note [A kept block whose stream is gone]: the stream is closed while its reader still runs; the snapshot gives
+    # the kept block back (after a synchronize, never naming the closed stream), and a buffer allocated on another
+    # stream, filled with poison at once, must not reach the reader.  Planted: the give-back without its synchronize.
+    if planted:
+        monkeypatch.setattr("numba_pool.plugin.free_lists._synchronize", lambda allocator: None)
+    cuda.current_context()
+    device = Device(cuda.get_current_device().id)
+    device.set_current()
+    resource = numba_pool.MemoryResource(device.device_id)
+    n, trials, hits = (8 << 20) // 4, 8, cuda.to_device(np.zeros(1, dtype=np.int64))
+    other = device.create_stream()
+    other_numba = cuda.external_stream(int(other.handle))
+    given_back = resource.native.streams_given_back
+    for _ in range(trials):
+        stream = device.create_stream()
+        on_stream = cuda.external_stream(int(stream.handle))
+        first = resource.allocate(n * 4, stream=stream)
+        fill_kernel[blocks(n), THREADS, on_stream](_as_array(first, n), np.float32(1.0))
+        read_after_delay[32, THREADS, on_stream](_as_array(first, n), POISON, 3000, hits)
+        first.close(stream)  # kept for the stream
+        stream.close()  # legal: its buffers are closed; its read still runs
+        numba_pool.snapshot()  # gives every kept block back
+        second = resource.allocate(n * 4, stream=other)
+        fill_kernel[blocks(n), THREADS, other_numba](_as_array(second, n), POISON)
+        second.close(other)
+        cuda.synchronize()
+    corrupted = int(hits.copy_to_host()[0])
+    given = resource.native.streams_given_back - given_back  # (the other stream's kept buffers too)
+    print(f"a stream closed with a buffer kept for it{', planted' if planted else ''}: {given} blocks given back, "
+          f"{trials} of them of a closed stream; {corrupted} corrupted elements")
+    assert given >= trials
+    if not planted:
+        assert corrupted == 0

@@ -233,7 +233,7 @@ print(json.dumps({"ok": ok, "addresses": len(addresses), "reuses": door.native.r
 
 @pytest.mark.parametrize("library", [pytest.param("torch", marks=needs_torch), pytest.param("cupy", marks=needs_cupy)])
 def test_default_stream_allocations_come_from_the_free_list_and_are_counted(library):
-    # Note [The doors' legacy-stream free lists]: a tensor or array freed on the default (null) stream serves the next
+    # Note [The doors' free lists]: a tensor or array freed on the default (null) stream serves the next
     # of its size there; the statistics count every one, and the kept blocks go back at stats().
     facts = run_json(FREE_LIST.replace("{library}", library), ENV)
     print(f"{library}: {facts}")

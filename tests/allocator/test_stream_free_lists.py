@@ -1,0 +1,169 @@
+"""The doors' free lists for a stream of their own (Note [The doors' free lists] in :mod:`numba_pool.plugin.free_lists`)
+on the CUDA model: a PyTorch tensor or a cuda.core buffer of a non-blocking stream, freed naming that stream, serves
+the next request of its size on that very stream (its driver id) without Python; never another stream's, a
+capturing stream's, or one given the handle of a stream destroyed since; and one kept for a stream destroyed since
+is given back after a synchronize (Note [A kept block whose stream is gone])."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from cuda.bindings import driver as real_cu
+from cuda.core import Stream as CoreStream
+
+from cuda_model.checks import assert_clean
+from cuda_model.harness import LEGACY
+from numba_pool.plugin.debugging import snapshot_of
+from numba_pool.plugin.torch_allocator import TorchDoor
+
+pytest.importorskip("numba_pool.cuda._native", reason="the free lists are in the compiled module")
+
+
+def _door(p) -> TorchDoor:
+    return TorchDoor(find_manager=lambda device_id, door: p.mm)
+
+
+def _stream(p) -> int:
+    return int(p.model.cuStreamCreate(real_cu.CUstream_flags.CU_STREAM_NON_BLOCKING)[1])
+
+
+def _no_python(*args):
+    raise AssertionError(f"the Python end was called: {args}")
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_tensor_freed_on_its_stream_serves_the_next_request_there_without_python(programs, arena, monkeypatch):
+    p = programs(arena=arena)
+    door = _door(p)
+    s = _stream(p)
+    first = door.malloc(4096, 0, s)
+    p.model.launch(s, [(first, 4096, "first")])
+    door.free(first, 4096, 0, s)
+    assert door.native.cached(0) == (1, 4096)
+    monkeypatch.setattr(door, "_malloc", _no_python)
+    monkeypatch.setattr(door, "_free", _no_python)
+    again = door.malloc(4096, 0, s)
+    assert again == first and door.native.reuses_on_streams == 1
+    p.model.launch(s, [(again, 4096, "second")])  # after the first in s's order
+    door.free(again, 4096, 0, s)
+    monkeypatch.undo()
+    stats = p.mm.statistics()  # keeps it: counted as freed
+    assert (stats.total_allocations, stats.total_frees, stats.bytes_in_use, stats.blocks_in_use) == (2, 2, 0, 0)
+    assert door.native.cached(0) == (1, 4096)
+    p.mm.trim()  # gives it back (after a synchronize: s is never named again)
+    stats = p.mm.statistics()
+    assert (stats.total_allocations, stats.total_frees, stats.bytes_in_use) == (2, 2, 0), stats
+    assert door.native.cached(0) == (0, 0) and door.native.streams_given_back == 1
+    assert_clean(p)
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_block_kept_for_a_stream_is_never_handed_to_another_or_to_the_legacy_stream(programs, arena):
+    p = programs(arena=arena)
+    door = _door(p)
+    s, t = _stream(p), _stream(p)
+    first = door.malloc(4096, 0, s)
+    p.model.launch(s, [(first, 4096, "long read on s")])
+    door.free(first, 4096, 0, s)
+    on_t, legacy = door.malloc(4096, 0, t), door.malloc(4096, 0, 0)
+    assert first not in (on_t, legacy) and door.native.reuses == 0
+    p.model.launch(t, [(on_t, 4096, "t")])
+    p.model.launch(LEGACY, [(legacy, 4096, "legacy")])
+    door.free(on_t, 4096, 0, t)
+    door.free(legacy, 4096, 0, 0)
+    p.mm.statistics()
+    assert_clean(p)  # the model saw no unordered reuse
+
+
+def test_a_block_of_a_capturing_stream_is_neither_kept_nor_reused(programs):
+    p = programs(arena=False)
+    door = _door(p)
+    s = _stream(p)
+    first = door.malloc(4096, 0, s)
+    p.model.launch(s, [(first, 4096, "first")])
+    door.free(first, 4096, 0, s)
+    assert door.native.cached(0) == (1, 4096)
+    relaxed = real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    assert p.model.cuStreamBeginCapture(s, relaxed)[0] == real_cu.CUresult.CUDA_SUCCESS
+    taken = door.native.take(4096, 0, s)  # capturing: the door's own path (graph memory, rule 13); no id asked
+    err, graph = p.model.cuStreamEndCapture(s)
+    assert err == real_cu.CUresult.CUDA_SUCCESS  # the capture was not invalidated (an id query would have)
+    p.model.cuGraphDestroy(graph)
+    assert taken == 0 and door.native.reuses == 0 and door.native.cached(0) == (1, 4096)
+    p.mm.statistics()
+    assert_clean(p)
+
+
+@pytest.mark.parametrize("core_keeps", [True, False], ids=["core keeps idle", "core frees on the handle"])
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_block_kept_for_a_stream_destroyed_since_is_given_back_after_its_work_and_never_to_its_handles_heir(
+        programs, arena, core_keeps, monkeypatch):
+    if not core_keeps:  # rule 7a's idle lists full: the core frees a released block on its stream's handle
+        monkeypatch.setattr("numba_pool.allocator.stream_idle.MAX_BYTES", 0)
+    p = programs(arena=arena)
+    door = _door(p)
+    s = _stream(p)
+    first = door.malloc(4096, 0, s)
+    p.model.launch(s, [(first, 4096, "long read on s")])
+    door.free(first, 4096, 0, s)
+    assert door.native.cached(0) == (1, 4096)
+    p.model.cuStreamDestroy(s)  # legal: nothing of s's is live; its work may still run
+    heir = _stream(p)
+    assert heir == s  # the model gives the handle again (so may the driver): the id differs
+    other = door.malloc(4096, 0, heir)
+    assert other != first and door.native.reuses == 0
+    p.model.launch(heir, [(other, 4096, "heir")])
+    door.free(other, 4096, 0, heir)
+    stats = p.mm.statistics()  # the block kept for s counted as freed, not given back: s is never named again
+    assert (stats.total_frees, stats.bytes_in_use) == (2, 0), stats
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "could not order" warning: nothing names s's handle
+        snapshot_of([p.mm])  # gives it back, after a synchronize (a trim synchronizes after it anyway)
+    assert door.native.cached(0) == (0, 0)
+    p.model.opportunistic_reuse = True  # the pool hands out what is freed at once: only the order protects it
+    for stream in (0, heir):
+        reused = door.malloc(4096, 0, stream)
+        p.model.launch(stream or LEGACY, [(reused, 4096, "next owner")])
+        door.free(reused, 4096, 0, stream)
+    p.mm.statistics()
+    assert_clean(p)  # the first owner's read on s finished before anyone else got the block
+
+
+@pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
+def test_a_buffer_closed_on_its_own_stream_serves_the_next_one_without_python(programs, arena, monkeypatch):
+    p = programs(arena=arena)
+    mr, s = p.core_resource, _stream(p)
+    stream = CoreStream.from_handle(s)
+    first = mr.allocate(4096, stream)
+    p.model.launch(s, [(first.device_pointer_value, 4096, "first")])
+    mr.deallocate(first.device_pointer_value, 4096, CoreStream.from_handle(s))  # cuda.core's close(stream)
+    assert mr.native.cached(0) == (1, 4096)
+    monkeypatch.setattr(mr, "_malloc", _no_python)
+    monkeypatch.setattr(mr, "_free", _no_python)
+    monkeypatch.setattr(mr, "_deallocate", _no_python)
+    again = mr.allocate(4096, stream)
+    assert again.device_pointer_value == first.device_pointer_value and mr.native.reuses_on_streams == 1
+    p.model.launch(s, [(again.device_pointer_value, 4096, "second")])
+    mr.deallocate(again.device_pointer_value, 4096, CoreStream.from_handle(s))
+    monkeypatch.undo()
+    stats = p.mm.statistics()
+    assert (stats.total_allocations, stats.total_frees, stats.bytes_in_use) == (2, 2, 0), stats
+    assert_clean(p)
+
+
+def test_a_buffer_closed_naming_another_stream_or_none_is_not_kept(programs):
+    p = programs(arena=False)
+    mr, s, t = p.core_resource, _stream(p), _stream(p)
+    a = mr.allocate(4096, CoreStream.from_handle(s))
+    p.model.launch(s, [(a.device_pointer_value, 4096, "a")])
+    p.model.wait(t, s)
+    mr.deallocate(a.device_pointer_value, 4096, CoreStream.from_handle(t))  # ordered on t (rule 14)
+    b = mr.allocate(4096, CoreStream.from_handle(s))
+    mr.deallocate(b.device_pointer_value, 4096, None)  # its allocation stream, through Python
+    assert mr.native.cached(0) == (0, 0)
+    c = mr.allocate(4096, CoreStream.from_handle(s))
+    p.model.launch(s, [(c.device_pointer_value, 4096, "c")])
+    mr.deallocate(c.device_pointer_value, 4096, CoreStream.from_handle(s))
+    p.mm.statistics()
+    assert_clean(p)
