@@ -120,6 +120,11 @@ class DeviceAllocator:
         else:
             self.waits.add_wait(block, fenced(stream))
 
+    def is_mempool_block(self, block: Block) -> bool:
+        """Whether ``block`` is a mempool block of this allocator (rule 7), not an arena, graph or scratch one: a block
+        no domain event covers (the doors keep only those for a stream of their own, Note [The doors' free lists])."""
+        return block.release is self.mempool_blocks._release_bound
+
     def set_aside(self, block: Block, hold: SeenHold) -> None:
         """Release ``block`` (never used) now, ordered on its allocation stream while that lives, kept from reuse
         by ``hold`` until :meth:`let_go_after` (Note [An address a reset gave again] in

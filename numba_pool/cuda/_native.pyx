@@ -8,6 +8,7 @@ from cpython.long cimport PyLong_AsUnsignedLongLong, PyLong_AsVoidPtr
 from libc.stdlib cimport calloc, free as c_free
 from libc.string cimport memset
 
+import warnings
 import weakref
 
 cimport cython
@@ -155,6 +156,7 @@ cdef class DoorCallbacks:
     cdef size_t _cached_bytes[_DEVICES]
     cdef size_t _kept  # blocks on the free lists
     cdef size_t _kept_on_streams[_DEVICES]  # those of them kept for a stream other than the legacy one
+    cdef size_t _stream_bytes[_DEVICES]  # and their bytes (half the bound at most: not crowding the legacy's out)
     cdef unsigned long long _generations[_DEVICES]  # a device's, moved on by each reset (forget_device)
     cdef int _paused[_DEVICES]  # resets under way on the device: nothing kept, taken or entered
     cdef list _trackers  # device -> the UsageTracker its blocks count in (None before its first)
@@ -255,6 +257,7 @@ cdef class DoorCallbacks:
         self._cached_bytes[device] -= size
         if key:
             self._kept_on_streams[device] -= 1
+            self._stream_bytes[device] -= size
             self.reuses_on_streams += 1
         address = entry.address
         self._count_reuse(size, device)  # (no Python: nothing else may take or give meanwhile)
@@ -321,7 +324,8 @@ cdef class DoorCallbacks:
         else:
             mine = stream <= 1
         if (mine and self._on and entry.size == size and entry.device == device and not self._paused[device]
-                and self._cached_bytes[device] + size <= self.max_cached_bytes and not self._deferred(device)):
+                and self._cached_bytes[device] + size <= self.max_cached_bytes and not self._deferred(device)
+                and (key == 0 or self._stream_bytes[device] + size <= self.max_cached_bytes // 2)):
             stack = self._stack(size, device, key, stream if key else 0, True)
         if stack != NULL and stack.count < _PER_SIZE:
             stack.blocks[stack.count] = address
@@ -331,6 +335,7 @@ cdef class DoorCallbacks:
             self._cached_bytes[device] += size
             if key:
                 self._kept_on_streams[device] += 1
+                self._stream_bytes[device] += size
             return True
         self._delete(entry)
         return False
@@ -392,7 +397,10 @@ cdef class DoorCallbacks:
         if self._trackers[device] is not tracker:  # another manager serves the device: its blocks are not ours
             self._trackers[device], self._deferrals[device] = tracker, deferral
             n = self._clear_device(device, &taken)
-            self._release(taken, n, None, None)  # (Python: a reset, another manager's allocation may run meanwhile)
+            try:  # (Python: a reset, another manager's allocation may run meanwhile)
+                self._release(taken, n, None, None)
+            except Exception as err:  # noqa: BLE001 - the allocation is made: a release never raises (rule 8)
+                warnings.warn(f"numba_pool: giving back a door's kept blocks failed: {err}", RuntimeWarning)
         if stream > 1:  # a non-blocking stream (Note [Idle blocks of a stream]: a free on a blocking one orders more)
             if queries is None:
                 return False
@@ -475,6 +483,7 @@ cdef class DoorCallbacks:
         self._cached_bytes[device] -= size
         if key:
             self._kept_on_streams[device] -= 1
+            self._stream_bytes[device] -= size
 
     cdef size_t _pull(self, int device, object tracker, Taken** taken, bint streams=True) except? 0:
         # The kept blocks of ``device`` (-1: all) counting in ``tracker`` (None: any) off their stacks and out of the
@@ -517,7 +526,8 @@ cdef class DoorCallbacks:
         try:
             for i in range(n):
                 if taken[i].stream:
-                    on_streams.append((taken[i].address, taken[i].size, taken[i].device))
+                    on_streams.append((taken[i].address, taken[i].size, taken[i].device,
+                                       self._trackers[taken[i].device]))
                     continue
                 try:
                     if free is None:
@@ -530,12 +540,12 @@ cdef class DoorCallbacks:
         finally:
             c_free(taken)
         if on_streams:
-            self.streams_given_back += len(on_streams)
             try:
                 if gone is None:
                     owner = None if self._owner is None else self._owner()
                     gone = None if owner is None else owner._free_gone
-                if gone is not None:
+                if gone is not None:  # (a door without an owner keeps none: its live() has no queries)
+                    self.streams_given_back += len(on_streams)
                     gone(on_streams)
             except BaseException as error:  # noqa: BLE001 - as above
                 if first is None:
@@ -594,12 +604,39 @@ cdef class DoorCallbacks:
                     stack.handle = handle  # (a stream's id is its own: only its handle, were it reused, is not)
                 return stack
             if stack.size == 0:
-                if not add or self._sizes >= _MAX_SIZES:
+                if not add:
                     return NULL
+                if self._sizes >= _MAX_SIZES:  # full: the empty stacks' keys dropped (a dead stream's, a size gone)
+                    if not self._compact():
+                        return NULL
+                    return self._stack(size, device, stream, handle, add)
                 stack.size, stack.device, stack.count, stack.stream, stack.handle = size, device, 0, stream, handle
                 self._sizes += 1
                 return stack
             i = (i + 1) & (_SIZE_SLOTS - 1)
+
+    cdef bint _compact(self) noexcept:
+        # The stacks' table made again with the keys of non-empty stacks only; False when none could go (or no memory)
+        cdef SizeStack* old = self._stacks
+        cdef SizeStack* stack
+        cdef size_t i, j, kept = 0
+        for i in range(_SIZE_SLOTS):
+            kept += old[i].size != 0 and old[i].count > 0
+        if kept >= self._sizes:
+            return False
+        self._stacks = <SizeStack*>calloc(_SIZE_SLOTS, sizeof(SizeStack))
+        if self._stacks == NULL:
+            self._stacks = old
+            return False
+        for i in range(_SIZE_SLOTS):
+            if old[i].size != 0 and old[i].count > 0:
+                j = _mix((old[i].size * _DEVICES + <size_t>old[i].device) ^ _mix(old[i].stream)) & (_SIZE_SLOTS - 1)
+                while self._stacks[j].size != 0:
+                    j = (j + 1) & (_SIZE_SLOTS - 1)
+                self._stacks[j] = old[i]
+        self._sizes = kept
+        c_free(old)
+        return True
 
     cdef Entry* _find(self, size_t address) noexcept:
         cdef size_t i

@@ -10,10 +10,14 @@ Note [The doors' free lists]
     Python for the legacy stream (PyTorch's and CuPy's null stream, handles 0 and ``CU_STREAM_LEGACY``; cuda.core's
     ``LEGACY_DEFAULT_STREAM``) and, for PyTorch and cuda.core, for a non-blocking stream of the program's:
     - A block is *live* there when the door made it with nothing recorded (no history, no log) on the legacy stream,
-      or on a non-blocking stream S not capturing (``cuStreamGetFlags``, ``cuStreamIsCapturing``), keyed by S's
-      driver id (``cuStreamGetId``, unique for the process's life; rule 6), never by its handle.  Its free naming its
+      or, a mempool block (rule 7), on a non-blocking stream S not capturing (``cuStreamGetFlags``,
+      ``cuStreamIsCapturing``), keyed by S's driver id (``cuStreamGetId``, unique for the process's life; rule 6),
+      never by its handle.  (An arena block of S is its domain's, which serves S at once, rule 3: its domain event
+      is recorded on S only, rule 5, which a give-back that never names S could not keep.)  Its free naming its
       allocation stream (for cuda.core also no stream, for a legacy-stream buffer) keeps it, by (device, size,
-      stream), at most 8 per size and stream and ``MAX_CACHED_BYTES`` (64 MiB) per device and door; the next
+      stream), at most 8 per size and stream and ``MAX_CACHED_BYTES`` (64 MiB) per device and door, half of it at
+      most for streams other than the legacy one (a destroyed stream's blocks, reused by no one until a give-back,
+      never crowd the legacy stream's out; the keys of empty stacks go when the key table fills); the next
       allocation of that size on that stream takes it.  For S, the free's and the allocation's handles are asked
       their id and whether they capture (capture first: an id query invalidates a capture): a destroyed S's handle
       given to a new stream has another id, and a capturing S neither keeps nor takes (rule 13's graph memory).
@@ -31,15 +35,15 @@ Note [The doors' free lists]
       of its manager is open (held back to the outermost exit, rule 8a), and every block while a history records
       (:meth:`ProcessState.set_recording` switches the doors off before it starts, giving the kept ones back).
     - What is kept for the legacy stream goes back through the door's ``_free`` (rule 14, as if its owner freed it
-      then) before every figure (``stats()``, ``memory_summary()``, ``get_memory_info()``, ``reset_peak()``).  Every
+      then) before every figure (``stats()``, ``memory_summary()``, ``get_memory_info()``, ``reset_peak()``). Every
       kept block goes back before a trim, a snapshot and an out-of-memory retry, when a history starts, and when the
       door is collected; those kept for a stream S after a synchronize, never naming S (Note [A kept block whose
-      stream is gone]).  A reset, in every door and in one C step at its start and again at its end, gives the
-      device's kept blocks back, forgets its live ones (their late frees reach the door's table, Note [An address a
-      reset gave again]) and moves the device's generation on; in between nothing is kept, taken or entered for the
-      device.  So no block of the generation it drops (another thread's ``_malloc`` it overtook, read the generation
-      before) is kept.  A device served by another manager forgets the first one's blocks, kept and live, the same
-      way.
+      stream is gone]; during a capture, after it, counted as freed meanwhile). A reset, in every door and in one C
+      step at its start and again at its end, gives the device's kept blocks back, forgets its live ones (their late
+      frees reach the door's table, Note [An address a reset gave again]) and moves the device's generation on; in
+      between nothing is kept, taken or entered for the device. So no block of the generation it drops (another
+      thread's ``_malloc`` it overtook, read the generation before) is kept. A device served by another manager
+      forgets the first one's blocks, kept and live, the same way.
     - Blocks are taken off the tables into a C array before any Python object is made (a collection may run an
       owner's free), and released after; a release that raises stops none of the others.  No Python runs between
       a reuse's checks and its return (the usage trackers' periodic drain, and the CUDA model's stream queries, come
@@ -80,6 +84,7 @@ class KeepsFreedBlocks:
         except ImportError:
             return
         self.native = DoorCallbacks(free_list=free_list, owner=self)
+        self._gone_later = {}  # address -> (bytes, UsageTracker): given back once a capture ends (_free_gone)
         process.add_free_list_door(self)
 
     def __del__(self):
@@ -91,36 +96,40 @@ class KeepsFreedBlocks:
     def _free_gone(self, blocks: list) -> None:
         """Note [A kept block whose stream is gone]
             A block kept for a stream S (its owner freed it there, Note [The doors' free lists]) is reused only by an
-            allocation naming S, whose id the driver gives for S's handle while S lives.  Given back, it never names
-            S: S may have been destroyed since (a cuda.core ``Stream.close()``, legal once its buffers are closed),
-            its last work perhaps still running and its handle perhaps a new stream's (the driver gives handles
-            again), and a call on a destroyed stream's handle is an error.  So the blocks ``[(address, size,
-            device)]`` are given back after a synchronize of their owner's context (once for all; as rule 7a's idle
-            blocks of a dropped stream wait for a trim's synchronize), each released on the allocator's private
-            stream (no legacy-stream operation) keeping S's id for its arena domain: no earlier work remains.  Only
-            trims, out-of-memory retries, resets, snapshots, a history's start and a door's collection give them
-            back; the figures count them as freed.  During a capture numba_pool knows of, after it (rule 13: a
-            synchronize would invalidate it).  Never raises but for what a release raises (rule 8)."""
+            allocation naming S, whose id the driver gives for S's handle while S lives. Given back, it never names S:
+            S may have been destroyed since (a cuda.core ``Stream.close()``, legal once its buffers are closed), its
+            last work perhaps still running and its handle perhaps a new stream's (the driver gives handles again),
+            and a call on a destroyed stream's handle is an error. So the blocks ``[(address, size, device,
+            UsageTracker)]`` are given back after a synchronize of their owner's context (once for all; as rule 7a's
+            idle blocks of a dropped stream wait for a trim's synchronize), each released on the allocator's private
+            stream (no legacy-stream operation): no earlier work remains. Only
+            trims, out-of-memory retries, resets, snapshots, a history's start and a door's collection give them back;
+            the figures count them as freed. During a capture numba_pool knows of, after it (rule 13: a synchronize
+            would invalidate it), counted as freed meanwhile. Never raises but for what a release raises (rule 8)."""
         synchronized = set()
-        for address, size, device in blocks:
+        for address, size, device, usage in blocks:
             held = self._blocks.get(address)
             if held is None:
                 continue
             block, source = held[0], held[1]
+            if captures.underway and captures.still_capturing(source.cu):  # asked for each block: one may begin
+                self._gone_later[address] = (size, usage)  # counted as freed meanwhile (kept_on_streams)
+                captures.defer(partial(self._free_gone_later, address, size, device, usage))
+                continue
             if source not in synchronized:
-                cu = source.cu
-                if captures.underway and captures.still_capturing(cu):
-                    captures.defer(partial(self._free_gone, [(address, size, device)]))
-                    continue
                 _synchronize(source)
                 synchronized.add(source)
-            if block.stream is not LEGACY:  # the allocator's own stream (no legacy-stream operation), S's domain
-                done = StreamRef(source.private_streams[1].handle, key=block.stream.key)
-                done.idle_key = False  # kept idle for no stream
-                block.stream = done
-                self._free(address, size, device, done.value)  # (its own stream: no wait)
-            else:
-                self._free(address, size, device, 1)
+            # A mempool block (the only kind kept for a stream: no domain event to record on S, Note [The doors'
+            # free lists]): freed on the allocator's own stream, not the legacy one (no legacy-stream operation).
+            done = StreamRef(source.private_streams[1].handle, key=block.stream.key)
+            done.idle_key = False  # kept idle for no stream
+            block.stream = done
+            self._free(address, size, device, done.value)  # (its own stream: no wait)
+
+    def _free_gone_later(self, address: int, size: int, device: int, usage) -> None:
+        # After the capture that held a give-back back (rule 13)
+        self._gone_later.pop(address, None)
+        self._free_gone([(address, size, device, usage)])
 
     def give_back(self, device: int = -1, usage=None, streams: bool = True) -> int:
         """Release the blocks the free list keeps for ``device`` (-1: every device; with ``usage``, a device whose
@@ -177,6 +186,9 @@ class DoorFreeLists:
                 if door.native is not None:
                     more, more_bytes = door.native.kept_on_streams(self._usage)
                     blocks, nbytes = blocks + more, nbytes + more_bytes
+                    for size, usage in list(door._gone_later.values()):  # taken off, given back after a capture
+                        if usage is self._usage:
+                            blocks, nbytes = blocks + 1, nbytes + size
         return blocks, nbytes
 
     def forget(self, address: int) -> bool:

@@ -92,8 +92,8 @@ class MemoryResource(KeepsFreedBlocks, _CoreResource):
             if err.code == OUT_OF_MEMORY:  # (the log's allocate failure rows)
                 failed(manager, self._door, size, ref)
             raise
-        if native is not None and entry[2] is None and ref.thread is None:  # among the free lists first
-            manager.free_lists.add(self)
+        if native is not None and entry[2] is None and ref.thread is None and entry[1].is_mempool_block(entry[0]):
+            manager.free_lists.add(self)  # among the free lists first
             native.live(address, size, manager.device_id, manager.usage, generation, manager.deferral, ref.value,
                         manager.stream_queries)
         return self._buffer.from_handle(address, size, mr=self, stream=last[2])

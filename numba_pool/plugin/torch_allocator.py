@@ -85,7 +85,8 @@ class TorchDoor(KeepsFreedBlocks):
             if held is not entry:  # Note [An address a reset gave again]
                 again = partial(_entry, manager, size, ref, self._kind, self._skip + 2)
                 address, entry = self._blocks.enter_again(address, entry, held, again)
-            if native is not None and entry[2] is None:  # among the free lists first: record_stream must find it
+            if native is not None and entry[2] is None and (ref is LEGACY or entry[1].is_mempool_block(entry[0])):
+                # among the free lists first: record_stream must find it
                 manager.free_lists.add(self)
                 native.live(address, size, device, manager.usage, generation, manager.deferral,
                             0 if ref is LEGACY else ref.value, queries)

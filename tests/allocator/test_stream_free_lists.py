@@ -14,10 +14,14 @@ from cuda.core import Stream as CoreStream
 
 from cuda_model.checks import assert_clean
 from cuda_model.harness import LEGACY
+from numba_pool.config import DEFAULT_ARENA_MAX_BLOCK
 from numba_pool.plugin.debugging import snapshot_of
 from numba_pool.plugin.torch_allocator import TorchDoor
 
 pytest.importorskip("numba_pool.cuda._native", reason="the free lists are in the compiled module")
+
+
+N = 2 * DEFAULT_ARENA_MAX_BLOCK  # bytes: a mempool block in arena mode too (an arena block is its domain's)
 
 
 def _door(p) -> TorchDoor:
@@ -37,20 +41,20 @@ def test_a_tensor_freed_on_its_stream_serves_the_next_request_there_without_pyth
     p = programs(arena=arena)
     door = _door(p)
     s = _stream(p)
-    first = door.malloc(4096, 0, s)
-    p.model.launch(s, [(first, 4096, "first")])
-    door.free(first, 4096, 0, s)
-    assert door.native.cached(0) == (1, 4096)
+    first = door.malloc(N, 0, s)
+    p.model.launch(s, [(first, N, "first")])
+    door.free(first, N, 0, s)
+    assert door.native.cached(0) == (1, N)
     monkeypatch.setattr(door, "_malloc", _no_python)
     monkeypatch.setattr(door, "_free", _no_python)
-    again = door.malloc(4096, 0, s)
+    again = door.malloc(N, 0, s)
     assert again == first and door.native.reuses_on_streams == 1
-    p.model.launch(s, [(again, 4096, "second")])  # after the first in s's order
-    door.free(again, 4096, 0, s)
+    p.model.launch(s, [(again, N, "second")])  # after the first in s's order
+    door.free(again, N, 0, s)
     monkeypatch.undo()
     stats = p.mm.statistics()  # keeps it: counted as freed
     assert (stats.total_allocations, stats.total_frees, stats.bytes_in_use, stats.blocks_in_use) == (2, 2, 0, 0)
-    assert door.native.cached(0) == (1, 4096)
+    assert door.native.cached(0) == (1, N)
     p.mm.trim()  # gives it back (after a synchronize: s is never named again)
     stats = p.mm.statistics()
     assert (stats.total_allocations, stats.total_frees, stats.bytes_in_use) == (2, 2, 0), stats
@@ -63,15 +67,15 @@ def test_a_block_kept_for_a_stream_is_never_handed_to_another_or_to_the_legacy_s
     p = programs(arena=arena)
     door = _door(p)
     s, t = _stream(p), _stream(p)
-    first = door.malloc(4096, 0, s)
-    p.model.launch(s, [(first, 4096, "long read on s")])
-    door.free(first, 4096, 0, s)
-    on_t, legacy = door.malloc(4096, 0, t), door.malloc(4096, 0, 0)
+    first = door.malloc(N, 0, s)
+    p.model.launch(s, [(first, N, "long read on s")])
+    door.free(first, N, 0, s)
+    on_t, legacy = door.malloc(N, 0, t), door.malloc(N, 0, 0)
     assert first not in (on_t, legacy) and door.native.reuses == 0
-    p.model.launch(t, [(on_t, 4096, "t")])
-    p.model.launch(LEGACY, [(legacy, 4096, "legacy")])
-    door.free(on_t, 4096, 0, t)
-    door.free(legacy, 4096, 0, 0)
+    p.model.launch(t, [(on_t, N, "t")])
+    p.model.launch(LEGACY, [(legacy, N, "legacy")])
+    door.free(on_t, N, 0, t)
+    door.free(legacy, N, 0, 0)
     p.mm.statistics()
     assert_clean(p)  # the model saw no unordered reuse
 
@@ -80,17 +84,17 @@ def test_a_block_of_a_capturing_stream_is_neither_kept_nor_reused(programs):
     p = programs(arena=False)
     door = _door(p)
     s = _stream(p)
-    first = door.malloc(4096, 0, s)
-    p.model.launch(s, [(first, 4096, "first")])
-    door.free(first, 4096, 0, s)
-    assert door.native.cached(0) == (1, 4096)
+    first = door.malloc(N, 0, s)
+    p.model.launch(s, [(first, N, "first")])
+    door.free(first, N, 0, s)
+    assert door.native.cached(0) == (1, N)
     relaxed = real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     assert p.model.cuStreamBeginCapture(s, relaxed)[0] == real_cu.CUresult.CUDA_SUCCESS
-    taken = door.native.take(4096, 0, s)  # capturing: the door's own path (graph memory, rule 13); no id asked
+    taken = door.native.take(N, 0, s)  # capturing: the door's own path (graph memory, rule 13); no id asked
     err, graph = p.model.cuStreamEndCapture(s)
     assert err == real_cu.CUresult.CUDA_SUCCESS  # the capture was not invalidated (an id query would have)
     p.model.cuGraphDestroy(graph)
-    assert taken == 0 and door.native.reuses == 0 and door.native.cached(0) == (1, 4096)
+    assert taken == 0 and door.native.reuses == 0 and door.native.cached(0) == (1, N)
     p.mm.statistics()
     assert_clean(p)
 
@@ -104,17 +108,17 @@ def test_a_block_kept_for_a_stream_destroyed_since_is_given_back_after_its_work_
     p = programs(arena=arena)
     door = _door(p)
     s = _stream(p)
-    first = door.malloc(4096, 0, s)
-    p.model.launch(s, [(first, 4096, "long read on s")])
-    door.free(first, 4096, 0, s)
-    assert door.native.cached(0) == (1, 4096)
+    first = door.malloc(N, 0, s)
+    p.model.launch(s, [(first, N, "long read on s")])
+    door.free(first, N, 0, s)
+    assert door.native.cached(0) == (1, N)
     p.model.cuStreamDestroy(s)  # legal: nothing of s's is live; its work may still run
     heir = _stream(p)
     assert heir == s  # the model gives the handle again (so may the driver): the id differs
-    other = door.malloc(4096, 0, heir)
+    other = door.malloc(N, 0, heir)
     assert other != first and door.native.reuses == 0
-    p.model.launch(heir, [(other, 4096, "heir")])
-    door.free(other, 4096, 0, heir)
+    p.model.launch(heir, [(other, N, "heir")])
+    door.free(other, N, 0, heir)
     stats = p.mm.statistics()  # the block kept for s counted as freed, not given back: s is never named again
     assert (stats.total_frees, stats.bytes_in_use) == (2, 0), stats
     with warnings.catch_warnings():
@@ -123,9 +127,9 @@ def test_a_block_kept_for_a_stream_destroyed_since_is_given_back_after_its_work_
     assert door.native.cached(0) == (0, 0)
     p.model.opportunistic_reuse = True  # the pool hands out what is freed at once: only the order protects it
     for stream in (0, heir):
-        reused = door.malloc(4096, 0, stream)
-        p.model.launch(stream or LEGACY, [(reused, 4096, "next owner")])
-        door.free(reused, 4096, 0, stream)
+        reused = door.malloc(N, 0, stream)
+        p.model.launch(stream or LEGACY, [(reused, N, "next owner")])
+        door.free(reused, N, 0, stream)
     p.mm.statistics()
     assert_clean(p)  # the first owner's read on s finished before anyone else got the block
 
@@ -135,17 +139,17 @@ def test_a_buffer_closed_on_its_own_stream_serves_the_next_one_without_python(pr
     p = programs(arena=arena)
     mr, s = p.core_resource, _stream(p)
     stream = CoreStream.from_handle(s)
-    first = mr.allocate(4096, stream)
-    p.model.launch(s, [(first.device_pointer_value, 4096, "first")])
-    mr.deallocate(first.device_pointer_value, 4096, CoreStream.from_handle(s))  # cuda.core's close(stream)
-    assert mr.native.cached(0) == (1, 4096)
+    first = mr.allocate(N, stream)
+    p.model.launch(s, [(first.device_pointer_value, N, "first")])
+    mr.deallocate(first.device_pointer_value, N, CoreStream.from_handle(s))  # cuda.core's close(stream)
+    assert mr.native.cached(0) == (1, N)
     monkeypatch.setattr(mr, "_malloc", _no_python)
     monkeypatch.setattr(mr, "_free", _no_python)
     monkeypatch.setattr(mr, "_deallocate", _no_python)
-    again = mr.allocate(4096, stream)
+    again = mr.allocate(N, stream)
     assert again.device_pointer_value == first.device_pointer_value and mr.native.reuses_on_streams == 1
-    p.model.launch(s, [(again.device_pointer_value, 4096, "second")])
-    mr.deallocate(again.device_pointer_value, 4096, CoreStream.from_handle(s))
+    p.model.launch(s, [(again.device_pointer_value, N, "second")])
+    mr.deallocate(again.device_pointer_value, N, CoreStream.from_handle(s))
     monkeypatch.undo()
     stats = p.mm.statistics()
     assert (stats.total_allocations, stats.total_frees, stats.bytes_in_use) == (2, 2, 0), stats
@@ -155,15 +159,117 @@ def test_a_buffer_closed_on_its_own_stream_serves_the_next_one_without_python(pr
 def test_a_buffer_closed_naming_another_stream_or_none_is_not_kept(programs):
     p = programs(arena=False)
     mr, s, t = p.core_resource, _stream(p), _stream(p)
-    a = mr.allocate(4096, CoreStream.from_handle(s))
-    p.model.launch(s, [(a.device_pointer_value, 4096, "a")])
+    a = mr.allocate(N, CoreStream.from_handle(s))
+    p.model.launch(s, [(a.device_pointer_value, N, "a")])
     p.model.wait(t, s)
-    mr.deallocate(a.device_pointer_value, 4096, CoreStream.from_handle(t))  # ordered on t (rule 14)
-    b = mr.allocate(4096, CoreStream.from_handle(s))
-    mr.deallocate(b.device_pointer_value, 4096, None)  # its allocation stream, through Python
+    mr.deallocate(a.device_pointer_value, N, CoreStream.from_handle(t))  # ordered on t (rule 14)
+    b = mr.allocate(N, CoreStream.from_handle(s))
+    mr.deallocate(b.device_pointer_value, N, None)  # its allocation stream, through Python
     assert mr.native.cached(0) == (0, 0)
-    c = mr.allocate(4096, CoreStream.from_handle(s))
-    p.model.launch(s, [(c.device_pointer_value, 4096, "c")])
-    mr.deallocate(c.device_pointer_value, 4096, CoreStream.from_handle(s))
+    c = mr.allocate(N, CoreStream.from_handle(s))
+    p.model.launch(s, [(c.device_pointer_value, N, "c")])
+    mr.deallocate(c.device_pointer_value, N, CoreStream.from_handle(s))
     p.mm.statistics()
     assert_clean(p)
+
+
+def test_an_arena_block_is_never_kept_for_a_stream_its_domain_serves_it(programs):
+    # Rule 5: a domain's event is recorded on its stream only; a give-back (after a synchronize, never naming S)
+    # recorded it on another stream, overwriting a record on S by another thread's release made meanwhile (the
+    # slab then went back under S's read: review of f52e0d4).  An arena block of S is S's domain's (rule 3).
+    p = programs(arena=True)
+    door = _door(p)
+    s, t = _stream(p), _stream(p)
+    xs = [door.malloc(4096, 0, s) for _ in range(3)]
+    y = p.allocate(4096, s)  # a Numba array of S's domain, in the slab of xs
+    z = door.malloc(4096, 0, s)  # a second slab of S's domain (kept live)
+    for x in xs:
+        p.model.launch(s, [(x, 4096, "x")])
+        door.free(x, 4096, 0, s)
+    assert door.native.cached(0) == (0, 0)
+    python_free, calls = door._free, []
+
+    def free_then_another_thread_works_on_s(*args):
+        python_free(*args)
+        if not calls:  # another thread, between two blocks of a give-back
+            calls.append(1)
+            p.launch(s, [y])
+            p.drop(y)
+    door._free = free_then_another_thread_works_on_s
+    snapshot_of([p.mm])
+    del door._free
+    p.model.opportunistic_reuse = True
+    on_t = [door.malloc(4096, 0, t) for _ in range(4)]
+    p.model.launch(t, [(a, 4096, "t") for a in on_t])
+    for a in on_t:
+        door.free(a, 4096, 0, t)
+    door.free(z, 4096, 0, s)
+    p.mm.trim()
+    assert_clean(p)
+
+
+def test_a_give_back_a_capture_holds_back_keeps_the_block_counted_as_freed(programs, no_capture_left):
+    from test_capture_model import _capturing
+
+    p = programs(arena=False)
+    door = _door(p)
+    s, c = _stream(p), p.create_stream(True)
+    x = door.malloc(4096, 0, s)
+    p.model.launch(s, [(x, 4096, "x")])
+    door.free(x, 4096, 0, s)  # kept for s: freed, as the figures go
+    before = p.mm.statistics()
+    with _capturing(p, c):
+        snapshot_of([p.mm])  # gives x back: after the capture (no synchronize during it)
+        during = p.mm.statistics()
+    assert door.native.cached(0) == (0, 0)
+    after = p.mm.statistics()  # given back now
+    figures = [(f.total_frees, f.bytes_in_use, f.blocks_in_use) for f in (before, during, after)]
+    assert figures[0] == figures[1] == figures[2] == (1, 0, 0), figures
+    assert_clean(p)
+
+
+def test_blocks_kept_for_destroyed_streams_never_crowd_out_the_legacy_free_list(programs):
+    # They are reused by no one until a trim, snapshot, reset or out-of-memory retry: at most half the bound is
+    # theirs, and their empty stacks' keys go when the key table fills.
+    p = programs(arena=False)
+    door = _door(p)
+    door.native.max_cached_bytes = 64 << 10
+    for _ in range(16):
+        s = _stream(p)
+        x = door.malloc(4096, 0, s)
+        door.free(x, 4096, 0, s)
+        p.model.cuStreamDestroy(s)
+    assert door.native.cached(0) == (8, 32 << 10)  # half the bound
+    p.mm.statistics()  # a figure: gives back the legacy stream's only
+    y = door.malloc(4096, 0, 0)
+    door.free(y, 4096, 0, 0)
+    z = door.malloc(4096, 0, 0)
+    assert z == y and door.native.reuses == 1, (door.native.cached(0), door.native.reuses)
+    door.free(z, 4096, 0, 0)
+    p.mm.trim()
+    assert door.native.cached(0) == (0, 0)
+    assert_clean(p)
+
+
+def test_the_key_table_drops_empty_stacks_when_it_fills(programs):
+    # A program making a stream per request leaves a (size, stream) key per stream; once the table is full, the
+    # empty stacks' keys go and a new stream's block is kept all the same.
+    p = programs(arena=False)
+    door = _door(p)
+    for _ in range(native_max_sizes() + 10):
+        s = _stream(p)
+        x = door.malloc(256, 0, s)
+        door.free(x, 256, 0, s)  # kept for s
+        again = door.malloc(256, 0, s)  # taken: the stack is empty again
+        door.free(again, 256, 0, s)
+        again = door.malloc(256, 0, s)
+        assert again == x
+        door.free(again, 256, 0, 0)  # named another stream: not kept, the key left empty
+        p.model.cuStreamDestroy(s)
+    assert door.native.reuses_on_streams == 2 * (native_max_sizes() + 10)
+    p.mm.trim()
+    assert_clean(p)
+
+
+def native_max_sizes() -> int:
+    return 2048  # _native's _MAX_SIZES

@@ -124,10 +124,11 @@ def cupy_allocators(stack) -> tuple:
     return _timers(allocators), cupy.cuda.runtime.deviceSynchronize
 
 
-def serve_torch_child(which: str) -> None:
+def serve_torch_child(which: str, on_stream: bool = False) -> None:
     """A child's loop: PyTorch with ``which`` allocator (``numba_pool``, ``caching allocator``, ``RMM pool``, the
-    floor); ``ready`` once installed, then for each line ``size pairs`` on standard input, that many pairs timed
-    (µs per pair, then a synchronize), until standard input closes."""
+    floor), its tensors on the default stream or (``on_stream``) on a stream of PyTorch's pool; ``ready`` once
+    installed, then for each line ``size pairs`` on standard input, that many pairs timed (µs per pair, then a
+    synchronize), until standard input closes."""
     if which not in TORCH_ALLOCATORS:
         raise SystemExit(f"no PyTorch allocator is called {which!r}")
     import torch
@@ -144,6 +145,8 @@ def serve_torch_child(which: str) -> None:
 
     def pair(size):
         torch.empty(size, dtype=torch.uint8, device="cuda")
+    if on_stream:
+        torch.cuda.set_stream(torch.cuda.Stream())  # (non-blocking, as PyTorch's pooled streams are)
     pair(SIZES[0])
     print("ready", flush=True)
     for line in sys.stdin:
@@ -162,11 +165,12 @@ class _TorchChild:
     read by a thread into a queue, so that a child that hangs fails the run after :data:`ANSWER_TIMEOUT` seconds; a
     line that is not its answer (a library's print) is skipped."""
 
-    def __init__(self, which: str):
+    def __init__(self, which: str, on_stream: bool = False):
         self.which = which
         self._said = tempfile.TemporaryFile("w+")  # its standard error: a pipe nobody reads could fill and block it
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "numba_pool_tools.bench.doors", "--torch-child", which],
+            [sys.executable, "-m", "numba_pool_tools.bench.doors", "--torch-child", which,
+             *(["--on-stream"] if on_stream else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._said, text=True,
             env={**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_pool", "PYTHONPATH": os.pathsep.join(
                 [_TOOLS, *filter(None, [os.environ.get("PYTHONPATH")])])})
@@ -250,13 +254,14 @@ def _install_torch_floor():
     return memory, kept
 
 
-def torch_allocators(stack) -> tuple:
-    """PyTorch's allocators, each in its child (:class:`_TorchChild`, closed by ``stack``).  Returns ``(timers,
-    synchronize)``: each child synchronizes after its pairs."""
+def torch_allocators(stack, on_stream: bool = False) -> tuple:
+    """PyTorch's allocators, each in its child (:class:`_TorchChild`, closed by ``stack``), on the default stream or
+    (``on_stream``: the door and PyTorch's own only) on a stream of their own.  Returns ``(timers, synchronize)``:
+    each child synchronizes after its pairs."""
     children = {}
-    for name in TORCH_ALLOCATORS:
+    for name in TORCH_ALLOCATORS[:2] if on_stream else TORCH_ALLOCATORS:
         try:
-            children[name] = stack.enter_context(contextlib.closing(_TorchChild(name)))
+            children[name] = stack.enter_context(contextlib.closing(_TorchChild(name, on_stream)))
         except RuntimeError as err:
             if name == "numba_pool" or name == OWN["torch"]:
                 raise
@@ -266,7 +271,8 @@ def torch_allocators(stack) -> tuple:
 
 LIBRARIES = {"cuda.core, a stream of its own": cuda_core_allocators,
              "cuda.core, the default stream": partial(cuda_core_allocators, named=False),
-             "cupy": cupy_allocators, "torch": torch_allocators}
+             "cupy": cupy_allocators, "torch": torch_allocators,
+             "torch, a stream of its own": partial(torch_allocators, on_stream=True)}
 
 
 def measure(rounds: int, pairs: int) -> dict:
@@ -300,9 +306,10 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--pairs", type=int, default=PAIRS)
     parser.add_argument("--torch-child", help=argparse.SUPPRESS)
+    parser.add_argument("--on-stream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.torch_child:
-        serve_torch_child(args.torch_child)
+        serve_torch_child(args.torch_child, args.on_stream)
         return 0
     os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_pool"
     try:
