@@ -67,6 +67,7 @@ from helpers import FRONTENDS
 from numba_pool.allocator import captures as captures_module
 from numba_pool.allocator.block import Block
 from numba_pool.cuda.streams import StreamRef
+from numba_pool.plugin.debugging import snapshot_of
 
 EXAMPLES = int(os.environ.get("NUMBA_POOL_FUZZ_EXAMPLES", "100"))
 #: The ``park`` rule: another thread's launch-and-drop between two driver calls of the
@@ -259,12 +260,17 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             self.p.launch(a, [again], thread)
 
     @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), how=st.sampled_from(["wait", "recorded", "scope"]),
-          door=st.sampled_from(["torch", "cuda.core", "cupy"]))
-    def legacy_reuse(self, data, size, thread, how, door):
-        """A door's free list (Note [The doors' free lists]): a tensor, buffer or CuPy array on the legacy
-        stream, used there or on another stream B, freed naming the legacy stream or none (after the program's wait
-        for B; after ``record_stream(tensor, B)``; or inside a ``defer_cleanup`` block, the program synchronizing
-        before its exit), and the next one of its size on the legacy stream used at once."""
+          times=st.integers(1, 3))
+    def legacy_reuse(self, data, size, thread, how, times):
+        """The doors' free lists (Note [The doors' free lists]), each door in turn (a draw of the door left whole
+        runs without one of them): a tensor, buffer or CuPy array on the legacy stream, used there or on another
+        stream B, freed naming the legacy stream or none (after the program's wait for B; after
+        ``record_stream(tensor, B)``; or inside a ``defer_cleanup`` block, the program synchronizing before its exit),
+        and the next one of its size on the legacy stream used at once (``times`` times over)."""
+        for door in ("torch", "cuda.core", "cupy"):
+            self._legacy_reuse(data, size, thread, how, door, times)
+
+    def _legacy_reuse(self, data, size, thread, how, door, times):
         kind = {"torch": True} if door == "torch" else {"cupy": True} if door == "cupy" else {}
         family = self.p.allocate_door(size, None, thread, **kind)
         if family is None:  # out of memory
@@ -277,25 +283,39 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             self.p.drop(family, legalize="scope", thread=thread)  # on its allocation stream, relying on the block
         else:
             self.p.drop(family, thread=thread)  # on the last use's stream, after the program's waits
-        again = self.p.allocate_door(size, None, thread, **kind)
-        if again is not None:
+        for time in range(times):
+            again = self.p.allocate_door(size, None, thread, **kind)
+            if again is None:
+                break
             self.p.launch(LEGACY, [again], thread)
+            if time < times - 1:
+                self.p.drop(again, legalize="scope" if how == "scope" else "wait", thread=thread)
         if how == "scope":
             self.p.close_defer()
 
     @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), how=st.sampled_from(["wait", "recorded", "scope"]),
-          door=st.sampled_from(["torch", "cuda.core", "cuda.core Stream"]), destroy=st.booleans())
-    def stream_reuse(self, data, size, thread, how, door, destroy):
+          core=st.sampled_from(["cuda.core", "cuda.core Stream"]), destroy=st.booleans(), times=st.integers(1, 3))
+    def stream_reuse(self, data, size, thread, how, core, destroy, times):
         """A door's free list for a stream of its own (Note [The doors' free lists]): a tensor or buffer on a
         non-blocking stream S, used there (and perhaps first on another stream B), freed naming S (after the
         program's waits; after ``record_stream(tensor, B)``; inside a ``defer_cleanup`` block), the next one of its
-        size on S used at once; then perhaps S destroyed (its kept block given back after its work, Note [A kept
-        block whose stream is gone]) and a figure asked."""
+        size on S used at once (``times`` times over), through PyTorch's door, then cuda.core's (named by a stream
+        object or a kept cuda.core ``Stream``); then perhaps S destroyed (its kept blocks given back after its work,
+        Note [A kept block whose stream is gone]) and a figure asked."""
         p = self.p
         candidates = [h for h in self.streams if h != LEGACY and not p.streams.get(h, True)]
         s = data.draw(st.sampled_from(candidates)) if candidates else p.create_stream(False)
         if not candidates:
             self.streams.append(s)
+        for door in ("torch", core):
+            self._stream_reuse(data, s, size, thread, how, door, times)
+        if destroy and s in self.streams and p.destroy_stream(s):
+            self.streams.remove(s)
+            p.mm.statistics()  # counts the blocks kept for S as freed
+            snapshot_of([p.mm])  # gives them back, after a synchronize, never naming S
+
+    def _stream_reuse(self, data, s, size, thread, how, door, times):
+        p = self.p
         kind = {"torch": True} if door == "torch" else {"core_stream": door == "cuda.core Stream"}
         family = p.allocate_door(size, s, thread, **kind)
         if family is None:  # out of memory
@@ -311,15 +331,14 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
         else:
             p.launch(s, [family], thread)  # its last use on S: freed naming S, after the program's wait for B
             p.drop(family, thread=thread)
-        again = p.allocate_door(size, s, thread, **kind)
-        if again is not None:
+        for _ in range(times):
+            again = p.allocate_door(size, s, thread, **kind)
+            if again is None:
+                break
             p.launch(s, [again], thread)
-            p.drop(again, thread=thread)
+            p.drop(again, legalize="scope" if how == "scope" else "wait", thread=thread)
         if how == "scope":
             p.close_defer()
-        if destroy and s in self.streams and p.destroy_stream(s):
-            self.streams.remove(s)
-            p.mm.statistics()  # gives the kept blocks back, those of S after a synchronize
 
     @rule(data=st.data(), size=SIZES, scoped=st.booleans(), thread=st.integers(0, 7))
     def allocate_managed(self, data, size, scoped, thread):

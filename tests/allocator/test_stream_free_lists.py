@@ -32,19 +32,25 @@ def _stream(p) -> int:
     return int(p.model.cuStreamCreate(real_cu.CUstream_flags.CU_STREAM_NON_BLOCKING)[1])
 
 
+def _one_kept_for_a_stream(p, use: str = "first") -> tuple:
+    """``(p, door, s, first)``: a PyTorch door, a non-blocking stream ``s``, and a tensor ``first`` of ``N`` bytes
+    allocated, used (``use``) and freed on ``s``, kept for it."""
+    door = _door(p)
+    s = _stream(p)
+    first = door.malloc(N, 0, s)
+    p.model.launch(s, [(first, N, use)])
+    door.free(first, N, 0, s)
+    assert door.native.cached(0) == (1, N)
+    return p, door, s, first
+
+
 def _no_python(*args):
     raise AssertionError(f"the Python end was called: {args}")
 
 
 @pytest.mark.parametrize("arena", [False, True], ids=["mempool", "arena"])
 def test_a_tensor_freed_on_its_stream_serves_the_next_request_there_without_python(programs, arena, monkeypatch):
-    p = programs(arena=arena)
-    door = _door(p)
-    s = _stream(p)
-    first = door.malloc(N, 0, s)
-    p.model.launch(s, [(first, N, "first")])
-    door.free(first, N, 0, s)
-    assert door.native.cached(0) == (1, N)
+    p, door, s, first = _one_kept_for_a_stream(programs(arena=arena))
     monkeypatch.setattr(door, "_malloc", _no_python)
     monkeypatch.setattr(door, "_free", _no_python)
     again = door.malloc(N, 0, s)
@@ -81,13 +87,7 @@ def test_a_block_kept_for_a_stream_is_never_handed_to_another_or_to_the_legacy_s
 
 
 def test_a_block_of_a_capturing_stream_is_neither_kept_nor_reused(programs):
-    p = programs(arena=False)
-    door = _door(p)
-    s = _stream(p)
-    first = door.malloc(N, 0, s)
-    p.model.launch(s, [(first, N, "first")])
-    door.free(first, N, 0, s)
-    assert door.native.cached(0) == (1, N)
+    p, door, s, first = _one_kept_for_a_stream(programs(arena=False))
     relaxed = real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
     assert p.model.cuStreamBeginCapture(s, relaxed)[0] == real_cu.CUresult.CUDA_SUCCESS
     taken = door.native.take(N, 0, s)  # capturing: the door's own path (graph memory, rule 13); no id asked
@@ -105,13 +105,7 @@ def test_a_block_kept_for_a_stream_destroyed_since_is_given_back_after_its_work_
         programs, arena, core_keeps, monkeypatch):
     if not core_keeps:  # rule 7a's idle lists full: the core frees a released block on its stream's handle
         monkeypatch.setattr("numba_pool.allocator.stream_idle.MAX_BYTES", 0)
-    p = programs(arena=arena)
-    door = _door(p)
-    s = _stream(p)
-    first = door.malloc(N, 0, s)
-    p.model.launch(s, [(first, N, "long read on s")])
-    door.free(first, N, 0, s)
-    assert door.native.cached(0) == (1, N)
+    p, door, s, first = _one_kept_for_a_stream(programs(arena=arena), "long read on s")
     p.model.cuStreamDestroy(s)  # legal: nothing of s's is live; its work may still run
     heir = _stream(p)
     assert heir == s  # the model gives the handle again (so may the driver): the id differs
