@@ -120,10 +120,14 @@ class DeviceAllocator:
         else:
             self.waits.add_wait(block, fenced(stream))
 
-    def is_mempool_block(self, block: Block) -> bool:
-        """Whether ``block`` is a mempool block of this allocator (rule 7), not an arena, graph or scratch one: a block
-        no domain event covers (the doors keep only those for a stream of their own, Note [The doors' free lists])."""
-        return block.release is self.mempool_blocks._release_bound
+    def door_may_keep(self, block: Block, on_a_stream: bool) -> bool:
+        """Whether a door's free list may keep ``block`` (Note [The doors' free lists]): never graph memory (rule 13:
+        a capture's allocation node, which an allocation in the capturing thread gets, the legacy stream's too); for
+        a stream other than the legacy one (``on_a_stream``), a mempool block only (rule 7), which no domain event
+        covers (an arena block is its stream's domain's, rule 5)."""
+        if on_a_stream:
+            return block.release is self.mempool_blocks._release_bound
+        return block.release in self._pool_gates
 
     def set_aside(self, block: Block, hold: SeenHold) -> None:
         """Release ``block`` (never used) now, ordered on its allocation stream while that lives, kept from reuse

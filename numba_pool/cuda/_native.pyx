@@ -8,7 +8,6 @@ from cpython.long cimport PyLong_AsUnsignedLongLong, PyLong_AsVoidPtr
 from libc.stdlib cimport calloc, free as c_free
 from libc.string cimport memset
 
-import warnings
 import weakref
 
 cimport cython
@@ -395,12 +394,14 @@ cdef class DoorCallbacks:
             self._c_queries[device] = (queries[0] is cuStreamIsCapturing and queries[1] is cuStreamGetId
                                        and _is_capturing != NULL and _get_id != NULL)
         if self._trackers[device] is not tracker:  # another manager serves the device: its blocks are not ours
+            previous = self._trackers[device]  # whose figures the blocks given back count in until released
             self._trackers[device], self._deferrals[device] = tracker, deferral
             n = self._clear_device(device, &taken)
             try:  # (Python: a reset, another manager's allocation may run meanwhile)
-                self._release(taken, n, None, None)
+                self._release(taken, n, None, None, previous)
             except Exception as err:  # noqa: BLE001 - the allocation is made: a release never raises (rule 8)
-                warnings.warn(f"numba_pool: giving back a door's kept blocks failed: {err}", RuntimeWarning)
+                from .driver import warn  # (never raises, under -W error too)
+                warn(f"giving back a door's kept blocks failed: {err}")
         if stream > 1:  # a non-blocking stream (Note [Idle blocks of a stream]: a free on a blocking one orders more)
             if queries is None:
                 return False
@@ -475,7 +476,7 @@ cdef class DoorCallbacks:
         ``gone``, the owner's while it is finalized).  Returns how many."""
         cdef Taken* taken
         cdef size_t n = self._pull(device, tracker, &taken, streams)
-        self._release(taken, n, free, gone)
+        self._release(taken, n, free, gone, tracker)
         return n
 
     cdef void _unkeep(self, size_t size, int device, unsigned long long key) noexcept:
@@ -514,12 +515,12 @@ cdef class DoorCallbacks:
             self._sizes = 0
         return n
 
-    cdef int _release(self, Taken* taken, size_t n, object free, object gone) except -1:
+    cdef int _release(self, Taken* taken, size_t n, object free, object gone, object tracker=None) except -1:
         # The pulled blocks' Python frees (the tables whole: a free may run other callbacks): a legacy-stream block's
         # naming the legacy stream; those kept for another stream all at once through ``gone`` (the owner's
         # ``_free_gone``), which never names their streams: each may be destroyed by now (Note [A kept block whose
-        # stream is gone]).  One that raises (MemoryError, KeyboardInterrupt) stops none of the others: the first
-        # error is raised last.
+        # stream is gone]), each with the tracker it counts in (``tracker``, else its device's).  One that raises
+        # (MemoryError, KeyboardInterrupt) stops none of the others: the first error is raised last.
         cdef size_t i
         first = None
         on_streams = []
@@ -527,7 +528,7 @@ cdef class DoorCallbacks:
             for i in range(n):
                 if taken[i].stream:
                     on_streams.append((taken[i].address, taken[i].size, taken[i].device,
-                                       self._trackers[taken[i].device]))
+                                       self._trackers[taken[i].device] if tracker is None else tracker))
                     continue
                 try:
                     if free is None:
@@ -622,7 +623,7 @@ cdef class DoorCallbacks:
         cdef size_t i, j, kept = 0
         for i in range(_SIZE_SLOTS):
             kept += old[i].size != 0 and old[i].count > 0
-        if kept >= self._sizes:
+        if kept > self._sizes - self._sizes // 4:  # a quarter at least goes, or none: no compaction per new key
             return False
         self._stacks = <SizeStack*>calloc(_SIZE_SLOTS, sizeof(SizeStack))
         if self._stacks == NULL:

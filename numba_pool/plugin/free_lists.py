@@ -28,7 +28,8 @@ Note [The doors' free lists]
       the program's to order before the free or to record, as the library's own pool requires (rule 14; rule 4's
       fence, which covers blocking streams for Numba's arrays, is not taken).  The block stays allocated in the
       pool meanwhile, like PyTorch's reserved bytes.
-    - Anything else reaches Python: a blocking stream's blocks, a per-thread default stream's (it may be captured),
+    - Anything else reaches Python: graph memory (an allocation in a capturing thread, the legacy stream's too, is
+      an allocation node, rule 13), a blocking stream's blocks, a per-thread default stream's (it may be captured),
       CuPy's streams', a free naming another stream, a block a wait was added to since (``record_stream``, an IPC
       hold: the allocator's ``on_wait`` takes it out of the live blocks first; on a kept block, whose owner freed it,
       it releases it and the wait is refused, as on any freed memory), a block freed while a ``defer_cleanup`` block
@@ -64,7 +65,7 @@ import weakref
 from functools import partial
 
 from ..allocator import captures
-from ..cuda.driver import report_failure
+from ..cuda.driver import GONE, report_failure, warn
 from ..cuda.streams import LEGACY, StreamRef
 from .state import process
 
@@ -84,7 +85,7 @@ class KeepsFreedBlocks:
         except ImportError:
             return
         self.native = DoorCallbacks(free_list=free_list, owner=self)
-        self._gone_later = {}  # address -> (bytes, UsageTracker): given back once a capture ends (_free_gone)
+        self._gone_later = {}  # address -> (bytes, UsageTracker, device): taken off, not yet released (_free_gone)
         process.add_free_list_door(self)
 
     def __del__(self):
@@ -102,40 +103,69 @@ class KeepsFreedBlocks:
             and a call on a destroyed stream's handle is an error. So the blocks ``[(address, size, device,
             UsageTracker)]`` are given back after a synchronize of their owner's context (once for all; as rule 7a's
             idle blocks of a dropped stream wait for a trim's synchronize), each released on the allocator's private
-            stream (no legacy-stream operation): no earlier work remains. Only
-            trims, out-of-memory retries, resets, snapshots, a history's start and a door's collection give them back;
-            the figures count them as freed. During a capture numba_pool knows of, after it (rule 13: a synchronize
-            would invalidate it), counted as freed meanwhile. Never raises but for what a release raises (rule 8)."""
-        synchronized = set()
+            stream (no legacy-stream operation): no earlier work remains. Only trims, out-of-memory retries, resets,
+            snapshots, a history's start and a door's collection give them back. From the moment they leave the free
+            list until their release they are in ``_gone_later``, which the figures count as freed (as they count
+            the kept ones): during the synchronize, which another thread's figures may overtake; during a capture
+            numba_pool knows of, after which they go (rule 13: a synchronize would invalidate it); and where the
+            synchronize failed (a capture numba_pool does not know of), until a later give-back's succeeds. A release
+            that raises stops none of the others (the first error is raised last); none raises otherwise (rule 8)."""
+        later = self._gone_later
+        for address, size, device, usage in blocks:  # counted as freed until released (figures read meanwhile)
+            later[address] = (size, usage, device)
+        synchronized, failed, first = set(), set(), None
         for address, size, device, usage in blocks:
             held = self._blocks.get(address)
             if held is None:
+                later.pop(address, None)
                 continue
-            block, source = held[0], held[1]
+            source = held[1]
             if captures.underway and captures.still_capturing(source.cu):  # asked for each block: one may begin
-                self._gone_later[address] = (size, usage)  # counted as freed meanwhile (kept_on_streams)
-                captures.defer(partial(self._free_gone_later, address, size, device, usage))
+                captures.defer(partial(self._free_gone_later, address))
                 continue
-            if source not in synchronized:
-                _synchronize(source)
-                synchronized.add(source)
-            # A mempool block (the only kind kept for a stream: no domain event to record on S, Note [The doors'
-            # free lists]): freed on the allocator's own stream, not the legacy one (no legacy-stream operation).
-            done = StreamRef(source.private_streams[1].handle, key=block.stream.key)
-            done.idle_key = False  # kept idle for no stream
-            block.stream = done
-            self._free(address, size, device, done.value)  # (its own stream: no wait)
+            if source not in synchronized and source not in failed:
+                (synchronized if _synchronize(source) else failed).add(source)
+            if source in failed:  # (a capture numba_pool does not know of): the next give-back tries again
+                continue
+            if later.pop(address, None) is None:  # released meanwhile (another thread's give-back)
+                continue
+            try:
+                self._release_synchronized(held[0], source, address, size, device)
+            except BaseException as error:  # noqa: BLE001 - the others released all the same; raised last
+                first = first or error
+        if first is not None:
+            raise first
 
-    def _free_gone_later(self, address: int, size: int, device: int, usage) -> None:
-        # After the capture that held a give-back back (rule 13)
-        self._gone_later.pop(address, None)
-        self._free_gone([(address, size, device, usage)])
+    def _release_synchronized(self, block, source, address: int, size: int, device: int) -> None:
+        # A mempool block (the only kind kept for a stream: no domain event to record on S, Note [The doors' free
+        # lists]), its earlier work done: freed on the allocator's own stream (no legacy-stream operation).
+        done = StreamRef(source.private_streams[1].handle, key=block.stream.key)
+        done.idle_key = False  # kept idle for no stream
+        block.stream = done
+        self._free(address, size, device, done.value)  # (its own stream: no wait)
+
+    def _free_gone_later(self, address: int) -> None:
+        # After the capture that held a give-back back (rule 13), or at a later give-back after a synchronize failed
+        held = self._gone_later.get(address)
+        if held is not None:
+            size, usage, device = held
+            self._free_gone([(address, size, device, usage)])
+
+    def _retry_gone(self) -> None:
+        # The blocks whose give-back found the synchronize failing (not those a capture holds back: they are after it)
+        if self._gone_later and not captures.underway:
+            for address in list(self._gone_later):
+                self._free_gone_later(address)
 
     def give_back(self, device: int = -1, usage=None, streams: bool = True) -> int:
         """Release the blocks the free list keeps for ``device`` (-1: every device; with ``usage``, a device whose
         blocks count in that ``UsageTracker``; without ``streams``, the legacy stream's only), as PyTorch's
         ``empty_cache``; returns how many."""
-        return 0 if self.native is None else self.native.drain(device, usage, streams=streams)
+        if self.native is None:
+            return 0
+        if streams:
+            self._retry_gone()
+        return self.native.drain(device, usage, streams=streams)
 
     def forget(self, address: int) -> bool:
         """The block at ``address`` (its start) must not be kept when freed: it waits for another stream or a hold
@@ -149,10 +179,22 @@ class KeepsFreedBlocks:
             self.native.forget_device(device, pause)
 
 
-def _synchronize(allocator) -> None:
-    # ``cuCtxSynchronize`` in the allocator's owner context (a give-back may run in any thread); a failure warned of.
-    report_failure(allocator.waits.owner.call(allocator.cu.cuCtxSynchronize),
-                   "cuCtxSynchronize (blocks kept for a stream given back)")
+def may_keep(entry: tuple, on_a_stream: bool) -> bool:
+    """Whether a door's table entry ``(block, its allocator, record)`` may be kept by its free list (the allocator's
+    ``door_may_keep``; None, a reset's, may not)."""
+    allocator = entry[1]
+    return allocator is not None and allocator.door_may_keep(entry[0], on_a_stream)
+
+
+def _synchronize(allocator) -> bool:
+    # ``cuCtxSynchronize`` in the allocator's owner context (a give-back may run in any thread): whether the blocks
+    # may go back (done; or the context is gone, and its memory with it).  A failure is warned of.
+    try:
+        result = allocator.waits.owner.call(allocator.cu.cuCtxSynchronize)
+    except Exception as err:  # noqa: BLE001 - the owner's context could not be pushed: not synchronized
+        warn(f"cuCtxSynchronize (blocks kept for a stream given back): {err}")
+        return False
+    return report_failure(result, "cuCtxSynchronize (blocks kept for a stream given back)") or result[0] in GONE
 
 
 class DoorFreeLists:
@@ -186,7 +228,7 @@ class DoorFreeLists:
                 if door.native is not None:
                     more, more_bytes = door.native.kept_on_streams(self._usage)
                     blocks, nbytes = blocks + more, nbytes + more_bytes
-                    for size, usage in list(door._gone_later.values()):  # taken off, given back after a capture
+                    for size, usage, _ in list(door._gone_later.values()):  # taken off, not yet released
                         if usage is self._usage:
                             blocks, nbytes = blocks + 1, nbytes + size
         return blocks, nbytes

@@ -19,7 +19,7 @@ from ..cuda.streams import LEGACY, as_stream_ref
 from ..config.values import byte_count, device_ordinal
 from ..cuda.driver import OUT_OF_MEMORY
 from ..cuda.errors import CudaAPIError
-from .free_lists import KeepsFreedBlocks
+from .free_lists import KeepsFreedBlocks, may_keep
 from .serving import DoorTable, cache_block, failed, recorded, release, serving_manager
 from .state import process
 
@@ -92,7 +92,7 @@ class MemoryResource(KeepsFreedBlocks, _CoreResource):
             if err.code == OUT_OF_MEMORY:  # (the log's allocate failure rows)
                 failed(manager, self._door, size, ref)
             raise
-        if native is not None and entry[2] is None and ref.thread is None and entry[1].is_mempool_block(entry[0]):
+        if native is not None and entry[2] is None and ref.thread is None and may_keep(entry, True):
             manager.free_lists.add(self)  # among the free lists first
             native.live(address, size, manager.device_id, manager.usage, generation, manager.deferral, ref.value,
                         manager.stream_queries)
@@ -116,7 +116,8 @@ class MemoryResource(KeepsFreedBlocks, _CoreResource):
             if err.code == OUT_OF_MEMORY:
                 failed(manager, self._door, size, LEGACY)
             raise
-        if entry[2] is None:  # among the manager's free lists first: a record_stream must find its entry
+        if entry[2] is None and may_keep(entry, False):  # (not graph memory)
+            # among the manager's free lists first: a record_stream must find its entry
             manager.free_lists.add(self)
             native.live(address, size, device, manager.usage, generation, manager.deferral, 0,
                         manager.stream_queries)

@@ -23,7 +23,7 @@ from ..cuda.driver import NOT_CAPTURING_ANSWER, SUCCESS
 from ..cuda.driver import OUT_OF_MEMORY as _OUT_OF_MEMORY
 from ..cuda.streams import LEGACY, LEGACY_HANDLES, StreamRef, as_stream_ref
 from ..cuda.errors import CudaAPIError
-from .free_lists import KeepsFreedBlocks
+from .free_lists import KeepsFreedBlocks, may_keep
 from .serving import DoorTable, failed, recorded, release, serving_manager
 from .state import process
 
@@ -85,7 +85,7 @@ class TorchDoor(KeepsFreedBlocks):
             if held is not entry:  # Note [An address a reset gave again]
                 again = partial(_entry, manager, size, ref, self._kind, self._skip + 2)
                 address, entry = self._blocks.enter_again(address, entry, held, again)
-            if native is not None and entry[2] is None and (ref is LEGACY or entry[1].is_mempool_block(entry[0])):
+            if native is not None and entry[2] is None and may_keep(entry, ref is not LEGACY):
                 # among the free lists first: record_stream must find it
                 manager.free_lists.add(self)
                 native.live(address, size, device, manager.usage, generation, manager.deferral,

@@ -294,14 +294,15 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             self.p.close_defer()
 
     @rule(data=st.data(), size=SIZES, thread=st.integers(0, 7), how=st.sampled_from(["wait", "recorded", "scope"]),
-          core=st.sampled_from(["cuda.core", "cuda.core Stream"]), destroy=st.booleans(), times=st.integers(1, 3))
-    def stream_reuse(self, data, size, thread, how, core, destroy, times):
+          core=st.sampled_from(["cuda.core", "cuda.core Stream"]), destroy=st.booleans(), times=st.integers(1, 3),
+          give_back=st.booleans())
+    def stream_reuse(self, data, size, thread, how, core, destroy, times, give_back):
         """A door's free list for a stream of its own (Note [The doors' free lists]): a tensor or buffer on a
         non-blocking stream S, used there (and perhaps first on another stream B), freed naming S (after the
         program's waits; after ``record_stream(tensor, B)``; inside a ``defer_cleanup`` block), the next one of its
         size on S used at once (``times`` times over), through PyTorch's door, then cuda.core's (named by a stream
         object or a kept cuda.core ``Stream``); then perhaps S destroyed (its kept blocks given back after its work,
-        Note [A kept block whose stream is gone]) and a figure asked."""
+        Note [A kept block whose stream is gone]), a figure asked (never negative) and perhaps a snapshot taken."""
         p = self.p
         candidates = [h for h in self.streams if h != LEGACY and not p.streams.get(h, True)]
         s = data.draw(st.sampled_from(candidates)) if candidates else p.create_stream(False)
@@ -311,8 +312,10 @@ class LegalPrograms(WaitRules, RuleBasedStateMachine):
             self._stream_reuse(data, s, size, thread, how, door, times)
         if destroy and s in self.streams and p.destroy_stream(s):
             self.streams.remove(s)
-            p.mm.statistics()  # counts the blocks kept for S as freed
-            snapshot_of([p.mm])  # gives them back, after a synchronize, never naming S
+            figures = p.mm.statistics()  # counts the blocks kept for S as freed
+            assert figures.bytes_in_use >= 0 and figures.blocks_in_use >= 0, figures
+            if give_back:
+                snapshot_of([p.mm])  # gives them back, after a synchronize, never naming S
 
     def _stream_reuse(self, data, s, size, thread, how, door, times):
         p = self.p
