@@ -178,7 +178,7 @@ def test_a_buffer_kept_for_a_stream_closed_since_is_given_back_after_that_stream
     # the kept block back (after a synchronize, never naming the closed stream), and a buffer allocated on another
     # stream, filled with poison at once, must not reach the reader.  Planted: the give-back without its synchronize.
     if planted:
-        monkeypatch.setattr("numba_pool.plugin.free_lists._synchronize", lambda allocator: None)
+        monkeypatch.setattr("numba_pool.plugin.free_lists._synchronize", lambda allocator: True)
     cuda.current_context()
     device = Device(cuda.get_current_device().id)
     device.set_current()
