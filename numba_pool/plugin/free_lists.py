@@ -85,7 +85,7 @@ class KeepsFreedBlocks:
         except ImportError:
             return
         self.native = DoorCallbacks(free_list=free_list, owner=self)
-        self._gone_later = {}  # address -> (bytes, UsageTracker, device): taken off, not yet released (_free_gone)
+        self._gone_later = {}  # address -> (bytes, UsageTracker, device, Block): off the list, not released (_free_gone)
         process.add_free_list_door(self)
 
     def __del__(self):
@@ -108,33 +108,50 @@ class KeepsFreedBlocks:
             list until their release they are in ``_gone_later``, which the figures count as freed (as they count
             the kept ones): during the synchronize, which another thread's figures may overtake; during a capture
             numba_pool knows of, after which they go (rule 13: a synchronize would invalidate it); and where the
-            synchronize failed (a capture numba_pool does not know of), until a later give-back's succeeds. A release
+            synchronize failed (a capture numba_pool does not know of), until a later give-back's succeeds. Each goes back
+            once, by whoever claims its record first (one dict operation); one acting on a stale record leaves the
+            address's next owner alone. A release
             that raises stops none of the others (the first error is raised last); none raises otherwise (rule 8)."""
-        later = self._gone_later
-        for address, size, device, usage in blocks:  # counted as freed until released (figures read meanwhile)
-            later[address] = (size, usage, device)
-        synchronized, failed, first = set(), set(), None
+        later, records = self._gone_later, []
         for address, size, device, usage in blocks:
             held = self._blocks.get(address)
-            if held is None:
-                later.pop(address, None)
+            if held is not None:  # (a fresh tuple: its identity claims the release, _claim)
+                record = later[address] = (size, usage, device, held[0])
+                records.append((address, record))
+        self._release_gone(records)
+
+    def _release_gone(self, records: list) -> None:
+        # ``[(address, record)]`` of ``_gone_later``: each released once, by whoever claims its record first, after a
+        # synchronize; a block released meanwhile (its address perhaps another owner's now) is left alone.
+        synchronized, failed, first = set(), set(), None
+        for address, record in records:
+            held = self._blocks.get(address)
+            if held is None or held[0] is not record[3]:
+                self._claim(address, record)  # (gone from the table: nothing to release)
                 continue
             source = held[1]
             if captures.underway and captures.still_capturing(source.cu):  # asked for each block: one may begin
-                captures.defer(partial(self._free_gone_later, address))
+                captures.defer(partial(self._release_gone, [(address, record)]))
                 continue
             if source not in synchronized and source not in failed:
                 (synchronized if _synchronize(source) else failed).add(source)
-            if source in failed:  # (a capture numba_pool does not know of): the next give-back tries again
-                continue
-            if later.pop(address, None) is None:  # released meanwhile (another thread's give-back)
+            if source in failed or not self._claim(address, record):  # (failed: a later give-back tries again)
                 continue
             try:
-                self._release_synchronized(held[0], source, address, size, device)
+                self._release_synchronized(record[3], source, address, record[0], record[2])
             except BaseException as error:  # noqa: BLE001 - the others released all the same; raised last
                 first = first or error
         if first is not None:
             raise first
+
+    def _claim(self, address: int, record: tuple) -> bool:
+        # Take ``record`` out of ``_gone_later`` if it is still there (one dict operation): True for one caller only
+        got = self._gone_later.pop(address, None)
+        if got is record:
+            return True
+        if got is not None:  # another block's, at an address given again: put back
+            self._gone_later.setdefault(address, got)
+        return False
 
     def _release_synchronized(self, block, source, address: int, size: int, device: int) -> None:
         # A mempool block (the only kind kept for a stream: no domain event to record on S, Note [The doors' free
@@ -144,18 +161,10 @@ class KeepsFreedBlocks:
         block.stream = done
         self._free(address, size, device, done.value)  # (its own stream: no wait)
 
-    def _free_gone_later(self, address: int) -> None:
-        # After the capture that held a give-back back (rule 13), or at a later give-back after a synchronize failed
-        held = self._gone_later.get(address)
-        if held is not None:
-            size, usage, device = held
-            self._free_gone([(address, size, device, usage)])
-
     def _retry_gone(self) -> None:
         # The blocks whose give-back found the synchronize failing (not those a capture holds back: they are after it)
         if self._gone_later and not captures.underway:
-            for address in list(self._gone_later):
-                self._free_gone_later(address)
+            self._release_gone(list(self._gone_later.items()))
 
     def give_back(self, device: int = -1, usage=None, streams: bool = True) -> int:
         """Release the blocks the free list keeps for ``device`` (-1: every device; with ``usage``, a device whose
@@ -228,7 +237,7 @@ class DoorFreeLists:
                 if door.native is not None:
                     more, more_bytes = door.native.kept_on_streams(self._usage)
                     blocks, nbytes = blocks + more, nbytes + more_bytes
-                    for size, usage, _ in list(door._gone_later.values()):  # taken off, not yet released
+                    for size, usage, _, _ in list(door._gone_later.values()):  # taken off, not yet released
                         if usage is self._usage:
                             blocks, nbytes = blocks + 1, nbytes + size
         return blocks, nbytes

@@ -363,3 +363,29 @@ def test_a_legacy_allocation_made_during_the_threads_capture_is_graph_memory_nev
         door.free(y, 4096, 0, 0)
         p.mm.trim()
         assert_clean(p)
+
+
+def test_a_give_back_acting_on_a_stale_record_never_releases_the_addresss_next_owner(programs, no_capture_left):
+    # A thread retrying a give-back read its record; another released the block meanwhile, and the address went to
+    # a new tensor: the first must leave that tensor alone (its record is not the one it read).
+    p, door, s, x = _one_kept_for_a_stream(programs(arena=False), "long read on s")
+    c = _stream(p)
+    relaxed = real_cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    assert p.model.cuStreamBeginCapture(real_cu.CUstream(c), relaxed)[0] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the synchronize fails (a capture numba_pool does not know of)
+        snapshot_of([p.mm])
+    p.model.cuStreamEndCapture(real_cu.CUstream(c))
+    p.model.violations.clear()  # the capture's invalidation (rule 13's gap), not what this test is about
+    stale = list(door._gone_later.items())
+    assert [address for address, _ in stale] == [x]
+    snapshot_of([p.mm])  # another thread's give-back: x released
+    p.model.cuCtxSynchronize()  # (its free complete: the pool may give the address to anyone)
+    y = door.malloc(N, 0, s)
+    assert y == x  # the model's pool gives the address again
+    door._release_gone(stale)  # the first thread, late
+    assert door._blocks.get(y) is not None  # y still its owner's
+    p.model.launch(s, [(y, N, "y")])
+    door.free(y, N, 0, s)
+    p.mm.trim()
+    assert_clean(p)
