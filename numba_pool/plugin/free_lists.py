@@ -85,7 +85,7 @@ class KeepsFreedBlocks:
         except ImportError:
             return
         self.native = DoorCallbacks(free_list=free_list, owner=self)
-        self._gone_later = {}  # address -> (bytes, UsageTracker, device, Block): off the list, not released (_free_gone)
+        self._gone_later = {}  # address -> (bytes, UsageTracker, device, Block): off the list, unreleased (_free_gone)
         process.add_free_list_door(self)
 
     def __del__(self):
@@ -105,13 +105,13 @@ class KeepsFreedBlocks:
             idle blocks of a dropped stream wait for a trim's synchronize), each released on the allocator's private
             stream (no legacy-stream operation): no earlier work remains. Only trims, out-of-memory retries, resets,
             snapshots, a history's start and a door's collection give them back. From the moment they leave the free
-            list until their release they are in ``_gone_later``, which the figures count as freed (as they count
-            the kept ones): during the synchronize, which another thread's figures may overtake; during a capture
+            list until their release they are in ``_gone_later``, which the figures count as freed (as they count the
+            kept ones): during the synchronize, which another thread's figures may overtake; during a capture
             numba_pool knows of, after which they go (rule 13: a synchronize would invalidate it); and where the
-            synchronize failed (a capture numba_pool does not know of), until a later give-back's succeeds. Each goes back
-            once, by whoever claims its record first (one dict operation); one acting on a stale record leaves the
-            address's next owner alone. A release
-            that raises stops none of the others (the first error is raised last); none raises otherwise (rule 8)."""
+            synchronize failed (a capture numba_pool does not know of), until a later give-back's succeeds. Each goes
+            back once, by whoever claims its record first (one dict operation); one acting on a stale record leaves
+            the address's next owner alone. A release that raises stops none of the others (the first error is raised
+            last); none raises otherwise (rule 8)."""
         later, records = self._gone_later, []
         for address, size, device, usage in blocks:
             held = self._blocks.get(address)
