@@ -98,7 +98,7 @@ class Narrowed(LegalPrograms):
     view = deferred_drops = collect_garbage = synchronize = destroy_stream = None
     scratch = trim = reset = create_stream = park = hold = let_go = None
     open_defer = close_defer = reset_inside = allocate_managed = host_access = allocate_door = door_handoff = None
-    legacy_reuse = None
+    legacy_reuse = stream_reuse = None
     capture = launch_graph = drop_graph_array = wait_for_a_copy = None
     costs = False  # the rules of reuse only (the legacy stream's cost: the waiting-kernel plants below)
     blocking: tuple = (True, True, False)
