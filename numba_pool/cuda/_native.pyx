@@ -1,8 +1,8 @@
 # cython: language_level=3, binding=False
 """numba_pool's compiled module (optional; setup.py): the hot paths' driver calls, twins of cuda-python's
 (Note [Compiled driver calls] in :mod:`.driver`; they take what the hot paths pass, ``CUstream`` and ``CUdeviceptr``
-objects or ints), and the doors' C ends with their legacy-stream free lists (:class:`DoorCallbacks`: the callbacks
-PyTorch's pluggable allocator calls, and the cuda.core and CuPy doors' legacy-stream calls)."""
+objects or ints), and the doors' C ends with their free lists (:class:`DoorCallbacks`: the callbacks PyTorch's
+pluggable allocator calls, and the cuda.core and CuPy doors' calls)."""
 
 from cpython.long cimport PyLong_AsUnsignedLongLong, PyLong_AsVoidPtr
 from libc.stdlib cimport calloc, free as c_free
@@ -94,7 +94,6 @@ cdef struct SizeStack:
     int device
     int count
     unsigned long long stream  # the stream's driver id (cuStreamGetId); 0: the legacy stream
-    size_t handle  # that stream's handle (0 for the legacy stream)
     size_t blocks[_PER_SIZE]
 
 cdef struct Taken:
@@ -102,7 +101,6 @@ cdef struct Taken:
     size_t size
     int device
     unsigned long long stream  # as SizeStack's
-    size_t handle
 
 
 cdef struct Entry:
@@ -122,6 +120,11 @@ cdef inline size_t _mix(size_t x) noexcept nogil:
     x *= <size_t>0xc4ceb9fe1a85ec53
     x ^= x >> 33
     return x
+
+
+cdef inline size_t _slot(size_t size, int device, unsigned long long stream) noexcept nogil:
+    # Where the stack of (device, size, stream id) is looked for first
+    return _mix((size * _DEVICES + <size_t>device) ^ _mix(stream)) & (_SIZE_SLOTS - 1)
 
 
 cdef DoorCallbacks _installed = None  # whose ends PyTorch's C functions call
@@ -154,8 +157,8 @@ cdef class DoorCallbacks:
     cdef size_t _slots, _used, _count  # slots, slots not empty (deleted too), entries
     cdef size_t _cached_bytes[_DEVICES]
     cdef size_t _kept  # blocks on the free lists
-    cdef size_t _kept_on_streams[_DEVICES]  # those of them kept for a stream other than the legacy one
-    cdef size_t _stream_bytes[_DEVICES]  # and their bytes (half the bound at most: not crowding the legacy's out)
+    cdef size_t _stream_bytes[_DEVICES]  # their bytes kept for streams other than the legacy one (half the bound at
+    # most: not crowding the legacy stream's out)
     cdef unsigned long long _generations[_DEVICES]  # a device's, moved on by each reset (forget_device)
     cdef int _paused[_DEVICES]  # resets under way on the device: nothing kept, taken or entered
     cdef list _trackers  # device -> the UsageTracker its blocks count in (None before its first)
@@ -191,15 +194,12 @@ cdef class DoorCallbacks:
     # -- the callbacks ---------------------------------------------------------------------
     def malloc(self, size_t size, int device, size_t stream):
         """The ``malloc`` callback from Python (the CUDA model's): an address, or None."""
-        cdef void* address = self._take(size, device, stream)
-        if address == NULL:
-            address = self._python_malloc(size, device, stream)
+        cdef void* address = self._take_or_python(size, device, stream)
         return None if address == NULL else <size_t>address
 
     def free(self, size_t address, size_t size, int device, size_t stream):
         """The ``free`` callback from Python (the CUDA model's)."""
-        if not self._give(address, size, device, stream):
-            self._python_free(address, size, device, stream)
+        self._give_or_python(address, size, device, stream)
 
     def take(self, size_t size, int device, size_t stream):
         """A block of ``size`` bytes kept for ``stream`` (a handle; 0 or 1: the legacy stream) on ``device``, or 0:
@@ -214,9 +214,7 @@ cdef class DoorCallbacks:
     def malloc_owned(self, size_t size, int device):
         """``size`` bytes on device ``device`` for the legacy stream, as :meth:`malloc` (the Python end raises where
         it fails), in a :class:`FreeOnDrop` whose collection frees them on the legacy stream (CuPy's owner)."""
-        cdef void* address = self._take(size, device, 0)
-        if address == NULL:
-            address = self._python_malloc(size, device, 0)
+        cdef void* address = self._take_or_python(size, device, 0)
         if address == NULL:
             raise MemoryError(f"numba_pool: no address for {size} bytes on device {device}")
         cdef FreeOnDrop owner = FreeOnDrop.__new__(FreeOnDrop)
@@ -230,13 +228,12 @@ cdef class DoorCallbacks:
         cdef Entry* entry
         cdef size_t address
         cdef unsigned long long key = 0
-        cdef bint capturing = False
         if not self._on or size == 0 or not 0 <= device < _DEVICES or self._paused[device] or stream == 2:
             return NULL  # (2: a per-thread default stream, which may be captured)
         if stream > 1:  # another stream: one not capturing whose id has blocks kept
-            if not self._kept_on_streams[device]:
+            if not self._stream_bytes[device]:
                 return NULL
-            key = self._stream_key(device, stream, &capturing)
+            key = self._stream_key(device, stream)
             if key == 0:
                 return NULL
         if self._until_check <= 0:  # the usage trackers' periodic drain: Python, so before anything is taken
@@ -246,32 +243,27 @@ cdef class DoorCallbacks:
                     tracker.drain_if_due()
         if self._paused[device] or not self._on:  # a reset began meanwhile (the Python above)
             return NULL
-        stack = self._stack(size, device, key, 0, False)
+        stack = self._stack(size, device, key, False)
         entry = self._find(stack.blocks[stack.count - 1]) if stack != NULL and stack.count else NULL
         if entry == NULL:  # (every kept block has its entry)
             return NULL
         stack.count -= 1
         entry.kept = False
-        self._kept -= 1
-        self._cached_bytes[device] -= size
+        self._unkeep(size, device, key)
         if key:
-            self._kept_on_streams[device] -= 1
-            self._stream_bytes[device] -= size
             self.reuses_on_streams += 1
         address = entry.address
         self._count_reuse(size, device)  # (no Python: nothing else may take or give meanwhile)
         return <void*>address
 
-    cdef unsigned long long _stream_key(self, int device, size_t handle, bint* capturing) except? 0:
+    cdef unsigned long long _stream_key(self, int device, size_t handle) except? 0:
         # The driver id of stream ``handle`` if it is not capturing (asked first: an id query invalidates a capture),
-        # else 0 (``capturing`` set), also where the driver won't say.  The compiled twins' entry points, else the
-        # manager's driver object's functions (the CUDA model's: Python, which may run a collection).
+        # else 0, also where the driver won't say.  The compiled twins' entry points, else the manager's driver
+        # object's functions (the CUDA model's: Python, which may run a collection).
         cdef int status = 0
         cdef unsigned long long stream_id = 0
-        capturing[0] = False
         if self._c_queries[device]:
             if _is_capturing(<void*>handle, &status) != 0 or status != 0:
-                capturing[0] = status != 0
                 return 0
             if _get_id(<void*>handle, &stream_id) != 0:
                 return 0
@@ -282,12 +274,22 @@ cdef class DoorCallbacks:
         try:
             answer = queries[0](handle)
             if int(answer[0]) != 0 or answer[1] is None or int(answer[1]) != 0:
-                capturing[0] = int(answer[0]) == 0
                 return 0
             answer = queries[1](handle)
             return int(answer[1]) if int(answer[0]) == 0 and answer[1] is not None else 0
         except Exception:  # noqa: BLE001 - not kept: the door's own path says what is wrong
             return 0
+
+    cdef void* _take_or_python(self, size_t size, int device, size_t stream) except? NULL:
+        # The callbacks' malloc: a kept block, else the Python end's
+        cdef void* address = self._take(size, device, stream)
+        return address if address != NULL else self._python_malloc(size, device, stream)
+
+    cdef int _give_or_python(self, size_t address, size_t size, int device, size_t stream) except -1:
+        # The callbacks' free: kept, else the Python end's
+        if not self._give(address, size, device, stream):
+            self._python_free(address, size, device, stream)
+        return 0
 
     cdef void* _python_malloc(self, size_t size, int device, size_t stream) except? NULL:
         if self._owner is None:
@@ -304,7 +306,7 @@ cdef class DoorCallbacks:
         cdef SizeStack* stack = NULL
         cdef Entry* entry = self._find(address) if self._count else NULL
         cdef unsigned long long key = 0
-        cdef bint capturing = False, mine
+        cdef bint mine
         if entry == NULL:
             return False
         if entry.kept:  # freed twice: the second does nothing, as the door's table's pop
@@ -313,7 +315,7 @@ cdef class DoorCallbacks:
             mine = stream == entry.handle and stream > 2 and self._on and 0 <= device < _DEVICES
             if mine:
                 key = entry.stream
-                mine = self._stream_key(device, stream, &capturing) == key
+                mine = self._stream_key(device, stream) == key
                 entry = self._find(address) if self._count else NULL
                 if entry == NULL:
                     return False
@@ -325,7 +327,7 @@ cdef class DoorCallbacks:
         if (mine and self._on and entry.size == size and entry.device == device and not self._paused[device]
                 and self._cached_bytes[device] + size <= self.max_cached_bytes and not self._deferred(device)
                 and (key == 0 or self._stream_bytes[device] + size <= self.max_cached_bytes // 2)):
-            stack = self._stack(size, device, key, stream if key else 0, True)
+            stack = self._stack(size, device, key, True)
         if stack != NULL and stack.count < _PER_SIZE:
             stack.blocks[stack.count] = address
             stack.count += 1
@@ -333,7 +335,6 @@ cdef class DoorCallbacks:
             self._kept += 1
             self._cached_bytes[device] += size
             if key:
-                self._kept_on_streams[device] += 1
                 self._stream_bytes[device] += size
             return True
         self._delete(entry)
@@ -385,7 +386,6 @@ cdef class DoorCallbacks:
         cdef Entry* entry
         cdef size_t n
         cdef unsigned long long key = 0
-        cdef bint capturing = False
         if not self._free_list or not 0 <= device < _DEVICES or size == 0 or generation != self._generations[device] \
                 or self._paused[device] or stream == 2:
             return False
@@ -405,7 +405,7 @@ cdef class DoorCallbacks:
         if stream > 1:  # a non-blocking stream (Note [Idle blocks of a stream]: a free on a blocking one orders more)
             if queries is None:
                 return False
-            key = self._stream_key(device, stream, &capturing)
+            key = self._stream_key(device, stream)
             if key == 0 or not _non_blocking(queries[2], stream):
                 return False
         if generation != self._generations[device] or self._paused[device] or self._trackers[device] is not tracker:
@@ -433,9 +433,9 @@ cdef class DoorCallbacks:
         if taken == NULL:
             raise MemoryError("numba_pool: no memory to give back a door's kept block")
         taken.address, taken.size, taken.device = address, entry.size, entry.device
-        taken.stream, taken.handle = entry.stream, entry.handle
+        taken.stream = entry.stream
         self._delete(entry)
-        stack = self._stack(taken.size, taken.device, taken.stream, 0, False)
+        stack = self._stack(taken.size, taken.device, taken.stream, False)
         for j in range(stack.count):
             if stack.blocks[j] == address:
                 stack.count -= 1
@@ -483,7 +483,6 @@ cdef class DoorCallbacks:
         self._kept -= 1
         self._cached_bytes[device] -= size
         if key:
-            self._kept_on_streams[device] -= 1
             self._stream_bytes[device] -= size
 
     cdef size_t _pull(self, int device, object tracker, Taken** taken, bint streams=True) except? 0:
@@ -506,7 +505,6 @@ cdef class DoorCallbacks:
                     stack.count -= 1
                     taken[0][n].address, taken[0][n].size = stack.blocks[stack.count], stack.size
                     taken[0][n].device, taken[0][n].stream = stack.device, stack.stream
-                    taken[0][n].handle = stack.handle
                     n += 1
                     self._delete(self._find(stack.blocks[stack.count]))
                     self._unkeep(stack.size, stack.device, stack.stream)
@@ -586,9 +584,8 @@ cdef class DoorCallbacks:
         return blocks, self._cached_bytes[device] if 0 <= device < _DEVICES else 0
 
     # -- the tables ----------------------------------------------------------------------------
-    cdef SizeStack* _stack(self, size_t size, int device, unsigned long long stream, size_t handle,
-                           bint add) noexcept:
-        # The stack of (device, size, stream id); ``handle``: the stream's, stored in a stack made here
+    cdef SizeStack* _stack(self, size_t size, int device, unsigned long long stream, bint add) noexcept:
+        # The stack of (device, size, stream id), made with ``add``
         cdef size_t i
         cdef SizeStack* stack
         if self._stacks == NULL:
@@ -597,12 +594,10 @@ cdef class DoorCallbacks:
             self._stacks = <SizeStack*>calloc(_SIZE_SLOTS, sizeof(SizeStack))
             if self._stacks == NULL:
                 return NULL
-        i = _mix((size * _DEVICES + <size_t>device) ^ _mix(stream)) & (_SIZE_SLOTS - 1)
+        i = _slot(size, device, stream)
         while True:
             stack = &self._stacks[i]
             if stack.size == size and stack.device == device and stack.stream == stream:
-                if add and stack.count == 0:
-                    stack.handle = handle  # (a stream's id is its own: only its handle, were it reused, is not)
                 return stack
             if stack.size == 0:
                 if not add:
@@ -610,8 +605,8 @@ cdef class DoorCallbacks:
                 if self._sizes >= _MAX_SIZES:  # full: the empty stacks' keys dropped (a dead stream's, a size gone)
                     if not self._compact():
                         return NULL
-                    return self._stack(size, device, stream, handle, add)
-                stack.size, stack.device, stack.count, stack.stream, stack.handle = size, device, 0, stream, handle
+                    return self._stack(size, device, stream, add)
+                stack.size, stack.device, stack.count, stack.stream = size, device, 0, stream
                 self._sizes += 1
                 return stack
             i = (i + 1) & (_SIZE_SLOTS - 1)
@@ -631,7 +626,7 @@ cdef class DoorCallbacks:
             return False
         for i in range(_SIZE_SLOTS):
             if old[i].size != 0 and old[i].count > 0:
-                j = _mix((old[i].size * _DEVICES + <size_t>old[i].device) ^ _mix(old[i].stream)) & (_SIZE_SLOTS - 1)
+                j = _slot(old[i].size, old[i].device, old[i].stream)
                 while self._stacks[j].size != 0:
                     j = (j + 1) & (_SIZE_SLOTS - 1)
                 self._stacks[j] = old[i]
@@ -700,10 +695,8 @@ cdef class DoorCallbacks:
 cdef void* _torch_malloc(size_t size, int device, void* stream) noexcept with gil:
     if _installed is None:
         return NULL
-    cdef void* address
     try:
-        address = _installed._take(size, device, <size_t>stream)
-        return address if address != NULL else _installed._python_malloc(size, device, <size_t>stream)
+        return _installed._take_or_python(size, device, <size_t>stream)
     except BaseException:  # the Python end never raises; nothing may cross into PyTorch
         return NULL
 
@@ -712,8 +705,7 @@ cdef void _torch_free(void* pointer, size_t size, int device, void* stream) noex
     if _installed is None:
         return
     try:
-        if not _installed._give(<size_t>pointer, size, device, <size_t>stream):
-            _installed._python_free(<size_t>pointer, size, device, <size_t>stream)
+        _installed._give_or_python(<size_t>pointer, size, device, <size_t>stream)
     except BaseException:  # as above
         pass
 
@@ -732,8 +724,7 @@ cdef class FreeOnDrop:
     def __dealloc__(self):
         if self._callbacks is not None:
             try:
-                if not self._callbacks._give(self.address, self._size, self._device, 0):
-                    self._callbacks._python_free(self.address, self._size, self._device, 0)
+                self._callbacks._give_or_python(self.address, self._size, self._device, 0)
             except BaseException:  # noqa: BLE001 - the Python end never raises; a collection must not see one
                 pass
 

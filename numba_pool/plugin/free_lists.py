@@ -77,7 +77,7 @@ class KeepsFreedBlocks:
 
     native = None
 
-    def _keep_legacy_blocks(self, free_list: bool = True) -> None:
+    def _keep_freed_blocks(self, free_list: bool = True) -> None:
         # Made at the door's __init__: the compiled callbacks over its Python ends (a weak reference), counted
         # among the process's doors (switched off there while a history records).
         try:
@@ -156,7 +156,7 @@ class KeepsFreedBlocks:
     def _release_synchronized(self, block, source, address: int, size: int, device: int) -> None:
         # A mempool block (the only kind kept for a stream: no domain event to record on S, Note [The doors' free
         # lists]), its earlier work done: freed on the allocator's own stream (no legacy-stream operation).
-        done = StreamRef(source.private_streams[1].handle, key=block.stream.key)
+        done = StreamRef(source.private_streams[1].handle)
         done.idle_key = False  # kept idle for no stream
         block.stream = done
         self._free(address, size, device, done.value)  # (its own stream: no wait)
@@ -165,6 +165,17 @@ class KeepsFreedBlocks:
         # The blocks whose give-back found the synchronize failing (not those a capture holds back: they are after it)
         if self._gone_later and not captures.underway:
             self._release_gone(list(self._gone_later.items()))
+
+    def kept_on_streams(self, usage) -> tuple[int, int]:
+        """``(blocks, bytes)`` kept for streams other than the legacy one, or taken off and not yet released
+        (``_gone_later``), counting in ``usage`` (a ``UsageTracker``): freed as far as its figures go."""
+        if self.native is None:
+            return 0, 0
+        blocks, nbytes = self.native.kept_on_streams(usage)
+        for size, tracker, _, _ in list(self._gone_later.values()):
+            if tracker is usage:
+                blocks, nbytes = blocks + 1, nbytes + size
+        return blocks, nbytes
 
     def give_back(self, device: int = -1, usage=None, streams: bool = True) -> int:
         """Release the blocks the free list keeps for ``device`` (-1: every device; with ``usage``, a device whose
@@ -234,12 +245,8 @@ class DoorFreeLists:
         blocks = nbytes = 0
         if self._doors:
             for door in list(self._doors):
-                if door.native is not None:
-                    more, more_bytes = door.native.kept_on_streams(self._usage)
-                    blocks, nbytes = blocks + more, nbytes + more_bytes
-                    for size, usage, _, _ in list(door._gone_later.values()):  # taken off, not yet released
-                        if usage is self._usage:
-                            blocks, nbytes = blocks + 1, nbytes + size
+                more, more_bytes = door.kept_on_streams(self._usage)
+                blocks, nbytes = blocks + more, nbytes + more_bytes
         return blocks, nbytes
 
     def forget(self, address: int) -> bool:

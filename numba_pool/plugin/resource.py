@@ -46,7 +46,7 @@ class MemoryResource(KeepsFreedBlocks, _CoreResource):
         self._blocks = DoorTable()  # the live Buffers' blocks, by address
         self._last = (None, LEGACY, LEGACY_DEFAULT_STREAM)  # Note [The last stream named]; replaced whole (atomic)
         if self._take is None:  # device memory: its legacy-stream buffers through a free list (native)
-            self._keep_legacy_blocks()
+            self._keep_freed_blocks()
 
     def allocate(self, size: int, stream=None) -> Buffer:
         """A ``Buffer`` of ``size`` bytes for work on ``stream`` (cuda.core's, Numba's, any ``__cuda_stream__``

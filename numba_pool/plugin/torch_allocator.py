@@ -43,7 +43,7 @@ class TorchDoor(KeepsFreedBlocks):
         self._last: StreamRef | None = None  # Note [A raw handle's stream]; replaced whole (atomic)
         self.callbacks = None  # the ctypes callbacks, where used: kept, PyTorch holds the bare function pointers
         self.allocator = None  # the torch allocator object, made once
-        self._keep_legacy_blocks(free_list)  # ``native``: None without the compiled module (``ctypes``, no free list)
+        self._keep_freed_blocks(free_list)  # ``native``: None without the compiled module (``ctypes``, no free list)
 
     _name = "numba_pool.torch_allocator"  # the door's name in its errors
     _kind = "torch"  # the history's kind for its allocations
